@@ -1,0 +1,115 @@
+// The job spec: what a user asks Loom to train, as parsed from YAML.
+// Shared by the coordinator (validation, planning), the trainer (standalone
+// mode and the assignment it receives) and loomctl. Pure: no I/O beyond
+// reading a file when asked to.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace loom::spec {
+
+struct ModelSpec {
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 128;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 0;  // 0 in YAML means "same as num_heads"; resolved by Parse
+  int64_t ffn_hidden_size = 384;
+  int64_t max_seq_len = 256;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  double norm_eps = 1e-5;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }
+};
+
+enum class Precision { kFp32, kBf16, kFp8 };
+enum class LrSchedule { kCosine, kLinear, kConstant };
+
+struct TrainSpec {
+  int64_t steps = 50;
+  int64_t global_batch_size = 16;  // sequences per optimizer step
+  int64_t micro_batch_size = 2;    // sequences per forward/backward
+  int64_t seq_len = 128;
+  double lr = 3.0e-3;
+  double min_lr_ratio = 0.1;  // cosine/linear decay floor as a fraction of lr
+  int64_t warmup_steps = 5;
+  LrSchedule lr_schedule = LrSchedule::kCosine;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+  uint64_t seed = 1234;
+  Precision precision = Precision::kFp32;
+  int64_t eval_interval = 25;  // 0 disables evaluation
+  int64_t eval_windows = 8;
+};
+
+enum class DataFormat { kText, kBin };
+
+struct DataSpec {
+  std::string train_path;
+  std::string val_path;  // empty: no validation
+  DataFormat format = DataFormat::kText;
+};
+
+enum class Schedule { kAfab, k1F1B, kInterleaved };
+enum class Recompute { kNone, kSelective, kFull };
+
+// An axis the user did not give is nullopt: the planner chooses it.
+struct ParallelismSpec {
+  bool auto_all = false;  // `parallelism: auto`
+  std::optional<int64_t> dp, tp, pp, cp, ep;
+  std::optional<int64_t> zero_stage;
+  Schedule schedule = Schedule::k1F1B;
+  int64_t virtual_stages = 1;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::kNone;
+  int64_t bucket_mb = 25;  // DP gradient bucket size in MiB
+};
+
+enum class DeviceKind { kCpu, kGpu };
+
+struct ResourcesSpec {
+  DeviceKind device = DeviceKind::kCpu;
+  int64_t ranks = 1;        // cpu: number of rank processes
+  std::string gpu;          // gpu: preset name, e.g. h100-sxm
+  int64_t nodes = 1;        // gpu
+  int64_t gpus_per_node = 8;
+
+  int64_t world_size() const { return device == DeviceKind::kCpu ? ranks : nodes * gpus_per_node; }
+};
+
+struct CheckpointSpec {
+  std::string dir;        // empty: no checkpoints
+  int64_t interval = 0;   // steps between checkpoints; 0: only the final one
+  int64_t keep = 2;
+};
+
+struct FaultToleranceSpec {
+  int64_t max_restarts = 3;
+  double hang_timeout_s = 0;  // 0: calibrated from observed step times
+};
+
+struct JobSpec {
+  std::string name;
+  ModelSpec model;
+  TrainSpec train;
+  DataSpec data;
+  ParallelismSpec parallelism;
+  ResourcesSpec resources;
+  CheckpointSpec checkpoint;
+  FaultToleranceSpec fault_tolerance;
+};
+
+const char* PrecisionName(Precision p);
+const char* ScheduleName(Schedule s);
+const char* RecomputeName(Recompute r);
+const char* LrScheduleName(LrSchedule s);
+const char* DataFormatName(DataFormat f);
+const char* DeviceKindName(DeviceKind d);
+
+}  // namespace loom::spec
