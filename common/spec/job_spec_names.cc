@@ -1,0 +1,46 @@
+// Names of the spec's enums as they are written in YAML.
+#include "common/spec/job_spec.h"
+
+namespace loom::spec {
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp8: return "fp8";
+  }
+  return "?";
+}
+
+const char* ScheduleName(Schedule s) {
+  switch (s) {
+    case Schedule::kAfab: return "afab";
+    case Schedule::k1F1B: return "1f1b";
+    case Schedule::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+const char* RecomputeName(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+const char* LrScheduleName(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::kCosine: return "cosine";
+    case LrSchedule::kLinear: return "linear";
+    case LrSchedule::kConstant: return "constant";
+  }
+  return "?";
+}
+
+const char* DataFormatName(DataFormat f) { return f == DataFormat::kText ? "text" : "bin"; }
+
+const char* DeviceKindName(DeviceKind d) { return d == DeviceKind::kCpu ? "cpu" : "gpu"; }
+
+}  // namespace loom::spec

@@ -1,0 +1,224 @@
+// Range and cross-field rules of the job spec. Cross-field rules on parallel
+// axes are checked only for axes the user set; the planner must respect the
+// same rules for the axes it chooses (see coordinator/planner).
+#include "common/spec/job_spec_rules.h"
+
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace loom::spec {
+namespace {
+
+class Checker {
+ public:
+  template <typename T>
+  void Require(bool ok, const std::string& field, const T& value, const std::string& rule) {
+    if (!ok) errors_.push_back(absl::StrCat(field, "=", value, " ", rule));
+  }
+  std::vector<std::string> Take() { return std::move(errors_); }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Axis(const char* name, int64_t v) { return absl::StrCat("parallelism.", name, "=", v); }
+
+}  // namespace
+
+std::vector<std::string> CheckJobSpec(const JobSpec& s) {
+  Checker c;
+  c.Require(ValidName(s.name), "name", "'" + s.name + "'",
+            "must be 1-63 characters of letters, digits, '-', '_' or '.'");
+
+  const ModelSpec& m = s.model;
+  c.Require(m.vocab_size >= 2, "model.vocab_size", m.vocab_size, "must be at least 2");
+  c.Require(m.hidden_size >= 1, "model.hidden_size", m.hidden_size, "must be positive");
+  c.Require(m.num_layers >= 1, "model.num_layers", m.num_layers, "must be positive");
+  c.Require(m.num_heads >= 1, "model.num_heads", m.num_heads, "must be positive");
+  c.Require(m.num_kv_heads >= 1, "model.num_kv_heads", m.num_kv_heads, "must be positive");
+  c.Require(m.ffn_hidden_size >= 1, "model.ffn_hidden_size", m.ffn_hidden_size, "must be positive");
+  c.Require(m.max_seq_len >= 1, "model.max_seq_len", m.max_seq_len, "must be positive");
+  c.Require(m.rope_theta > 0, "model.rope_theta", m.rope_theta, "must be positive");
+  c.Require(m.norm_eps > 0, "model.norm_eps", m.norm_eps, "must be positive");
+  if (m.num_heads >= 1 && m.hidden_size >= 1) {
+    c.Require(m.hidden_size % m.num_heads == 0, "model.hidden_size", m.hidden_size,
+              absl::StrCat("must be divisible by model.num_heads=", m.num_heads));
+    if (m.hidden_size % m.num_heads == 0) {
+      c.Require(m.head_dim() % 2 == 0, "model.hidden_size", m.hidden_size,
+                absl::StrCat("must give an even head dimension for RoPE (hidden_size/num_heads=",
+                             m.head_dim(), ")"));
+    }
+  }
+  if (m.num_kv_heads >= 1 && m.num_heads >= 1) {
+    c.Require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
+              absl::StrCat("must be divisible by model.num_kv_heads=", m.num_kv_heads));
+  }
+
+  const TrainSpec& t = s.train;
+  c.Require(t.steps >= 1, "train.steps", t.steps, "must be positive");
+  c.Require(t.global_batch_size >= 1, "train.global_batch_size", t.global_batch_size,
+            "must be positive");
+  c.Require(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size,
+            "must be positive");
+  c.Require(t.seq_len >= 1, "train.seq_len", t.seq_len, "must be positive");
+  c.Require(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
+            absl::StrCat("must not exceed model.max_seq_len=", m.max_seq_len));
+  c.Require(t.lr > 0, "train.lr", t.lr, "must be positive");
+  c.Require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1, "train.min_lr_ratio", t.min_lr_ratio,
+            "must be between 0 and 1");
+  c.Require(t.warmup_steps >= 0 && t.warmup_steps <= t.steps, "train.warmup_steps",
+            t.warmup_steps, absl::StrCat("must be between 0 and train.steps=", t.steps));
+  c.Require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must not be negative");
+  c.Require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", t.beta1, "must be in [0, 1)");
+  c.Require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", t.beta2, "must be in [0, 1)");
+  c.Require(t.eps > 0, "train.eps", t.eps, "must be positive");
+  c.Require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip,
+            "must not be negative (0 disables clipping)");
+  c.Require(t.eval_interval >= 0, "train.eval_interval", t.eval_interval,
+            "must not be negative (0 disables evaluation)");
+  c.Require(t.eval_windows >= 1, "train.eval_windows", t.eval_windows, "must be positive");
+  if (t.global_batch_size >= 1 && t.micro_batch_size >= 1) {
+    c.Require(t.global_batch_size % t.micro_batch_size == 0, "train.global_batch_size",
+              t.global_batch_size,
+              absl::StrCat("must be divisible by train.micro_batch_size=", t.micro_batch_size));
+  }
+  if (s.resources.device == DeviceKind::kCpu) {
+    c.Require(t.precision != Precision::kBf16, "train.precision", PrecisionName(t.precision),
+              "is not available on resources.device=cpu (use fp32)");
+  }
+
+  c.Require(!s.data.train_path.empty(), "data.train_path", "''", "is required");
+  if (t.eval_interval > 0) {
+    c.Require(!s.data.val_path.empty(), "data.val_path", "''",
+              absl::StrCat("is required when train.eval_interval=", t.eval_interval,
+                           " (set eval_interval: 0 to train without evaluation)"));
+  }
+  if (s.data.format == DataFormat::kText) {
+    c.Require(m.vocab_size >= 256, "model.vocab_size", m.vocab_size,
+              "must be at least 256 for data.format=text (one token per byte)");
+  }
+
+  const ParallelismSpec& p = s.parallelism;
+  auto positive = [&c](const char* name, const std::optional<int64_t>& v) {
+    if (v) c.Require(*v >= 1, absl::StrCat("parallelism.", name), *v, "must be positive");
+  };
+  positive("dp", p.dp);
+  positive("tp", p.tp);
+  positive("pp", p.pp);
+  positive("cp", p.cp);
+  positive("ep", p.ep);
+  if (p.zero_stage) {
+    c.Require(*p.zero_stage >= 0 && *p.zero_stage <= 3, "parallelism.zero_stage", *p.zero_stage,
+              "must be 0, 1, 2 or 3");
+  }
+  c.Require(p.virtual_stages >= 1, "parallelism.virtual_stages", p.virtual_stages,
+            "must be positive");
+  if (p.virtual_stages > 1) {
+    c.Require(p.schedule == Schedule::kInterleaved, "parallelism.virtual_stages", p.virtual_stages,
+              absl::StrCat("needs parallelism.schedule=interleaved (got ", ScheduleName(p.schedule),
+                           ")"));
+  }
+  c.Require(p.bucket_mb >= 1, "parallelism.bucket_mb", p.bucket_mb, "must be positive");
+  if (p.tp && *p.tp >= 1) {
+    const int64_t tp = *p.tp;
+    c.Require(m.num_heads % tp == 0, "model.num_heads", m.num_heads,
+              absl::StrCat("must be divisible by ", Axis("tp", tp)));
+    c.Require(m.ffn_hidden_size % tp == 0, "model.ffn_hidden_size", m.ffn_hidden_size,
+              absl::StrCat("must be divisible by ", Axis("tp", tp)));
+    c.Require(m.vocab_size % tp == 0, "model.vocab_size", m.vocab_size,
+              absl::StrCat("must be divisible by ", Axis("tp", tp), " (vocabulary-parallel embedding)"));
+    if (p.sequence_parallel) {
+      c.Require(t.seq_len % tp == 0, "train.seq_len", t.seq_len,
+                absl::StrCat("must be divisible by ", Axis("tp", tp),
+                             " with parallelism.sequence_parallel=true"));
+    }
+  }
+  if (p.pp && *p.pp >= 1 && p.virtual_stages >= 1) {
+    c.Require(m.num_layers >= *p.pp * p.virtual_stages, "model.num_layers", m.num_layers,
+              absl::StrCat("must be at least ", Axis("pp", *p.pp), " x parallelism.virtual_stages=",
+                           p.virtual_stages, " (one layer per pipeline chunk)"));
+  }
+  if (p.cp && *p.cp > 1) {
+    c.Require(t.seq_len % (2 * *p.cp) == 0, "train.seq_len", t.seq_len,
+              absl::StrCat("must be divisible by 2 x ", Axis("cp", *p.cp),
+                           " (load-balanced context parallelism)"));
+  }
+  if (p.ep && *p.ep > 1) {
+    c.Require(false, "parallelism.ep", *p.ep, "must be 1: the model has no experts");
+  }
+  if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
+    c.Require(t.global_batch_size % (*p.dp * t.micro_batch_size) == 0, "train.global_batch_size",
+              t.global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", *p.dp), " x train.micro_batch_size=",
+                           t.micro_batch_size));
+  }
+
+  const ResourcesSpec& r = s.resources;
+  if (r.device == DeviceKind::kCpu) {
+    c.Require(r.ranks >= 1, "resources.ranks", r.ranks, "must be positive");
+  } else {
+    c.Require(r.nodes >= 1, "resources.nodes", r.nodes, "must be positive");
+    c.Require(r.gpus_per_node >= 1, "resources.gpus_per_node", r.gpus_per_node, "must be positive");
+    c.Require(!r.gpu.empty(), "resources.gpu", "''",
+              "is required for device=gpu (h100-sxm, h200 or a100-80gb)");
+    if (p.tp && *p.tp >= 1 && r.gpus_per_node >= 1) {
+      c.Require(r.gpus_per_node % *p.tp == 0, "parallelism.tp", *p.tp,
+                absl::StrCat("must divide resources.gpus_per_node=", r.gpus_per_node,
+                             " (a TP group never crosses a node)"));
+    }
+  }
+  if (!p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep) {
+    const int64_t product = *p.dp * *p.tp * *p.pp * *p.cp * *p.ep;
+    c.Require(product == r.world_size(), "parallelism", absl::StrCat("dp*tp*pp*cp*ep=", product),
+              absl::StrCat("must equal the number of ranks (", r.world_size(), ")"));
+  } else if (!p.auto_all && r.world_size() >= 1) {
+    int64_t given = 1;
+    for (const auto& v : {p.dp, p.tp, p.pp, p.cp, p.ep}) given *= v.value_or(1);
+    c.Require(given >= 1 && r.world_size() % given == 0, "parallelism",
+              absl::StrCat("product of the given axes=", given),
+              absl::StrCat("must divide the number of ranks (", r.world_size(), ")"));
+  }
+
+  c.Require(s.checkpoint.interval >= 0, "checkpoint.interval", s.checkpoint.interval,
+            "must not be negative (0: only the final checkpoint)");
+  c.Require(s.checkpoint.keep >= 1, "checkpoint.keep", s.checkpoint.keep, "must be positive");
+  c.Require(s.fault_tolerance.max_restarts >= 0, "fault_tolerance.max_restarts",
+            s.fault_tolerance.max_restarts, "must not be negative");
+  c.Require(s.fault_tolerance.hang_timeout_s >= 0, "fault_tolerance.hang_timeout_s",
+            s.fault_tolerance.hang_timeout_s, "must not be negative (0: calibrated)");
+  return c.Take();
+}
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  std::vector<std::string> errors = CheckJobSpec(spec);
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
+void FillTrivialLayout(JobSpec& spec) {
+  ParallelismSpec& p = spec.parallelism;
+  p.auto_all = false;
+  if (!p.tp) p.tp = 1;
+  if (!p.pp) p.pp = 1;
+  if (!p.cp) p.cp = 1;
+  if (!p.ep) p.ep = 1;
+  if (!p.zero_stage) p.zero_stage = 0;
+  if (!p.dp) {
+    const int64_t rest = *p.tp * *p.pp * *p.cp * *p.ep;
+    p.dp = rest >= 1 ? spec.resources.world_size() / rest : 1;
+  }
+}
+
+}  // namespace loom::spec
