@@ -1,0 +1,16 @@
+// Exit codes of loom-trainer that the coordinator interprets. Shared by the
+// trainer and the coordinator through this header only.
+#pragma once
+
+namespace loom {
+
+inline constexpr int kExitOk = 0;
+// Any other non-zero code or a signal is a crash worth a restart.
+inline constexpr int kExitCrash = 1;
+// The job itself is broken (bad spec, missing data file, unreadable
+// checkpoint): restarting cannot help, so the job fails at once.
+inline constexpr int kExitJobBroken = 3;
+// A collective passed its timeout and the watchdog aborted the rank.
+inline constexpr int kExitCollectiveTimeout = 4;
+
+}  // namespace loom

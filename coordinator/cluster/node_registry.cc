@@ -1,0 +1,104 @@
+#include "coordinator/cluster/node_registry.h"
+
+namespace loom::coordinator {
+
+void NodeRegistry::Register(const loom::v1::RegisterNode& registration,
+                            std::shared_ptr<NodeChannel> channel, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Entry& entry = nodes_[registration.node_id()];
+  NodeInfo& info = entry.info;
+  info.node_id = registration.node_id();
+  info.hostname = registration.hostname();
+  info.address = registration.address();
+  info.device_count = 0;
+  for (const auto& device : registration.devices()) {
+    // A node offers one kind of device to jobs; the first kind listed wins.
+    if (info.device_count == 0 || device.kind() == info.device_kind) {
+      info.device_kind = device.kind();
+      info.device_count += device.count();
+      info.device_name = device.name();
+      info.device_memory_bytes = device.memory_bytes();
+      info.peak_flops_per_device = device.peak_flops();
+    }
+  }
+  info.live = true;
+  info.last_seen = now;
+  info.running.assign(registration.running().begin(), registration.running().end());
+  entry.channel = std::move(channel);
+}
+
+void NodeRegistry::Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat,
+                             absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  it->second.info.last_seen = now;
+  it->second.info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
+}
+
+bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* channel) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel.get() != channel) return false;
+  const bool was_live = it->second.info.live;
+  it->second.info.live = false;
+  it->second.channel.reset();
+  return was_live;
+}
+
+std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> lost;
+  for (auto& [id, entry] : nodes_) {
+    if (entry.info.live && now - entry.info.last_seen > timeout) {
+      entry.info.live = false;
+      entry.channel.reset();
+      lost.push_back(id);
+    }
+  }
+  return lost;
+}
+
+bool NodeRegistry::Send(const std::string& node_id, const loom::v1::CoordinatorMessage& message) {
+  std::shared_ptr<NodeChannel> channel;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = nodes_.find(node_id);
+    if (it == nodes_.end() || !it->second.info.live) return false;
+    channel = it->second.channel;
+  }
+  if (!channel) return false;
+  channel->Send(message);
+  return true;
+}
+
+std::optional<NodeInfo> NodeRegistry::Get(const std::string& node_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+std::vector<NodeInfo> NodeRegistry::LiveNodes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeInfo> live;
+  for (const auto& [id, entry] : nodes_) {
+    if (entry.info.live) live.push_back(entry.info);
+  }
+  return live;
+}
+
+std::vector<NodeInfo> NodeRegistry::AllNodes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<NodeInfo> all;
+  for (const auto& [id, entry] : nodes_) all.push_back(entry.info);
+  return all;
+}
+
+void NodeRegistry::Cordon(const std::string& node_id, bool cordoned) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it != nodes_.end()) it->second.info.cordoned = cordoned;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,70 @@
+// Live nodes: who is connected, what devices they have, when they last spoke,
+// and the channel to send them commands. Soft state: rebuilt from the sessions
+// that (re)connect after a coordinator restart.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "loom/v1/node.pb.h"
+
+namespace loom::coordinator {
+
+// Where commands to a node go: the session stream of its agent.
+class NodeChannel {
+ public:
+  virtual ~NodeChannel() = default;
+  virtual void Send(const loom::v1::CoordinatorMessage& message) = 0;
+};
+
+struct NodeInfo {
+  std::string node_id;
+  std::string hostname;
+  std::string address;
+  std::string device_kind;  // cpu | gpu
+  int32_t device_count = 0;
+  std::string device_name;
+  int64_t device_memory_bytes = 0;
+  double peak_flops_per_device = 0;
+  bool live = false;
+  bool cordoned = false;
+  absl::Time last_seen;
+  std::vector<loom::v1::RunningRank> running;
+};
+
+class NodeRegistry {
+ public:
+  // A node came (back): replaces any earlier session of the same node.
+  void Register(const loom::v1::RegisterNode& registration, std::shared_ptr<NodeChannel> channel,
+                absl::Time now);
+  void Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat, absl::Time now);
+  // The session ended. Only the channel that is still current marks the node
+  // lost, so a stale session closing after a reconnect changes nothing.
+  // Returns true when the node went from live to lost.
+  bool SessionClosed(const std::string& node_id, const NodeChannel* channel);
+  // Nodes silent for longer than timeout are marked lost; returns their ids.
+  std::vector<std::string> ExpireSilent(absl::Time now, absl::Duration timeout);
+
+  bool Send(const std::string& node_id, const loom::v1::CoordinatorMessage& message);
+  std::optional<NodeInfo> Get(const std::string& node_id) const;
+  std::vector<NodeInfo> LiveNodes() const;
+  std::vector<NodeInfo> AllNodes() const;
+  void Cordon(const std::string& node_id, bool cordoned);
+
+ private:
+  struct Entry {
+    NodeInfo info;
+    std::shared_ptr<NodeChannel> channel;
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,106 @@
+#include "coordinator/jobs/assignment_builder.h"
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/topology/mesh.h"
+
+namespace loom::coordinator {
+
+loom::v1::Layout LayoutOf(const spec::JobSpec& spec) {
+  const spec::ParallelismSpec& p = spec.parallelism;
+  loom::v1::Layout layout;
+  layout.set_dp(p.dp.value_or(1));
+  layout.set_tp(p.tp.value_or(1));
+  layout.set_pp(p.pp.value_or(1));
+  layout.set_cp(p.cp.value_or(1));
+  layout.set_ep(p.ep.value_or(1));
+  layout.set_zero_stage(p.zero_stage.value_or(0));
+  layout.set_schedule(spec::ScheduleName(p.schedule));
+  layout.set_virtual_stages(p.virtual_stages);
+  layout.set_sequence_parallel(p.sequence_parallel);
+  layout.set_recompute(spec::RecomputeName(p.recompute));
+  layout.set_micro_batch_size(spec.train.micro_batch_size);
+  const int64_t per_step = layout.dp() * spec.train.micro_batch_size;
+  layout.set_grad_accum_steps(per_step > 0 ? spec.train.global_batch_size / per_step : 0);
+  return layout;
+}
+
+topology::MeshShape MeshShapeOf(const spec::JobSpec& spec) {
+  const spec::ParallelismSpec& p = spec.parallelism;
+  return topology::MeshShape{.pp = p.pp.value_or(1),
+                             .dp = p.dp.value_or(1),
+                             .ep = p.ep.value_or(1),
+                             .cp = p.cp.value_or(1),
+                             .tp = p.tp.value_or(1)};
+}
+
+std::string StoreNamespace(const std::string& job_id, int32_t attempt) {
+  return absl::StrCat(job_id, "/attempt-", attempt);
+}
+
+namespace {
+
+void AddGroup(loom::v1::RankAssignment& a, const char* axis, const std::vector<int64_t>& ranks) {
+  loom::v1::GroupMembers* group = a.add_groups();
+  group->set_axis(axis);
+  for (int64_t r : ranks) group->add_ranks(static_cast<int32_t>(r));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
+    const spec::JobSpec& spec, const topology::Placement& placement,
+    const AttemptContext& context) {
+  absl::StatusOr<topology::RankMesh> mesh = topology::RankMesh::Create(MeshShapeOf(spec));
+  if (!mesh.ok()) return mesh.status();
+  if (static_cast<int64_t>(placement.slots.size()) != mesh->world_size()) {
+    return absl::InternalError(absl::StrCat("placement has ", placement.slots.size(),
+                                            " slots for a world of ", mesh->world_size()));
+  }
+  const loom::v1::Layout layout = LayoutOf(spec);
+  std::vector<loom::v1::RankAssignment> assignments;
+  for (int64_t rank = 0; rank < mesh->world_size(); ++rank) {
+    absl::StatusOr<topology::MeshCoord> coord = mesh->CoordOf(rank);
+    absl::StatusOr<topology::RankGroups> groups = mesh->GroupsOf(rank);
+    absl::StatusOr<std::string> place = mesh->PlaceString(rank);
+    if (!coord.ok()) return coord.status();
+    if (!groups.ok()) return groups.status();
+    if (!place.ok()) return place.status();
+
+    loom::v1::RankAssignment a;
+    a.set_job_id(context.job_id);
+    a.set_attempt(context.attempt);
+    a.set_rank(static_cast<int32_t>(rank));
+    a.set_world_size(static_cast<int32_t>(mesh->world_size()));
+    a.set_spec_yaml(context.resolved_spec_yaml);
+    *a.mutable_layout() = layout;
+    a.mutable_coords()->set_pp(coord->pp);
+    a.mutable_coords()->set_dp(coord->dp);
+    a.mutable_coords()->set_ep(coord->ep);
+    a.mutable_coords()->set_cp(coord->cp);
+    a.mutable_coords()->set_tp(coord->tp);
+    AddGroup(a, "tp", groups->tp);
+    AddGroup(a, "cp", groups->cp);
+    AddGroup(a, "ep", groups->ep);
+    AddGroup(a, "dp", groups->dp);
+    AddGroup(a, "pp", groups->pp);
+    AddGroup(a, "dp_cp", groups->dp_cp);
+    AddGroup(a, "dp_ep_cp", groups->dp_ep_cp);
+    AddGroup(a, "tp_cp", groups->tp_cp);
+    AddGroup(a, "model", groups->model);
+    a.set_node_id(placement.slots[rank].node_id);
+    a.set_local_device(static_cast<int32_t>(placement.slots[rank].local_device));
+    a.set_store_namespace(StoreNamespace(context.job_id, context.attempt));
+    a.set_place(*place);
+    for (int64_t layer = 0; layer < spec.model.num_layers; ++layer) {
+      // One pipeline stage holds every layer until pipeline parallelism lands.
+      a.add_layers(static_cast<int32_t>(layer));
+    }
+    a.set_checkpoint_dir(context.checkpoint_dir);
+    a.set_data_dir(context.data_dir);
+    a.set_collective_timeout_s(context.collective_timeout_s);
+    assignments.push_back(std::move(a));
+  }
+  return assignments;
+}
+
+}  // namespace loom::coordinator

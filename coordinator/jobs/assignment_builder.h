@@ -1,0 +1,34 @@
+// Builds each rank's assignment for one attempt of a job: mesh coordinates,
+// group members, node and device, rendezvous namespace. Pure: the scheduler
+// calls it with a placement and sends the results to the agents.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "coordinator/topology/placement.h"
+#include "loom/v1/rank.pb.h"
+
+namespace loom::coordinator {
+
+// The resolved layout of a spec whose axes are all set.
+loom::v1::Layout LayoutOf(const spec::JobSpec& spec);
+topology::MeshShape MeshShapeOf(const spec::JobSpec& spec);
+
+struct AttemptContext {
+  std::string job_id;
+  int32_t attempt = 1;
+  std::string resolved_spec_yaml;
+  std::string checkpoint_dir;  // absolute
+  std::string data_dir;        // where relative data paths resolve
+  double collective_timeout_s = 60;
+};
+
+std::string StoreNamespace(const std::string& job_id, int32_t attempt);
+
+absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
+    const spec::JobSpec& spec, const topology::Placement& placement, const AttemptContext& context);
+
+}  // namespace loom::coordinator

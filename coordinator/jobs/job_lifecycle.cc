@@ -1,0 +1,350 @@
+// The life of a placed job: placement onto free devices, launch, progress
+// aggregation, rank exits, lost nodes, restarts within the budget.
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/exit_codes.h"
+#include "common/spec/job_spec_yaml.h"
+#include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_states.h"
+#include "coordinator/service/metrics.h"
+#include "coordinator/topology/placement.h"
+
+namespace loom::coordinator {
+
+using loom::v1::Job;
+using loom::v1::JobState;
+
+namespace {
+
+std::string ResolvePath(const std::string& base, const std::string& path) {
+  if (path.empty()) return path;
+  std::filesystem::path p(path);
+  if (p.is_absolute()) return p.lexically_normal().string();
+  return (std::filesystem::path(base) / p).lexically_normal().string();
+}
+
+std::string DescribeExit(const loom::v1::RankExited& exit) {
+  if (exit.signal() != 0) return absl::StrCat("was killed by signal ", exit.signal());
+  if (exit.exit_code() == kExitJobBroken) {
+    return absl::StrCat("exited with code ", exit.exit_code(), " (the job cannot run as specified)");
+  }
+  if (exit.exit_code() == kExitCollectiveTimeout) {
+    return absl::StrCat("exited with code ", exit.exit_code(), " (a collective timed out)");
+  }
+  return absl::StrCat("exited with code ", exit.exit_code());
+}
+
+}  // namespace
+
+void JobManager::Schedule() {
+  absl::MutexLock lock(&mu_);
+  ScheduleLocked();
+}
+
+void JobManager::ScheduleLocked() {
+  // First come, first served: a job that does not fit blocks the ones behind
+  // it, so a large job is not starved by a stream of small ones.
+  for (const std::string& id : order_) {
+    JobRecord& record = jobs_.at(id);
+    const JobState state = record.job.state();
+    const bool restart_ready =
+        state == JobState::RESTARTING &&
+        std::all_of(record.ranks.begin(), record.ranks.end(), [](const RankState& r) {
+          return r.exited;
+        });
+    if (state != JobState::PENDING && !restart_ready) continue;
+    if (!TryPlaceLocked(record)) return;
+  }
+}
+
+bool JobManager::TryPlaceLocked(JobRecord& record) {
+  const spec::JobSpec& spec = record.spec;
+  const std::string kind = spec::DeviceKindName(spec.resources.device);
+  topology::PlacementRequest request;
+  request.shape = MeshShapeOf(spec);
+  request.avoid = record.failed_nodes;
+  std::map<std::string, NodeInfo> live;
+  for (const NodeInfo& node : nodes_->LiveNodes()) {
+    if (node.cordoned || node.device_kind != kind) continue;
+    // Free device indices: those not taken by other jobs' placements.
+    std::vector<bool> taken(node.device_count, false);
+    for (const auto& [id, other] : jobs_) {
+      if (!HoldsDevices(other.job.state()) || &other == &record) continue;
+      for (const auto& p : other.job.placement()) {
+        if (p.node_id() == node.node_id && p.local_device() < node.device_count) {
+          taken[p.local_device()] = true;
+        }
+      }
+    }
+    topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {}};
+    for (int32_t d = 0; d < node.device_count; ++d) {
+      if (!taken[d]) devices.device_ids.push_back(d);
+    }
+    devices.free_devices = static_cast<int64_t>(devices.device_ids.size());
+    if (devices.free_devices == 0) continue;
+    request.nodes.push_back(devices);
+    live[node.node_id] = node;
+  }
+  absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
+  if (!placement.ok()) return false;  // waits for devices
+
+  Job& job = record.job;
+  const int32_t attempt = job.attempt() + 1;
+  AttemptContext context;
+  context.job_id = job.id();
+  context.attempt = attempt;
+  context.resolved_spec_yaml = job.resolved_spec_yaml();
+  context.checkpoint_dir = ResolvePath(job.base_dir(), spec.checkpoint.dir);
+  context.data_dir = job.base_dir();
+  context.collective_timeout_s = options_.collective_timeout_s;
+  absl::StatusOr<std::vector<loom::v1::RankAssignment>> assignments =
+      BuildAssignments(spec, *placement, context);
+  if (!assignments.ok()) {
+    TransitionLocked(record, JobState::FAILED,
+                     absl::StrCat("cannot build rank assignments: ", assignments.status().message()));
+    return true;
+  }
+
+  job.set_attempt(attempt);
+  job.clear_placement();
+  record.ranks.assign(assignments->size(), RankState{});
+  record.peak_flops_total = 0;
+  for (const auto& a : *assignments) {
+    loom::v1::RankPlacement* p = job.add_placement();
+    p->set_rank(a.rank());
+    p->set_node_id(a.node_id());
+    p->set_local_device(a.local_device());
+    p->set_place(a.place());
+    record.peak_flops_total += live[a.node_id()].peak_flops_per_device;
+  }
+  std::string nodes_text;
+  for (const auto& use : placement->nodes) {
+    absl::StrAppend(&nodes_text, nodes_text.empty() ? "" : ", ", use.node_id, " (ranks ",
+                    use.first_rank, "-", use.first_rank + use.num_ranks - 1, ")");
+  }
+  TransitionLocked(record, JobState::STARTING,
+                   absl::StrCat("attempt ", attempt, " placed on ", nodes_text));
+  for (auto& a : *assignments) {
+    loom::v1::CoordinatorMessage message;
+    *message.mutable_launch()->mutable_assignment() = std::move(a);
+    const std::string node = message.launch().assignment().node_id();
+    nodes_->Send(node, message);
+  }
+  return true;
+}
+
+void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(progress.job_id());
+  if (it == jobs_.end()) return;
+  JobRecord& record = it->second;
+  Job& job = record.job;
+  if (progress.attempt() != job.attempt() || progress.rank() < 0 ||
+      progress.rank() >= static_cast<int32_t>(record.ranks.size())) {
+    return;  // a stale attempt still draining
+  }
+  if (!HoldsDevices(job.state())) return;
+  RankState& rank = record.ranks[progress.rank()];
+  rank.last = progress;
+  rank.ready = true;
+  if (job.state() == JobState::STARTING &&
+      std::all_of(record.ranks.begin(), record.ranks.end(),
+                  [](const RankState& r) { return r.ready; })) {
+    TransitionLocked(record, JobState::RUNNING,
+                     absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
+                                  job.attempt()));
+  }
+  if (progress.step() <= 0) return;
+
+  const double world = static_cast<double>(record.ranks.size());
+  const double peak = record.peak_flops_total;
+  const double mfu =
+      peak > 0 ? progress.flops_per_token() * progress.tokens_per_second() / peak : 0;
+  if (metrics_ != nullptr) {
+    metrics_->SetRankProgress(job.id(), job.name(), progress.rank(),
+                              {.step = static_cast<double>(progress.step()),
+                               .loss = progress.loss(),
+                               .step_seconds = progress.step_seconds(),
+                               .tokens_per_second = progress.tokens_per_second() / world,
+                               .mfu = mfu});
+  }
+  // Rank 0 speaks for the job: its loss is already averaged over DP.
+  if (progress.rank() != 0 || progress.step() <= job.last_progress().step()) return;
+  loom::v1::JobProgress& p = *job.mutable_last_progress();
+  p.set_step(progress.step());
+  p.set_total_steps(record.spec.train.steps);
+  p.set_loss(progress.loss());
+  p.set_has_val_loss(progress.has_val_loss());
+  p.set_val_loss(progress.has_val_loss() ? progress.val_loss() : 0);
+  p.set_tokens(progress.tokens());
+  p.set_step_seconds(progress.step_seconds());
+  p.set_tokens_per_second(progress.tokens_per_second());
+  p.set_mfu(mfu);
+  p.set_attempt(job.attempt());
+  p.set_lr(progress.lr());
+  p.set_grad_norm(progress.grad_norm());
+  int64_t max_memory = 0;
+  for (const RankState& r : record.ranks) max_memory = std::max(max_memory, r.last.memory_bytes());
+  p.set_max_memory_bytes(max_memory);
+  p.set_eta_seconds(static_cast<double>(record.spec.train.steps - progress.step()) *
+                    progress.step_seconds());
+  p.set_time_unix_ms(progress.time_unix_ms());
+  if (metrics_ != nullptr) {
+    metrics_->SetJobProgress(job.id(), job.name(),
+                             {.step = static_cast<double>(p.step()),
+                              .loss = p.loss(),
+                              .step_seconds = p.step_seconds(),
+                              .tokens_per_second = p.tokens_per_second(),
+                              .mfu = mfu},
+                             static_cast<double>(p.tokens()));
+    if (p.has_val_loss()) metrics_->SetJobValLoss(job.id(), job.name(), p.val_loss());
+  }
+  loom::v1::WatchJobResponse update;
+  *update.mutable_job() = job;
+  *update.mutable_progress() = p;
+  NotifyLocked(record, update);
+  // Progress is soft state; persisting it at most once a second keeps the
+  // database off the step path.
+  if (absl::Now() - record.last_persist > absl::Seconds(1)) PersistLocked(record);
+}
+
+void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(exit.job_id());
+  if (it == jobs_.end()) return;
+  JobRecord& record = it->second;
+  Job& job = record.job;
+  if (exit.attempt() != job.attempt() || exit.rank() < 0 ||
+      exit.rank() >= static_cast<int32_t>(record.ranks.size())) {
+    return;
+  }
+  RankState& rank = record.ranks[exit.rank()];
+  if (rank.exited) return;
+  rank.exited = true;
+  const bool all_exited = std::all_of(record.ranks.begin(), record.ranks.end(),
+                                      [](const RankState& r) { return r.exited; });
+  const JobState state = job.state();
+  if (state == JobState::RESTARTING) {
+    if (all_exited) {
+      FinishAttemptLocked(record);
+      ScheduleLocked();
+    }
+    return;
+  }
+  if (!HoldsDevices(state)) return;
+  if (exit.signal() == 0 && exit.exit_code() == kExitOk) {
+    if (all_exited) {
+      TransitionLocked(record, JobState::SUCCEEDED,
+                       absl::StrCat("all ranks finished ", record.spec.train.steps, " steps"));
+      FinishAttemptLocked(record);
+      ScheduleLocked();
+    }
+    return;
+  }
+  const std::string& place = job.placement(exit.rank()).place();
+  std::string reason = absl::StrCat("rank ", exit.rank(), " ", place, " on node ", node_id, " ",
+                                    DescribeExit(exit));
+  if (!exit.log_tail().empty()) absl::StrAppend(&reason, "; its log ends:\n", exit.log_tail());
+  HandleFailureLocked(record, reason, exit.signal() != 0 || exit.exit_code() != kExitJobBroken);
+}
+
+void JobManager::OnNodeLost(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : order_) {
+    JobRecord& record = jobs_.at(id);
+    if (!HoldsDevices(record.job.state())) continue;
+    bool affected = false;
+    for (const auto& p : record.job.placement()) {
+      RankState& rank = record.ranks[p.rank()];
+      if (p.node_id() == node_id && !rank.exited) {
+        rank.exited = true;
+        affected = true;
+      }
+    }
+    if (!affected) continue;
+    record.failed_nodes.insert(node_id);
+    if (record.job.state() == JobState::RESTARTING) {
+      if (std::all_of(record.ranks.begin(), record.ranks.end(),
+                      [](const RankState& r) { return r.exited; })) {
+        FinishAttemptLocked(record);
+      }
+      continue;
+    }
+    HandleFailureLocked(record, absl::StrCat("node ", node_id, " was lost (its agent's session ended)"),
+                        /*retryable=*/true);
+  }
+  ScheduleLocked();
+}
+
+void JobManager::OnNodeRegistered(const loom::v1::RegisterNode& registration) {
+  // Ranks placed on this node that it no longer runs died while no one was
+  // listening (e.g. during a coordinator restart): handle them as exits.
+  std::vector<loom::v1::RankExited> vanished;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : order_) {
+      const JobRecord& record = jobs_.at(id);
+      if (!HoldsDevices(record.job.state())) continue;
+      for (const auto& p : record.job.placement()) {
+        if (p.node_id() != registration.node_id() || record.ranks[p.rank()].exited) continue;
+        const bool alive = std::any_of(
+            registration.running().begin(), registration.running().end(),
+            [&](const loom::v1::RunningRank& r) {
+              return r.job_id() == id && r.attempt() == record.job.attempt() && r.rank() == p.rank();
+            });
+        if (alive) continue;
+        loom::v1::RankExited& exit = vanished.emplace_back();
+        exit.set_job_id(id);
+        exit.set_attempt(record.job.attempt());
+        exit.set_rank(p.rank());
+        exit.set_exit_code(kExitCrash);
+        exit.set_log_tail("(the rank ended while its node was disconnected)");
+      }
+    }
+  }
+  for (const auto& exit : vanished) OnRankExited(registration.node_id(), exit);
+  Schedule();
+}
+
+void JobManager::HandleFailureLocked(JobRecord& record, const std::string& reason, bool retryable) {
+  Job& job = record.job;
+  const int64_t budget = record.spec.fault_tolerance.max_restarts;
+  if (retryable && job.restarts() < budget) {
+    job.set_restarts(job.restarts() + 1);
+    if (metrics_ != nullptr) metrics_->CountRestart(job.id(), job.name());
+    TransitionLocked(record, JobState::RESTARTING,
+                     absl::StrCat("restart ", job.restarts(), " of ", budget, ": ", reason));
+    KillRanksLocked(record);
+    if (std::all_of(record.ranks.begin(), record.ranks.end(),
+                    [](const RankState& r) { return r.exited; })) {
+      FinishAttemptLocked(record);
+    }
+    return;
+  }
+  TransitionLocked(record, JobState::FAILED,
+                   retryable ? absl::StrCat(reason, " (restart budget of ", budget, " spent)")
+                             : reason);
+  KillRanksLocked(record);
+  FinishAttemptLocked(record);
+}
+
+void JobManager::KillRanksLocked(JobRecord& record) {
+  std::set<std::string> nodes;
+  for (const auto& p : record.job.placement()) nodes.insert(p.node_id());
+  for (const std::string& node : nodes) {
+    loom::v1::CoordinatorMessage message;
+    message.mutable_kill()->set_job_id(record.job.id());
+    message.mutable_kill()->set_attempt(record.job.attempt());
+    message.mutable_kill()->set_grace_seconds(options_.kill_grace_seconds);
+    nodes_->Send(node, message);
+  }
+}
+
+void JobManager::FinishAttemptLocked(JobRecord& record) {
+  kv_->DropNamespace(StoreNamespace(record.job.id(), record.job.attempt()));
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,123 @@
+#include "coordinator/jobs/job_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::coordinator {
+namespace {
+
+absl::Status SqlError(sqlite3* db, const std::string& path, const std::string& what) {
+  return absl::InternalError(absl::StrCat("job store ", path, ": ", what, ": ", sqlite3_errmsg(db)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& state_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(state_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state_dir=", state_dir, ": cannot create the directory: ", ec.message()));
+  }
+  const std::string path = (std::filesystem::path(state_dir) / "loom.db").string();
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                                             SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    absl::Status status = SqlError(db, path, "cannot open");
+    sqlite3_close(db);
+    return status;
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db, path));
+  sqlite3_busy_timeout(db, 5000);
+  // WAL with synchronous=FULL: a committed Put survives power loss, and
+  // readers (the sqlite3 shell) never block the coordinator.
+  for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;",
+                          "CREATE TABLE IF NOT EXISTS jobs ("
+                          " id TEXT PRIMARY KEY, seq INTEGER NOT NULL, name TEXT NOT NULL,"
+                          " state TEXT NOT NULL, attempt INTEGER NOT NULL,"
+                          " updated_unix_ms INTEGER NOT NULL, job BLOB NOT NULL);"}) {
+    if (absl::Status s = store->Exec(sql); !s.ok()) return s;
+  }
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &message) != SQLITE_OK) {
+    std::string text = message ? message : "unknown error";
+    sqlite3_free(message);
+    return absl::InternalError(absl::StrCat("job store ", path_, ": ", text));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Put(const loom::v1::Job& job) {
+  absl::MutexLock lock(&mu_);
+  const std::string blob = job.SerializeAsString();
+  const int64_t seq = std::atoll(job.id().substr(job.id().find_last_of('-') + 1).c_str());
+  sqlite3_stmt* stmt = nullptr;
+  const char* sql =
+      "INSERT OR REPLACE INTO jobs (id, seq, name, state, attempt, updated_unix_ms, job)"
+      " VALUES (?, ?, ?, ?, ?, ?, ?);";
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return SqlError(db_, path_, "prepare insert");
+  }
+  sqlite3_bind_text(stmt, 1, job.id().c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 2, seq);
+  sqlite3_bind_text(stmt, 3, job.name().c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(stmt, 4, loom::v1::JobState_Name(job.state()).c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int(stmt, 5, job.attempt());
+  sqlite3_bind_int64(stmt, 6, job.updated_unix_ms());
+  sqlite3_bind_blob(stmt, 7, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return SqlError(db_, path_, absl::StrCat("store job ", job.id()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<loom::v1::Job>> JobStore::LoadAll() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT id, job FROM jobs ORDER BY seq;", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return SqlError(db_, path_, "prepare select");
+  }
+  std::vector<loom::v1::Job> jobs;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    const void* data = sqlite3_column_blob(stmt, 1);
+    const int size = sqlite3_column_bytes(stmt, 1);
+    loom::v1::Job job;
+    if (!job.ParseFromArray(data, size)) {
+      const std::string id = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+      sqlite3_finalize(stmt);
+      return absl::DataLossError(absl::StrCat("job store ", path_, ": job ", id,
+                                              " has an unreadable record"));
+    }
+    jobs.push_back(std::move(job));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return SqlError(db_, path_, "read jobs");
+  return jobs;
+}
+
+absl::StatusOr<int64_t> JobStore::MaxSequence() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq), 0) FROM jobs;", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return SqlError(db_, path_, "prepare max");
+  }
+  int64_t max = 0;
+  if (sqlite3_step(stmt) == SQLITE_ROW) max = sqlite3_column_int64(stmt, 0);
+  sqlite3_finalize(stmt);
+  return max;
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,130 @@
+// loom-coordinator: the control plane of a Loom cluster. Serves JobService,
+// NodeService and RankService (plus grpc.health.v1 and reflection) on
+// --listen, Prometheus metrics on --metrics_listen, and keeps jobs in SQLite
+// under --state_dir.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/cli/parse_flags.h"
+#include "common/rpc/rpc_settings.h"
+#include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_store.h"
+#include "coordinator/rendezvous/kv_store.h"
+#include "coordinator/service/job_service.h"
+#include "coordinator/service/metrics.h"
+#include "coordinator/service/node_service.h"
+#include "coordinator/service/plan_service.h"
+#include "coordinator/service/rank_service.h"
+#include "coordinator/service/rpc_metrics_interceptor.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "host:port of the Prometheus endpoint (empty: no metrics endpoint)");
+ABSL_FLAG(std::string, state_dir, "", "directory of the durable job store (required)");
+ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
+ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
+ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
+ABSL_FLAG(double, collective_timeout_s, 60.0, "timeout of every collective on the ranks");
+
+namespace {
+
+absl::Notification* g_shutdown = nullptr;
+
+void OnSignal(int) {
+  if (g_shutdown != nullptr && !g_shutdown->HasBeenNotified()) g_shutdown->Notify();
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "loom-coordinator: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace loom::coordinator;
+  const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
+      argc, argv,
+      "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR");
+  if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
+  if (absl::GetFlag(FLAGS_heartbeat_interval_s) <= 0 || absl::GetFlag(FLAGS_node_timeout_s) <= 0) {
+    loom::cli::UsageError("--heartbeat_interval_s and --node_timeout_s must be positive");
+  }
+
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
+  if (!store.ok()) return Fail(std::string(store.status().message()));
+  absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =
+      CoordinatorMetrics::Create(absl::GetFlag(FLAGS_metrics_listen));
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+
+  NodeRegistry nodes;
+  KvStore kv;
+  JobManagerOptions options{.state_dir = state_dir,
+                            .kill_grace_seconds = absl::GetFlag(FLAGS_kill_grace_s),
+                            .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s)};
+  JobManager jobs(options, *std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
+  if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
+
+  const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
+  JobServiceImpl job_service(&jobs, PlanJob);
+  NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat);
+  RankServiceImpl rank_service(&kv, &jobs);
+  node_service.UpdateNodeGauges();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  loom::rpc::ApplyServerSettings(builder);
+  builder.RegisterService(&job_service);
+  builder.RegisterService(&node_service);
+  builder.RegisterService(&rank_service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(metrics->get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("cannot listen on --listen=", absl::GetFlag(FLAGS_listen),
+                             " (is another coordinator running there?)"));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::printf("loom-coordinator: serving on %s (port %d), metrics on %s, state in %s\n",
+              absl::GetFlag(FLAGS_listen).c_str(), port,
+              absl::GetFlag(FLAGS_metrics_listen).c_str(), state_dir.c_str());
+  std::fflush(stdout);
+
+  absl::Notification shutdown;
+  g_shutdown = &shutdown;
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
+  // Liveness: a node that stops sending heartbeats is lost even if its TCP
+  // connection lingers.
+  const absl::Duration node_timeout = absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s));
+  std::thread liveness([&] {
+    while (!shutdown.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      for (const std::string& node : nodes.ExpireSilent(absl::Now(), node_timeout)) {
+        std::fprintf(stderr, "node %s: no heartbeat for %s; node lost\n", node.c_str(),
+                     absl::FormatDuration(node_timeout).c_str());
+        jobs.OnNodeLost(node);
+        node_service.UpdateNodeGauges();
+      }
+    }
+  });
+  shutdown.WaitForNotification();
+  std::printf("loom-coordinator: shutting down\n");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  liveness.join();
+  return 0;
+}

@@ -1,0 +1,184 @@
+#include "coordinator/service/job_service.h"
+
+#include <deque>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/service/status_convert.h"
+
+namespace loom::coordinator {
+namespace {
+
+using loom::v1::WatchJobResponse;
+
+// Finishes a unary call with the value or the error of a StatusOr.
+template <typename T, typename Out>
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                absl::StatusOr<T> result, Out* out) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) {
+    *out = *std::move(result);
+    reactor->Finish(grpc::Status::OK);
+  } else {
+    reactor->Finish(ToGrpc(result.status()));
+  }
+  return reactor;
+}
+
+// One WatchJob stream. The manager holds the Relay (shared); the reactor is
+// owned by gRPC and detaches from the relay when the call is done, so a late
+// update never touches a deleted reactor.
+class WatchReactor;
+
+class Relay final : public WatchSink {
+ public:
+  explicit Relay(WatchReactor* reactor) : reactor_(reactor) {}
+  void Push(const WatchJobResponse& update, bool last) override;
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  WatchReactor* reactor_ ABSL_GUARDED_BY(mu_);
+};
+
+class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
+ public:
+  WatchReactor(JobManager* jobs, std::string id) : jobs_(jobs), id_(std::move(id)) {}
+
+  void Start() {
+    relay_ = std::make_shared<Relay>(this);
+    absl::StatusOr<int64_t> handle = jobs_->Watch(id_, relay_);
+    if (!handle.ok()) {
+      relay_->Detach();
+      Finish(ToGrpc(handle.status()));
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    handle_ = *handle;
+  }
+
+  void Enqueue(const WatchJobResponse& update, bool last) {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    queue_.push_back(update);
+    if (last) last_queued_ = true;
+    if (!writing_) WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away"));
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    relay_->Detach();
+    int64_t handle;
+    {
+      absl::MutexLock lock(&mu_);
+      handle = handle_;
+    }
+    if (handle != 0) jobs_->Unwatch(id_, handle);
+    delete this;
+  }
+
+ private:
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finishing_) return;
+    if (queue_.empty()) {
+      if (last_queued_) FinishLocked(grpc::Status::OK);
+      return;
+    }
+    current_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(&current_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finishing_) return;
+    finishing_ = true;
+    Finish(status);
+  }
+
+  JobManager* jobs_;
+  const std::string id_;
+  std::shared_ptr<Relay> relay_;
+  absl::Mutex mu_;
+  int64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
+  WatchJobResponse current_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool last_queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void Relay::Push(const WatchJobResponse& update, bool last) {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->Enqueue(update, last);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::SubmitJobRequest* request,
+                                                    loom::v1::SubmitJobResponse* response) {
+  absl::StatusOr<loom::v1::Job> job =
+      jobs_->Submit(request->spec_yaml(), request->source_name(), request->base_dir());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (job.ok()) {
+    *response->mutable_job() = *std::move(job);
+    reactor->Finish(grpc::Status::OK);
+  } else {
+    reactor->Finish(ToGrpc(job.status()));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::PlanJob(grpc::CallbackServerContext* context,
+                                                  const loom::v1::PlanJobRequest* request,
+                                                  loom::v1::PlanJobResponse* response) {
+  return Reply(context, plan_(*request), response);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
+                                                 const loom::v1::GetJobRequest* request,
+                                                 loom::v1::Job* response) {
+  return Reply(context, jobs_->Get(request->id()), response);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
+                                                   const loom::v1::ListJobsRequest* request,
+                                                   loom::v1::ListJobsResponse* response) {
+  for (auto& job : jobs_->List()) *response->add_jobs() = std::move(job);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::CancelJobRequest* request,
+                                                    loom::v1::Job* response) {
+  return Reply(context, jobs_->Cancel(request->id()), response);
+}
+
+grpc::ServerWriteReactor<WatchJobResponse>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
+  auto* reactor = new WatchReactor(jobs_, request->id());
+  reactor->Start();
+  return reactor;
+}
+
+}  // namespace loom::coordinator

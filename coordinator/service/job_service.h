@@ -1,0 +1,43 @@
+// JobService handlers (callback API): translate requests onto the
+// JobManager and the planner; no logic of their own.
+#pragma once
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "coordinator/jobs/job_manager.h"
+#include "loom/v1/job.grpc.pb.h"
+
+namespace loom::coordinator {
+
+using PlanFunction =
+    std::function<absl::StatusOr<loom::v1::PlanJobResponse>(const loom::v1::PlanJobRequest&)>;
+
+class JobServiceImpl final : public loom::v1::JobService::CallbackService {
+ public:
+  JobServiceImpl(JobManager* jobs, PlanFunction plan) : jobs_(jobs), plan_(std::move(plan)) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::SubmitJobRequest* request,
+                                      loom::v1::SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* PlanJob(grpc::CallbackServerContext* context,
+                                    const loom::v1::PlanJobRequest* request,
+                                    loom::v1::PlanJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const loom::v1::GetJobRequest* request,
+                                   loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const loom::v1::ListJobsRequest* request,
+                                     loom::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::CancelJobRequest* request,
+                                      loom::v1::Job* response) override;
+  grpc::ServerWriteReactor<loom::v1::WatchJobResponse>* WatchJob(
+      grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
+
+ private:
+  JobManager* jobs_;
+  PlanFunction plan_;
+};
+
+}  // namespace loom::coordinator

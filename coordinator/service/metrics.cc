@@ -1,0 +1,119 @@
+#include "coordinator/service/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::coordinator {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const char* name,
+                                             const char* help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      jobs_(Gauge(*registry_, "loom_jobs", "Jobs by state")),
+      nodes_live_(Gauge(*registry_, "loom_nodes_live", "Nodes with a live agent session")),
+      devices_live_(Gauge(*registry_, "loom_devices_live", "Devices on live nodes, by kind")),
+      rpcs_(BuildCounter()
+                .Name("loom_rpcs_total")
+                .Help("RPCs handled, by method and status code")
+                .Register(*registry_)),
+      rank_step_(Gauge(*registry_, "loom_rank_step", "Last step a rank completed")),
+      rank_loss_(Gauge(*registry_, "loom_rank_loss", "Training loss a rank reported")),
+      rank_step_seconds_(Gauge(*registry_, "loom_rank_step_seconds", "A rank's last step time")),
+      rank_tokens_per_second_(
+          Gauge(*registry_, "loom_rank_tokens_per_second", "Tokens per second seen by a rank")),
+      rank_mfu_(Gauge(*registry_, "loom_rank_mfu", "Model FLOPs utilisation of a rank (0-1)")),
+      job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
+      job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
+      job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),
+      job_step_seconds_(Gauge(*registry_, "loom_job_step_seconds", "Step time of a job")),
+      job_tokens_per_second_(
+          Gauge(*registry_, "loom_job_tokens_per_second", "Tokens per second of a job")),
+      job_mfu_(Gauge(*registry_, "loom_job_mfu", "Model FLOPs utilisation of a job (0-1)")),
+      job_tokens_(Gauge(*registry_, "loom_job_tokens", "Tokens a job has trained on")),
+      job_restarts_(BuildCounter()
+                        .Name("loom_job_restarts_total")
+                        .Help("Restarts of a job")
+                        .Register(*registry_)) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
+    const std::string& listen) {
+  std::unique_ptr<CoordinatorMetrics> metrics(new CoordinatorMetrics());
+  if (!listen.empty()) {
+    try {
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_listen=", listen, ": cannot serve metrics: ", e.what()));
+    }
+    metrics->exposer_->RegisterCollectable(metrics->registry_);
+    const auto ports = metrics->exposer_->GetListeningPorts();
+    if (!ports.empty()) metrics->port_ = ports.front();
+  }
+  return metrics;
+}
+
+void CoordinatorMetrics::SetJobsByState(const std::map<std::string, int>& counts) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [state, count] : counts) jobs_.Add({{"state", state}}).Set(count);
+}
+
+void CoordinatorMetrics::SetNodes(int live_nodes, const std::map<std::string, int>& devices) {
+  absl::MutexLock lock(&mu_);
+  nodes_live_.Add({}).Set(live_nodes);
+  for (const auto& kind : {"cpu", "gpu"}) {
+    auto it = devices.find(kind);
+    devices_live_.Add({{"kind", kind}}).Set(it == devices.end() ? 0 : it->second);
+  }
+}
+
+void CoordinatorMetrics::CountRpc(const std::string& method, const std::string& code) {
+  absl::MutexLock lock(&mu_);
+  rpcs_.Add({{"method", method}, {"code", code}}).Increment();
+}
+
+void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::string& job_name,
+                                         int rank, const ProgressSample& s) {
+  absl::MutexLock lock(&mu_);
+  const prometheus::Labels labels = {
+      {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
+  rank_step_.Add(labels).Set(s.step);
+  rank_loss_.Add(labels).Set(s.loss);
+  rank_step_seconds_.Add(labels).Set(s.step_seconds);
+  rank_tokens_per_second_.Add(labels).Set(s.tokens_per_second);
+  rank_mfu_.Add(labels).Set(s.mfu);
+}
+
+void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,
+                                        const ProgressSample& s, double tokens) {
+  absl::MutexLock lock(&mu_);
+  const prometheus::Labels labels = {{"job", job_id}, {"job_name", job_name}};
+  job_step_.Add(labels).Set(s.step);
+  job_loss_.Add(labels).Set(s.loss);
+  job_step_seconds_.Add(labels).Set(s.step_seconds);
+  job_tokens_per_second_.Add(labels).Set(s.tokens_per_second);
+  job_mfu_.Add(labels).Set(s.mfu);
+  job_tokens_.Add(labels).Set(tokens);
+}
+
+void CoordinatorMetrics::SetJobValLoss(const std::string& job_id, const std::string& job_name,
+                                       double val_loss) {
+  absl::MutexLock lock(&mu_);
+  job_val_loss_.Add({{"job", job_id}, {"job_name", job_name}}).Set(val_loss);
+}
+
+void CoordinatorMetrics::CountRestart(const std::string& job_id, const std::string& job_name) {
+  absl::MutexLock lock(&mu_);
+  job_restarts_.Add({{"job", job_id}, {"job_name", job_name}}).Increment();
+}
+
+}  // namespace loom::coordinator

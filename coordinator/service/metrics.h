@@ -1,0 +1,73 @@
+// The coordinator's Prometheus metrics (prometheus-cpp), served on
+// --metrics_listen. Names are part of the user's contract: dashboards and
+// alerts use them (see deploy/grafana).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace loom::coordinator {
+
+struct ProgressSample {
+  double step = 0;
+  double loss = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;
+};
+
+class CoordinatorMetrics {
+ public:
+  // listen empty: metrics are kept but not served (tests).
+  static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(const std::string& listen);
+
+  void SetJobsByState(const std::map<std::string, int>& counts);
+  void SetNodes(int live_nodes, const std::map<std::string, int>& devices_by_kind);
+  void CountRpc(const std::string& method, const std::string& code);
+  void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
+                       const ProgressSample& sample);
+  void SetJobProgress(const std::string& job_id, const std::string& job_name,
+                      const ProgressSample& sample, double tokens);
+  void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
+  void CountRestart(const std::string& job_id, const std::string& job_name);
+
+  // The port actually bound (for listen ports of 0), or 0.
+  int port() const { return port_; }
+
+ private:
+  CoordinatorMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+
+  absl::Mutex mu_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& nodes_live_;
+  prometheus::Family<prometheus::Gauge>& devices_live_;
+  prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Family<prometheus::Gauge>& rank_step_;
+  prometheus::Family<prometheus::Gauge>& rank_loss_;
+  prometheus::Family<prometheus::Gauge>& rank_step_seconds_;
+  prometheus::Family<prometheus::Gauge>& rank_tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& rank_mfu_;
+  prometheus::Family<prometheus::Gauge>& job_step_;
+  prometheus::Family<prometheus::Gauge>& job_loss_;
+  prometheus::Family<prometheus::Gauge>& job_val_loss_;
+  prometheus::Family<prometheus::Gauge>& job_step_seconds_;
+  prometheus::Family<prometheus::Gauge>& job_tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>& job_mfu_;
+  prometheus::Family<prometheus::Gauge>& job_tokens_;
+  prometheus::Family<prometheus::Counter>& job_restarts_;
+};
+
+}  // namespace loom::coordinator

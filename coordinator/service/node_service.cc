@@ -1,0 +1,163 @@
+#include "coordinator/service/node_service.h"
+
+#include <cstdio>
+#include <deque>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/service/metrics.h"
+
+namespace loom::coordinator {
+namespace {
+
+using loom::v1::CoordinatorMessage;
+using loom::v1::NodeMessage;
+
+class SessionReactor;
+
+// What the registry holds for a live node: a handle that forwards commands to
+// the session while it lasts and drops them after.
+class SessionChannel final : public NodeChannel {
+ public:
+  explicit SessionChannel(SessionReactor* reactor) : reactor_(reactor) {}
+  void Send(const CoordinatorMessage& message) override;
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  SessionReactor* reactor_ ABSL_GUARDED_BY(mu_);
+};
+
+class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage> {
+ public:
+  SessionReactor(NodeServiceImpl* service, NodeRegistry* nodes, JobManager* jobs,
+                 absl::Duration heartbeat_interval)
+      : service_(service),
+        nodes_(nodes),
+        jobs_(jobs),
+        heartbeat_interval_(heartbeat_interval),
+        channel_(std::make_shared<SessionChannel>(this)) {
+    StartRead(&incoming_);
+  }
+
+  void Enqueue(const CoordinatorMessage& message) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    outgoing_.push_back(message);
+    if (!writing_) WriteNextLocked();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    Handle(incoming_);
+    StartRead(&incoming_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "node session broke"));
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnDone() override {
+    channel_->Detach();
+    if (!node_id_.empty() && nodes_->SessionClosed(node_id_, channel_.get())) {
+      std::fprintf(stderr, "node %s: session ended; node lost\n", node_id_.c_str());
+      jobs_->OnNodeLost(node_id_);
+      service_->UpdateNodeGauges();
+    }
+    delete this;
+  }
+
+ private:
+  void Handle(const NodeMessage& message) {
+    switch (message.kind_case()) {
+      case NodeMessage::kRegister: {
+        node_id_ = message.register_().node_id();
+        nodes_->Register(message.register_(), channel_, absl::Now());
+        std::fprintf(stderr, "node %s: registered (%s, %d devices)\n", node_id_.c_str(),
+                     message.register_().hostname().c_str(),
+                     message.register_().devices_size() > 0
+                         ? message.register_().devices(0).count()
+                         : 0);
+        CoordinatorMessage reply;
+        reply.mutable_registered()->set_node_id(node_id_);
+        reply.mutable_registered()->set_heartbeat_interval_ms(
+            absl::ToInt64Milliseconds(heartbeat_interval_));
+        Enqueue(reply);
+        service_->UpdateNodeGauges();
+        jobs_->OnNodeRegistered(message.register_());
+        break;
+      }
+      case NodeMessage::kHeartbeat:
+        if (!node_id_.empty()) nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
+        break;
+      case NodeMessage::kRankExited:
+        if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());
+        break;
+      default:
+        break;
+    }
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (outgoing_.empty() || finished_) return;
+    current_ = std::move(outgoing_.front());
+    outgoing_.pop_front();
+    writing_ = true;
+    StartWrite(&current_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  NodeServiceImpl* service_;
+  NodeRegistry* nodes_;
+  JobManager* jobs_;
+  const absl::Duration heartbeat_interval_;
+  std::shared_ptr<SessionChannel> channel_;
+  std::string node_id_;  // set by the first message; read-side only
+  NodeMessage incoming_;
+
+  absl::Mutex mu_;
+  std::deque<CoordinatorMessage> outgoing_ ABSL_GUARDED_BY(mu_);
+  CoordinatorMessage current_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void SessionChannel::Send(const CoordinatorMessage& message) {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->Enqueue(message);
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_);
+}
+
+void NodeServiceImpl::UpdateNodeGauges() {
+  if (metrics_ == nullptr) return;
+  std::map<std::string, int> devices;
+  const auto live = nodes_->LiveNodes();
+  for (const NodeInfo& node : live) devices[node.device_kind] += node.device_count;
+  metrics_->SetNodes(static_cast<int>(live.size()), devices);
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,34 @@
+// NodeService: one bidirectional session per node agent (callback API).
+// Registration, heartbeats and rank exits go to the NodeRegistry and the
+// JobManager; launch and kill commands come back down the same stream.
+#pragma once
+
+#include "absl/time/time.h"
+#include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/job_manager.h"
+#include "loom/v1/node.grpc.pb.h"
+
+namespace loom::coordinator {
+
+class CoordinatorMetrics;
+
+class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
+ public:
+  NodeServiceImpl(NodeRegistry* nodes, JobManager* jobs, CoordinatorMetrics* metrics,
+                  absl::Duration heartbeat_interval)
+      : nodes_(nodes), jobs_(jobs), metrics_(metrics), heartbeat_interval_(heartbeat_interval) {}
+
+  grpc::ServerBidiReactor<loom::v1::NodeMessage, loom::v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override;
+
+  // Publishes live nodes and devices to the metrics.
+  void UpdateNodeGauges();
+
+ private:
+  NodeRegistry* nodes_;
+  JobManager* jobs_;
+  CoordinatorMetrics* metrics_;
+  absl::Duration heartbeat_interval_;
+};
+
+}  // namespace loom::coordinator

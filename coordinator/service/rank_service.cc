@@ -1,0 +1,92 @@
+#include "coordinator/service/rank_service.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "coordinator/service/status_convert.h"
+
+namespace loom::coordinator {
+namespace {
+
+grpc::Status RequireKey(const std::string& ns, const std::string& key) {
+  if (ns.empty() || key.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "store_namespace and key must both be set");
+  }
+  return grpc::Status::OK;
+}
+
+class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgress> {
+ public:
+  explicit ProgressReactor(JobManager* jobs) : jobs_(jobs) { StartRead(&progress_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    jobs_->OnRankProgress(progress_);
+    StartRead(&progress_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  JobManager* jobs_;
+  loom::v1::RankProgress progress_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RankServiceImpl::StoreSet(grpc::CallbackServerContext* context,
+                                                    const loom::v1::StoreSetRequest* request,
+                                                    loom::v1::StoreSetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  if (status.ok()) kv_->Set(request->store_namespace(), request->key(), request->value());
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RankServiceImpl::StoreGet(grpc::CallbackServerContext* context,
+                                                    const loom::v1::StoreGetRequest* request,
+                                                    loom::v1::StoreGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  if (!status.ok()) {
+    reactor->Finish(status);
+    return reactor;
+  }
+  // Wait no longer than the caller asked, nor past the call's own deadline.
+  absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request->wait_ms()));
+  const absl::Time call_deadline = absl::FromChrono(context->deadline());
+  deadline = std::min(deadline, call_deadline);
+  kv_->GetAsync(request->store_namespace(), request->key(), deadline,
+                [reactor, response](absl::StatusOr<std::string> value) {
+                  if (value.ok()) {
+                    response->set_value(*std::move(value));
+                    reactor->Finish(grpc::Status::OK);
+                  } else {
+                    reactor->Finish(ToGrpc(value.status()));
+                  }
+                });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext* context,
+                                                    const loom::v1::StoreAddRequest* request,
+                                                    loom::v1::StoreAddResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  if (status.ok()) {
+    response->set_value(kv_->Add(request->store_namespace(), request->key(), request->delta()));
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::ServerReadReactor<loom::v1::RankProgress>* RankServiceImpl::ReportProgress(
+    grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) {
+  return new ProgressReactor(jobs_);
+}
+
+}  // namespace loom::coordinator
