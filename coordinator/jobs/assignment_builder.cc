@@ -5,34 +5,6 @@
 
 namespace loom::coordinator {
 
-loom::v1::Layout LayoutOf(const spec::JobSpec& spec) {
-  const spec::ParallelismSpec& p = spec.parallelism;
-  loom::v1::Layout layout;
-  layout.set_dp(p.dp.value_or(1));
-  layout.set_tp(p.tp.value_or(1));
-  layout.set_pp(p.pp.value_or(1));
-  layout.set_cp(p.cp.value_or(1));
-  layout.set_ep(p.ep.value_or(1));
-  layout.set_zero_stage(p.zero_stage.value_or(0));
-  layout.set_schedule(spec::ScheduleName(p.schedule));
-  layout.set_virtual_stages(p.virtual_stages);
-  layout.set_sequence_parallel(p.sequence_parallel);
-  layout.set_recompute(spec::RecomputeName(p.recompute));
-  layout.set_micro_batch_size(spec.train.micro_batch_size);
-  const int64_t per_step = layout.dp() * spec.train.micro_batch_size;
-  layout.set_grad_accum_steps(per_step > 0 ? spec.train.global_batch_size / per_step : 0);
-  return layout;
-}
-
-topology::MeshShape MeshShapeOf(const spec::JobSpec& spec) {
-  const spec::ParallelismSpec& p = spec.parallelism;
-  return topology::MeshShape{.pp = p.pp.value_or(1),
-                             .dp = p.dp.value_or(1),
-                             .ep = p.ep.value_or(1),
-                             .cp = p.cp.value_or(1),
-                             .tp = p.tp.value_or(1)};
-}
-
 std::string StoreNamespace(const std::string& job_id, int32_t attempt) {
   return absl::StrCat(job_id, "/attempt-", attempt);
 }
@@ -49,7 +21,7 @@ void AddGroup(loom::v1::RankAssignment& a, const char* axis, const std::vector<i
 
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     const spec::JobSpec& spec, const topology::Placement& placement,
-    const AttemptContext& context) {
+    const AttemptContext& context, const std::map<std::string, std::string>& node_addresses) {
   absl::StatusOr<topology::RankMesh> mesh = topology::RankMesh::Create(MeshShapeOf(spec));
   if (!mesh.ok()) return mesh.status();
   if (static_cast<int64_t>(placement.slots.size()) != mesh->world_size()) {
@@ -98,6 +70,9 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     a.set_checkpoint_dir(context.checkpoint_dir);
     a.set_data_dir(context.data_dir);
     a.set_collective_timeout_s(context.collective_timeout_s);
+    auto address = node_addresses.find(a.node_id());
+    a.set_node_address(address == node_addresses.end() || address->second.empty() ? "127.0.0.1"
+                                                                                  : address->second);
     assignments.push_back(std::move(a));
   }
   return assignments;

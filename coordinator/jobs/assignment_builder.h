@@ -3,19 +3,17 @@
 // calls it with a placement and sends the results to the agents.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/jobs/layout_proto.h"
 #include "coordinator/topology/placement.h"
 #include "loom/v1/rank.pb.h"
 
 namespace loom::coordinator {
-
-// The resolved layout of a spec whose axes are all set.
-loom::v1::Layout LayoutOf(const spec::JobSpec& spec);
-topology::MeshShape MeshShapeOf(const spec::JobSpec& spec);
 
 struct AttemptContext {
   std::string job_id;
@@ -29,6 +27,7 @@ struct AttemptContext {
 std::string StoreNamespace(const std::string& job_id, int32_t attempt);
 
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
-    const spec::JobSpec& spec, const topology::Placement& placement, const AttemptContext& context);
+    const spec::JobSpec& spec, const topology::Placement& placement, const AttemptContext& context,
+    const std::map<std::string, std::string>& node_addresses);
 
 }  // namespace loom::coordinator

@@ -100,8 +100,10 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
   context.checkpoint_dir = ResolvePath(job.base_dir(), spec.checkpoint.dir);
   context.data_dir = job.base_dir();
   context.collective_timeout_s = options_.collective_timeout_s;
+  std::map<std::string, std::string> addresses;
+  for (const auto& [id, node] : live) addresses[id] = node.address;
   absl::StatusOr<std::vector<loom::v1::RankAssignment>> assignments =
-      BuildAssignments(spec, *placement, context);
+      BuildAssignments(spec, *placement, context, addresses);
   if (!assignments.ok()) {
     TransitionLocked(record, JobState::FAILED,
                      absl::StrCat("cannot build rank assignments: ", assignments.status().message()));

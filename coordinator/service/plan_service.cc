@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/layout_proto.h"
 
 namespace loom::coordinator {
 

@@ -1,0 +1,112 @@
+#include "client/job_format.h"
+
+#include <cmath>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::client {
+
+std::string StateName(loom::v1::JobState state) { return loom::v1::JobState_Name(state); }
+
+namespace {
+
+std::string Duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+std::string Rate(double tokens_per_second) {
+  if (tokens_per_second >= 1e6) return absl::StrFormat("%.2fM", tokens_per_second / 1e6);
+  if (tokens_per_second >= 1e3) return absl::StrFormat("%.1fk", tokens_per_second / 1e3);
+  return absl::StrFormat("%.0f", tokens_per_second);
+}
+
+std::string Time(int64_t unix_ms) {
+  const std::time_t t = unix_ms / 1000;
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buffer[32];
+  std::strftime(buffer, sizeof(buffer), "%Y-%m-%d %H:%M:%S", &tm);
+  return buffer;
+}
+
+std::string LayoutText(const loom::v1::Layout& l) {
+  return absl::StrFormat("dp=%d tp=%d pp=%d cp=%d ep=%d zero=%d mbs=%d gas=%d %s%s recompute=%s",
+                         l.dp(), l.tp(), l.pp(), l.cp(), l.ep(), l.zero_stage(),
+                         l.micro_batch_size(), l.grad_accum_steps(), l.schedule(),
+                         l.sequence_parallel() ? " sp" : "", l.recompute());
+}
+
+}  // namespace
+
+std::string FormatJobTable(const std::vector<loom::v1::Job>& jobs) {
+  std::string out = absl::StrFormat("%-12s %-20s %-11s %7s %11s %9s\n", "ID", "NAME", "STATE",
+                                    "ATTEMPT", "STEP", "LOSS");
+  for (const auto& job : jobs) {
+    const auto& p = job.last_progress();
+    absl::StrAppend(&out, absl::StrFormat("%-12s %-20s %-11s %7d %11s %9s\n", job.id(), job.name(),
+                                          StateName(job.state()), job.attempt(),
+                                          absl::StrCat(p.step(), "/", p.total_steps()),
+                                          p.step() > 0 ? absl::StrFormat("%.4f", p.loss()) : "-"));
+  }
+  return out;
+}
+
+std::string FormatJobStatus(const loom::v1::Job& job) {
+  std::string out;
+  absl::StrAppend(&out, "job:       ", job.id(), " (", job.name(), ")\n");
+  absl::StrAppend(&out, "state:     ", StateName(job.state()), "\n");
+  absl::StrAppend(&out, "attempt:   ", job.attempt(), " (restarts ", job.restarts(), ")\n");
+  absl::StrAppend(&out, "layout:    ", LayoutText(job.layout()), "\n");
+  const auto& p = job.last_progress();
+  if (p.step() > 0) absl::StrAppend(&out, "progress:  ", FormatProgressLine(p), "\n");
+  if (!job.failure_reason().empty()) absl::StrAppend(&out, "failure:   ", job.failure_reason(), "\n");
+  if (job.placement_size() > 0) {
+    absl::StrAppend(&out, "placement:\n");
+    for (const auto& r : job.placement()) {
+      absl::StrAppend(&out, absl::StrFormat("  rank %-4d %-28s node %s device %d\n", r.rank(),
+                                            r.place(), r.node_id(), r.local_device()));
+    }
+  }
+  absl::StrAppend(&out, "history:\n");
+  for (const auto& e : job.history()) absl::StrAppend(&out, "  ", FormatEvent(e), "\n");
+  return out;
+}
+
+std::string FormatEvent(const loom::v1::JobEvent& event) {
+  return absl::StrCat(Time(event.time_unix_ms()), "  ", StateName(event.state()), "  ",
+                      event.message());
+}
+
+std::string FormatProgressLine(const loom::v1::JobProgress& p) {
+  std::string line = absl::StrFormat("step %d/%d  loss %.4f", p.step(), p.total_steps(), p.loss());
+  if (p.has_val_loss()) absl::StrAppend(&line, absl::StrFormat("  val %.4f", p.val_loss()));
+  absl::StrAppend(&line, absl::StrFormat("  %s tok/s  MFU %.1f%%  ETA %s  (attempt %d)",
+                                         Rate(p.tokens_per_second()), 100.0 * p.mfu(),
+                                         Duration(p.eta_seconds()), p.attempt()));
+  return line;
+}
+
+std::string FormatProgressJson(const loom::v1::JobProgress& p) {
+  nlohmann::json j = {{"step", p.step()},
+                      {"total_steps", p.total_steps()},
+                      {"loss", p.loss()},
+                      {"tokens", p.tokens()},
+                      {"step_seconds", p.step_seconds()},
+                      {"tokens_per_second", p.tokens_per_second()},
+                      {"mfu", p.mfu()},
+                      {"attempt", p.attempt()},
+                      {"lr", p.lr()},
+                      {"grad_norm", p.grad_norm()},
+                      {"max_memory_bytes", p.max_memory_bytes()},
+                      {"time_unix_ms", p.time_unix_ms()}};
+  if (p.has_val_loss()) j["val_loss"] = p.val_loss();
+  return j.dump();
+}
+
+}  // namespace loom::client

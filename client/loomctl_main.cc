@@ -1,0 +1,243 @@
+// loomctl: the user's client. submit, plan, list, status, watch, cancel talk
+// to the coordinator over gRPC; export and plan --offline run locally.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "client/job_format.h"
+#include "common/cli/parse_flags.h"
+#include "common/rpc/rpc_settings.h"
+#include "coordinator/service/plan_service.h"
+#include "loom/v1/job.grpc.pb.h"
+#include "worker/engine/export/hf_export.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "address of loom-coordinator");
+ABSL_FLAG(std::string, format, "", "output format: plan: text|json; watch: text|jsonl; export: hf");
+ABSL_FLAG(bool, offline, false, "plan: run the planner here instead of asking the coordinator");
+ABSL_FLAG(int32_t, candidates, 5, "plan: how many layouts to show");
+ABSL_FLAG(double, reconnect_s, 60, "watch: how long to keep reconnecting to a lost coordinator");
+
+namespace {
+
+using loom::v1::JobService;
+
+constexpr char kUsage[] =
+    "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
+    "[--format=json] | list | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "export --format=hf CHECKPOINT_DIR OUT_DIR";
+
+int Fail(const std::string& message, int code = 1) {
+  std::fprintf(stderr, "loomctl: %s\n", message.c_str());
+  return code;
+}
+
+// An RPC error in words; an unreachable coordinator says how to start one.
+int RpcFail(const grpc::Status& status) {
+  const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Fail(absl::StrCat("cannot reach the coordinator at ", address, " (",
+                             status.error_message(),
+                             "). Start one with: build/bin/loom-coordinator --listen=", address,
+                             " --state_dir=DIR, or pass --coordinator=HOST:PORT"));
+  }
+  return Fail(status.error_message());
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  *out = buffer.str();
+  return true;
+}
+
+std::unique_ptr<JobService::Stub> Stub() {
+  return JobService::NewStub(loom::rpc::MakeChannel(absl::GetFlag(FLAGS_coordinator)));
+}
+
+int Submit(const std::string& path) {
+  loom::v1::SubmitJobRequest request;
+  if (!ReadFile(path, request.mutable_spec_yaml())) {
+    return Fail(absl::StrCat("cannot read job spec ", path));
+  }
+  request.set_source_name(path);
+  request.set_base_dir(std::filesystem::absolute(path).parent_path().string());
+  loom::v1::SubmitJobResponse response;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->SubmitJob(context.get(), request, &response);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s\n", response.job().id().c_str());
+  std::fprintf(stderr, "submitted %s (%s): %s\n", response.job().id().c_str(),
+               response.job().name().c_str(),
+               loom::client::StateName(response.job().state()).c_str());
+  return 0;
+}
+
+int Plan(const std::string& path) {
+  loom::v1::PlanJobRequest request;
+  if (!ReadFile(path, request.mutable_spec_yaml())) {
+    return Fail(absl::StrCat("cannot read job spec ", path));
+  }
+  request.set_source_name(path);
+  request.set_max_candidates(absl::GetFlag(FLAGS_candidates));
+  loom::v1::PlanJobResponse response;
+  if (absl::GetFlag(FLAGS_offline)) {
+    absl::StatusOr<loom::v1::PlanJobResponse> plan = loom::coordinator::PlanJob(request);
+    if (!plan.ok()) return Fail(std::string(plan.status().message()));
+    response = *std::move(plan);
+  } else {
+    auto context = loom::rpc::UnaryContext();
+    grpc::Status status = Stub()->PlanJob(context.get(), request, &response);
+    if (!status.ok()) return RpcFail(status);
+  }
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format == "json") {
+    std::printf("%s\n", response.json().c_str());
+  } else if (format.empty() || format == "text") {
+    std::printf("%s", response.text().c_str());
+  } else {
+    loom::cli::UsageError("--format=" + format + " is not a plan format (text or json)");
+  }
+  return 0;
+}
+
+int List() {
+  loom::v1::ListJobsResponse response;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->ListJobs(context.get(), {}, &response);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s", loom::client::FormatJobTable({response.jobs().begin(), response.jobs().end()})
+                        .c_str());
+  return 0;
+}
+
+int Status(const std::string& id) {
+  loom::v1::GetJobRequest request;
+  request.set_id(id);
+  loom::v1::Job job;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->GetJob(context.get(), request, &job);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s", loom::client::FormatJobStatus(job).c_str());
+  return 0;
+}
+
+int Cancel(const std::string& id) {
+  loom::v1::CancelJobRequest request;
+  request.set_id(id);
+  loom::v1::Job job;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->CancelJob(context.get(), request, &job);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s %s\n", job.id().c_str(), loom::client::StateName(job.state()).c_str());
+  return 0;
+}
+
+// Streams the job until it ends; survives a coordinator restart by
+// reconnecting for up to --reconnect_s. Exit status 0 only for SUCCEEDED.
+int Watch(const std::string& id) {
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (!format.empty() && format != "text" && format != "jsonl") {
+    loom::cli::UsageError("--format=" + format + " is not a watch format (text or jsonl)");
+  }
+  const bool jsonl = format == "jsonl";
+  const bool tty = !jsonl && isatty(STDOUT_FILENO);
+  auto stub = Stub();
+  int64_t last_step = -1;
+  int32_t last_attempt = -1;
+  size_t events_seen = 0;
+  auto give_up = std::chrono::steady_clock::now();
+  bool ever_connected = false;
+  while (true) {
+    grpc::ClientContext context;
+    loom::v1::WatchJobRequest request;
+    request.set_id(id);
+    auto reader = stub->WatchJob(&context, request);
+    loom::v1::WatchJobResponse update;
+    loom::v1::JobState state = loom::v1::JOB_STATE_UNSPECIFIED;
+    std::string failure;
+    while (reader->Read(&update)) {
+      ever_connected = true;
+      give_up = std::chrono::steady_clock::now() +
+                std::chrono::milliseconds(static_cast<int64_t>(1000 * absl::GetFlag(FLAGS_reconnect_s)));
+      const loom::v1::Job& job = update.job();
+      state = job.state();
+      failure = job.failure_reason();
+      // Events: the snapshot's history on (re)connect, then each new one.
+      for (size_t i = events_seen; i < static_cast<size_t>(job.history_size()); ++i) {
+        if (tty) std::printf("\n");
+        std::fprintf(jsonl ? stderr : stdout, "%s\n",
+                     loom::client::FormatEvent(job.history(i)).c_str());
+      }
+      events_seen = std::max<size_t>(events_seen, job.history_size());
+      const loom::v1::JobProgress& p =
+          update.has_progress() ? update.progress() : job.last_progress();
+      if (p.step() > 0 && (p.step() != last_step || p.attempt() != last_attempt)) {
+        last_step = p.step();
+        last_attempt = p.attempt();
+        if (jsonl) {
+          std::printf("%s\n", loom::client::FormatProgressJson(p).c_str());
+        } else if (tty) {
+          std::printf("\r\033[K%s", loom::client::FormatProgressLine(p).c_str());
+        } else {
+          std::printf("%s\n", loom::client::FormatProgressLine(p).c_str());
+        }
+      }
+      std::fflush(stdout);
+    }
+    grpc::Status status = reader->Finish();
+    if (tty) std::printf("\n");
+    if (status.ok() && state != loom::v1::JOB_STATE_UNSPECIFIED) {
+      std::fprintf(stderr, "%s ended %s%s%s\n", id.c_str(), loom::client::StateName(state).c_str(),
+                   failure.empty() ? "" : ": ", failure.c_str());
+      return state == loom::v1::SUCCEEDED ? 0 : 1;
+    }
+    const bool retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::CANCELLED ||
+                           status.error_code() == grpc::StatusCode::INTERNAL;
+    if (!ever_connected || !retryable || std::chrono::steady_clock::now() > give_up) {
+      return RpcFail(status);
+    }
+    std::fprintf(stderr, "lost the coordinator (%s); reconnecting\n", status.error_message().c_str());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+int Export(const std::vector<std::string>& args) {
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "hf") loom::cli::UsageError("export needs --format=hf");
+  if (args.size() != 3) loom::cli::UsageError("export needs CHECKPOINT_DIR and OUT_DIR");
+  absl::Status status = loom::engine::ExportHuggingFace(args[1], args[2]);
+  if (!status.ok()) return Fail(std::string(status.message()));
+  std::printf("exported %s to %s (config.json, model.safetensors)\n", args[1].c_str(),
+              args[2].c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(argc, argv, kUsage);
+  if (args.empty()) loom::cli::UsageError("a command is required");
+  const std::string& command = args[0];
+  auto one_argument = [&](const char* what) -> const std::string& {
+    if (args.size() != 2) loom::cli::UsageError(command + " needs " + what);
+    return args[1];
+  };
+  if (command == "submit") return Submit(one_argument("JOB.yaml"));
+  if (command == "plan") return Plan(one_argument("JOB.yaml"));
+  if (command == "list") return List();
+  if (command == "status") return Status(one_argument("a job ID"));
+  if (command == "watch") return Watch(one_argument("a job ID"));
+  if (command == "cancel") return Cancel(one_argument("a job ID"));
+  if (command == "export") return Export(args);
+  loom::cli::UsageError("unknown command '" + command + "'");
+}

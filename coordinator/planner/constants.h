@@ -1,0 +1,58 @@
+// The planner's free constants: a handful of numbers, each with a physical
+// meaning, that the analytic memory and time models cannot derive from first
+// principles. They are fitted once, on the Ultra-Scale Playbook runs
+// (tools/planner/calibrate), never per model or per cluster cell.
+#pragma once
+
+namespace loom::planner {
+
+struct PlannerConstants {
+  // Compute: a GEMM reaches gemm_peak_efficiency of the device peak when it
+  // is large; efficiency halves when the rows (tokens per micro-batch per
+  // rank) fall to gemm_tokens_half, and again when the per-rank width
+  // (hidden / tp) falls to gemm_width_half.
+  double gemm_peak_efficiency = 0.7;
+  double gemm_tokens_half = 512;
+  double gemm_width_half = 256;
+
+  // A fixed cost per layer per micro-batch (forward and backward): kernel
+  // launches and framework work that do not shrink with the GEMMs.
+  double layer_overhead_s = 0.0;
+
+  // Communication: the fraction of a link's nominal bandwidth collectives
+  // achieve, inside a node and between nodes, and a fixed cost per
+  // collective call on each (launch, synchronization, ring latency).
+  double intra_bandwidth_efficiency = 0.7;
+  double inter_bandwidth_efficiency = 0.7;
+  double intra_latency_s = 20e-6;
+  double inter_latency_s = 100e-6;
+  // A fixed cost per pipeline send or receive of one micro-batch (the
+  // handshake and the stall of the stage that waits for it).
+  double p2p_latency_s = 100e-6;
+
+  // Overlap: the fraction of in-layer collectives (TP, CP) hidden behind
+  // compute, and the fraction of the last micro-batch's backward pass behind
+  // which the data-parallel gradient reduction can hide.
+  double tp_overlap = 0.0;
+  double dp_overlap = 0.8;
+
+  // Memory: a fixed per-rank overhead (CUDA context, cuBLAS workspace,
+  // allocator reserve), a multiplier on activation bytes (allocator
+  // fragmentation and the temporaries the formulas omit), the live bytes per
+  // logit at the loss (bf16 logits, their fp32 copy, the fp32 gradient), and
+  // the bytes per saved attention score (0 with fused/flash attention).
+  double memory_overhead_bytes = 2.0 * (1 << 30);
+  double activation_factor = 1.0;
+  double logits_bytes_per_element = 10.0;
+  double attention_score_bytes = 0.0;
+};
+
+// The constants fitted on the playbook runs (see docs/planner.md).
+PlannerConstants DefaultConstants();
+
+// Hook for Loom's own CPU engine (fp32, OpenBLAS, attention scores
+// materialized in fp32): the memory constants to check against the peak the
+// engine measures, once "Parallel engine over Gloo" reports it. Not fitted yet.
+PlannerConstants CpuEngineConstants();
+
+}  // namespace loom::planner

@@ -1,0 +1,53 @@
+// A parallel layout and the training workload it runs: the values every
+// planner estimate takes. A layout fixes the five axes (dp·tp·pp·cp·ep =
+// ranks), the ZeRO stage, how the global batch is cut (mbs·gas·dp = global
+// batch), the pipeline schedule, sequence parallelism and recompute.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/spec/job_spec.h"
+#include "coordinator/planner/model_math.h"
+#include "coordinator/planner/precision.h"
+
+namespace loom::planner {
+
+struct Layout {
+  int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t cp = 1;
+  int64_t ep = 1;
+  int zero_stage = 0;
+  int64_t micro_batch_size = 1;  // sequences per forward/backward on one DP rank
+  int64_t grad_accum = 1;        // micro-batches per optimizer step
+  spec::Schedule schedule = spec::Schedule::k1F1B;
+  int64_t virtual_stages = 1;    // model chunks per pipeline rank (interleaved)
+  bool sequence_parallel = false;
+  spec::Recompute recompute = spec::Recompute::kNone;
+
+  int64_t world() const { return dp * tp * pp * cp * ep; }
+  bool operator==(const Layout&) const = default;
+};
+
+// "dp=8 tp=2 pp=1 cp=1 ep=1 zero=1 mbs=2 gas=8 1f1b sp recompute=none".
+std::string LayoutToString(const Layout& layout);
+const char* ScheduleLabel(spec::Schedule schedule);
+const char* RecomputeLabel(spec::Recompute recompute);
+
+// What is trained: the model, the sequence length, the global batch in
+// sequences and the precision recipe. The parameter count is computed once.
+struct Workload {
+  ModelShape model;
+  ParamCount params;
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;  // sequences per optimizer step
+  RecipeKind recipe = RecipeKind::kBf16Fp32Accum;
+  double dp_bucket_bytes = 25.0 * (1 << 20);  // DP gradient bucket (parallelism.bucket_mb)
+};
+
+Workload MakeWorkload(const ModelShape& model, int64_t seq_len, int64_t global_batch,
+                      RecipeKind recipe);
+
+}  // namespace loom::planner

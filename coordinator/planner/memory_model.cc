@@ -1,0 +1,152 @@
+// The per-rank memory model. Element counts are per token per layer, in the
+// units of Korthikanti et al.'s table 2: with fused attention no s×s score
+// matrix is saved; SwiGLU saves gate, up and their product; GQA shrinks the
+// saved K and V to kv_heads·head_dim.
+#include "coordinator/planner/memory_model.h"
+
+#include <algorithm>
+
+namespace loom::planner {
+namespace {
+
+double CeilDiv(double a, double b) { return (a + b - 1) / b; }
+
+struct StageParams {
+  double layer_params = 0;  // per rank, this stage's layers
+  double edge_params = 0;   // embedding / LM head / norms on this rank
+  double lm_head_rows = 0;  // vocabulary rows this rank's LM head computes
+};
+
+StageParams ParamsOnStage(const Workload& w, const Layout& l, int64_t stage) {
+  const ParamCount& p = w.params;
+  StageParams s;
+  const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
+  s.layer_params = layers * (static_cast<double>(p.layer_linear) / l.tp + p.layer_replicated);
+  const bool first = stage == 0;
+  const bool last = stage == l.pp - 1;
+  if (first) s.edge_params += static_cast<double>(p.embedding) / l.tp + p.position_embedding;
+  if (last) {
+    // A tied embedding is still needed on the last stage to compute logits.
+    const double head = p.lm_head > 0 ? p.lm_head : (first ? 0.0 : p.embedding);
+    s.edge_params += head / l.tp + p.final_norm;
+    s.lm_head_rows = static_cast<double>(w.model.vocab_size) / l.tp;
+  }
+  return s;
+}
+
+}  // namespace
+
+int64_t LayersOnStage(int64_t num_layers, int64_t pp, int64_t stage) {
+  const int64_t base = num_layers / pp;
+  return base + (stage < num_layers % pp ? 1 : 0);
+}
+
+double MaxParamsPerRank(const Workload& w, const Layout& l) {
+  double best = 0;
+  for (int64_t stage : {int64_t{0}, l.pp - 1}) {
+    const StageParams sp = ParamsOnStage(w, l, stage);
+    best = std::max(best, sp.layer_params + sp.edge_params);
+  }
+  return best;
+}
+
+double ActivationBytesPerLayer(const Workload& w, const Layout& l, const PlannerConstants& k) {
+  const ModelShape& m = w.model;
+  const double tokens = static_cast<double>(l.micro_batch_size) * w.seq_len / l.cp;
+  const double e = Recipe(w.recipe).activation_bytes;
+  const double h = static_cast<double>(m.hidden_size);
+  const double sp_div = l.sequence_parallel ? l.tp : 1;
+  if (l.recompute == spec::Recompute::kFull) {
+    // Only each layer's input survives the forward pass.
+    return tokens * h / sp_div * e;
+  }
+  // Inputs of the two norms and of the QKV and first MLP GEMMs: replicated
+  // across TP unless sequence parallelism shards them.
+  const double replicated = 4.0 * h / sp_div;
+  // Q, K, V and the attention output, sharded by heads.
+  // KV heads that do not divide by tp are replicated, one head per rank.
+  const double kv_local = std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
+  const double attention = 2.0 * m.num_heads * m.head_dim() / static_cast<double>(l.tp) + 2.0 * kv_local;
+  // SwiGLU: gate and up outputs and their product; GELU: pre- and post-activation.
+  const double mlp = (m.gated_mlp ? 3.0 : 2.0) * m.ffn_hidden_size / static_cast<double>(l.tp);
+  double bytes = tokens * (replicated + attention + mlp) * e;
+  if (l.recompute == spec::Recompute::kNone && k.attention_score_bytes > 0) {
+    // Unfused attention keeps its softmax output: heads/tp × s_q × s_kv per sequence.
+    bytes += tokens * (static_cast<double>(m.num_heads) / l.tp) * w.seq_len * k.attention_score_bytes;
+  }
+  return bytes;
+}
+
+double MicroBatchesInFlight(const Layout& l, int64_t stage) {
+  const double m = static_cast<double>(l.grad_accum);
+  if (l.pp == 1) return 1;
+  switch (l.schedule) {
+    case spec::Schedule::kAfab:
+      return m;
+    case spec::Schedule::k1F1B:
+      return std::min(m, static_cast<double>(l.pp - stage));
+    case spec::Schedule::kInterleaved: {
+      // Narayanan et al.: the warm-up of the interleaved schedule holds
+      // (1 + (p-1)/(p·v)) times what 1F1B holds.
+      const double p = static_cast<double>(l.pp);
+      const double v = static_cast<double>(l.virtual_stages);
+      const double base = std::min(m, p - stage);
+      return std::min(m, base * (1.0 + (p - 1.0) / (p * v)));
+    }
+  }
+  return 1;
+}
+
+MemoryBreakdown EstimateMemory(const Workload& w, const Layout& l, const PlannerConstants& k) {
+  const PrecisionRecipe& r = Recipe(w.recipe);
+  const double shard = static_cast<double>(l.dp) * l.cp;  // ZeRO shards over DP×CP
+  const double tokens = static_cast<double>(l.micro_batch_size) * w.seq_len / l.cp;
+  const double h = static_cast<double>(w.model.hidden_size);
+  const double e = r.activation_bytes;
+  const double act_layer = ActivationBytesPerLayer(w, l, k);
+
+  MemoryBreakdown worst;
+  const int64_t stages_to_check = l.pp == 1 ? 1 : 2;
+  for (int64_t i = 0; i < stages_to_check; ++i) {
+    const int64_t stage = i == 0 ? 0 : l.pp - 1;
+    const StageParams sp = ParamsOnStage(w, l, stage);
+    const double params = sp.layer_params + sp.edge_params;
+    MemoryBreakdown b;
+    b.stage = stage;
+    b.weights = params * r.weight_bytes / (l.zero_stage >= 3 ? shard : 1.0);
+    b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) / (l.zero_stage >= 2 ? shard : 1.0);
+    b.optimizer = params * (r.master_bytes + r.optimizer_bytes) / (l.zero_stage >= 1 ? shard : 1.0);
+
+    const double in_flight = MicroBatchesInFlight(l, stage);
+    b.micro_batches_in_flight = static_cast<int64_t>(CeilDiv(in_flight, 1.0));
+    const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
+    double activations = in_flight * layers * act_layer;
+    if (l.recompute == spec::Recompute::kFull) {
+      // Backward recomputes one layer at a time, holding its full activations.
+      Layout none = l;
+      none.recompute = spec::Recompute::kNone;
+      activations += ActivationBytesPerLayer(w, none, k);
+    }
+    b.activations = activations * k.activation_factor;
+    b.logits = tokens * sp.lm_head_rows * k.logits_bytes_per_element;
+
+    if (l.zero_stage >= 3 && shard > 1) {
+      // Two layers gathered (the current one and the prefetched next), and
+      // the current layer's unsharded gradient before its reduce-scatter.
+      const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
+      b.zero3_gathered = layer * (2.0 * r.weight_bytes + r.grad_bytes + r.grad_accum_bytes);
+      if (sp.lm_head_rows > 0) b.zero3_gathered += sp.lm_head_rows * h * r.weight_bytes;
+    }
+
+    double buffers = 0;
+    if (shard > 1) buffers += 2.0 * w.dp_bucket_bytes;  // one bucket reducing, one filling
+    if (l.tp > 1 && l.sequence_parallel) buffers += 2.0 * tokens * h * e;  // gathered input
+    if (l.pp > 1) buffers += 2.0 * tokens * h / (l.sequence_parallel ? l.tp : 1) * e;
+    b.comm_buffers = buffers;
+    b.overhead = k.memory_overhead_bytes;
+    if (i == 0 || b.total() > worst.total()) worst = b;
+  }
+  return worst;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,32 @@
+// From a job spec to a planner request, and back: which cluster preset and
+// recipe a spec means, which axes it fixes and which it leaves to the
+// search, and how a chosen layout is written into the spec the coordinator
+// stores with the job.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "coordinator/planner/cluster.h"
+#include "coordinator/planner/search.h"
+
+namespace loom::planner {
+
+// The cluster a job's resources describe: the preset named by resources.gpu
+// (or the CPU preset, one node of `ranks` ranks), with `overrides` applied
+// (a CPU agent's measured peak, a site's bandwidths).
+absl::StatusOr<ClusterSpec> ClusterForJob(const spec::ResourcesSpec& resources,
+                                          const ClusterOverrides& overrides = {});
+
+// `parallelism: auto` searches every axis, the micro-batch size, recompute
+// and sequence parallelism; otherwise the axes the spec gives are fixed and
+// so are train.micro_batch_size, parallelism.recompute and
+// parallelism.sequence_parallel. CPU jobs use CpuEngineConstants().
+absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
+                                               const ClusterOverrides& overrides = {});
+
+// Writes a layout into the spec: every parallelism axis, the ZeRO stage,
+// schedule, virtual stages, sequence parallelism, recompute and
+// train.micro_batch_size; clears `auto_all`.
+void ApplyLayoutToJob(const Layout& layout, spec::JobSpec* job);
+
+}  // namespace loom::planner

@@ -1,0 +1,65 @@
+// The table of precision recipes. Byte counts follow the mixed-precision
+// practice each recipe names (Micikevicius et al. for bf16 with fp32 master
+// weights; Transformer Engine's cached fp8 weight copy; DeepSeek-V3's fp8
+// GEMMs with bf16 Adam moments and fp32 master weights and gradients).
+#include "coordinator/planner/precision.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace loom::planner {
+namespace {
+
+std::vector<PrecisionRecipe> BuildTable() {
+  return {
+      {RecipeKind::kFp32, "fp32", ComputeDtype::kFp32, 4, 4, 0, 0, 8, 4, 4,
+       "fp32 weights, gradients and Adam moments (16 B/param)"},
+      {RecipeKind::kBf16, "bf16", ComputeDtype::kBf16, 2, 2, 0, 4, 8, 2, 2,
+       "bf16 weights and gradients, fp32 master and Adam (16 B/param)"},
+      {RecipeKind::kBf16Fp32Accum, "bf16-fp32-accum", ComputeDtype::kBf16, 2, 2, 4, 4, 8, 4, 2,
+       "bf16 weights and gradients, fp32 accumulation, master and Adam (20 B/param)"},
+      {RecipeKind::kFp8TransformerEngine, "fp8-te", ComputeDtype::kFp8, 3, 2, 4, 4, 8, 4, 2,
+       "bf16 weights plus their fp8 copy, fp32 accumulation, master and Adam (21 B/param)"},
+      {RecipeKind::kFp8DeepSeekV3, "fp8-deepseek-v3", ComputeDtype::kFp8, 1, 0, 4, 4, 4, 4, 2,
+       "fp8 weights, fp32 gradients and master, bf16 Adam moments (13 B/param)"},
+  };
+}
+
+}  // namespace
+
+const std::vector<PrecisionRecipe>& AllRecipes() {
+  static const std::vector<PrecisionRecipe>* table = new std::vector<PrecisionRecipe>(BuildTable());
+  return *table;
+}
+
+const PrecisionRecipe& Recipe(RecipeKind kind) {
+  for (const PrecisionRecipe& r : AllRecipes()) {
+    if (r.kind == kind) return r;
+  }
+  return AllRecipes().front();
+}
+
+absl::StatusOr<RecipeKind> RecipeByName(std::string_view name) {
+  std::vector<std::string> names;
+  for (const PrecisionRecipe& r : AllRecipes()) {
+    if (r.name == name) return r.kind;
+    names.emplace_back(r.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("precision recipe '", std::string(name),
+                                                 "' is unknown; known recipes: ",
+                                                 absl::StrJoin(names, ", ")));
+}
+
+RecipeKind RecipeForPrecision(spec::Precision precision) {
+  switch (precision) {
+    case spec::Precision::kFp32:
+      return RecipeKind::kFp32;
+    case spec::Precision::kBf16:
+      return RecipeKind::kBf16Fp32Accum;
+    case spec::Precision::kFp8:
+      return RecipeKind::kFp8DeepSeekV3;
+  }
+  return RecipeKind::kFp32;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,53 @@
+// Precision recipes: how many bytes each parameter costs in weights,
+// gradients, gradient accumulation, master copy and optimizer states, and in
+// what dtype the GEMMs run. The memory model divides each component by the
+// parallel axes and the ZeRO stage that shard it.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+
+namespace loom::planner {
+
+enum class ComputeDtype { kFp32, kBf16, kFp8 };
+
+enum class RecipeKind {
+  kFp32,              // CPU engine: fp32 everything
+  kBf16,              // bf16 weights and grads, fp32 master and Adam
+  kBf16Fp32Accum,     // as kBf16, plus an fp32 gradient-accumulation buffer
+  kFp8TransformerEngine,  // bf16 weights + cached fp8 copy, fp32 accumulation
+  kFp8DeepSeekV3,     // fp8 working weights, fp32 master and grads, bf16 Adam moments
+};
+
+struct PrecisionRecipe {
+  RecipeKind kind;
+  std::string_view name;
+  ComputeDtype compute;
+  // Bytes per parameter, by what ZeRO shards them: stage 3 shards weights,
+  // stage 2 also gradients and the accumulation buffer, stage 1 the rest.
+  double weight_bytes;      // working copy the GEMMs read
+  double grad_bytes;        // gradient in the compute dtype
+  double grad_accum_bytes;  // fp32 accumulation buffer (0: none)
+  double master_bytes;      // fp32 master copy (0 when the weights are it)
+  double optimizer_bytes;   // Adam's two moments
+  double grad_reduce_bytes;     // element size of the DP gradient reduction
+  double activation_bytes;      // element size of saved activations
+  std::string_view description;
+
+  double total_bytes() const {
+    return weight_bytes + grad_bytes + grad_accum_bytes + master_bytes + optimizer_bytes;
+  }
+};
+
+const PrecisionRecipe& Recipe(RecipeKind kind);
+const std::vector<PrecisionRecipe>& AllRecipes();
+// Names: fp32, bf16, bf16-fp32-accum, fp8-te, fp8-deepseek-v3.
+absl::StatusOr<RecipeKind> RecipeByName(std::string_view name);
+// The recipe Loom's engine uses for train.precision.
+RecipeKind RecipeForPrecision(spec::Precision precision);
+
+}  // namespace loom::planner

@@ -1,0 +1,249 @@
+// Enumeration, validation and ranking of layouts.
+#include "coordinator/planner/search.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace loom::planner {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<int64_t> Divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+std::vector<int64_t> Choices(const std::optional<int64_t>& fixed, int64_t n) {
+  if (fixed) return {*fixed};
+  return Divisors(n);
+}
+
+absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
+
+// The rules of one axis, independent of the others.
+absl::Status CheckTp(const Workload& w, const ClusterSpec& c, int64_t tp, const SearchSpace& s) {
+  const ModelShape& m = w.model;
+  if (tp < 1) return Invalid(absl::StrCat("parallelism.tp=", tp, " must be at least 1"));
+  if (m.num_heads % tp != 0) {
+    return Invalid(absl::StrCat("parallelism.tp=", tp, " must divide model.num_heads=", m.num_heads));
+  }
+  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0) {
+    return Invalid(absl::StrCat("parallelism.tp=", tp, " must divide model.num_kv_heads=",
+                                m.num_kv_heads, " or be a multiple of it"));
+  }
+  if (m.ffn_hidden_size % tp != 0) {
+    return Invalid(absl::StrCat("parallelism.tp=", tp,
+                                " must divide model.ffn_hidden_size=", m.ffn_hidden_size));
+  }
+  if (s.tp_within_node && tp > c.devices_per_node) {
+    return Invalid(absl::StrCat("parallelism.tp=", tp, " must fit inside a node of ",
+                                c.devices_per_node, " devices"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCp(const Workload& w, int64_t cp) {
+  if (cp < 1) return Invalid(absl::StrCat("parallelism.cp=", cp, " must be at least 1"));
+  // Causal load balancing cuts each sequence into 2·cp chunks.
+  if (cp > 1 && w.seq_len % (2 * cp) != 0) {
+    return Invalid(absl::StrCat("parallelism.cp=", cp, ": train.seq_len=", w.seq_len,
+                                " must be divisible by 2*cp=", 2 * cp));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPp(const Workload& w, int64_t pp, const SearchSpace& s) {
+  const int64_t layers = w.model.num_layers;
+  if (pp < 1) return Invalid(absl::StrCat("parallelism.pp=", pp, " must be at least 1"));
+  const bool interleaved = s.schedule == spec::Schedule::kInterleaved && pp > 1;
+  const int64_t chunks = pp * (interleaved ? s.virtual_stages : 1);
+  if (chunks > layers) {
+    return Invalid(absl::StrCat("parallelism.pp=", pp, " (x virtual_stages) must not exceed model.num_layers=", layers));
+  }
+  if (!s.allow_uneven_stages && layers % chunks != 0) {
+    return Invalid(absl::StrCat("parallelism.pp=", pp,
+                                interleaved ? absl::StrCat(" x virtual_stages=", s.virtual_stages) : "",
+                                " must divide model.num_layers=", layers));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEp(const Workload& w, int64_t ep) {
+  if (ep != 1) {
+    return Invalid(absl::StrCat("parallelism.ep=", ep, " must be 1: the model has no experts"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Rejection::Reason() const {
+  const MemoryBreakdown& m = memory;
+  return absl::StrFormat(
+      "out of memory: needs %.1f GiB on pipeline stage %d of a %.1f GiB device (weights %.1f, "
+      "gradients %.1f, optimizer %.1f, activations %.1f for %d micro-batches, logits %.1f, "
+      "zero3 %.1f, buffers %.1f, overhead %.1f GiB)",
+      m.total() / kGiB, m.stage, capacity_bytes / kGiB, m.weights / kGiB, m.gradients / kGiB,
+      m.optimizer / kGiB, m.activations / kGiB, m.micro_batches_in_flight, m.logits / kGiB,
+      m.zero3_gathered / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB);
+}
+
+absl::Status ValidateLayout(const Workload& w, const ClusterSpec& c, const Layout& l,
+                            const SearchSpace& s) {
+  if (absl::Status st = CheckTp(w, c, l.tp, s); !st.ok()) return st;
+  if (absl::Status st = CheckCp(w, l.cp); !st.ok()) return st;
+  SearchSpace schedule = s;
+  schedule.schedule = l.schedule;
+  schedule.virtual_stages = l.virtual_stages;
+  if (absl::Status st = CheckPp(w, l.pp, schedule); !st.ok()) return st;
+  if (absl::Status st = CheckEp(w, l.ep); !st.ok()) return st;
+  if (l.dp < 1) return Invalid(absl::StrCat("parallelism.dp=", l.dp, " must be at least 1"));
+  if (l.world() != c.world_size()) {
+    return Invalid(absl::StrCat("parallelism: dp*tp*pp*cp*ep=", l.world(), " must equal the ",
+                                c.world_size(), " ranks of resources"));
+  }
+  if (l.micro_batch_size < 1 || l.grad_accum < 1 ||
+      l.micro_batch_size * l.grad_accum * l.dp != w.global_batch) {
+    return Invalid(absl::StrCat("train.global_batch_size=", w.global_batch,
+                                " must equal micro_batch_size*grad_accum*dp=", l.micro_batch_size,
+                                "*", l.grad_accum, "*", l.dp));
+  }
+  if (l.zero_stage < 0 || l.zero_stage > 3) {
+    return Invalid(absl::StrCat("parallelism.zero_stage=", l.zero_stage, " must be 0, 1, 2 or 3"));
+  }
+  if (l.schedule == spec::Schedule::kInterleaved && l.pp > 1) {
+    if (l.virtual_stages < 2) {
+      return Invalid("parallelism.virtual_stages must be at least 2 for the interleaved schedule");
+    }
+    if (l.grad_accum % l.pp != 0) {
+      return Invalid(absl::StrCat("interleaved schedule: micro-batches per step (", l.grad_accum,
+                                  ") must be a multiple of parallelism.pp=", l.pp));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
+                                     const SearchSpace& s) {
+  std::vector<Layout> out;
+  const int64_t world = c.world_size();
+  std::vector<spec::Recompute> recomputes =
+      s.recompute ? std::vector<spec::Recompute>{*s.recompute}
+                  : std::vector<spec::Recompute>{spec::Recompute::kNone,
+                                                 spec::Recompute::kSelective,
+                                                 spec::Recompute::kFull};
+  for (int64_t tp : Choices(s.tp, world)) {
+    if (world % tp != 0 || !CheckTp(w, c, tp, s).ok()) continue;
+    for (int64_t cp : Choices(s.cp, world / tp)) {
+      if ((world / tp) % cp != 0 || !CheckCp(w, cp).ok()) continue;
+      for (int64_t pp : Choices(s.pp, world / (tp * cp))) {
+        if ((world / (tp * cp)) % pp != 0 || !CheckPp(w, pp, s).ok()) continue;
+        for (int64_t ep : Choices(s.ep, 1)) {
+          if (!CheckEp(w, ep).ok() || (world / (tp * cp * pp)) % ep != 0) continue;
+          const int64_t dp = world / (tp * cp * pp * ep);
+          if (s.dp && *s.dp != dp) continue;
+          if (w.global_batch % dp != 0) continue;
+          const int64_t per_dp = w.global_batch / dp;
+          const int max_zero = (dp * cp == 1) ? 0 : s.max_zero_stage;
+          for (int64_t mbs : Choices(s.micro_batch_size, per_dp)) {
+            if (per_dp % mbs != 0) continue;
+            const int64_t gas = per_dp / mbs;
+            const bool interleaved = s.schedule == spec::Schedule::kInterleaved && pp > 1;
+            if (interleaved && gas % pp != 0) continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (s.zero_stage ? zero != *s.zero_stage : zero > max_zero) continue;
+              // Unless asked, ZeRO-2/3 are not combined with a pipeline: they would
+              // reduce-scatter or gather for every micro-batch in flight.
+              if (!s.zero_stage && zero >= 2 && pp > 1) continue;
+              for (spec::Recompute rc : recomputes) {
+                Layout l;
+                l.dp = dp;
+                l.tp = tp;
+                l.pp = pp;
+                l.cp = cp;
+                l.ep = ep;
+                l.zero_stage = zero;
+                l.micro_batch_size = mbs;
+                l.grad_accum = gas;
+                l.schedule = pp > 1 ? s.schedule : spec::Schedule::k1F1B;
+                l.virtual_stages = interleaved ? s.virtual_stages : 1;
+                l.sequence_parallel = s.sequence_parallel ? *s.sequence_parallel : tp > 1;
+                l.recompute = rc;
+                out.push_back(l);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Candidate EvaluateLayout(const Workload& w, const ClusterSpec& c, const PlannerConstants& k,
+                         const Layout& l) {
+  Candidate cand;
+  cand.layout = l;
+  cand.memory = EstimateMemory(w, l, k);
+  cand.time = EstimateStepTime(w, l, c, k);
+  return cand;
+}
+
+absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
+  const Workload& w = req.workload;
+  const ClusterSpec& c = req.cluster;
+  const SearchSpace& s = req.space;
+  if (w.global_batch < 1) return Invalid("train.global_batch_size must be at least 1");
+  if (w.seq_len < 1) return Invalid("train.seq_len must be at least 1");
+  std::vector<Layout> layouts = EnumerateLayouts(w, c, s);
+  if (layouts.empty()) {
+    // Name the first fixed axis that breaks a rule on its own, else say why.
+    if (s.tp) {
+      if (absl::Status st = CheckTp(w, c, *s.tp, s); !st.ok()) return st;
+    }
+    if (s.cp) {
+      if (absl::Status st = CheckCp(w, *s.cp); !st.ok()) return st;
+    }
+    if (s.pp) {
+      if (absl::Status st = CheckPp(w, *s.pp, s); !st.ok()) return st;
+    }
+    if (s.ep) {
+      if (absl::Status st = CheckEp(w, *s.ep); !st.ok()) return st;
+    }
+    return Invalid(absl::StrCat(
+        "no layout of ", c.world_size(), " ranks satisfies the rules: dp*tp*pp*cp*ep must equal the ",
+        "ranks, train.global_batch_size=", w.global_batch,
+        " must be divisible by dp*micro_batch_size, tp must divide the heads and fit in a node, pp ",
+        "must divide the layers; fixed axes and micro_batch_size must agree with these"));
+  }
+  PlanResult result;
+  result.layouts_considered = static_cast<int64_t>(layouts.size());
+  result.ranked.reserve(layouts.size());
+  for (const Layout& l : layouts) {
+    Candidate cand;
+    cand.layout = l;
+    cand.memory = EstimateMemory(w, l, req.constants);
+    if (cand.memory.total() > c.memory_bytes) {
+      result.rejected.push_back(Rejection{l, cand.memory, c.memory_bytes});
+      continue;
+    }
+    cand.time = EstimateStepTime(w, l, c, req.constants);
+    result.ranked.push_back(std::move(cand));
+  }
+  // Ties (equal predicted time) go to the smaller memory footprint, then to
+  // enumeration order, so the answer is deterministic.
+  std::stable_sort(result.ranked.begin(), result.ranked.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.time.total != b.time.total) return a.time.total < b.time.total;
+                     return a.memory.total() < b.memory.total();
+                   });
+  return result;
+}
+
+}  // namespace loom::planner

@@ -1,0 +1,84 @@
+// Layout search: enumerate every valid layout of a workload on a cluster
+// (heads, KV heads, FFN, layers and sequence divisible as each axis needs;
+// dp·tp·pp·cp·ep = ranks; mbs·gas·dp = global batch; TP inside a node),
+// reject those that do not fit in memory with the reason, rank the rest by
+// predicted step time. Axes the user fixed are held; the rest are searched.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/planner/cluster.h"
+#include "coordinator/planner/constants.h"
+#include "coordinator/planner/layout.h"
+#include "coordinator/planner/memory_model.h"
+#include "coordinator/planner/time_model.h"
+
+namespace loom::planner {
+
+// What the search may vary. An axis with a value is fixed; nullopt is searched.
+struct SearchSpace {
+  std::optional<int64_t> dp, tp, pp, cp, ep;
+  std::optional<int> zero_stage;
+  std::optional<int64_t> micro_batch_size;
+  std::optional<spec::Recompute> recompute;
+  std::optional<bool> sequence_parallel;  // nullopt: on whenever tp > 1
+  spec::Schedule schedule = spec::Schedule::k1F1B;
+  int64_t virtual_stages = 1;
+  int max_zero_stage = 3;
+  bool tp_within_node = true;
+  // Let pipeline stages hold unequal numbers of layers (nanotron does,
+  // Loom's engine does not).
+  bool allow_uneven_stages = false;
+};
+
+struct PlanRequest {
+  Workload workload;
+  ClusterSpec cluster;
+  PlannerConstants constants = DefaultConstants();
+  SearchSpace space;
+};
+
+struct Candidate {
+  Layout layout;
+  MemoryBreakdown memory;
+  StepTime time;
+};
+
+struct Rejection {
+  Layout layout;
+  MemoryBreakdown memory;
+  double capacity_bytes = 0;
+  // "out of memory: needs 91.2 GiB on stage 0 (activations 60.1 GiB, ...) of 79.6 GiB".
+  std::string Reason() const;
+};
+
+struct PlanResult {
+  std::vector<Candidate> ranked;   // fastest first
+  std::vector<Rejection> rejected; // did not fit, in enumeration order
+  int64_t layouts_considered = 0;
+};
+
+// Checks one layout against the workload and cluster; the error names the
+// field (parallelism.tp, train.micro_batch_size, ...) and the rule it breaks.
+absl::Status ValidateLayout(const Workload& workload, const ClusterSpec& cluster,
+                            const Layout& layout, const SearchSpace& space = {});
+
+// Every valid layout in the search space, in a deterministic order.
+std::vector<Layout> EnumerateLayouts(const Workload& workload, const ClusterSpec& cluster,
+                                     const SearchSpace& space);
+
+// Estimates one layout (no validity check).
+Candidate EvaluateLayout(const Workload& workload, const ClusterSpec& cluster,
+                         const PlannerConstants& constants, const Layout& layout);
+
+// Enumerates, estimates, rejects and ranks. Fails when no layout is valid
+// (naming the rule that excluded them); an empty `ranked` with rejections
+// means every valid layout runs out of memory.
+absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& request);
+
+}  // namespace loom::planner

@@ -1,0 +1,45 @@
+// Time per optimizer step of a layout: compute from hardware FLOPs, the
+// device peak and a GEMM-shape efficiency; per-axis communication volumes
+// over the link each axis crosses (NVLink inside a node, the NIC between
+// nodes), less the overlap each axis allows; the schedule's pipeline bubble;
+// the optimizer step. Also tokens/s, MFU and HFU.
+#pragma once
+
+#include "coordinator/planner/cluster.h"
+#include "coordinator/planner/constants.h"
+#include "coordinator/planner/layout.h"
+
+namespace loom::planner {
+
+struct StepTime {
+  // Seconds per optimizer step; the parts add up to `total`.
+  double compute = 0;      // GEMMs and attention of all micro-batches on the slowest stage
+  double tp_comm = 0;      // exposed TP/SP collectives
+  double cp_comm = 0;      // exposed context-parallel K/V exchange
+  double pp_comm = 0;      // pipeline sends and receives
+  double bubble = 0;       // pipeline fill and drain
+  double dp_comm = 0;      // exposed gradient reduction and ZeRO gathers
+  double optimizer = 0;    // the optimizer step (memory-bound)
+  double total = 0;
+
+  double bubble_fraction = 0;   // bubble / total
+  double tokens_per_second = 0; // whole job
+  double tokens_per_second_per_device = 0;
+  double mfu = 0;  // model FLOPs (6N + 12·L·h·s per token) over peak
+  double hfu = 0;  // hardware FLOPs (with recompute) over peak
+};
+
+// GEMM efficiency in (0, 1] for `tokens` rows and per-rank `width` columns.
+double GemmEfficiency(double tokens, double width, const PlannerConstants& constants);
+
+// Seconds for a ring collective on a buffer of `bytes` (all-reduce: the
+// buffer; all-gather: its output; reduce-scatter: its input) over `group`
+// ranks whose traffic crosses nodes iff `inter_node`. `passes` is 2 for
+// all-reduce, 1 for all-gather or reduce-scatter.
+double CollectiveSeconds(double bytes, int64_t group, double passes, bool inter_node,
+                         const ClusterSpec& cluster, const PlannerConstants& constants);
+
+StepTime EstimateStepTime(const Workload& workload, const Layout& layout,
+                          const ClusterSpec& cluster, const PlannerConstants& constants);
+
+}  // namespace loom::planner

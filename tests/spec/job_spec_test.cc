@@ -1,0 +1,250 @@
+// The job spec: strict parsing (unknown fields, types, enums) and every rule
+// with its message naming the field path, the value and the rule.
+#include <string>
+
+#include "common/spec/job_spec_rules.h"
+#include "common/spec/job_spec_yaml.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace loom::spec {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kValid[] = R"(
+name: tiny-llama
+model: {vocab_size: 256, hidden_size: 128, num_layers: 4, num_heads: 4, num_kv_heads: 2,
+        ffn_hidden_size: 384, max_seq_len: 256, rope_theta: 10000, tie_embeddings: false}
+train: {steps: 50, global_batch_size: 16, micro_batch_size: 2, seq_len: 128,
+        lr: 3.0e-3, warmup_steps: 5, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
+        seed: 1234, precision: fp32, eval_interval: 25, eval_windows: 8}
+data: {train_path: corpus.txt, val_path: val.txt, format: text}
+parallelism: {dp: 2, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0, schedule: 1f1b,
+              virtual_stages: 1, sequence_parallel: false, recompute: none}
+resources: {device: cpu, ranks: 2}
+checkpoint: {dir: ckpt, interval: 25, keep: 2}
+fault_tolerance: {max_restarts: 3, hang_timeout_s: 0}
+)";
+
+JobSpec Parse(const std::string& yaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml, "job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : JobSpec{};
+}
+
+std::string Errors(const JobSpec& spec) {
+  absl::Status status = ValidateJobSpec(spec);
+  return status.ok() ? "" : std::string(status.message());
+}
+
+TEST(JobSpecYaml, ParsesTheDesignExample) {
+  JobSpec s = Parse(kValid);
+  EXPECT_EQ(s.name, "tiny-llama");
+  EXPECT_EQ(s.model.num_kv_heads, 2);
+  EXPECT_EQ(s.train.global_batch_size, 16);
+  EXPECT_DOUBLE_EQ(s.train.lr, 3.0e-3);
+  EXPECT_EQ(s.parallelism.dp, 2);
+  EXPECT_EQ(s.parallelism.schedule, Schedule::k1F1B);
+  EXPECT_EQ(s.resources.ranks, 2);
+  EXPECT_EQ(s.checkpoint.keep, 2);
+  EXPECT_EQ(Errors(s), "");
+}
+
+TEST(JobSpecYaml, RoundTripsThroughCanonicalYaml) {
+  JobSpec s = Parse(kValid);
+  JobSpec again = Parse(ToYaml(s));
+  EXPECT_EQ(ToYaml(again), ToYaml(s));
+  EXPECT_EQ(again.parallelism.dp, s.parallelism.dp);
+  EXPECT_DOUBLE_EQ(again.train.lr, s.train.lr);
+}
+
+TEST(JobSpecYaml, UnknownFieldNamesItsPath) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("num_kv_heads"), 12, "num_kv_head");
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml, "job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("job.yaml: unknown field model.num_kv_head"));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("num_kv_heads"));
+}
+
+TEST(JobSpecYaml, UnknownTopLevelSection) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(std::string(kValid) + "optimizer: {}\n", "j");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("unknown field optimizer"));
+}
+
+TEST(JobSpecYaml, WrongTypeNamesFieldAndValue) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("steps: 50"), 9, "steps: many");
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml, "j");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("train.steps=many must be an integer"));
+}
+
+TEST(JobSpecYaml, UnknownEnumListsChoices) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("schedule: 1f1b"), 14, "schedule: zigzag");
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml, "j");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("parallelism.schedule=zigzag must be one of afab | 1f1b | interleaved"));
+}
+
+TEST(JobSpecYaml, MalformedYaml) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpecYaml("name: [unclosed", "bad.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("bad.yaml"));
+}
+
+TEST(JobSpecYaml, AutoParallelismAndOmittedAxes) {
+  std::string yaml = kValid;
+  const size_t start = yaml.find("parallelism:");
+  const size_t end = yaml.find("resources:");
+  yaml.replace(start, end - start, "parallelism: auto\n");
+  JobSpec s = Parse(yaml);
+  EXPECT_TRUE(s.parallelism.auto_all);
+  EXPECT_FALSE(s.parallelism.dp.has_value());
+  FillTrivialLayout(s);
+  EXPECT_EQ(s.parallelism.dp, 2);
+  EXPECT_EQ(s.parallelism.tp, 1);
+}
+
+TEST(JobSpecYaml, KvHeadsDefaultToHeads) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find(" num_kv_heads: 2,"), 17, "");
+  EXPECT_EQ(Parse(yaml).model.num_kv_heads, 4);
+}
+
+TEST(JobSpecYaml, MissingFileNamesIt) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile("/nonexistent/job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/nonexistent/job.yaml"));
+}
+
+// Each rule: a mutation of the valid spec and the message it must produce.
+struct RuleCase {
+  const char* name;
+  void (*mutate)(JobSpec&);
+  const char* message;
+};
+
+class JobSpecRules : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(JobSpecRules, ReportsFieldValueAndRule) {
+  JobSpec s = Parse(kValid);
+  GetParam().mutate(s);
+  EXPECT_THAT(Errors(s), HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllRules, JobSpecRules,
+    ::testing::Values(
+        RuleCase{"name", [](JobSpec& s) { s.name = "bad name!"; },
+                 "name='bad name!' must be 1-63 characters"},
+        RuleCase{"heads_tp",
+                 [](JobSpec& s) {
+                   s.model.num_heads = 12;
+                   s.model.hidden_size = 120;
+                   s.model.num_kv_heads = 12;
+                   s.parallelism.tp = 5;
+                 },
+                 "model.num_heads=12 must be divisible by parallelism.tp=5"},
+        RuleCase{"hidden_heads", [](JobSpec& s) { s.model.hidden_size = 130; },
+                 "model.hidden_size=130 must be divisible by model.num_heads=4"},
+        RuleCase{"odd_head_dim",
+                 [](JobSpec& s) {
+                   s.model.hidden_size = 132;
+                   s.model.num_heads = 4;
+                 },
+                 "must give an even head dimension for RoPE"},
+        RuleCase{"kv_heads", [](JobSpec& s) { s.model.num_kv_heads = 3; },
+                 "model.num_heads=4 must be divisible by model.num_kv_heads=3"},
+        RuleCase{"vocab", [](JobSpec& s) { s.model.vocab_size = 1; },
+                 "model.vocab_size=1 must be at least 2"},
+        RuleCase{"text_vocab", [](JobSpec& s) { s.model.vocab_size = 128; },
+                 "model.vocab_size=128 must be at least 256 for data.format=text"},
+        RuleCase{"layers", [](JobSpec& s) { s.model.num_layers = 0; },
+                 "model.num_layers=0 must be positive"},
+        RuleCase{"seq_len", [](JobSpec& s) { s.train.seq_len = 512; },
+                 "train.seq_len=512 must not exceed model.max_seq_len=256"},
+        RuleCase{"steps", [](JobSpec& s) { s.train.steps = 0; }, "train.steps=0 must be positive"},
+        RuleCase{"lr", [](JobSpec& s) { s.train.lr = -1; }, "train.lr=-1 must be positive"},
+        RuleCase{"warmup", [](JobSpec& s) { s.train.warmup_steps = 100; },
+                 "train.warmup_steps=100 must be between 0 and train.steps=50"},
+        RuleCase{"batch_micro", [](JobSpec& s) { s.train.micro_batch_size = 3; },
+                 "train.global_batch_size=16 must be divisible by train.micro_batch_size=3"},
+        RuleCase{"batch_dp",
+                 [](JobSpec& s) {
+                   s.train.global_batch_size = 12;
+                   s.train.micro_batch_size = 4;
+                 },
+                 "train.global_batch_size=12 must be divisible by parallelism.dp=2 x "
+                 "train.micro_batch_size=4"},
+        RuleCase{"grad_clip", [](JobSpec& s) { s.train.grad_clip = -0.5; },
+                 "train.grad_clip=-0.5 must not be negative"},
+        RuleCase{"bf16_cpu", [](JobSpec& s) { s.train.precision = Precision::kBf16; },
+                 "train.precision=bf16 is not available on resources.device=cpu"},
+        RuleCase{"train_path", [](JobSpec& s) { s.data.train_path.clear(); },
+                 "data.train_path='' is required"},
+        RuleCase{"val_path", [](JobSpec& s) { s.data.val_path.clear(); },
+                 "data.val_path='' is required when train.eval_interval=25"},
+        RuleCase{"world",
+                 [](JobSpec& s) { s.resources.ranks = 4; },
+                 "parallelism=dp*tp*pp*cp*ep=2 must equal the number of ranks (4)"},
+        RuleCase{"zero", [](JobSpec& s) { s.parallelism.zero_stage = 4; },
+                 "parallelism.zero_stage=4 must be 0, 1, 2 or 3"},
+        RuleCase{"virtual", [](JobSpec& s) { s.parallelism.virtual_stages = 2; },
+                 "parallelism.virtual_stages=2 needs parallelism.schedule=interleaved"},
+        RuleCase{"pp_layers",
+                 [](JobSpec& s) {
+                   s.parallelism.pp = 8;
+                   s.parallelism.dp = 1;
+                   s.resources.ranks = 8;
+                 },
+                 "model.num_layers=4 must be at least parallelism.pp=8"},
+        RuleCase{"cp_seq",
+                 [](JobSpec& s) {
+                   s.parallelism.cp = 3;
+                   s.train.seq_len = 129;
+                 },
+                 "train.seq_len=129 must be divisible by 2 x parallelism.cp=3"},
+        RuleCase{"ep", [](JobSpec& s) { s.parallelism.ep = 2; },
+                 "parallelism.ep=2 must be 1: the model has no experts"},
+        RuleCase{"ffn_tp",
+                 [](JobSpec& s) {
+                   s.model.ffn_hidden_size = 385;
+                   s.parallelism.tp = 2;
+                 },
+                 "model.ffn_hidden_size=385 must be divisible by parallelism.tp=2"},
+        RuleCase{"keep", [](JobSpec& s) { s.checkpoint.keep = 0; },
+                 "checkpoint.keep=0 must be positive"},
+        RuleCase{"restarts", [](JobSpec& s) { s.fault_tolerance.max_restarts = -1; },
+                 "fault_tolerance.max_restarts=-1 must not be negative"},
+        RuleCase{"ranks", [](JobSpec& s) { s.resources.ranks = 0; },
+                 "resources.ranks=0 must be positive"},
+        RuleCase{"gpu_tp_node",
+                 [](JobSpec& s) {
+                   s.resources.device = DeviceKind::kGpu;
+                   s.resources.gpu = "h100-sxm";
+                   s.resources.nodes = 1;
+                   s.resources.gpus_per_node = 6;
+                   s.parallelism.tp = 4;
+                   s.parallelism.dp = 1;
+                   s.model.vocab_size = 256;
+                 },
+                 "parallelism.tp=4 must divide resources.gpus_per_node=6"}),
+    [](const ::testing::TestParamInfo<RuleCase>& info) { return info.param.name; });
+
+TEST(JobSpecRules, ReportsEveryBrokenRuleAtOnce) {
+  JobSpec s = Parse(kValid);
+  s.train.steps = 0;
+  s.checkpoint.keep = 0;
+  const std::string errors = Errors(s);
+  EXPECT_THAT(errors, HasSubstr("train.steps=0"));
+  EXPECT_THAT(errors, HasSubstr("checkpoint.keep=0"));
+}
+
+}  // namespace
+}  // namespace loom::spec

@@ -1,0 +1,123 @@
+#include "worker/trainer/coordinated.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/rpc_settings.h"
+#include "common/spec/job_spec_yaml.h"
+#include "worker/comm/group_factory.h"
+#include "worker/comm/self_communicator.h"
+#include "worker/engine/training_loop.h"
+#include "worker/engine/training_run.h"
+#include "worker/trainer/grpc_store.h"
+#include "worker/trainer/progress_reporter.h"
+
+namespace loom::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Resolve(const std::string& path, const std::string& base) {
+  if (path.empty() || fs::path(path).is_absolute() || base.empty()) return path;
+  return (fs::path(base) / path).lexically_normal().string();
+}
+
+absl::StatusOr<std::vector<int>> GroupMembers(const loom::v1::RankAssignment& a,
+                                              const std::string& axis) {
+  for (const auto& group : a.groups()) {
+    if (group.axis() == axis) return std::vector<int>(group.ranks().begin(), group.ranks().end());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("assignment of rank ", a.rank(), " has no ", axis, " group"));
+}
+
+loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
+  loom::v1::RankProgress out;
+  out.set_phase("train");
+  out.set_step(p.step);
+  out.set_loss(p.loss);
+  if (p.val_loss.has_value()) {
+    out.set_has_val_loss(true);
+    out.set_val_loss(*p.val_loss);
+  }
+  out.set_tokens(p.tokens);
+  out.set_step_seconds(p.step_seconds);
+  out.set_tokens_per_second(p.tokens_per_second);
+  out.set_memory_bytes(p.peak_rss_bytes);
+  out.set_flops_per_token(p.flops_per_token);
+  out.set_lr(p.lr);
+  out.set_grad_norm(p.grad_norm);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("assignment ", path, ": cannot open the file"));
+  loom::v1::RankAssignment assignment;
+  if (!assignment.ParseFromIstream(&in)) {
+    return absl::DataLossError(absl::StrCat("assignment ", path, ": not a RankAssignment"));
+  }
+  return assignment;
+}
+
+absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string& coordinator) {
+  absl::StatusOr<spec::JobSpec> parsed =
+      spec::ParseJobSpecYaml(a.spec_yaml(), absl::StrCat("job ", a.job_id()));
+  if (!parsed.ok()) return parsed.status();
+  spec::JobSpec job = *std::move(parsed);
+  job.data.train_path = Resolve(job.data.train_path, a.data_dir());
+  job.data.val_path = Resolve(job.data.val_path, a.data_dir());
+
+  std::fprintf(stderr, "loom-trainer: job %s attempt %d: %s on node %s device %d\n",
+               a.job_id().c_str(), a.attempt(), a.place().c_str(), a.node_id().c_str(),
+               a.local_device());
+  std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(coordinator);
+  ProgressReporter reporter(channel, a.job_id(), a.attempt(), a.rank());
+  GrpcStore store(channel, a.store_namespace());
+
+  absl::StatusOr<std::vector<int>> dp_members = GroupMembers(a, "dp");
+  if (!dp_members.ok()) return dp_members.status();
+  const absl::Duration timeout = absl::Seconds(a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60);
+  std::unique_ptr<comm::Communicator> dp;
+  if (dp_members->size() > 1) {
+    absl::StatusOr<std::unique_ptr<comm::Communicator>> created = comm::CreateGroupCommunicator(
+        store, "", "dp", *dp_members, a.rank(), timeout, a.node_address().empty() ? "127.0.0.1" : a.node_address());
+    if (!created.ok()) return created.status();
+    dp = *std::move(created);
+  }
+  const int dp_rank = static_cast<int>(a.coords().dp());
+  const int dp_size = static_cast<int>(dp_members->size());
+
+  absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
+      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp.get());
+  if (!loop.ok()) return loop.status();
+  loom::v1::RankProgress ready;
+  ready.set_phase("ready");
+  reporter.Report(ready);
+
+  engine::RunOptions run;
+  run.checkpoint_root = a.checkpoint_dir();
+  run.on_event = [&a](const std::string& message) {
+    std::fprintf(stderr, "loom-trainer: rank %d: %s\n", a.rank(), message.c_str());
+  };
+  run.on_step = [&reporter, &a](const engine::StepProgress& p) {
+    if (a.rank() == 0) std::fprintf(stderr, "%s\n", engine::FormatProgressLine(p).c_str());
+    reporter.Report(ToProto(p));
+    return absl::OkStatus();
+  };
+  absl::Status status = engine::RunTraining(**loop, run);
+  if (!status.ok()) return status;
+  loom::v1::RankProgress finished;
+  finished.set_phase("finished");
+  finished.set_step((*loop)->step());
+  reporter.Report(finished);
+  reporter.Flush(absl::Seconds(10));
+  return absl::OkStatus();
+}
+
+}  // namespace loom::trainer

@@ -1,0 +1,19 @@
+// The trainer of one rank of a coordinated job: reads the assignment the node
+// agent wrote, meets its peers through the coordinator's rendezvous store,
+// builds its communicators, trains with the checkpoint policy and streams
+// progress back. Needs nothing from the coordinator's code but the proto.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "loom/v1/rank.pb.h"
+
+namespace loom::trainer {
+
+absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path);
+
+absl::Status RunCoordinated(const loom::v1::RankAssignment& assignment,
+                            const std::string& coordinator_address);
+
+}  // namespace loom::trainer
