@@ -1,0 +1,84 @@
+// The durable job store: what is put survives closing and reopening the
+// database, in submission order, and sequence numbers continue.
+#include "coordinator/jobs/job_store.h"
+
+#include <filesystem>
+
+#include "coordinator/jobs/job_states.h"
+#include "gtest/gtest.h"
+
+namespace loom::coordinator {
+namespace {
+
+std::string TempDir() {
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("loom-job-store-" + std::to_string(::getpid()) + "-" +
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+loom::v1::Job MakeJob(const std::string& id, loom::v1::JobState state) {
+  loom::v1::Job job;
+  job.set_id(id);
+  job.set_name("n-" + id);
+  job.set_state(state);
+  job.set_attempt(2);
+  job.set_spec_yaml("name: x\n");
+  loom::v1::JobEvent* event = job.add_history();
+  event->set_state(state);
+  event->set_message("hello");
+  return job;
+}
+
+TEST(JobStore, SurvivesReopen) {
+  const std::string dir = TempDir();
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Put(MakeJob("job-000002", loom::v1::RUNNING)).ok());
+    ASSERT_TRUE((*store)->Put(MakeJob("job-000001", loom::v1::PENDING)).ok());
+    // Replace: the newest record of a job wins.
+    ASSERT_TRUE((*store)->Put(MakeJob("job-000001", loom::v1::SUCCEEDED)).ok());
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  auto jobs = (*store)->LoadAll();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_EQ((*jobs)[0].id(), "job-000001");
+  EXPECT_EQ((*jobs)[0].state(), loom::v1::SUCCEEDED);
+  EXPECT_EQ((*jobs)[1].state(), loom::v1::RUNNING);
+  EXPECT_EQ((*jobs)[1].attempt(), 2);
+  EXPECT_EQ((*jobs)[1].history(0).message(), "hello");
+  EXPECT_EQ(*(*store)->MaxSequence(), 2);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / "loom.db-wal") ||
+              std::filesystem::exists(std::filesystem::path(dir) / "loom.db"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(JobStore, UnwritableStateDirIsNamed) {
+  auto store = JobStore::Open("/proc/loom-cannot-exist/state");
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(std::string(store.status().message()).find("/proc/loom-cannot-exist/state"),
+            std::string::npos);
+}
+
+TEST(JobStates, Transitions) {
+  using loom::v1::JobState;
+  EXPECT_TRUE(CanTransition(JobState::PENDING, JobState::STARTING));
+  EXPECT_TRUE(CanTransition(JobState::STARTING, JobState::RUNNING));
+  EXPECT_TRUE(CanTransition(JobState::RUNNING, JobState::SUCCEEDED));
+  EXPECT_TRUE(CanTransition(JobState::RUNNING, JobState::RESTARTING));
+  EXPECT_TRUE(CanTransition(JobState::RESTARTING, JobState::STARTING));
+  EXPECT_TRUE(CanTransition(JobState::PENDING, JobState::CANCELLED));
+  EXPECT_FALSE(CanTransition(JobState::PENDING, JobState::SUCCEEDED));
+  EXPECT_FALSE(CanTransition(JobState::SUCCEEDED, JobState::RUNNING));
+  EXPECT_FALSE(CanTransition(JobState::CANCELLED, JobState::FAILED));
+  EXPECT_FALSE(CanTransition(JobState::RUNNING, JobState::PENDING));
+  EXPECT_TRUE(IsTerminal(JobState::FAILED));
+  EXPECT_FALSE(IsTerminal(JobState::RESTARTING));
+}
+
+}  // namespace
+}  // namespace loom::coordinator

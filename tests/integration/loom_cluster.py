@@ -1,0 +1,229 @@
+"""A Loom cluster on loopback for integration tests: a coordinator, node
+agents and loomctl, run from build/bin as real processes. Every process is
+started in its own process group and killed by pid at the end, so nothing
+outlives a test."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+BUILD = os.environ.get("LOOM_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+BIN = os.path.join(BUILD, "bin")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, what, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children_of(pid):
+    """Pids whose parent is pid (from /proc)."""
+    result = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().split(")")[-1].split()
+            if int(fields[1]) == pid:
+                result.append(int(entry))
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return result
+
+
+def write_corpus(directory, train_bytes=60000, val_bytes=8000):
+    """A real text: the license files every Debian machine has."""
+    text = b""
+    licenses = "/usr/share/common-licenses"
+    for name in sorted(os.listdir(licenses)):
+        path = os.path.join(licenses, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                text += f.read()
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "train.txt"), "wb") as f:
+        f.write(text[:train_bytes])
+    with open(os.path.join(directory, "val.txt"), "wb") as f:
+        f.write(text[train_bytes:train_bytes + val_bytes])
+
+
+TINY_JOB = """
+name: {name}
+model: {{vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 1,
+        ffn_hidden_size: 64, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
+train: {{steps: {steps}, global_batch_size: 4, micro_batch_size: 1, seq_len: 32,
+        lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
+        seed: 1234, precision: fp32, eval_interval: {eval_interval}, eval_windows: 4}}
+data: {{train_path: data/train.txt, val_path: data/val.txt, format: text}}
+parallelism: {{dp: {ranks}, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}}
+resources: {{device: cpu, ranks: {ranks}}}
+checkpoint: {{dir: checkpoints, interval: {ckpt_interval}, keep: 2}}
+fault_tolerance: {{max_restarts: {max_restarts}, hang_timeout_s: 0}}
+"""
+
+
+def tiny_job(name="tiny", steps=6, ranks=2, eval_interval=3, ckpt_interval=3, max_restarts=0):
+    return TINY_JOB.format(name=name, steps=steps, ranks=ranks, eval_interval=eval_interval,
+                           ckpt_interval=ckpt_interval, max_restarts=max_restarts)
+
+
+class Cluster:
+    def __init__(self, test_name):
+        self.dir = tempfile.mkdtemp(prefix=f"loom-{test_name}-")
+        self.state_dir = os.path.join(self.dir, "state")
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.coordinator = None
+        self.agents = {}
+        self.processes = []
+        write_corpus(os.path.join(self.dir, "data"))
+
+    # -- processes ---------------------------------------------------------
+    def _spawn(self, args, log_name):
+        log = open(os.path.join(self.dir, log_name), "ab")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=self.dir)
+        self.processes.append(proc)
+        return proc
+
+    def start_coordinator(self, extra=()):
+        self.coordinator = self._spawn(
+            [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
+             f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
+             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2", *extra],
+            "coordinator.log")
+        wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,
+                   "the coordinator to answer")
+        return self.coordinator
+
+    def start_agent(self, name="node-a", devices="cpu:2"):
+        work = os.path.join(self.dir, name)
+        proc = self._spawn([os.path.join(BIN, "loom-worker"), f"--coordinator={self.address}",
+                            f"--devices={devices}", f"--work_dir={work}", f"--node_id={name}"],
+                           f"{name}.log")
+        self.agents[name] = proc
+        return proc
+
+    def kill(self, proc, sig=signal.SIGKILL):
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=10)
+
+    def stop(self):
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        # Ranks are children of agents in their own groups; any survivor is a
+        # bug the tests report, but never leave it running.
+        for pid in self.trainer_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def trainer_pids(self):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if cmd and cmd[0].endswith(b"loom-trainer") and any(
+                    self.dir.encode() in part for part in cmd) and pid_alive(int(entry)):
+                pids.append(int(entry))
+        return pids
+
+    def log(self, name):
+        path = os.path.join(self.dir, name)
+        return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+    # -- client ------------------------------------------------------------
+    def loomctl(self, *args, check=True, timeout=60):
+        result = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={self.address}", *args],
+                                capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+        if check and result.returncode != 0:
+            raise AssertionError(f"loomctl {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def write_spec(self, name, text):
+        path = os.path.join(self.dir, f"{name}.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def submit(self, spec_text, name="job"):
+        return self.loomctl("submit", self.write_spec(name, spec_text)).stdout.strip()
+
+    def status(self, job_id):
+        return self.loomctl("status", job_id).stdout
+
+    def state(self, job_id):
+        for line in self.status(job_id).splitlines():
+            if line.startswith("state:"):
+                return line.split()[1]
+        return None
+
+    def metrics(self):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def metric_value(self, name, **labels):
+        for line in self.metrics().splitlines():
+            if not line.startswith(name) or line.startswith("#"):
+                continue
+            head, _, value = line.rpartition(" ")
+            metric = head.split("{")[0]
+            if metric != name:
+                continue
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                return float(value)
+        return None

@@ -1,0 +1,73 @@
+"""A real Prometheus (Debian's package, loopback) scrapes the coordinator
+during a running job, and every query of the Grafana dashboard's panels
+returns data from it."""
+
+import json
+import os
+import shutil
+import subprocess
+import unittest
+import urllib.parse
+import urllib.request
+
+from loom_cluster import Cluster, free_port, tiny_job, wait_until
+
+REPO = os.path.join(os.path.dirname(__file__), "..", "..")
+DASHBOARD = os.path.join(REPO, "deploy", "grafana", "loom-dashboard.json")
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def dashboard_queries():
+    with open(DASHBOARD) as f:
+        dashboard = json.load(f)
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            # What Grafana sends with the job variable at "All".
+            queries.append((panel["title"], target["expr"].replace("$job", ".*")))
+    return queries
+
+
+class Monitoring(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster("monitoring")
+        self.addCleanup(self.cluster.stop)
+
+    def query(self, port, expr):
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = json.load(r)
+        except OSError:
+            return None
+        return body["data"]["result"] if body.get("status") == "success" else None
+
+    def test_prometheus_scrapes_and_every_dashboard_query_has_data(self):
+        self.assertTrue(os.path.exists(PROMETHEUS), "prometheus is installed by scripts/install_deps.sh")
+        c = self.cluster
+        c.start_coordinator()
+        c.start_agent("node-a", "cpu:2")
+        port = free_port()
+        config = os.path.join(c.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global: {scrape_interval: 1s}\n"
+                    "scrape_configs:\n"
+                    "  - job_name: loom-coordinator\n"
+                    f"    static_configs: [{{targets: ['127.0.0.1:{c.metrics_port}']}}]\n")
+        subprocess.run([shutil.which("promtool") or "/usr/bin/promtool", "check", "config", config],
+                       check=True, capture_output=True)
+        c._spawn([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={c.dir}/tsdb",
+                  f"--web.listen-address=127.0.0.1:{port}"], "prometheus.log")
+        job = c.submit(tiny_job(steps=400, ranks=2, eval_interval=5, ckpt_interval=0))
+        wait_until(lambda: c.state(job) == "RUNNING", 60, "the job to run")
+        for title, expr in dashboard_queries():
+            with self.subTest(panel=title, expr=expr):
+                wait_until(lambda: self.query(port, expr), 60,
+                           f"panel '{title}' query {expr} to return data\n" + c.log("prometheus.log")[-2000:])
+        up = self.query(port, 'up{job="loom-coordinator"}')
+        self.assertEqual(up[0]["value"][1], "1")
+        c.loomctl("cancel", job)
+
+
+if __name__ == "__main__":
+    unittest.main()
