@@ -15,12 +15,18 @@
 #include "common/rpc/rpc_settings.h"
 #include "coordinator/service/plan_service.h"
 #include "loom/v1/job.grpc.pb.h"
+#include "coordinator/planner/cluster.h"
+#include "coordinator/planner/sweep.h"
 #include "worker/engine/export/hf_export.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "address of loom-coordinator");
 ABSL_FLAG(std::string, format, "", "output format: plan: text|json; watch: text|jsonl; export: hf");
 ABSL_FLAG(bool, offline, false, "plan: run the planner here instead of asking the coordinator");
 ABSL_FLAG(int32_t, candidates, 5, "plan: how many layouts to show");
+ABSL_FLAG(bool, sweep, false,
+          "plan: the best layout per (model size, node count) cell, like the Ultra-Scale Playbook");
+ABSL_FLAG(std::string, svg, "loom-plan-sweep.svg", "plan --sweep: where to write the heatmap SVG");
+ABSL_FLAG(std::string, gpu, "h100-sxm", "plan --sweep: cluster preset");
 ABSL_FLAG(double, reconnect_s, 60, "watch: how long to keep reconnecting to a lost coordinator");
 
 namespace {
@@ -29,7 +35,7 @@ using loom::v1::JobService;
 
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
-    "[--format=json] | list | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "[--format=json] | plan --sweep [--svg=FILE] | list | status ID | watch ID [--format=jsonl] | cancel ID | "
     "export --format=hf CHECKPOINT_DIR OUT_DIR";
 
 int Fail(const std::string& message, int code = 1) {
@@ -106,6 +112,27 @@ int Plan(const std::string& path) {
   } else {
     loom::cli::UsageError("--format=" + format + " is not a plan format (text or json)");
   }
+  return 0;
+}
+
+// The playbook's grid of model sizes and node counts, best layout per cell.
+int Sweep() {
+  absl::StatusOr<loom::planner::ClusterSpec> cluster =
+      loom::planner::ClusterPreset(absl::GetFlag(FLAGS_gpu));
+  if (!cluster.ok()) return Fail(std::string(cluster.status().message()));
+  absl::StatusOr<loom::planner::SweepResult> result =
+      loom::planner::RunSweep(loom::planner::PlaybookSweep(*cluster));
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  if (absl::GetFlag(FLAGS_format) == "json") {
+    std::printf("%s\n", loom::planner::SweepToJson(*result).dump(2).c_str());
+  } else {
+    std::printf("%s", loom::planner::RenderSweepTable(*result).c_str());
+  }
+  const std::string svg = absl::GetFlag(FLAGS_svg);
+  std::ofstream out(svg);
+  out << loom::planner::RenderSweepSvg(*result);
+  if (!out) return Fail(absl::StrCat("cannot write ", svg));
+  std::fprintf(stderr, "heatmap written to %s\n", svg.c_str());
   return 0;
 }
 
@@ -233,6 +260,10 @@ int main(int argc, char** argv) {
     return args[1];
   };
   if (command == "submit") return Submit(one_argument("JOB.yaml"));
+  if (command == "plan" && absl::GetFlag(FLAGS_sweep)) {
+    if (args.size() != 1) loom::cli::UsageError("plan --sweep takes no job spec");
+    return Sweep();
+  }
   if (command == "plan") return Plan(one_argument("JOB.yaml"));
   if (command == "list") return List();
   if (command == "status") return Status(one_argument("a job ID"));

@@ -21,38 +21,6 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-// What this version of the engine can run; the rest is refused at admission
-// rather than failing later on the ranks.
-absl::Status CheckEngineSupports(const spec::JobSpec& s) {
-  std::vector<std::string> unsupported;
-  const spec::ParallelismSpec& p = s.parallelism;
-  auto axis = [&](const char* name, int64_t value) {
-    if (value != 1) {
-      unsupported.push_back(absl::StrCat("parallelism.", name, "=", value,
-                                         " is not supported by this engine yet (use 1)"));
-    }
-  };
-  axis("tp", p.tp.value_or(1));
-  axis("pp", p.pp.value_or(1));
-  axis("cp", p.cp.value_or(1));
-  axis("ep", p.ep.value_or(1));
-  if (p.zero_stage.value_or(0) != 0) {
-    unsupported.push_back(absl::StrCat("parallelism.zero_stage=", *p.zero_stage,
-                                       " is not supported by this engine yet (use 0)"));
-  }
-  if (s.train.precision != spec::Precision::kFp32) {
-    unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
-                                       " is not supported by this engine yet (use fp32)"));
-  }
-  if (s.resources.device != spec::DeviceKind::kCpu) {
-    unsupported.push_back("resources.device=gpu is not supported by this engine yet (use cpu)");
-  }
-  if (unsupported.empty()) return absl::OkStatus();
-  std::string message;
-  for (const auto& u : unsupported) absl::StrAppend(&message, message.empty() ? "" : "; ", u);
-  return absl::InvalidArgumentError(message);
-}
-
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store,
@@ -109,9 +77,6 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
   if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
-  }
-  if (absl::Status s = CheckEngineSupports(spec); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
 
   absl::MutexLock lock(&mu_);

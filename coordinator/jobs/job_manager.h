@@ -35,8 +35,8 @@ class WatchSink {
   virtual void Push(const loom::v1::WatchJobResponse& update, bool last) = 0;
 };
 
-// Plans a spec whose axes are not all given: fills them in, or says why no
-// layout fits. Supplied by the planner; the default fills dp from the world.
+// Fills the axes a spec leaves to the planner and checks that the engine can
+// run the result, or says why not (coordinator/service/plan_service.h).
 using LayoutResolver = std::function<absl::Status(spec::JobSpec&)>;
 
 struct JobManagerOptions {

@@ -1,15 +1,115 @@
 #include "coordinator/service/plan_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/jobs/layout_proto.h"
+#include "coordinator/planner/plan_request.h"
+#include "coordinator/planner/render.h"
+#include "coordinator/planner/search.h"
 
 namespace loom::coordinator {
+namespace {
+
+bool AllAxesGiven(const spec::ParallelismSpec& p) {
+  return !p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep && p.zero_stage;
+}
+
+// This version's engine runs data parallelism only: the search may not pick
+// another axis, so `auto` never answers with a layout the ranks refuse.
+void RestrictToEngine(planner::SearchSpace& space) {
+  if (!space.tp) space.tp = 1;
+  if (!space.pp) space.pp = 1;
+  if (!space.cp) space.cp = 1;
+  if (!space.ep) space.ep = 1;
+  if (!space.zero_stage) space.zero_stage = 0;
+}
+
+absl::StatusOr<std::pair<planner::PlanRequest, planner::PlanResult>> Search(
+    const spec::JobSpec& spec, bool restrict_to_engine) {
+  absl::StatusOr<planner::PlanRequest> request = planner::PlanRequestFromJob(spec);
+  if (!request.ok()) return request.status();
+  if (restrict_to_engine) RestrictToEngine(request->space);
+  absl::StatusOr<planner::PlanResult> result = planner::PlanLayouts(*request);
+  if (!result.ok()) return result.status();
+  return std::make_pair(*std::move(request), *std::move(result));
+}
+
+loom::v1::Layout ToProto(const planner::Layout& l) {
+  loom::v1::Layout out;
+  out.set_dp(l.dp);
+  out.set_tp(l.tp);
+  out.set_pp(l.pp);
+  out.set_cp(l.cp);
+  out.set_ep(l.ep);
+  out.set_zero_stage(l.zero_stage);
+  out.set_schedule(spec::ScheduleName(l.schedule));
+  out.set_virtual_stages(l.virtual_stages);
+  out.set_sequence_parallel(l.sequence_parallel);
+  out.set_recompute(spec::RecomputeName(l.recompute));
+  out.set_micro_batch_size(l.micro_batch_size);
+  out.set_grad_accum_steps(l.grad_accum);
+  return out;
+}
+
+void AddMemory(loom::v1::PlanCandidate& c, const planner::MemoryBreakdown& m) {
+  const std::pair<const char*, double> items[] = {
+      {"weights", m.weights},           {"gradients", m.gradients},
+      {"optimizer", m.optimizer},       {"activations", m.activations},
+      {"logits", m.logits},             {"zero3_gathered", m.zero3_gathered},
+      {"comm_buffers", m.comm_buffers}, {"overhead", m.overhead}};
+  for (const auto& [name, bytes] : items) {
+    loom::v1::MemoryItem* item = c.add_memory();
+    item->set_name(name);
+    item->set_bytes(static_cast<int64_t>(bytes));
+  }
+  c.set_memory_bytes(static_cast<int64_t>(m.total()));
+}
+
+}  // namespace
+
+absl::Status CheckEngineSupports(const spec::JobSpec& s) {
+  std::vector<std::string> unsupported;
+  const spec::ParallelismSpec& p = s.parallelism;
+  const std::pair<const char*, int64_t> axes[] = {
+      {"tp", p.tp.value_or(1)}, {"pp", p.pp.value_or(1)}, {"cp", p.cp.value_or(1)},
+      {"ep", p.ep.value_or(1)}};
+  for (const auto& [name, value] : axes) {
+    if (value != 1) {
+      unsupported.push_back(absl::StrCat("parallelism.", name, "=", value,
+                                         " is not supported by this engine yet (use 1)"));
+    }
+  }
+  if (p.zero_stage.value_or(0) != 0) {
+    unsupported.push_back(absl::StrCat("parallelism.zero_stage=", *p.zero_stage,
+                                       " is not supported by this engine yet (use 0)"));
+  }
+  if (s.train.precision != spec::Precision::kFp32) {
+    unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
+                                       " is not supported by this engine yet (use fp32)"));
+  }
+  if (s.resources.device != spec::DeviceKind::kCpu) {
+    unsupported.push_back("resources.device=gpu is not supported by this engine yet (use cpu)");
+  }
+  if (unsupported.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(unsupported, "; "));
+}
 
 absl::Status ResolveLayout(spec::JobSpec& spec) {
-  spec::FillTrivialLayout(spec);
-  return absl::OkStatus();
+  if (!AllAxesGiven(spec.parallelism)) {
+    auto searched = Search(spec, /*restrict_to_engine=*/true);
+    if (!searched.ok()) return searched.status();
+    const planner::PlanResult& result = searched->second;
+    if (result.ranked.empty()) {
+      std::string reason = result.rejected.empty() ? "no layout is valid"
+                                                   : result.rejected.front().Reason();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no layout of ", spec.resources.world_size(),
+                       " ranks fits in memory: ", reason));
+    }
+    planner::ApplyLayoutToJob(result.ranked.front().layout, &spec);
+  }
+  return CheckEngineSupports(spec);
 }
 
 absl::StatusOr<loom::v1::PlanJobResponse> PlanJob(const loom::v1::PlanJobRequest& request) {
@@ -19,12 +119,33 @@ absl::StatusOr<loom::v1::PlanJobResponse> PlanJob(const loom::v1::PlanJobRequest
   if (absl::Status s = spec::ValidateJobSpec(*spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
-  if (absl::Status s = ResolveLayout(*spec); !s.ok()) return s;
+  // The plan shows what the model predicts for every layout, including those
+  // the engine cannot run yet; submission is what restricts them.
+  auto searched = Search(*spec, /*restrict_to_engine=*/false);
+  if (!searched.ok()) {
+    return absl::Status(searched.status().code(),
+                        absl::StrCat(source, ": ", searched.status().message()));
+  }
+  const auto& [plan_request, result] = *searched;
+  const int shown = request.max_candidates() > 0 ? request.max_candidates() : 5;
+  planner::RenderOptions options;
+  options.runners_up = shown - 1;
   loom::v1::PlanJobResponse response;
-  loom::v1::PlanCandidate* candidate = response.add_candidates();
-  *candidate->mutable_layout() = LayoutOf(*spec);
-  candidate->set_fits(true);
-  response.set_layouts_considered(1);
+  for (int i = 0; i < static_cast<int>(result.ranked.size()) && i < shown; ++i) {
+    const planner::Candidate& c = result.ranked[i];
+    loom::v1::PlanCandidate* out = response.add_candidates();
+    *out->mutable_layout() = ToProto(c.layout);
+    out->set_fits(true);
+    AddMemory(*out, c.memory);
+    out->set_step_seconds(c.time.total);
+    out->set_tokens_per_second(c.time.tokens_per_second);
+    out->set_mfu(c.time.mfu);
+    out->set_bubble_fraction(c.time.bubble_fraction);
+  }
+  response.set_layouts_considered(result.layouts_considered);
+  response.set_layouts_rejected(static_cast<int64_t>(result.rejected.size()));
+  response.set_text(planner::RenderPlanText(plan_request, result, options));
+  response.set_json(planner::PlanToJson(plan_request, result, options).dump(2));
   return response;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,10 +21,17 @@ namespace loom::comm {
 enum class ReduceOp { kSum, kMax };
 
 // Bytes and calls per operation name ("all_reduce", "send", ...), so tests can
-// compare traffic with the analytic volumes.
+// compare traffic with the analytic volumes (formulas: worker/comm/traffic.h,
+// docs/comm.md). Counted when an operation completes successfully.
 struct OpCounters {
   int64_t calls = 0;
-  int64_t bytes = 0;  // payload bytes this rank contributed (sent)
+  // Payload bytes this rank contributed (sent) under the standard algorithm:
+  // ring all-reduce 2(n-1)/n of the buffer, ring reduce-scatter and
+  // all-gather (n-1)/n of the full buffer, tree broadcast, pairwise all-to-all.
+  int64_t bytes = 0;
+  // Size of the full, unsharded buffer the operation acts on, for per-layer
+  // formulas written in logical sizes (TP: 4*B*S*H per layer).
+  int64_t logical_bytes = 0;
 };
 using CommStats = std::map<std::string, OpCounters>;
 
@@ -33,6 +41,25 @@ class Work {
   virtual ~Work() = default;
   // Blocks until done (or the timeout passes); safe to call more than once.
   virtual absl::Status Wait() = 0;
+};
+
+// A Work that is already finished, for implementations that complete inline.
+class DoneWork : public Work {
+ public:
+  explicit DoneWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+// What a communicator is doing right now, for progress reports and the
+// trainer's watchdog ("which collective do the peers wait in").
+struct CommProgress {
+  int64_t issued = 0;     // operations submitted so far
+  int64_t completed = 0;  // operations finished, successfully or not
+  std::string current_op;  // the operation running now; empty when idle
+  absl::Time current_since = absl::InfinitePast();  // when current_op started
 };
 
 class Communicator {
@@ -61,6 +88,24 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 
   virtual CommStats Stats() const = 0;
+
+  // Posting versions of Send/Recv: a pipeline stage must have a send and a
+  // receive in flight together (activations one way, gradients the other),
+  // which two blocking calls in a fixed order cannot do without deadlock. The
+  // span must stay valid until Wait() returns. The defaults complete inline.
+  virtual std::unique_ptr<Work> SendAsync(std::span<const float> data, int peer, uint32_t tag) {
+    return std::make_unique<DoneWork>(Send(data, peer, tag));
+  }
+  virtual std::unique_ptr<Work> RecvAsync(std::span<float> data, int peer, uint32_t tag) {
+    return std::make_unique<DoneWork>(Recv(data, peer, tag));
+  }
+
+  // For a watchdog thread: stops the communicator for good. Operations
+  // blocked in it return ABORTED promptly, and so does every later call.
+  // Safe from any thread, any number of times.
+  virtual void Abort(const std::string& reason) {}
+
+  virtual CommProgress Progress() const { return {}; }
 };
 
 }  // namespace loom::comm

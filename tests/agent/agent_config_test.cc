@@ -1,0 +1,98 @@
+// loom-worker's command line: strict parsing, defaults, errors naming the
+// flag, and the derived node id.
+#include "worker/agent/agent_config.h"
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace loom::agent {
+namespace {
+
+TEST(AgentConfigTest, ParsesTheContractFlagsWithDefaults) {
+  absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
+      {"--coordinator=127.0.0.1:7000", "--devices=cpu:4", "--work_dir=/tmp/x/../agent/"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->coordinator, "127.0.0.1:7000");
+  EXPECT_EQ(config->devices.kind, DeviceRequest::Kind::kCpu);
+  EXPECT_EQ(config->devices.cpu_count, 4);
+  EXPECT_EQ(config->work_dir, "/tmp/agent");
+  EXPECT_EQ(config->address, "127.0.0.1");
+  EXPECT_EQ(config->trainer, "");
+  EXPECT_DOUBLE_EQ(config->kill_grace_s, 5);
+  EXPECT_EQ(config->node_id, DeriveNodeId(HostName(), "/tmp/agent"));
+}
+
+TEST(AgentConfigTest, OptionalFlags) {
+  absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
+      {"--coordinator=coord:1", "--devices=gpu", "--work_dir=/w", "--node_id=n7",
+       "--address=10.0.0.2", "--trainer=/opt/loom-trainer", "--kill_grace_s=0.5"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->devices.kind, DeviceRequest::Kind::kGpu);
+  EXPECT_EQ(config->node_id, "n7");
+  EXPECT_EQ(config->address, "10.0.0.2");
+  EXPECT_EQ(config->trainer, "/opt/loom-trainer");
+  EXPECT_DOUBLE_EQ(config->kill_grace_s, 0.5);
+
+  // Values do not leak into the next parse.
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->address, "127.0.0.1");
+  EXPECT_DOUBLE_EQ(config->kill_grace_s, 5);
+}
+
+TEST(AgentConfigTest, ErrorsNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--devices=cpu:1", "--work_dir=/w"}, "--coordinator"},
+      {{"--coordinator=c", "--devices=cpu:1", "--work_dir=/w"}, "--coordinator='c'"},
+      {{"--coordinator=c:0", "--devices=cpu:1", "--work_dir=/w"}, "--coordinator"},
+      {{"--coordinator=c:1", "--work_dir=/w"}, "--devices"},
+      {{"--coordinator=c:1", "--devices=cpu:0", "--work_dir=/w"}, "--devices=cpu:0"},
+      {{"--coordinator=c:1", "--devices=cpu:1"}, "--work_dir"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--kill_grace_s=-1"},
+       "--kill_grace_s"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--kill_grace_s=x"},
+       "--kill_grace_s"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--bogus=1"}, "--bogus"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "positional"}, "positional"},
+      {{"--coordinator", "c:1"}, "--coordinator needs a value"},
+      {{"--flagfile=/etc/passwd"}, "--flagfile"},
+  };
+  for (const auto& [args, expected] : cases) {
+    absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(args);
+    ASSERT_FALSE(config.ok()) << expected;
+    EXPECT_NE(config.status().message().find(expected), absl::string_view::npos)
+        << config.status().message();
+  }
+}
+
+TEST(AgentConfigTest, RelativePathsBecomeAbsolute) {
+  absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
+      {"--coordinator=c:1", "--devices=cpu:1", "--work_dir=w", "--trainer=bin/loom-trainer"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_EQ(config->work_dir, cwd + "/w");
+  EXPECT_EQ(config->trainer, cwd + "/bin/loom-trainer");
+}
+
+TEST(AgentConfigTest, HelpIsNotAnError) {
+  absl::StatusOr<AgentConfig> config = ParseAgentCommandLine({"--help"});
+  ASSERT_TRUE(config.ok());
+  EXPECT_TRUE(config->help);
+}
+
+TEST(AgentConfigTest, NodeIdIsStablePerHostAndWorkDir) {
+  EXPECT_EQ(DeriveNodeId("h", "/w/a"), DeriveNodeId("h", "/w/a"));
+  EXPECT_NE(DeriveNodeId("h", "/w/a"), DeriveNodeId("h", "/w/b"));
+  EXPECT_EQ(DeriveNodeId("h", "/w/a").rfind("h-", 0), 0u);
+  EXPECT_EQ(DeriveNodeId("h", "/w/a").size(), 10u);
+}
+
+TEST(AgentConfigTest, DefaultTrainerSitsNextToTheExecutable) {
+  std::string path = DefaultTrainerPath();
+  EXPECT_EQ(path.substr(path.rfind('/') + 1), "loom-trainer");
+  EXPECT_EQ(path[0], '/');
+}
+
+}  // namespace
+}  // namespace loom::agent

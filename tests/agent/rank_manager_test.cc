@@ -1,0 +1,216 @@
+// RankManager with a shell script standing in for loom-trainer: the rank
+// directory and assignment file, the trainer's command line and environment,
+// exit reports with log tails, kills by job and attempt, launch failures.
+#include "worker/agent/rank_manager.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "tests/agent/agent_test_util.h"
+
+namespace loom::agent {
+namespace {
+
+using testing::ReadFile;
+using testing::TempDir;
+using testing::WaitForFileContains;
+
+// Collects what the manager reports.
+class Reports {
+ public:
+  RankManager::ExitSink Sink() {
+    return [this](loom::v1::RankExited exited) {
+      absl::MutexLock lock(&mu_);
+      exits_.push_back(std::move(exited));
+    };
+  }
+  std::optional<loom::v1::RankExited> Wait(const std::string& job, int attempt, int rank) {
+    absl::MutexLock lock(&mu_);
+    auto find = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> const loom::v1::RankExited* {
+      for (const auto& e : exits_) {
+        if (e.job_id() == job && e.attempt() == attempt && e.rank() == rank) return &e;
+      }
+      return nullptr;
+    };
+    auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return find() != nullptr; };
+    mu_.AwaitWithTimeout(absl::Condition(&found), absl::Seconds(30));
+    if (find() == nullptr) return std::nullopt;
+    return *find();
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu_);
+    return exits_.size();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<loom::v1::RankExited> exits_ ABSL_GUARDED_BY(mu_);
+};
+
+loom::v1::RankAssignment Assignment(const std::string& job, int attempt, int rank) {
+  loom::v1::RankAssignment a;
+  a.set_job_id(job);
+  a.set_attempt(attempt);
+  a.set_rank(rank);
+  a.set_world_size(4);
+  a.set_spec_yaml("name: t\n");
+  a.mutable_coords()->set_dp(rank);
+  return a;
+}
+
+class RankManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::MakeSubreaper(); }
+
+  // Writes the stand-in trainer and returns manager options that use it.
+  RankManagerOptions WithTrainer(const std::string& body) {
+    const std::string path = dir_.path() + "/fake-trainer.sh";
+    {
+      std::ofstream script(path);
+      script << "#!/bin/sh\n" << body << "\n";
+    }
+    chmod(path.c_str(), 0755);
+    RankManagerOptions options;
+    options.work_dir = dir_.path() + "/work";
+    options.coordinator = "127.0.0.1:7000";
+    options.trainer_path = path;
+    options.threads_per_rank = 3;
+    options.default_grace = absl::Seconds(30);
+    return options;
+  }
+
+  TempDir dir_;
+  Reports reports_;
+};
+
+TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
+  RankManager ranks(WithTrainer("echo \"args: $*\"\necho \"threads $OMP_NUM_THREADS "
+                                "$OPENBLAS_NUM_THREADS\"\necho \"cwd $(pwd)\"\n"
+                                "i=0; while [ $i -lt 30 ]; do echo \"line $i\"; i=$((i+1)); done\n"
+                                "exit 5"),
+                    reports_.Sink());
+  loom::v1::RankAssignment assignment = Assignment("job-1", 2, 3);
+  ASSERT_TRUE(ranks.Launch(assignment).ok());
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("job-1", 2, 3);
+  ASSERT_TRUE(exited.has_value());
+
+  const std::string rank_dir = dir_.path() + "/work/jobs/job-1/attempt_2/rank_3";
+  EXPECT_EQ(ranks.RankDir("job-1", 2, 3), rank_dir);
+  EXPECT_EQ(exited->exit_code(), 5);
+  EXPECT_EQ(exited->signal(), 0);
+  EXPECT_EQ(exited->log_path(), rank_dir + "/log.txt");
+  // The last 20 lines of the log, the earlier ones left out.
+  EXPECT_EQ(exited->log_tail().find("line 9\n"), std::string::npos);
+  EXPECT_NE(exited->log_tail().find("line 10\n"), std::string::npos);
+  EXPECT_NE(exited->log_tail().find("line 29"), std::string::npos);
+
+  loom::v1::RankAssignment written;
+  std::ifstream in(rank_dir + "/assignment.pb", std::ios::binary);
+  ASSERT_TRUE(written.ParseFromIstream(&in));
+  EXPECT_EQ(written.SerializeAsString(), assignment.SerializeAsString());
+
+  std::string log = ReadFile(rank_dir + "/log.txt");
+  EXPECT_NE(log.find("args: --coordinator=127.0.0.1:7000 --assignment=" + rank_dir +
+                     "/assignment.pb --work_dir=" + rank_dir + "\n"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("threads 3 3\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("cwd " + rank_dir + "\n"), std::string::npos) << log;
+  EXPECT_TRUE(ranks.Running().empty());
+}
+
+TEST_F(RankManagerTest, ReportsSignal) {
+  RankManager ranks(WithTrainer("kill -KILL $$"), reports_.Sink());
+  ASSERT_TRUE(ranks.Launch(Assignment("j", 1, 0)).ok());
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("j", 1, 0);
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(exited->signal(), SIGKILL);
+}
+
+TEST_F(RankManagerTest, KillMatchesJobAndAttempt) {
+  RankManager ranks(WithTrainer("echo ready; exec /bin/sleep 30"), reports_.Sink());
+  ASSERT_TRUE(ranks.Launch(Assignment("a", 1, 0)).ok());
+  ASSERT_TRUE(ranks.Launch(Assignment("a", 1, 1)).ok());
+  ASSERT_TRUE(ranks.Launch(Assignment("a", 2, 0)).ok());
+  ASSERT_TRUE(ranks.Launch(Assignment("b", 1, 0)).ok());
+  EXPECT_EQ(ranks.Running().size(), 4u);
+  for (const auto& rank : ranks.Running()) EXPECT_GT(rank.pid(), 0);
+
+  loom::v1::KillRanks kill;
+  kill.set_job_id("a");
+  kill.set_attempt(1);
+  kill.set_grace_seconds(30);
+  EXPECT_EQ(ranks.Kill(kill), 2);
+  ASSERT_TRUE(reports_.Wait("a", 1, 0).has_value());
+  ASSERT_TRUE(reports_.Wait("a", 1, 1).has_value());
+  EXPECT_EQ(reports_.Wait("a", 1, 1)->signal(), SIGTERM);
+  std::vector<loom::v1::RunningRank> running = ranks.Running();
+  ASSERT_EQ(running.size(), 2u);
+
+  kill.set_attempt(0);  // every attempt of job a
+  EXPECT_EQ(ranks.Kill(kill), 1);
+  ASSERT_TRUE(reports_.Wait("a", 2, 0).has_value());
+  running = ranks.Running();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].job_id(), "b");
+
+  ranks.Shutdown(absl::Seconds(30));
+  ASSERT_TRUE(reports_.Wait("b", 1, 0).has_value());
+  EXPECT_EQ(reports_.size(), 4u);
+  EXPECT_EQ(ranks.Launch(Assignment("c", 1, 0)).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RankManagerTest, KillUsesTheGraceItIsGiven) {
+  const std::string ready = dir_.path() + "/work/jobs/a/attempt_1/rank_0/log.txt";
+  RankManager ranks(WithTrainer("trap '' TERM; echo ready; while :; do /bin/sleep 0.05; done"),
+                    reports_.Sink());
+  ASSERT_TRUE(ranks.Launch(Assignment("a", 1, 0)).ok());
+  ASSERT_TRUE(WaitForFileContains(ready, "ready"));
+  loom::v1::KillRanks kill;
+  kill.set_job_id("a");
+  kill.set_grace_seconds(0.2);
+  EXPECT_EQ(ranks.Kill(kill), 1);
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("a", 1, 0);
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(exited->signal(), SIGKILL);
+}
+
+TEST_F(RankManagerTest, DuplicateLaunchIsIgnored) {
+  RankManager ranks(WithTrainer("exec /bin/sleep 30"), reports_.Sink());
+  ASSERT_TRUE(ranks.Launch(Assignment("a", 1, 0)).ok());
+  EXPECT_EQ(ranks.Launch(Assignment("a", 1, 0)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ranks.Running().size(), 1u);
+  ranks.Shutdown(absl::Seconds(30));
+  EXPECT_EQ(reports_.size(), 1u);
+}
+
+TEST_F(RankManagerTest, MissingTrainerIsReportedAsExit127) {
+  RankManagerOptions options = WithTrainer("exit 0");
+  options.trainer_path = dir_.path() + "/no-trainer";
+  RankManager ranks(options, reports_.Sink());
+  EXPECT_FALSE(ranks.Launch(Assignment("a", 1, 0)).ok());
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("a", 1, 0);
+  ASSERT_TRUE(exited.has_value());
+  EXPECT_EQ(exited->exit_code(), kLaunchFailedExitCode);
+  EXPECT_NE(exited->log_tail().find("no-trainer"), std::string::npos) << exited->log_tail();
+  EXPECT_NE(ReadFile(exited->log_path()).find("no-trainer"), std::string::npos);
+  EXPECT_TRUE(ranks.Running().empty());
+}
+
+TEST_F(RankManagerTest, JobIdThatIsNotADirectoryNameIsRefused) {
+  RankManager ranks(WithTrainer("exit 0"), reports_.Sink());
+  for (const char* bad : {"../escape", "a/b", "", ".."}) {
+    absl::Status status = ranks.Launch(Assignment(bad, 1, 0));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("job_id"), absl::string_view::npos);
+  }
+  EXPECT_EQ(reports_.size(), 4u);
+  EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/escape"));
+  EXPECT_TRUE(ValidateJobId("tiny-llama.20240101_7").ok());
+}
+
+}  // namespace
+}  // namespace loom::agent

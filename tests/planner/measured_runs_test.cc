@@ -1,0 +1,106 @@
+// The planner against measured runs (../shared/data). Goals from the issue
+// are asserted where the planner reaches them; where it does not, the value
+// reached is asserted as a regression floor (docs/planner.md says which).
+#include <filesystem>
+
+#include "coordinator/planner/constants.h"
+#include "gtest/gtest.h"
+#include "tools/planner/evaluation.h"
+#include "tools/planner/measured_runs.h"
+
+namespace loom::planner::eval {
+namespace {
+
+class MeasuredRunsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = LOOM_SHARED_DATA_DIR;
+    absl::StatusOr<MeasuredRuns> r = LoadRuns(dir);
+    if (!r.ok()) {
+      error_ = new std::string(std::string(r.status().message()) +
+                               " — the measured runs are part of the project's contract; looked in " +
+                               dir + " (shared/data beside the clone)");
+      return;
+    }
+    runs_ = new MeasuredRuns(std::move(*r));
+    playbook_ = new PlaybookReport(EvaluatePlaybook(runs_->playbook, DefaultConstants()));
+    vtrain_ = new VtrainReport(EvaluateVtrain(runs_->vtrain, DefaultConstants()));
+  }
+  void SetUp() override { ASSERT_EQ(error_, nullptr) << *error_; }
+
+  static inline std::string* error_ = nullptr;
+  static inline MeasuredRuns* runs_ = nullptr;
+  static inline PlaybookReport* playbook_ = nullptr;
+  static inline VtrainReport* vtrain_ = nullptr;
+};
+
+TEST_F(MeasuredRunsTest, DataIsWhatTheReadmeSays) {
+  EXPECT_EQ(runs_->playbook.size(), 4710u);
+  int ok = 0;
+  for (const PlaybookRun& r : runs_->playbook) ok += r.ok;
+  EXPECT_EQ(ok, 1758);
+  EXPECT_EQ(runs_->vtrain.size(), 109u + 1440u);
+}
+
+// Goal: >= 90% of runs' fit-or-not predicted right. Reached.
+TEST_F(MeasuredRunsTest, FitOrNotAccuracyGoal) {
+  EXPECT_GE(playbook_->fit_accuracy, 0.90) << FormatPlaybookReport(*playbook_, false);
+}
+
+// No numeric goal: regression floor on the mean per-cell Spearman (0.717 reached).
+TEST_F(MeasuredRunsTest, ThroughputRankCorrelationFloor) {
+  EXPECT_EQ(playbook_->scored_cells, 26);
+  EXPECT_GE(playbook_->mean_spearman, 0.71) << FormatPlaybookReport(*playbook_, true);
+}
+
+// Goal: picked layout within 10% of the cell's best in >= 80% of cells.
+// NOT reached (15 of 26 cells); regression floor.
+TEST_F(MeasuredRunsTest, PickedLayoutFloor) {
+  EXPECT_EQ(playbook_->cells_with_success, 26);
+  EXPECT_GE(playbook_->cells_within_10pct, 15) << FormatPlaybookReport(*playbook_, true);
+}
+
+// Goal: held-out vTrain mean absolute error <= 15%. NOT reached (40.3%);
+// regression ceiling.
+TEST_F(MeasuredRunsTest, VtrainHeldOutErrorCeiling) {
+  EXPECT_EQ(vtrain_->runs, 1549);
+  EXPECT_LE(vtrain_->mean_abs_rel_error, 0.41) << FormatVtrainReport(*vtrain_);
+}
+
+TEST(ParseCsv, PlaybookRowsAndCrashes) {
+  absl::StatusOr<std::vector<PlaybookRun>> runs = ParsePlaybookCsv(
+      "model,nodes,dp,tp,pp,mbs,gas,zero,mfu_pct,tok_s_gpu,mem_gb\n"
+      "1B,1,2,2,2,4,32,1,40.0,35063,27.7\n"
+      "1B,1,1,8,1,256,1,0,nan,0,nan\n");
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 2u);
+  EXPECT_TRUE((*runs)[0].ok);
+  EXPECT_EQ((*runs)[0].gas, 32);
+  EXPECT_DOUBLE_EQ((*runs)[0].mem_gb, 27.7);
+  EXPECT_FALSE((*runs)[1].ok);
+  EXPECT_FALSE(ParsePlaybookCsv("model,nodes\n1B,1\n").ok());
+}
+
+TEST(ParseCsv, VtrainWithByteOrderMarkAndColumnsByName) {
+  absl::StatusOr<std::vector<VtrainRun>> runs = ParseVtrainCsv(
+      "\xEF\xBB\xBF# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+      "sequence length,tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\r\n"
+      "8,32,4,1024,16,24,1024,2,2,2,219.732754\r\n",
+      false);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_EQ((*runs)[0].gpus, 8);
+  EXPECT_EQ((*runs)[0].pp, 2);
+  EXPECT_DOUBLE_EQ((*runs)[0].iteration_ms, 219.732754);
+  EXPECT_EQ(VtrainLayout((*runs)[0]).grad_accum, 4);
+}
+
+TEST(Spearman, KnownValues) {
+  EXPECT_DOUBLE_EQ(Spearman({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
+  EXPECT_DOUBLE_EQ(Spearman({1, 2, 3, 4}, {4, 3, 2, 1}), -1.0);
+  // d = (0, 0, 1, -1): 1 - 6*2/(4*15) = 0.8.
+  EXPECT_NEAR(Spearman({1, 2, 3, 4}, {1, 2, 4, 3}), 0.8, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::planner::eval

@@ -1,0 +1,175 @@
+// Layout search: every enumerated layout obeys the rules and every layout
+// that obeys them is enumerated (checked against a brute force over all
+// axis values), fixed axes hold, out-of-memory layouts are rejected with a
+// reason, the rest come out fastest first.
+#include "coordinator/planner/search.h"
+
+#include <set>
+#include <tuple>
+
+#include "gtest/gtest.h"
+
+namespace loom::planner {
+namespace {
+
+Workload Model(int64_t layers = 32, int64_t heads = 32, int64_t kv = 8) {
+  ModelShape m;
+  m.name = "test-8b";
+  m.vocab_size = 128256;
+  m.hidden_size = 4096;
+  m.num_layers = layers;
+  m.num_heads = heads;
+  m.num_kv_heads = kv;
+  m.ffn_hidden_size = 14336;
+  return MakeWorkload(m, 4096, 256, RecipeKind::kBf16Fp32Accum);
+}
+
+ClusterSpec H100(int64_t nodes) {
+  ClusterSpec c = *ClusterPreset("h100-sxm");
+  c.nodes = nodes;
+  return c;
+}
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, int64_t, int>;
+
+Key KeyOf(const Layout& l) {
+  return {l.dp, l.tp, l.pp, l.cp, l.zero_stage, l.micro_batch_size, static_cast<int>(l.recompute)};
+}
+
+TEST(Enumerate, MatchesBruteForce) {
+  const Workload w = Model(30, 24, 8);  // 30 layers, 24 heads: not powers of two
+  const ClusterSpec c = H100(2);       // 16 ranks
+  SearchSpace s;
+  std::set<Key> got;
+  for (const Layout& l : EnumerateLayouts(w, c, s)) {
+    EXPECT_TRUE(ValidateLayout(w, c, l, s).ok()) << LayoutToString(l);
+    EXPECT_EQ(l.sequence_parallel, l.tp > 1);
+    EXPECT_TRUE(got.insert(KeyOf(l)).second) << "duplicate " << LayoutToString(l);
+  }
+  std::set<Key> want;
+  for (int64_t tp = 1; tp <= 16; ++tp)
+    for (int64_t cp = 1; cp <= 16; ++cp)
+      for (int64_t pp = 1; pp <= 16; ++pp)
+        for (int64_t dp = 1; dp <= 16; ++dp) {
+          if (dp * tp * pp * cp != 16) continue;
+          if (24 % tp || (8 % tp && tp % 8) || 14336 % tp || tp > 8) continue;
+          if (cp > 1 && 4096 % (2 * cp)) continue;
+          if (30 % pp) continue;
+          for (int64_t mbs = 1; mbs <= 256; ++mbs) {
+            if (256 % (dp * mbs)) continue;
+            for (int z = 0; z <= 3; ++z) {
+              if (dp * cp == 1 && z > 0) continue;
+              if (pp > 1 && z >= 2) continue;
+              for (int rc = 0; rc < 3; ++rc) want.insert(Key{dp, tp, pp, cp, z, mbs, rc});
+            }
+          }
+        }
+  EXPECT_EQ(got, want);
+  EXPECT_GT(want.size(), 100u);
+}
+
+TEST(Enumerate, FixedAxesHold) {
+  SearchSpace s;
+  s.tp = 4;
+  s.pp = 2;
+  s.zero_stage = 1;
+  s.micro_batch_size = 2;
+  s.recompute = spec::Recompute::kSelective;
+  s.sequence_parallel = false;
+  const std::vector<Layout> layouts = EnumerateLayouts(Model(), H100(4), s);
+  ASSERT_FALSE(layouts.empty());
+  for (const Layout& l : layouts) {
+    EXPECT_EQ(l.tp, 4);
+    EXPECT_EQ(l.pp, 2);
+    EXPECT_EQ(l.zero_stage, 1);
+    EXPECT_EQ(l.micro_batch_size, 2);
+    EXPECT_EQ(l.recompute, spec::Recompute::kSelective);
+    EXPECT_FALSE(l.sequence_parallel);
+    EXPECT_EQ(l.dp * l.cp, 4);
+    EXPECT_EQ(l.micro_batch_size * l.grad_accum * l.dp, 256);
+  }
+}
+
+TEST(Validate, NamesTheFieldAndRule) {
+  const Workload w = Model();
+  const ClusterSpec c = H100(1);
+  Layout l;
+  l.dp = 8;
+  l.grad_accum = 32;
+  EXPECT_TRUE(ValidateLayout(w, c, l).ok());
+  Layout bad = l;
+  bad.tp = 3;
+  bad.dp = 1;
+  absl::Status st = ValidateLayout(w, c, bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("parallelism.tp=3"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("num_heads"), std::string::npos) << st;
+  bad = l;
+  bad.pp = 3;
+  bad.dp = 1;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("parallelism.pp=3"), std::string::npos);
+  bad = l;
+  bad.dp = 4;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("must equal the 8 ranks"), std::string::npos);
+  bad = l;
+  bad.grad_accum = 3;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("train.global_batch_size"), std::string::npos);
+  bad = l;
+  bad.dp = 1;
+  bad.tp = 16;
+  bad.grad_accum = 256;
+  EXPECT_NE(ValidateLayout(w, H100(2), bad).message().find("inside a node"), std::string::npos);
+}
+
+TEST(Plan, RejectsOutOfMemoryAndRanksTheRest) {
+  PlanRequest req;
+  req.workload = Model();
+  req.cluster = H100(1);
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->ranked.empty());
+  ASSERT_FALSE(r->rejected.empty());
+  EXPECT_EQ(r->layouts_considered, static_cast<int64_t>(r->ranked.size() + r->rejected.size()));
+  for (size_t i = 1; i < r->ranked.size(); ++i) {
+    EXPECT_LE(r->ranked[i - 1].time.total, r->ranked[i].time.total);
+  }
+  for (const Candidate& c : r->ranked) EXPECT_LE(c.memory.total(), req.cluster.memory_bytes);
+  for (const Rejection& x : r->rejected) {
+    EXPECT_GT(x.memory.total(), req.cluster.memory_bytes);
+    EXPECT_NE(x.Reason().find("out of memory"), std::string::npos);
+  }
+}
+
+TEST(Plan, TooBigForTheClusterMeansNothingFits) {
+  ModelShape m = Model().model;
+  m.num_layers = 400;  // ~200B parameters on one node
+  PlanRequest req;
+  req.workload = MakeWorkload(m, 4096, 256, RecipeKind::kBf16Fp32Accum);
+  req.cluster = H100(1);
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->ranked.empty());
+  EXPECT_FALSE(r->rejected.empty());
+}
+
+TEST(Plan, NoValidLayoutNamesTheFixedAxis) {
+  PlanRequest req;
+  req.workload = Model();
+  req.cluster = H100(1);
+  req.space.tp = 5;
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("parallelism.tp=5"), std::string::npos) << r.status();
+}
+
+TEST(Plan, MoreMemoryNeverFitsFewerLayouts) {
+  PlanRequest req;
+  req.workload = Model();
+  req.cluster = H100(1);
+  const size_t h100 = PlanLayouts(req)->ranked.size();
+  req.cluster.memory_bytes *= 1.75;  // H200's 141 GB
+  EXPECT_GT(PlanLayouts(req)->ranked.size(), h100);
+}
+
+}  // namespace
+}  // namespace loom::planner

@@ -1,0 +1,123 @@
+// The step-time model: pure compute matches FLOPs over peak, the 1F1B bubble
+// is (p-1)/(m+p-1), communication lands on the right link, MFU agrees with
+// its definition.
+#include "coordinator/planner/time_model.h"
+
+#include "gtest/gtest.h"
+
+namespace loom::planner {
+namespace {
+
+Workload Model() {
+  ModelShape m;
+  m.vocab_size = 32000;
+  m.hidden_size = 4096;
+  m.num_layers = 32;
+  m.num_heads = 32;
+  m.num_kv_heads = 8;
+  m.ffn_hidden_size = 14336;
+  return MakeWorkload(m, 4096, 64, RecipeKind::kBf16Fp32Accum);
+}
+
+ClusterSpec Cluster(int64_t nodes) {
+  ClusterSpec c = *ClusterPreset("h100-sxm");
+  c.nodes = nodes;
+  return c;
+}
+
+// Ideal hardware: full efficiency, no overheads; infinite links.
+PlannerConstants Ideal() {
+  PlannerConstants k;
+  k.gemm_peak_efficiency = 1;
+  k.gemm_tokens_half = 0;
+  k.gemm_width_half = 0;
+  k.layer_overhead_s = 0;
+  k.intra_latency_s = k.inter_latency_s = k.p2p_latency_s = 0;
+  k.intra_bandwidth_efficiency = k.inter_bandwidth_efficiency = 1e12;
+  return k;
+}
+
+TEST(StepTime, ComputeIsFlopsOverPeak) {
+  const Workload w = Model();
+  const ClusterSpec c = Cluster(1);
+  Layout l;
+  l.dp = 8;
+  l.micro_batch_size = 2;
+  l.grad_accum = 4;
+  const StepTime t = EstimateStepTime(w, l, c, Ideal());
+  const double layer = 6.0 * w.params.layer_linear + 12.0 * 4096 * 4096;
+  const double per_token = 32 * layer + 6.0 * 32000 * 4096;
+  const double tokens_per_rank = 64.0 * 4096 / 8;
+  EXPECT_NEAR(t.compute, tokens_per_rank * per_token / 989.5e12, 1e-9);
+  EXPECT_NEAR(t.tp_comm + t.pp_comm + t.bubble + t.cp_comm, 0, 1e-12);
+  // MFU by its definition.
+  EXPECT_NEAR(t.mfu, ModelFlopsPerToken(w.model, 4096) * t.tokens_per_second / (8 * 989.5e12), 1e-12);
+}
+
+TEST(StepTime, OneFOneBBubble) {
+  const Workload w = Model();
+  Layout l;
+  l.dp = 2;
+  l.pp = 4;
+  l.micro_batch_size = 1;
+  l.grad_accum = 32;
+  const StepTime t = EstimateStepTime(w, l, Cluster(1), Ideal());
+  const double per_mb = t.compute / 32;
+  EXPECT_NEAR(t.bubble, 3 * per_mb, 1e-9);
+  l.schedule = spec::Schedule::kInterleaved;
+  l.virtual_stages = 2;
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(1), Ideal()).bubble, 1.5 * per_mb, 1e-9);
+}
+
+TEST(StepTime, FullRecomputeCostsAForwardPass) {
+  const Workload w = Model();
+  Layout l;
+  l.dp = 8;
+  l.micro_batch_size = 1;
+  l.grad_accum = 8;
+  const double none = EstimateStepTime(w, l, Cluster(1), Ideal()).compute;
+  l.recompute = spec::Recompute::kFull;
+  const StepTime full = EstimateStepTime(w, l, Cluster(1), Ideal());
+  EXPECT_GT(full.compute, none * 1.25);
+  EXPECT_LT(full.compute, none * 1.34);
+  EXPECT_GT(full.hfu, full.mfu);
+}
+
+TEST(Collectives, RingVolumesAndLinks) {
+  const ClusterSpec c = Cluster(2);
+  PlannerConstants k;
+  k.intra_bandwidth_efficiency = k.inter_bandwidth_efficiency = 1;
+  k.intra_latency_s = k.inter_latency_s = 0;
+  // All-reduce of 1 GB over 8 ranks: 2 * 7/8 GB at 450 GB/s inside a node.
+  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, false, c, k), 2 * 0.875 / 450, 1e-12);
+  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, true, c, k), 2 * 0.875 / 50, 1e-12);
+  EXPECT_EQ(CollectiveSeconds(1e9, 1, 2.0, true, c, k), 0);
+}
+
+TEST(StepTime, TensorParallelAcrossNodesIsSlower) {
+  const Workload w = Model();
+  PlannerConstants k = DefaultConstants();
+  Layout inside;
+  inside.dp = 2;
+  inside.tp = 8;
+  inside.micro_batch_size = 1;
+  inside.grad_accum = 32;
+  inside.sequence_parallel = true;
+  Layout across = inside;
+  across.dp = 1;
+  across.tp = 16;
+  across.grad_accum = 64;
+  const StepTime a = EstimateStepTime(w, inside, Cluster(2), k);
+  const StepTime b = EstimateStepTime(w, across, Cluster(2), k);
+  EXPECT_GT(b.tp_comm, 2 * a.tp_comm);
+}
+
+TEST(Gemm, EfficiencyGrowsWithShape) {
+  const PlannerConstants k = DefaultConstants();
+  EXPECT_LT(GemmEfficiency(1024, 512, k), GemmEfficiency(8192, 512, k));
+  EXPECT_LE(GemmEfficiency(1024, 128, k), GemmEfficiency(1024, 4096, k));
+  EXPECT_LE(GemmEfficiency(1e9, 1e9, k), k.gemm_peak_efficiency + 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::planner

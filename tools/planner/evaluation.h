@@ -1,0 +1,72 @@
+// How well the planner's models agree with the measured runs: the checks of
+// docs/planner.md. Fit-or-not accuracy and throughput ranking on the
+// playbook runs (the calibration set), iteration-time error on vTrain's
+// Megatron runs (held out).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coordinator/planner/constants.h"
+#include "tools/planner/measured_runs.h"
+
+namespace loom::planner::eval {
+
+struct CellScore {
+  std::string model;
+  int64_t nodes = 0;
+  int runs = 0;
+  int succeeded = 0;
+  double spearman = 0;        // predicted vs measured tokens/s over succeeded runs (n >= 3)
+  bool scored = false;        // has a Spearman value
+  bool picked_any = false;    // the planner predicted at least one run fits
+  bool picked_ok = false;     // the run it picked succeeded
+  double picked_mfu = 0;      // measured MFU (%) of the picked configuration (0 if it crashed)
+  double best_mfu = 0;        // the cell's best measured MFU (%), repeated configurations averaged
+  bool within_10pct = false;  // picked_mfu >= 0.9 * best_mfu
+};
+
+struct PlaybookReport {
+  int runs = 0;
+  int correct_fit = 0;
+  int predicted_fit_but_failed = 0;
+  int predicted_oom_but_ran = 0;
+  double fit_accuracy = 0;
+  double mean_spearman = 0;     // over scored cells
+  double median_spearman = 0;
+  int scored_cells = 0;
+  int cells_with_success = 0;
+  int cells_within_10pct = 0;
+  double pick_fraction = 0;     // cells_within_10pct / cells_with_success
+  double memory_mean_abs_rel_error = 0;  // succeeded runs: |pred - mem_gb| / mem_gb
+  double throughput_mean_abs_log_error = 0;  // succeeded runs: |ln(pred / measured)|
+  double throughput_mean_abs_rel_error = 0;
+  // The mean over the 75% of succeeded runs predicted best: robust to the
+  // runs that were pathologically slow for reasons outside any layout model.
+  double throughput_trimmed_abs_log_error = 0;
+  std::vector<CellScore> cells;
+};
+
+struct VtrainReport {
+  int runs = 0;
+  double mean_abs_rel_error = 0;  // |pred - measured| / measured, all runs
+  double median_abs_rel_error = 0;
+  double multi_mean_abs_rel_error = 0;
+  double single_mean_abs_rel_error = 0;
+  double mean_signed_rel_error = 0;  // > 0: the planner predicts too slow
+};
+
+// `headroom`: the fraction of device memory the planner leaves free when it
+// picks a layout (SearchSpace::memory_headroom); fit-or-not uses all of it.
+PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
+                                const PlannerConstants& constants, double headroom = 0.1);
+VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerConstants& constants);
+
+// Spearman rank correlation (average ranks for ties); 0 when undefined.
+double Spearman(const std::vector<double>& a, const std::vector<double>& b);
+
+std::string FormatPlaybookReport(const PlaybookReport& report, bool per_cell);
+std::string FormatVtrainReport(const VtrainReport& report);
+
+}  // namespace loom::planner::eval

@@ -1,0 +1,39 @@
+// planner_validate: prints how the planner's models agree with the measured
+// runs, with the default (fitted) constants.
+//   planner_validate [--data=DIR] [--cells]
+#include <cstdio>
+#include <string>
+
+#include "coordinator/planner/constants.h"
+#include "tools/planner/evaluation.h"
+
+int main(int argc, char** argv) {
+  std::string dir = LOOM_SHARED_DATA_DIR;
+  bool cells = false;
+  double headroom = 0.1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--data=", 0) == 0) {
+      dir = arg.substr(7);
+    } else if (arg.rfind("--headroom=", 0) == 0) {
+      headroom = std::stod(arg.substr(11));
+    } else if (arg == "--cells") {
+      cells = true;
+    } else {
+      std::fprintf(stderr, "usage: planner_validate [--data=DIR] [--cells] [--headroom=F]\n");
+      return 2;
+    }
+  }
+  auto runs = loom::planner::eval::LoadRuns(dir);
+  if (!runs.ok()) {
+    std::fprintf(stderr, "planner_validate: %s (measured runs are looked for in %s)\n",
+                 std::string(runs.status().message()).c_str(), dir.c_str());
+    return 1;
+  }
+  const loom::planner::PlannerConstants k = loom::planner::DefaultConstants();
+  std::fputs(loom::planner::eval::FormatPlaybookReport(
+                 loom::planner::eval::EvaluatePlaybook(runs->playbook, k, headroom), cells).c_str(), stdout);
+  std::fputs(loom::planner::eval::FormatVtrainReport(
+                 loom::planner::eval::EvaluateVtrain(runs->vtrain, k)).c_str(), stdout);
+  return 0;
+}

@@ -1,0 +1,138 @@
+#include "worker/agent/agent_config.h"
+
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator's gRPC endpoint");
+ABSL_FLAG(std::string, devices, "", "cpu:N (N CPU ranks) or gpu (the GPUs nvidia-smi lists)");
+ABSL_FLAG(std::string, work_dir, "", "directory for rank assignments and logs");
+ABSL_FLAG(std::string, node_id, "", "node id (default: host name and a hash of work_dir)");
+ABSL_FLAG(std::string, address, "127.0.0.1", "address this node's ranks listen on");
+ABSL_FLAG(std::string, trainer, "", "loom-trainer executable (default: next to loom-worker)");
+ABSL_FLAG(double, kill_grace_s, 5, "seconds between SIGTERM and SIGKILL when killing ranks");
+
+namespace loom::agent {
+namespace {
+
+constexpr const char* kFlagNames[] = {"coordinator", "devices", "work_dir", "node_id",
+                                      "address", "trainer", "kill_grace_s"};
+
+absl::Status ValidateHostPort(const std::string& value) {
+  size_t colon = value.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--coordinator='", value, "' must be HOST:PORT with a port from 1 to 65535"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>& args) {
+  for (const char* name : kFlagNames) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    flag->ParseFrom(flag->DefaultValue(), &error);
+  }
+  AgentConfig config;
+  for (const std::string& arg : args) {
+    if (arg == "--help" || arg == "-help" || arg == "-h") {
+      config.help = true;
+      return config;
+    }
+    std::string body = arg.rfind("--", 0) == 0 ? arg.substr(2)
+                       : arg.rfind("-", 0) == 0 ? arg.substr(1)
+                                                : "";
+    size_t eq = body.find('=');
+    std::string name = body.substr(0, eq);
+    bool known = false;
+    for (const char* candidate : kFlagNames) known = known || name == candidate;
+    if (body.empty() || !known) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value: --", name, "=..."));
+    }
+    std::string error;
+    if (!absl::FindCommandLineFlag(name)->ParseFrom(body.substr(eq + 1), &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": ", error));
+    }
+  }
+
+  config.coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (config.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
+  if (absl::Status s = ValidateHostPort(config.coordinator); !s.ok()) return s;
+
+  const std::string devices = absl::GetFlag(FLAGS_devices);
+  if (devices.empty()) return absl::InvalidArgumentError("--devices is required");
+  absl::StatusOr<DeviceRequest> request = ParseDevicesFlag(devices);
+  if (!request.ok()) return request.status();
+  config.devices = *request;
+
+  const std::string work_dir = absl::GetFlag(FLAGS_work_dir);
+  if (work_dir.empty()) return absl::InvalidArgumentError("--work_dir is required");
+  std::error_code error;
+  std::filesystem::path absolute = std::filesystem::absolute(work_dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--work_dir='", work_dir, "' cannot be resolved: ", error.message()));
+  }
+  config.work_dir = absolute.lexically_normal().string();
+  if (config.work_dir.size() > 1 && config.work_dir.back() == '/') config.work_dir.pop_back();
+
+  config.address = absl::GetFlag(FLAGS_address);
+  if (config.address.empty()) return absl::InvalidArgumentError("--address must not be empty");
+  config.trainer = absl::GetFlag(FLAGS_trainer);
+  if (!config.trainer.empty()) {
+    // Ranks start in their own directories: a relative path would not resolve there.
+    std::filesystem::path trainer = std::filesystem::absolute(config.trainer, error);
+    if (error) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--trainer='", config.trainer, "' cannot be resolved: ", error.message()));
+    }
+    config.trainer = trainer.lexically_normal().string();
+  }
+  config.kill_grace_s = absl::GetFlag(FLAGS_kill_grace_s);
+  if (!(config.kill_grace_s >= 0) || config.kill_grace_s > 3600) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kill_grace_s=", config.kill_grace_s, " must be between 0 and 3600 seconds"));
+  }
+  config.node_id = absl::GetFlag(FLAGS_node_id);
+  if (config.node_id.empty()) config.node_id = DeriveNodeId(HostName(), config.work_dir);
+  return config;
+}
+
+std::string DeriveNodeId(const std::string& hostname, const std::string& work_dir) {
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a: stable across builds and machines
+  for (unsigned char c : work_dir) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return absl::StrFormat("%s-%08x", hostname, static_cast<uint32_t>(hash ^ (hash >> 32)));
+}
+
+std::string DefaultTrainerPath() {
+  std::error_code error;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return "loom-trainer";
+  return (self.parent_path() / "loom-trainer").string();
+}
+
+std::string HostName() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "localhost";
+  return name;
+}
+
+}  // namespace loom::agent

@@ -1,0 +1,41 @@
+// loom-worker's command line: the flags, their strict parsing (only
+// --name=value of the agent's own flags; anything else is a usage error) and
+// the values derived from them (node id, trainer path).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/agent/device_probe.h"
+
+namespace loom::agent {
+
+inline constexpr char kAgentUsage[] =
+    "usage: loom-worker --coordinator=HOST:PORT --devices=cpu:N|gpu --work_dir=DIR "
+    "[--node_id=ID] [--address=IP] [--trainer=PATH] [--kill_grace_s=SECONDS]";
+
+struct AgentConfig {
+  bool help = false;
+  std::string coordinator;
+  DeviceRequest devices;
+  std::string work_dir;  // absolute, normalised
+  std::string node_id;   // given, or derived from the host name and work_dir
+  std::string address;
+  std::string trainer;   // absolute; empty: next to this executable
+  double kill_grace_s = 5;
+};
+
+// args excludes the program name. Every flag not given takes its default.
+absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>& args);
+
+// "<hostname>-<8 hex digits of a hash of work_dir>": stable across restarts
+// of the same agent, different for two agents on one host.
+std::string DeriveNodeId(const std::string& hostname, const std::string& work_dir);
+
+// loom-trainer in the directory of this process's executable (/proc/self/exe).
+std::string DefaultTrainerPath();
+
+std::string HostName();
+
+}  // namespace loom::agent

@@ -1,0 +1,145 @@
+// loom-worker: the node agent. Registers this node's devices with the
+// coordinator, keeps its session, and runs one loom-trainer per assigned rank.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/agent/agent_config.h"
+#include "worker/agent/device_probe.h"
+#include "worker/agent/node_session.h"
+#include "worker/agent/rank_manager.h"
+
+namespace {
+
+int g_stop_pipe[2] = {-1, -1};
+
+void OnStopSignal(int sig) {
+  unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_stop_pipe[1], &byte, 1);
+}
+
+std::string DescribeDevice(const loom::agent::DeviceInfo& d) {
+  return absl::StrFormat("%d x %s '%s', %.1f GiB and %.1f GFLOP/s each", d.count, d.kind, d.name,
+                         static_cast<double>(d.memory_bytes) / (1 << 30), d.peak_flops / 1e9);
+}
+
+int Main(int argc, char** argv) {
+  using namespace loom::agent;
+  absl::StatusOr<AgentConfig> parsed =
+      ParseAgentCommandLine(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed.ok()) {
+    fprintf(stderr, "loom-worker: %s; %s\n", std::string(parsed.status().message()).c_str(),
+            kAgentUsage);
+    return 2;
+  }
+  const AgentConfig& config = *parsed;
+  if (config.help) {
+    printf("%s\n", kAgentUsage);
+    return 0;
+  }
+
+  // SIGTERM/SIGINT go through a pipe to the stop thread. A handler rather
+  // than sigwait: threads started before main (OpenBLAS's pool) do not have
+  // the signals blocked, so a blocked-mask scheme would not hold.
+  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0) {
+    perror("loom-worker: pipe2");
+    return 1;
+  }
+  struct sigaction on_stop = {};
+  on_stop.sa_handler = OnStopSignal;
+  sigemptyset(&on_stop.sa_mask);
+  on_stop.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &on_stop, nullptr);
+  sigaction(SIGINT, &on_stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::error_code error;
+  std::filesystem::create_directories(config.work_dir, error);
+  if (error || access(config.work_dir.c_str(), W_OK) != 0) {
+    fprintf(stderr, "loom-worker: --work_dir=%s cannot be created or is not writable%s%s; %s\n",
+            config.work_dir.c_str(), error ? ": " : "", error ? error.message().c_str() : "",
+            kAgentUsage);
+    return 2;
+  }
+  const std::string trainer = config.trainer.empty() ? DefaultTrainerPath() : config.trainer;
+  if (access(trainer.c_str(), X_OK) != 0) {
+    fprintf(stderr,
+            "loom-worker: warning: trainer '%s' is not an executable file; every launch will "
+            "fail until it is (build loom-trainer or pass --trainer=PATH)\n",
+            trainer.c_str());
+  }
+
+  absl::StatusOr<std::vector<DeviceInfo>> devices = ProbeDevices(config.devices);
+  if (!devices.ok()) {
+    fprintf(stderr, "loom-worker: %s\n", std::string(devices.status().message()).c_str());
+    return 2;
+  }
+  int device_count = 0;
+  loom::v1::RegisterNode registration;
+  registration.set_node_id(config.node_id);
+  registration.set_hostname(HostName());
+  registration.set_address(config.address);
+  for (const DeviceInfo& d : *devices) {
+    device_count += d.count;
+    loom::v1::Device* device = registration.add_devices();
+    device->set_kind(d.kind);
+    device->set_count(d.count);
+    device->set_name(d.name);
+    device->set_memory_bytes(d.memory_bytes);
+    device->set_peak_flops(d.peak_flops);
+    fprintf(stderr, "loom-worker: node %s: %s\n", config.node_id.c_str(),
+            DescribeDevice(d).c_str());
+  }
+
+  RankManagerOptions rank_options;
+  rank_options.work_dir = config.work_dir;
+  rank_options.coordinator = config.coordinator;
+  rank_options.trainer_path = trainer;
+  rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
+  rank_options.default_grace = absl::Seconds(config.kill_grace_s);
+
+  // Exits are only reported after a launch, which only the session causes,
+  // so the session exists by the time the sink is used.
+  std::atomic<NodeSession*> session_ptr{nullptr};
+  RankManager ranks(rank_options, [&session_ptr](loom::v1::RankExited exited) {
+    if (NodeSession* session = session_ptr.load()) session->ReportExit(std::move(exited));
+  });
+
+  NodeSessionOptions session_options;
+  session_options.coordinator = config.coordinator;
+  session_options.registration = registration;
+  NodeSession session(session_options, &ranks);
+  session_ptr.store(&session);
+
+  std::thread signal_thread([&] {
+    unsigned char sig = 0;
+    while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    fprintf(stderr, "loom-worker: %s received; stopping every rank\n", sigabbrev_np(sig));
+    ranks.Shutdown(absl::Seconds(config.kill_grace_s));
+    session.Shutdown(absl::Seconds(1));
+  });
+
+  fprintf(stderr, "loom-worker: node %s, coordinator %s, work dir %s, trainer %s\n",
+          config.node_id.c_str(), config.coordinator.c_str(), config.work_dir.c_str(),
+          trainer.c_str());
+  session.Run();
+  signal_thread.join();
+  session_ptr.store(nullptr);
+  fprintf(stderr, "loom-worker: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Main(argc, argv); }

@@ -1,0 +1,210 @@
+#include "worker/agent/node_session.h"
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/rpc_settings.h"
+
+namespace loom::agent {
+
+using Clock = std::chrono::steady_clock;
+
+// Longer than keepalive needs to notice a dead connection (time + timeout).
+constexpr absl::Duration kResendWindow = absl::Seconds(60);
+
+NodeSession::NodeSession(NodeSessionOptions options, RankCommands* ranks)
+    : options_(std::move(options)), ranks_(ranks), heartbeat_interval_(options_.default_heartbeat) {}
+
+NodeSession::~NodeSession() { Shutdown(absl::ZeroDuration()); }
+
+int64_t NodeSession::streams_opened() const {
+  std::lock_guard lock(mu_);
+  return streams_opened_;
+}
+
+int64_t NodeSession::registrations() const {
+  std::lock_guard lock(mu_);
+  return registrations_;
+}
+
+void NodeSession::ReportExit(loom::v1::RankExited exited) {
+  loom::v1::NodeMessage message;
+  *message.mutable_rank_exited() = std::move(exited);
+  std::lock_guard lock(mu_);
+  outbox_.push_back(std::move(message));
+  cv_.notify_all();
+}
+
+void NodeSession::Shutdown(absl::Duration flush_timeout) {
+  std::unique_lock lock(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+  if (!running_) return;
+  if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(flush_timeout), [&] { return !running_; })) {
+    if (context_ != nullptr) context_->TryCancel();
+    cv_.wait(lock, [&] { return !running_; });
+  }
+}
+
+void NodeSession::Run() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    running_ = true;
+  }
+  auto channel = rpc::MakeChannel(options_.coordinator);
+  auto stub = loom::v1::NodeService::NewStub(channel);
+  absl::Duration backoff = options_.initial_backoff;
+  int failures_in_a_row = 0;
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    lock.unlock();
+    const bool registered = RunStream(*stub);
+    lock.lock();
+    if (stopping_) break;
+    if (registered) {
+      backoff = options_.initial_backoff;
+      failures_in_a_row = 0;
+    }
+    // One line per outage rather than one per attempt.
+    if (failures_in_a_row++ == 0) {
+      fprintf(stderr,
+              "loom-worker: no session with coordinator %s (%s); retrying with backoff up to %s, "
+              "ranks keep running\n",
+              options_.coordinator.c_str(), last_error_.c_str(),
+              absl::FormatDuration(options_.max_backoff).c_str());
+    }
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [&] { return stopping_; });
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  running_ = false;
+  cv_.notify_all();
+}
+
+void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
+  switch (message.kind_case()) {
+    case loom::v1::CoordinatorMessage::kRegistered: {
+      std::lock_guard lock(mu_);
+      registered_ = true;
+      ++registrations_;
+      int64_t ms = message.registered().heartbeat_interval_ms();
+      heartbeat_interval_ = ms > 0 ? absl::Milliseconds(ms) : options_.default_heartbeat;
+      next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
+      cv_.notify_all();
+      fprintf(stderr, "loom-worker: registered with coordinator %s as %s (heartbeat %s)\n",
+              options_.coordinator.c_str(), message.registered().node_id().c_str(),
+              absl::FormatDuration(heartbeat_interval_).c_str());
+      return;
+    }
+    case loom::v1::CoordinatorMessage::kLaunch:
+      (void)ranks_->Launch(message.launch().assignment());  // failures come back as exits
+      return;
+    case loom::v1::CoordinatorMessage::kKill:
+      ranks_->Kill(message.kill());
+      return;
+    case loom::v1::CoordinatorMessage::KIND_NOT_SET:
+      return;  // a newer coordinator's message this agent does not know
+  }
+}
+
+bool NodeSession::RunStream(loom::v1::NodeService::Stub& stub) {
+  grpc::ClientContext context;
+  int64_t registrations_before = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return false;
+    context_ = &context;
+    registered_ = false;
+    broken_ = false;
+    ++streams_opened_;
+    registrations_before = registrations_;
+  }
+  auto stream = stub.Session(&context);
+
+  loom::v1::NodeMessage hello;
+  *hello.mutable_register_() = options_.registration;
+  for (auto& rank : ranks_->Running()) *hello.mutable_register_()->add_running() = std::move(rank);
+  bool ok = stream->Write(hello);
+
+  std::thread reader([&] {
+    loom::v1::CoordinatorMessage message;
+    while (stream->Read(&message)) Dispatch(message);
+    std::lock_guard lock(mu_);
+    broken_ = true;
+    cv_.notify_all();
+  });
+
+  // Exits written on this stream. A write that succeeded only reached the
+  // local buffers: if the stream then fails, the coordinator may never have
+  // read it, so recent ones are sent again on the next stream.
+  std::deque<std::pair<Clock::time_point, loom::v1::NodeMessage>> sent;
+  std::unique_lock lock(mu_);
+  while (ok && !broken_) {
+    auto wake = [&] {
+      return broken_ || stopping_ ||
+             (registered_ && (!outbox_.empty() || Clock::now() >= next_heartbeat_));
+    };
+    if (registered_) {
+      cv_.wait_until(lock, next_heartbeat_, wake);
+    } else {
+      cv_.wait(lock, [&] { return broken_ || stopping_ || registered_; });
+    }
+    if (broken_) break;
+    if (registered_ && !outbox_.empty()) {
+      loom::v1::NodeMessage message = std::move(outbox_.front());
+      outbox_.pop_front();
+      lock.unlock();
+      ok = stream->Write(message);
+      lock.lock();
+      if (ok) {
+        const Clock::time_point now = Clock::now();
+        sent.emplace_back(now, std::move(message));
+        while (sent.front().first < now - absl::ToChronoNanoseconds(kResendWindow)) {
+          sent.pop_front();
+        }
+      } else {
+        outbox_.push_front(std::move(message));  // sent again on the next stream
+      }
+      continue;
+    }
+    if (stopping_) break;
+    if (registered_ && Clock::now() >= next_heartbeat_) {
+      next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
+      loom::v1::NodeMessage beat;
+      beat.mutable_heartbeat()->set_seq(++heartbeat_seq_);
+      lock.unlock();
+      for (auto& rank : ranks_->Running()) {
+        *beat.mutable_heartbeat()->add_running() = std::move(rank);
+      }
+      ok = stream->Write(beat);
+      lock.lock();
+    }
+  }
+  if (ok && !broken_ && stopping_) {
+    // A clean goodbye: the coordinator sees end-of-stream and finishes the
+    // call; Shutdown cancels it if that does not happen in time.
+    lock.unlock();
+    stream->WritesDone();
+    lock.lock();
+    cv_.wait(lock, [&] { return broken_; });
+  }
+  lock.unlock();
+  context.TryCancel();
+  reader.join();
+  grpc::Status status = stream->Finish();
+  lock.lock();
+  context_ = nullptr;
+  if (!stopping_) {
+    const Clock::time_point since = Clock::now() - absl::ToChronoNanoseconds(kResendWindow);
+    for (auto it = sent.rbegin(); it != sent.rend(); ++it) {
+      if (it->first >= since) outbox_.push_front(std::move(it->second));
+    }
+  }
+  last_error_ = status.ok() ? std::string("the coordinator ended the session")
+                            : absl::StrCat(status.error_message(), " [code ",
+                                           static_cast<int>(status.error_code()), "]");
+  return registrations_ > registrations_before;
+}
+
+}  // namespace loom::agent

@@ -1,0 +1,79 @@
+// The agent's side of NodeService.Session: one long-lived bidirectional stream
+// to the coordinator. Sends RegisterNode first (with the ranks still running,
+// so a coordinator that restarted learns about them), then, once Registered
+// arrives, heartbeats and rank exits; carries LaunchRank and KillRanks down to
+// the rank commands. When the stream fails it reconnects with exponential
+// backoff and never touches the ranks: a coordinator restart kills nothing.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "loom/v1/node.grpc.pb.h"
+#include "worker/agent/rank_commands.h"
+
+namespace loom::agent {
+
+struct NodeSessionOptions {
+  std::string coordinator;  // HOST:PORT
+  // Sent at the start of every stream; its `running` list is filled in then.
+  loom::v1::RegisterNode registration;
+  absl::Duration initial_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // Used until Registered names one (and when it names 0).
+  absl::Duration default_heartbeat = absl::Seconds(1);
+};
+
+class NodeSession {
+ public:
+  NodeSession(NodeSessionOptions options, RankCommands* ranks);
+  ~NodeSession();
+
+  // Connects, and reconnects, until Shutdown. Call from one thread.
+  void Run();
+
+  // Sends what is queued (if registered), half-closes the stream and makes
+  // Run return; cancels the stream if that takes longer than flush_timeout.
+  // Returns once Run has returned (at once if Run is not running).
+  void Shutdown(absl::Duration flush_timeout = absl::Seconds(1));
+
+  // Queues a RankExited; it is sent after registration on the current or the
+  // next stream. At least once: an exit whose stream failed within a minute
+  // of sending it is sent again on the next stream.
+  void ReportExit(loom::v1::RankExited exited);
+
+  // Streams opened and Registered messages received so far (for tests/logs).
+  int64_t streams_opened() const;
+  int64_t registrations() const;
+
+ private:
+  // Runs one stream until it fails or Shutdown; true when it got Registered.
+  bool RunStream(loom::v1::NodeService::Stub& stub);
+  void Dispatch(const loom::v1::CoordinatorMessage& message);
+
+  const NodeSessionOptions options_;
+  RankCommands* const ranks_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<loom::v1::NodeMessage> outbox_;
+  bool stopping_ = false;
+  bool running_ = false;     // inside Run
+  bool registered_ = false;  // on the current stream
+  bool broken_ = false;      // the current stream has ended
+  grpc::ClientContext* context_ = nullptr;  // of the current stream
+  absl::Duration heartbeat_interval_;
+  std::chrono::steady_clock::time_point next_heartbeat_;
+  int64_t heartbeat_seq_ = 0;
+  int64_t streams_opened_ = 0;
+  int64_t registrations_ = 0;
+  std::string last_error_;  // how the last stream ended
+};
+
+}  // namespace loom::agent

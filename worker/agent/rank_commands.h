@@ -1,0 +1,23 @@
+// The commands a coordinator session gives the node's ranks. RankManager is
+// the real implementation; tests of the session may use their own.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "loom/v1/node.pb.h"
+
+namespace loom::agent {
+
+class RankCommands {
+ public:
+  virtual ~RankCommands() = default;
+  // Starts one rank; failures are also reported as that rank's exit.
+  virtual absl::Status Launch(const loom::v1::RankAssignment& assignment) = 0;
+  // Kills the matching ranks; returns how many were signalled.
+  virtual int Kill(const loom::v1::KillRanks& kill) = 0;
+  // The ranks alive now (launched and not yet reaped).
+  virtual std::vector<loom::v1::RunningRank> Running() const = 0;
+};
+
+}  // namespace loom::agent

@@ -1,0 +1,192 @@
+#include "worker/agent/rank_manager.h"
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "worker/agent/log_tail.h"
+
+namespace loom::agent {
+
+namespace fs = std::filesystem;
+
+absl::Status ValidateJobId(const std::string& job_id) {
+  bool ok = !job_id.empty() && job_id.size() <= 200 && job_id != "." && job_id != "..";
+  for (char c : job_id) {
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
+  }
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "assignment.job_id='", job_id,
+      "' must be 1-200 letters, digits, '.', '_' or '-' (it names a directory)"));
+}
+
+RankManager::RankManager(RankManagerOptions options, ExitSink sink)
+    : options_(std::move(options)), sink_(std::move(sink)), supervisor_(options_.default_grace) {}
+
+RankManager::~RankManager() { Shutdown(options_.default_grace); }
+
+std::string RankManager::RankDir(const std::string& job_id, int attempt, int rank) const {
+  return absl::StrCat(options_.work_dir, "/jobs/", job_id, "/attempt_", attempt, "/rank_", rank);
+}
+
+void RankManager::ReportLaunchFailure(const loom::v1::RankAssignment& assignment,
+                                      const std::string& log_path, const std::string& reason) {
+  std::string line = absl::StrCat("loom-worker: cannot start rank ", assignment.rank(), " of job ",
+                                  assignment.job_id(), " attempt ", assignment.attempt(), ": ",
+                                  reason);
+  fprintf(stderr, "%s\n", line.c_str());
+  if (!log_path.empty()) {
+    std::ofstream log(log_path, std::ios::app);
+    log << line << "\n";
+  }
+  loom::v1::RankExited exited;
+  exited.set_job_id(assignment.job_id());
+  exited.set_attempt(assignment.attempt());
+  exited.set_rank(assignment.rank());
+  exited.set_exit_code(kLaunchFailedExitCode);
+  exited.set_log_path(log_path);
+  exited.set_log_tail(line);
+  sink_(std::move(exited));
+}
+
+absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
+  if (absl::Status valid = ValidateJobId(assignment.job_id()); !valid.ok()) {
+    ReportLaunchFailure(assignment, "", std::string(valid.message()));
+    return valid;
+  }
+  if (assignment.attempt() < 0 || assignment.rank() < 0) {
+    absl::Status bad = absl::InvalidArgumentError(
+        absl::StrCat("assignment.attempt=", assignment.attempt(), " and assignment.rank=",
+                     assignment.rank(), " must not be negative"));
+    ReportLaunchFailure(assignment, "", std::string(bad.message()));
+    return bad;
+  }
+  const Key key{assignment.job_id(), assignment.attempt(), assignment.rank()};
+  const std::string dir = RankDir(assignment.job_id(), assignment.attempt(), assignment.rank());
+  const std::string log_path = dir + "/log.txt";
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) {
+      return absl::FailedPreconditionError("the agent is shutting down; launch refused");
+    }
+    if (ranks_.count(key) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", assignment.rank(), " of job ",
+                                                   assignment.job_id(), " attempt ",
+                                                   assignment.attempt(), " is already running"));
+    }
+    ranks_[key] = Rank{0, log_path};
+  }
+  auto fail = [&](const std::string& reason) {
+    {
+      absl::MutexLock lock(&mu_);
+      ranks_.erase(key);
+    }
+    std::error_code exists_error;
+    ReportLaunchFailure(assignment, fs::exists(dir, exists_error) ? log_path : "", reason);
+    return absl::FailedPreconditionError(reason);
+  };
+
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return fail(absl::StrCat("cannot create directory '", dir, "': ", error.message()));
+  const std::string assignment_path = dir + "/assignment.pb";
+  {
+    // Written whole, then renamed, so a trainer never reads half a file.
+    const std::string temp_path = assignment_path + ".tmp";
+    std::ofstream out(temp_path, std::ios::binary | std::ios::trunc);
+    if (!out || !assignment.SerializeToOstream(&out) || !out.flush()) {
+      return fail(absl::StrCat("cannot write '", temp_path, "'"));
+    }
+    out.close();
+    fs::rename(temp_path, assignment_path, error);
+    if (error) return fail(absl::StrCat("cannot write '", assignment_path, "': ", error.message()));
+  }
+
+  ProcessSpec spec;
+  spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
+               absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
+  const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
+  spec.env = {{"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads}};
+  spec.log_path = log_path;
+  spec.working_dir = dir;
+
+  loom::v1::RankExited exited_template;
+  exited_template.set_job_id(assignment.job_id());
+  exited_template.set_attempt(assignment.attempt());
+  exited_template.set_rank(assignment.rank());
+  exited_template.set_log_path(log_path);
+  auto on_exit = [this, key, exited_template](const ProcessExit& exit) {
+    loom::v1::RankExited exited = exited_template;
+    exited.set_exit_code(exit.exit_code);
+    exited.set_signal(exit.signal);
+    exited.set_log_tail(ReadLogTail(exited.log_path(), 20));
+    {
+      absl::MutexLock lock(&mu_);
+      ranks_.erase(key);
+    }
+    fprintf(stderr, "loom-worker: rank %d of job %s attempt %d (pid %d) ended: %s\n",
+            exited.rank(), exited.job_id().c_str(), exited.attempt(), exit.pid,
+            DescribeExit(exit).c_str());
+    sink_(std::move(exited));
+  };
+
+  absl::StatusOr<pid_t> pid = supervisor_.Launch(std::move(spec), std::move(on_exit));
+  if (!pid.ok()) return fail(std::string(pid.status().message()));
+  {
+    absl::MutexLock lock(&mu_);
+    // The rank may already have exited and been erased by on_exit.
+    auto it = ranks_.find(key);
+    if (it != ranks_.end()) it->second.pid = *pid;
+  }
+  fprintf(stderr, "loom-worker: started rank %d of job %s attempt %d (pid %d), log %s\n",
+          assignment.rank(), assignment.job_id().c_str(), assignment.attempt(), *pid,
+          log_path.c_str());
+  return absl::OkStatus();
+}
+
+int RankManager::Kill(const loom::v1::KillRanks& kill) {
+  const absl::Duration grace = kill.grace_seconds() > 0 ? absl::Seconds(kill.grace_seconds())
+                                                        : options_.default_grace;
+  std::vector<pid_t> pids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, rank] : ranks_) {
+      const auto& [job_id, attempt, number] = key;
+      if (job_id == kill.job_id() && (kill.attempt() == 0 || attempt == kill.attempt()) &&
+          rank.pid != 0) {
+        pids.push_back(rank.pid);
+      }
+    }
+  }
+  int signalled = 0;
+  // A rank that ended meanwhile is simply not found: its exit is reported anyway.
+  for (pid_t pid : pids) signalled += supervisor_.Kill(pid, grace).ok() ? 1 : 0;
+  return signalled;
+}
+
+std::vector<loom::v1::RunningRank> RankManager::Running() const {
+  std::vector<loom::v1::RunningRank> running;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, rank] : ranks_) {
+    if (rank.pid == 0) continue;
+    loom::v1::RunningRank entry;
+    entry.set_job_id(std::get<0>(key));
+    entry.set_attempt(std::get<1>(key));
+    entry.set_rank(std::get<2>(key));
+    entry.set_pid(rank.pid);
+    running.push_back(std::move(entry));
+  }
+  return running;
+}
+
+void RankManager::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  supervisor_.KillAll(grace);
+}
+
+}  // namespace loom::agent

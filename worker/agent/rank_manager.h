@@ -1,0 +1,90 @@
+// The agent's ranks: turns LaunchRank and KillRanks commands into trainer
+// processes (through ProcessSupervisor) and their exits into RankExited
+// reports. No gRPC here; the session feeds it and forwards what it reports.
+//
+// Directory layout under the work dir, one per rank of a job attempt:
+//   <work_dir>/jobs/<job_id>/attempt_<n>/rank_<r>/assignment.pb   (binary RankAssignment)
+//   <work_dir>/jobs/<job_id>/attempt_<n>/rank_<r>/log.txt         (trainer stdout+stderr)
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "loom/v1/node.pb.h"
+#include "worker/agent/process_supervisor.h"
+#include "worker/agent/rank_commands.h"
+
+namespace loom::agent {
+
+struct RankManagerOptions {
+  std::string work_dir;      // absolute
+  std::string coordinator;   // HOST:PORT handed to every trainer
+  std::string trainer_path;  // the loom-trainer executable
+  int threads_per_rank = 1;  // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of each rank
+  absl::Duration default_grace = absl::Seconds(5);  // when a kill names none
+};
+
+// The exit code reported for a rank that could not be started at all.
+inline constexpr int kLaunchFailedExitCode = 127;
+
+class RankManager : public RankCommands {
+ public:
+  // Called once per launched rank when it has ended (from the supervision
+  // thread), and for a launch that failed. Must not call back into the manager.
+  using ExitSink = std::function<void(loom::v1::RankExited)>;
+
+  RankManager(RankManagerOptions options, ExitSink sink);
+  ~RankManager() override;  // kills what is still running (default grace)
+
+  // Writes the assignment file and starts the trainer. A rank that cannot be
+  // started is reported through the sink (exit code 127, the reason in
+  // log_tail and in log.txt) and the error is returned. A rank of the same
+  // job, attempt and number that is still running is left alone
+  // (ALREADY_EXISTS, nothing reported).
+  absl::Status Launch(const loom::v1::RankAssignment& assignment) override;
+
+  // SIGTERM to the job's ranks (one attempt, or all when attempt == 0),
+  // SIGKILL after grace_seconds (the default grace when it is <= 0).
+  // Returns how many ranks were signalled.
+  int Kill(const loom::v1::KillRanks& kill) override;
+
+  std::vector<loom::v1::RunningRank> Running() const override;
+
+  // Refuses further launches, kills every rank (SIGTERM, SIGKILL after
+  // grace) and returns once all have been reported.
+  void Shutdown(absl::Duration grace);
+
+  std::string RankDir(const std::string& job_id, int attempt, int rank) const;
+
+ private:
+  using Key = std::tuple<std::string, int, int>;  // job_id, attempt, rank
+  struct Rank {
+    pid_t pid = 0;  // 0 while the launch is in flight
+    std::string log_path;
+  };
+
+  void ReportLaunchFailure(const loom::v1::RankAssignment& assignment,
+                           const std::string& log_path, const std::string& reason);
+
+  const RankManagerOptions options_;
+  const ExitSink sink_;
+
+  mutable absl::Mutex mu_;
+  std::map<Key, Rank> ranks_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+
+  ProcessSupervisor supervisor_;  // last: destroyed (and its children killed) first
+};
+
+// A job id is used as a directory name: letters, digits, '.', '_', '-'.
+absl::Status ValidateJobId(const std::string& job_id);
+
+}  // namespace loom::agent
