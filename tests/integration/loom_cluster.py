@@ -112,9 +112,9 @@ class Cluster:
 
     # -- processes ---------------------------------------------------------
     def _spawn(self, args, log_name):
-        log = open(os.path.join(self.dir, log_name), "ab")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=self.dir)
+        with open(os.path.join(self.dir, log_name), "ab") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=self.dir)
         self.processes.append(proc)
         return proc
 
@@ -183,7 +183,10 @@ class Cluster:
 
     def log(self, name):
         path = os.path.join(self.dir, name)
-        return open(path, errors="replace").read() if os.path.exists(path) else ""
+        if not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as f:
+            return f.read()
 
     # -- client ------------------------------------------------------------
     def loomctl(self, *args, check=True, timeout=60):

@@ -58,7 +58,7 @@ class Monitoring(unittest.TestCase):
                        check=True, capture_output=True)
         c._spawn([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={c.dir}/tsdb",
                   f"--web.listen-address=127.0.0.1:{port}"], "prometheus.log")
-        job = c.submit(tiny_job(steps=400, ranks=2, eval_interval=5, ckpt_interval=0))
+        job = c.submit(tiny_job(steps=100000, ranks=2, eval_interval=5, ckpt_interval=0))
         wait_until(lambda: c.state(job) == "RUNNING", 60, "the job to run")
         for title, expr in dashboard_queries():
             with self.subTest(panel=title, expr=expr):
@@ -66,6 +66,7 @@ class Monitoring(unittest.TestCase):
                            f"panel '{title}' query {expr} to return data\n" + c.log("prometheus.log")[-2000:])
         up = self.query(port, 'up{job="loom-coordinator"}')
         self.assertEqual(up[0]["value"][1], "1")
+        self.assertEqual(c.state(job), "RUNNING")  # scraped while it ran
         c.loomctl("cancel", job)
 
 

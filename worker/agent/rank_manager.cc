@@ -108,7 +108,11 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
                absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
   const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
-  spec.env = {{"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads}};
+  // Passive OpenMP waiting: ranks share cores with each other and the agent,
+  // and spinning workers would steal them (libgomp reads this at load time).
+  spec.env = {{"OMP_NUM_THREADS", threads},
+              {"OPENBLAS_NUM_THREADS", threads},
+              {"OMP_WAIT_POLICY", "PASSIVE"}};
   spec.log_path = log_path;
   spec.working_dir = dir;
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "loom/v1/rank.pb.h"
 
 namespace loom::trainer {

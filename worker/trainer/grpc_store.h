@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "grpcpp/grpcpp.h"
 #include "loom/v1/rank.grpc.pb.h"
 #include "worker/comm/store.h"
 

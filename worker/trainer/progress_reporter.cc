@@ -1,6 +1,7 @@
 #include "worker/trainer/progress_reporter.h"
 
 #include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
 
 namespace loom::trainer {
 

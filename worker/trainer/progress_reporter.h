@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
 #include "loom/v1/rank.grpc.pb.h"
 
 namespace loom::trainer {
