@@ -1,0 +1,64 @@
+#include "worker/engine/checkpoint/checkpoint_loader.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/checkpoint/checkpoint_format.h"
+#include "worker/engine/checkpoint/checkpoint_reader.h"
+#include "worker/engine/checkpoint/safetensors.h"
+
+namespace loom::engine {
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<TensorView>& into) {
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(step_dir);
+  if (!reader.ok()) return reader.status();
+  if (absl::Status s = CheckSameModelShape(model, reader->model(),
+                                           absl::StrCat(step_dir, "/", kCheckpointMetadataFile));
+      !s.ok()) {
+    return s;
+  }
+  for (const TensorView& t : into) {
+    const CheckpointTensorInfo* info = reader->Find(t.name);
+    if (info == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", step_dir, ": model mismatch: tensor ", t.name, " is not in index.json"));
+    }
+    if (info->shape != t.shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", step_dir, "/", info->file, ": model mismatch: tensor ", t.name,
+          " has shape ", ShapeString(info->shape), " but the model has ", ShapeString(t.shape)));
+    }
+  }
+  for (const TensorView& t : into) {
+    if (absl::Status s = reader->CopyTo(t); !s.ok()) return s;
+  }
+  LoadedCheckpoint out;
+  out.step = reader->step();
+  out.dir = step_dir;
+  out.state = reader->state();
+  return out;
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<TensorView>& into) {
+  const auto steps = ListStepDirs(root);
+  if (steps.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
+  }
+  std::vector<std::string> refused;
+  for (const auto& [step, dir] : steps) {
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointStep(dir, model, into);
+    if (loaded.ok()) {
+      loaded->refused = std::move(refused);
+      return loaded;
+    }
+    refused.push_back(absl::StrCat(dir, ": ", loaded.status().message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "every checkpoint under ", root, " was refused: ", absl::StrJoin(refused, "; "),
+      " (remove or repair them, or point checkpoint.dir elsewhere to start fresh)"));
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,41 @@
+// Resuming from checkpoints, with the fallback policy: the newest step
+// directory is tried first; if it is refused (torn, corrupt, or for another
+// model) the loader says why and tries the next older one, and so on. Only
+// when every step is refused does loading fail, listing each refusal: a job
+// must not silently restart from scratch over checkpoints it could not read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/tensor_view.h"
+
+namespace loom::engine {
+
+struct LoadedCheckpoint {
+  int64_t step = 0;
+  std::string dir;
+  nlohmann::json state;
+  // One line per newer step that was refused: "<dir>: <error>".
+  std::vector<std::string> refused;
+};
+
+// Verifies step_dir completely (see CheckpointReader) and checks that the
+// model config and every tensor of `into` match; only then copies the tensors
+// into `into`, so a refused checkpoint leaves `into` untouched.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<TensorView>& into);
+
+// The newest loadable step under root. NOT_FOUND when root holds no step
+// directory at all (start from scratch); FAILED_PRECONDITION when there are
+// steps but every one was refused.
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<TensorView>& into);
+
+}  // namespace loom::engine

@@ -1,0 +1,57 @@
+// Opening one committed checkpoint step and verifying it before anything is
+// copied out: metadata present and well formed, every listed file present
+// with the recorded size and CRC-32, every safetensors header valid, and every
+// index entry consistent with the file that holds it. Any fault is an error
+// naming the file and the fault.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "nlohmann/json.hpp"
+#include "worker/engine/checkpoint/safetensors.h"
+#include "worker/engine/tensor_view.h"
+
+namespace loom::engine {
+
+struct CheckpointTensorInfo {
+  std::string name;
+  std::string group;
+  std::vector<int64_t> shape;  // global shape
+  std::string file;            // the (single, for now) shard holding it
+  std::string key;             // its name inside that file
+};
+
+class CheckpointReader {
+ public:
+  static absl::StatusOr<CheckpointReader> Open(const std::string& step_dir);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  const spec::ModelSpec& model() const { return model_; }
+  const nlohmann::json& state() const { return state_; }
+  // Index order (sorted by name).
+  const std::vector<CheckpointTensorInfo>& tensors() const { return tensors_; }
+  const CheckpointTensorInfo* Find(const std::string& name) const;
+
+  // Copies the named tensor (dst.name) into dst; the global shapes must match.
+  absl::Status CopyTo(const TensorView& dst) const;
+  absl::StatusOr<std::vector<float>> Values(const std::string& name) const;
+
+ private:
+  static absl::StatusOr<CheckpointReader> OpenUnchecked(const std::string& step_dir);
+
+  std::string dir_;
+  int64_t step_ = 0;
+  spec::ModelSpec model_;
+  nlohmann::json state_;
+  std::vector<CheckpointTensorInfo> tensors_;
+  std::map<std::string, size_t> by_name_;
+  std::map<std::string, SafetensorsFile> files_;
+};
+
+}  // namespace loom::engine

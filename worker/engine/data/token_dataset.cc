@@ -1,0 +1,121 @@
+#include "worker/engine/data/token_dataset.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine {
+namespace {
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, " ", path, ": cannot open (missing file or no permission)"));
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat(what, " ", path, ": read error"));
+  return bytes;
+}
+
+absl::Status CheckVocab(const std::vector<uint16_t>& tokens, int64_t vocab_size,
+                        const std::string& path, const char* unit) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data file ", path, ": ", unit, " ", tokens[i], " at token index ", i,
+          " is not below model.vocab_size=", vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
+                                                     const std::string& path) {
+  constexpr int64_t kHeaderBytes = kTokenFileHeaderInts * sizeof(int32_t);
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (size < kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("token file ", path, ": truncated header (", size,
+                                            " bytes; an llm.c token file starts with ",
+                                            kHeaderBytes, " header bytes)"));
+  }
+  int32_t header[kTokenFileHeaderInts];
+  std::memcpy(header, bytes.data(), kHeaderBytes);
+  if (header[0] != kTokenFileMagic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", path, ": wrong magic ", header[0], " (want ", kTokenFileMagic,
+        "; not an llm.c/nanoGPT token file — use data.format: text for raw text)"));
+  }
+  if (header[1] != kTokenFileVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": unsupported version ",
+                                                   header[1], " (want ", kTokenFileVersion,
+                                                   ", uint16 tokens)"));
+  }
+  const int64_t count = header[2];
+  if (count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", path, ": negative token count ", count, " in header"));
+  }
+  const int64_t payload = size - kHeaderBytes;
+  if (payload != count * 2) {
+    return absl::DataLossError(absl::StrCat(
+        "token file ", path, ": ", payload < count * 2 ? "truncated" : "trailing bytes",
+        ": header says ", count, " tokens (", count * 2, " bytes) but the file holds ", payload,
+        " token bytes"));
+  }
+  std::vector<uint16_t> tokens(static_cast<size_t>(count));
+  std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, static_cast<size_t>(count) * 2);
+  return tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenDataset> TokenDataset::Load(const std::string& path, spec::DataFormat format,
+                                                int64_t vocab_size) {
+  const bool bin = format == spec::DataFormat::kBin;
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path, bin ? "token file" : "text file");
+  if (!bytes.ok()) return bytes.status();
+  TokenDataset ds;
+  ds.path_ = path;
+  if (bin) {
+    absl::StatusOr<std::vector<uint16_t>> tokens = ParseTokenFile(*bytes, path);
+    if (!tokens.ok()) return tokens.status();
+    ds.tokens_ = std::move(*tokens);
+  } else {
+    ds.tokens_.resize(bytes->size());
+    for (size_t i = 0; i < bytes->size(); ++i) {
+      ds.tokens_[i] = static_cast<unsigned char>((*bytes)[i]);
+    }
+  }
+  if (absl::Status s = CheckVocab(ds.tokens_, vocab_size, path, bin ? "token id" : "byte");
+      !s.ok()) {
+    return s;
+  }
+  return ds;
+}
+
+TokenDataset TokenDataset::FromTokens(std::vector<uint16_t> tokens, std::string name) {
+  TokenDataset ds;
+  ds.tokens_ = std::move(tokens);
+  ds.path_ = std::move(name);
+  return ds;
+}
+
+absl::Status WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens) {
+  int32_t header[kTokenFileHeaderInts] = {};
+  header[0] = kTokenFileMagic;
+  header[1] = kTokenFileVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("token file ", path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,76 @@
+#include "worker/engine/model/llama_layer.h"
+
+#include <cmath>
+
+namespace loom::engine {
+
+using kernels::Transpose;
+constexpr Transpose kN = Transpose::kNo;
+constexpr Transpose kT = Transpose::kYes;
+
+kernels::AttentionDims BlockAttentionDims(const BlockDims& d) {
+  kernels::AttentionDims a;
+  a.batch = d.batch;
+  a.seq_q = a.seq_kv = d.seq;
+  a.num_heads = d.heads;
+  a.num_kv_heads = d.kv_heads;
+  a.head_dim = d.head_dim;
+  a.causal = true;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  a.q_row_stride = a.k_row_stride = a.v_row_stride = d.qkv_dim;
+  a.o_row_stride = d.q_dim;
+  return a;
+}
+
+void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a) {
+  ops.AttentionForward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim, a.qkv + d.q_dim + d.kv_dim,
+                       a.attn, a.lse);
+}
+
+void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
+                  const RopeView& rope, const BlockActivations& a, float* x_next) {
+  const int64_t t = d.tokens, h = d.hidden;
+  ops.RmsNormForward(a.x_in, w.input_norm, t, h, d.eps, a.h1, a.rstd1);
+  ops.Gemm(kN, kT, t, d.qkv_dim, h, 1.0f, a.h1, h, w.qkv, h, 0.0f, a.qkv, d.qkv_dim);
+  ops.RopeForward(a.qkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
+  ops.RopeForward(a.qkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
+                  rope.sin, 0);
+  BlockAttentionCore(ops, d, a);
+  // Residual adds ride on GEMM beta = 1: x_mid = x_in + attn @ o^T.
+  ops.CopyDeviceToDevice(a.x_mid, a.x_in, t * h * static_cast<int64_t>(sizeof(float)));
+  ops.Gemm(kN, kT, t, h, d.q_dim, 1.0f, a.attn, d.q_dim, w.o, d.q_dim, 1.0f, a.x_mid, h);
+  ops.RmsNormForward(a.x_mid, w.post_norm, t, h, d.eps, a.h2, a.rstd2);
+  ops.Gemm(kN, kT, t, 2 * d.ffn, h, 1.0f, a.h2, h, w.gate_up, h, 0.0f, a.gu, 2 * d.ffn);
+  ops.SwiGluForward(t, d.ffn, a.gu, a.gu + d.ffn, 2 * d.ffn, a.act, d.ffn);
+  if (x_next != nullptr) {
+    ops.CopyDeviceToDevice(x_next, a.x_mid, t * h * static_cast<int64_t>(sizeof(float)));
+    ops.Gemm(kN, kT, t, h, d.ffn, 1.0f, a.act, d.ffn, w.down, d.ffn, 1.0f, x_next, h);
+  }
+}
+
+void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
+                   const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
+                   const BlockScratch& s, float* dx) {
+  const int64_t t = d.tokens, h = d.hidden, f = d.ffn;
+  // MLP: dx is the gradient of the block output = of down_proj's output.
+  ops.Gemm(kT, kN, h, f, t, 1.0f, dx, h, a.act, f, 1.0f, g.down, f);
+  ops.Gemm(kN, kN, t, f, h, 1.0f, dx, h, w.down, f, 0.0f, s.d_act, f);
+  ops.SwiGluBackward(t, f, a.gu, a.gu + f, 2 * f, s.d_act, f, s.dgu, s.dgu + f);
+  ops.Gemm(kT, kN, 2 * f, h, t, 1.0f, s.dgu, 2 * f, a.h2, h, 1.0f, g.gate_up, h);
+  ops.Gemm(kN, kN, t, h, 2 * f, 1.0f, s.dgu, 2 * f, w.gate_up, h, 0.0f, s.dh, h);
+  ops.RmsNormBackward(s.dh, a.x_mid, w.post_norm, a.rstd2, t, h, dx, true, g.post_norm);
+  // Attention: dx is now the gradient of x_mid = of o_proj's output.
+  ops.Gemm(kT, kN, h, d.q_dim, t, 1.0f, dx, h, a.attn, d.q_dim, 1.0f, g.o, d.q_dim);
+  ops.Gemm(kN, kN, t, d.q_dim, h, 1.0f, dx, h, w.o, d.q_dim, 0.0f, s.d_attn, d.q_dim);
+  ops.AttentionBackward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim,
+                        a.qkv + d.q_dim + d.kv_dim, a.attn, a.lse, s.d_attn, s.dqkv,
+                        s.dqkv + d.q_dim, s.dqkv + d.q_dim + d.kv_dim);
+  ops.RopeBackward(s.dqkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
+  ops.RopeBackward(s.dqkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
+                   rope.sin, 0);
+  ops.Gemm(kT, kN, d.qkv_dim, h, t, 1.0f, s.dqkv, d.qkv_dim, a.h1, h, 1.0f, g.qkv, h);
+  ops.Gemm(kN, kN, t, h, d.qkv_dim, 1.0f, s.dqkv, d.qkv_dim, w.qkv, h, 0.0f, s.dh, h);
+  ops.RmsNormBackward(s.dh, a.x_in, w.input_norm, a.rstd1, t, h, dx, true, g.input_norm);
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,83 @@
+// One Llama decoder block's forward and backward as a sequence of ops-API
+// calls on caller-owned buffers. The model decides which activations persist
+// (the recompute modes) by where these pointers point; the block itself does
+// not know or care. Internal to the model.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace loom::engine {
+
+struct BlockDims {
+  int64_t batch = 0, seq = 0, tokens = 0;  // tokens = batch * seq
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0;  // qkv_dim = q_dim + 2 kv_dim
+  int64_t ffn = 0;
+  float eps = 1e-5f;
+};
+
+struct BlockWeights {
+  const float* input_norm;
+  const float* qkv;  // [qkv_dim, hidden]: q_proj; k_proj; v_proj
+  const float* o;    // [hidden, q_dim]
+  const float* post_norm;
+  const float* gate_up;  // [2 ffn, hidden]: gate_proj; up_proj
+  const float* down;     // [hidden, ffn]
+};
+
+struct BlockGrads {
+  float* input_norm;
+  float* qkv;
+  float* o;
+  float* post_norm;
+  float* gate_up;
+  float* down;
+};
+
+// Activations of one block, [tokens, width] row-major.
+struct BlockActivations {
+  float* x_in;   // [T, hidden], block input (the residual stream)
+  float* rstd1;  // [T]
+  float* h1;     // [T, hidden], normed input
+  float* qkv;    // [T, qkv_dim], q and k after RoPE
+  float* attn;   // [T, q_dim], attention output before o_proj
+  float* lse;    // [batch, heads, seq]
+  float* x_mid;  // [T, hidden], residual after attention
+  float* rstd2;  // [T]
+  float* h2;     // [T, hidden]
+  float* gu;     // [T, 2 ffn], gate | up
+  float* act;    // [T, ffn], silu(gate) * up
+};
+
+struct BlockScratch {
+  float* dh;      // [T, hidden]
+  float* d_act;   // [T, ffn]
+  float* dgu;     // [T, 2 ffn]
+  float* d_attn;  // [T, q_dim]
+  float* dqkv;    // [T, qkv_dim]
+};
+
+struct RopeView {
+  const float* cos;
+  const float* sin;
+};
+
+kernels::AttentionDims BlockAttentionDims(const BlockDims& d);
+
+// Fills every activation from a.x_in; writes the block output to x_next
+// unless it is null (recompute needs everything but the output).
+void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
+                  const RopeView& rope, const BlockActivations& a, float* x_next);
+
+// The attention core alone: a.attn and a.lse from a.qkv (selective recompute).
+void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a);
+
+// On entry dx is dLoss/d(block output); on exit dLoss/d(block input).
+// Weight gradients accumulate into g.
+void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
+                   const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
+                   const BlockScratch& s, float* dx);
+
+}  // namespace loom::engine

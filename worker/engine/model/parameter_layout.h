@@ -1,0 +1,47 @@
+// Where each Llama parameter lives in the model's one flat fp32 array: Hugging
+// Face names and shapes, in the documented order, with the offsets the forward
+// pass relies on. q, k and v are adjacent (one fused [q;k;v] weight for a
+// single QKV GEMM) and so are gate and up (one [gate;up] GEMM).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/spec/job_spec.h"
+
+namespace loom::engine {
+
+struct ParameterEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in floats, into the flat array
+  int64_t numel = 0;
+  // Init: 0 = ones (norm weights), otherwise normal(0, init_std).
+  double init_std = 0.0;
+};
+
+struct LayerOffsets {
+  int64_t input_norm = 0;
+  int64_t qkv = 0;  // q_proj, then k_proj, then v_proj rows
+  int64_t o = 0;
+  int64_t post_norm = 0;
+  int64_t gate_up = 0;  // gate_proj rows, then up_proj rows
+  int64_t down = 0;
+};
+
+struct ParameterLayout {
+  std::vector<ParameterEntry> entries;  // Parameters() order
+  std::vector<LayerOffsets> layers;
+  int64_t embed = 0;
+  int64_t final_norm = 0;
+  int64_t lm_head = 0;  // == embed when tied
+  int64_t total = 0;
+};
+
+// Init std: 0.02 for embeddings, q/k/v, gate/up and lm_head; 0.02/sqrt(2L) for
+// the projections that write into the residual stream (o_proj, down_proj), as
+// GPT-2 does, so the residual's variance does not grow with depth.
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& config);
+
+}  // namespace loom::engine

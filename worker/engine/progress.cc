@@ -1,0 +1,35 @@
+#include "worker/engine/progress.h"
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace loom::engine {
+
+std::string FormatProgressLine(const StepProgress& p) {
+  std::string line = absl::StrFormat(
+      "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens %d step_s %.3f tok/s %.0f rss %.1fMiB",
+      p.step, p.total_steps, p.loss, p.lr, p.grad_norm, p.tokens, p.step_seconds,
+      p.tokens_per_second, static_cast<double>(p.peak_rss_bytes) / (1024.0 * 1024.0));
+  if (p.val_loss) absl::StrAppendFormat(&line, " val_loss %.4f", *p.val_loss);
+  return line;
+}
+
+std::string FormatProgressJson(const StepProgress& p) {
+  nlohmann::json j = {{"step", p.step},
+                      {"total_steps", p.total_steps},
+                      {"loss", p.loss},
+                      {"lr", p.lr},
+                      {"grad_norm", p.grad_norm},
+                      {"tokens", p.tokens},
+                      {"step_seconds", p.step_seconds},
+                      {"tokens_per_second", p.tokens_per_second},
+                      {"flops_per_token", p.flops_per_token},
+                      {"peak_rss_bytes", p.peak_rss_bytes}};
+  if (p.val_loss) {
+    j["val_loss"] = *p.val_loss;
+    j["eval_seconds"] = p.eval_seconds;
+  }
+  return j.dump();
+}
+
+}  // namespace loom::engine

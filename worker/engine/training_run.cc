@@ -1,0 +1,48 @@
+#include "worker/engine/training_run.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine {
+
+absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
+  auto event = [&options](const std::string& message) {
+    if (options.on_event) options.on_event(message);
+  };
+  const std::string& root = options.checkpoint_root;
+  if (!root.empty() && options.resume) {
+    absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(root);
+    if (loaded.ok()) {
+      for (const std::string& why : loaded->refused) {
+        event(absl::StrCat("checkpoint refused, falling back to an older step: ", why));
+      }
+      event(absl::StrCat("resumed from ", loaded->dir, " at step ", loaded->step));
+    } else if (absl::IsNotFound(loaded.status())) {
+      event(absl::StrCat("no checkpoint under ", root, "; starting at step 0"));
+    } else {
+      return loaded.status();
+    }
+  }
+  const int64_t interval = loop.spec().checkpoint.interval;
+  int64_t saved_step = loop.step();
+  while (!loop.done()) {
+    absl::StatusOr<StepProgress> p = loop.TrainStep();
+    if (!p.ok()) return p.status();
+    if (options.on_step) {
+      if (absl::Status s = options.on_step(*p); !s.ok()) return s;
+    }
+    const bool due = (interval > 0 && p->step % interval == 0) || loop.done();
+    if (!root.empty() && due && saved_step != p->step) {
+      absl::StatusOr<std::string> dir = loop.SaveCheckpoint(root);
+      if (!dir.ok()) return dir.status();
+      saved_step = p->step;
+      if (!dir->empty()) event(absl::StrCat("checkpoint saved: ", *dir));
+    }
+    if (options.stop_after_step > 0 && p->step >= options.stop_after_step) {
+      event(absl::StrCat("stopping after step ", p->step, " as asked"));
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,29 @@
+// Running a training loop to the end with the checkpoint policy: resume from
+// the newest loadable checkpoint, save every checkpoint.interval steps and at
+// the last step. Used by the standalone runner and the coordinated trainer.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/engine/progress.h"
+#include "worker/engine/training_loop.h"
+
+namespace loom::engine {
+
+struct RunOptions {
+  std::string checkpoint_root;  // empty: no resume, no checkpoints
+  bool resume = true;
+  // Stop after this step as a preempted rank would (0: run to train.steps).
+  // Checkpoints due by then are written; nothing else is.
+  int64_t stop_after_step = 0;
+  // Called after every step; an error stops the run and is returned.
+  std::function<absl::Status(const StepProgress&)> on_step;
+  // Human-readable events: resumed, refused checkpoints, checkpoints saved.
+  std::function<void(const std::string&)> on_event;
+};
+
+absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options);
+
+}  // namespace loom::engine
