@@ -113,14 +113,13 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
   job.set_attempt(attempt);
   job.clear_placement();
   record.ranks.assign(assignments->size(), RankState{});
-  record.peak_flops_total = 0;
   for (const auto& a : *assignments) {
     loom::v1::RankPlacement* p = job.add_placement();
     p->set_rank(a.rank());
     p->set_node_id(a.node_id());
     p->set_local_device(a.local_device());
     p->set_place(a.place());
-    record.peak_flops_total += live[a.node_id()].peak_flops_per_device;
+    p->set_peak_flops(live[a.node_id()].peak_flops_per_device);
   }
   std::string nodes_text;
   for (const auto& use : placement->nodes) {
@@ -162,16 +161,22 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (progress.step() <= 0) return;
 
   const double world = static_cast<double>(record.ranks.size());
-  const double peak = record.peak_flops_total;
+  double peak = 0;
+  for (const auto& placed : job.placement()) peak += placed.peak_flops();
   const double mfu =
       peak > 0 ? progress.flops_per_token() * progress.tokens_per_second() / peak : 0;
   if (metrics_ != nullptr) {
-    metrics_->SetRankProgress(job.id(), job.name(), progress.rank(),
-                              {.step = static_cast<double>(progress.step()),
-                               .loss = progress.loss(),
-                               .step_seconds = progress.step_seconds(),
-                               .tokens_per_second = progress.tokens_per_second() / world,
-                               .mfu = mfu});
+    // A rank's share: its slice of the tokens against its own device's peak.
+    const double rank_tokens_per_second = progress.tokens_per_second() / world;
+    const double rank_peak = job.placement(progress.rank()).peak_flops();
+    metrics_->SetRankProgress(
+        job.id(), job.name(), progress.rank(),
+        {.step = static_cast<double>(progress.step()),
+         .loss = progress.loss(),
+         .step_seconds = progress.step_seconds(),
+         .tokens_per_second = rank_tokens_per_second,
+         .mfu = rank_peak > 0 ? progress.flops_per_token() * rank_tokens_per_second / rank_peak
+                              : 0});
   }
   // Rank 0 speaks for the job: its loss is already averaged over DP.
   if (progress.rank() != 0 || progress.step() <= job.last_progress().step()) return;

@@ -86,7 +86,6 @@ class JobManager {
     std::vector<RankState> ranks;
     std::map<int64_t, std::shared_ptr<WatchSink>> watchers;
     absl::Time last_persist = absl::InfinitePast();
-    double peak_flops_total = 0;  // of the devices this attempt runs on
     std::set<std::string> failed_nodes;
   };
 
