@@ -1,0 +1,204 @@
+// The ops API: every numeric operation the engine's model performs, and the
+// memory it performs them on, behind one abstract backend. The model holds an
+// `Ops&` and never touches a backend's internals, so the CPU backend (fp32,
+// OpenBLAS, OpenMP) and a CUDA backend are interchangeable.
+//
+// Conventions shared by all ops:
+//  - Pointers are backend memory: host memory for the CPU backend, device
+//    memory for CUDA. Only Copy* moves bytes between host and backend.
+//  - Matrices are row-major. "rows" are tokens (batch * seq, batch-major).
+//  - An op writes its outputs unless its comment says it ACCUMULATES (+=);
+//    gradient-of-weight outputs always accumulate, so micro-batches add up.
+//  - Results are deterministic: same inputs and thread count, same bits.
+//
+// std-only on purpose: the CUDA harness builds with CUDA and the C++ standard
+// library alone.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+namespace loom::kernels {
+
+enum class DeviceType { kCpu, kCuda };
+enum class Transpose { kNo, kYes };
+
+class Ops;
+
+// Memory owned by a backend; move-only, returned to its backend on
+// destruction. Contents are uninitialized after Allocate.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Ops* owner, void* data, int64_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  ~Buffer() { Reset(); }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  float* f32() const { return static_cast<float*>(data_); }
+  int32_t* i32() const { return static_cast<int32_t*>(data_); }
+  int64_t bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+  void Reset();
+
+ private:
+  Ops* owner_ = nullptr;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// Attention over q, k, v laid out [batch, seq, heads, head_dim] with a token
+// (row) stride, so q, k and v can be column slices of one fused QKV
+// projection. Grouped-query: query head h reads kv head h / (num_heads /
+// num_kv_heads). The log-sum-exp is [batch, num_heads, seq_q], natural log.
+struct AttentionDims {
+  int64_t batch = 1;
+  int64_t seq_q = 1;
+  int64_t seq_kv = 1;
+  int64_t num_heads = 1;
+  int64_t num_kv_heads = 1;  // divides num_heads
+  int64_t head_dim = 1;
+  bool causal = true;
+  float scale = 1.0f;  // softmax scale, usually 1/sqrt(head_dim)
+  // Element strides between consecutive tokens; the gradient of each tensor
+  // uses the stride of that tensor (dq like q, ...; d_out like out).
+  int64_t q_row_stride = 0;
+  int64_t k_row_stride = 0;
+  int64_t v_row_stride = 0;
+  int64_t o_row_stride = 0;
+  // Absolute positions of the first query and first key: under the causal mask
+  // key j is visible to query i iff kv_offset + j <= q_offset + i. Non-zero
+  // offsets serve sequence-sharded (ring) attention.
+  int64_t q_offset = 0;
+  int64_t kv_offset = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual DeviceType device() const = 0;
+  virtual const char* name() const = 0;
+  // Threads the backend uses (CPU); 1 for devices.
+  virtual int num_threads() const = 0;
+
+  // ---- Memory ---------------------------------------------------------------
+  virtual Buffer Allocate(int64_t bytes) = 0;
+  Buffer AllocateFloats(int64_t n) { return Allocate(n * static_cast<int64_t>(sizeof(float))); }
+  virtual void CopyHostToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void CopyDeviceToHost(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void Fill(float* x, int64_t n, float value) = 0;
+  // Waits until every op issued so far has finished (no-op on CPU).
+  virtual void Synchronize() = 0;
+
+  // ---- Elementwise / reductions ----------------------------------------------
+  // y += alpha * x
+  virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;
+  // x *= alpha
+  virtual void Scale(int64_t n, float alpha, float* x) = 0;
+  // Sum of squares of x, reduced in a fixed order (for gradient clipping).
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+
+  // ---- GEMM ------------------------------------------------------------------
+  // C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C, row-major, with
+  // leading dimensions as in CBLAS row-major.
+  virtual void Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float beta, float* c, int64_t ldc) = 0;
+
+  // ---- Embedding ---------------------------------------------------------------
+  // out[t, :] = table[ids[t], :]. ids are backend memory; out is [num_tokens, dim].
+  virtual void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                                int64_t vocab, int64_t dim, float* out) = 0;
+  // ACCUMULATES d_table[ids[t], :] += d_out[t, :], tokens added in order.
+  virtual void EmbeddingBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                                 int64_t vocab, int64_t dim, float* d_table) = 0;
+
+  // ---- RMSNorm -----------------------------------------------------------------
+  // y = x * rstd * weight with rstd[r] = 1 / sqrt(mean(x[r,:]^2) + eps).
+  virtual void RmsNormForward(const float* x, const float* weight, int64_t rows, int64_t dim,
+                              float eps, float* y, float* rstd) = 0;
+  // dx = (or += when accumulate_dx) the input gradient; ACCUMULATES d_weight.
+  virtual void RmsNormBackward(const float* d_y, const float* x, const float* weight,
+                               const float* rstd, int64_t rows, int64_t dim, float* dx,
+                               bool accumulate_dx, float* d_weight) = 0;
+
+  // ---- RoPE (Hugging Face Llama rotate-half) -------------------------------------
+  // In place on x [batch, seq, heads, head_dim] with token stride row_stride.
+  // Token (b, s) has position position_offset + s; cos/sin are
+  // [max_positions, head_dim / 2] tables (see MakeRopeTables in rope_tables.h):
+  // x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin for the two halves x1, x2.
+  virtual void RopeForward(float* x, int64_t batch, int64_t seq, int64_t heads,
+                           int64_t head_dim, int64_t row_stride, const float* cos,
+                           const float* sin, int64_t position_offset) = 0;
+  // In place on the gradient: the inverse rotation.
+  virtual void RopeBackward(float* dx, int64_t batch, int64_t seq, int64_t heads,
+                            int64_t head_dim, int64_t row_stride, const float* cos,
+                            const float* sin, int64_t position_offset) = 0;
+
+  // ---- SwiGLU --------------------------------------------------------------------
+  // out[r, c] = silu(gate[r, c]) * up[r, c] for c < dim; gate and up share
+  // in_stride (they are halves of one fused projection), out has out_stride.
+  virtual void SwiGluForward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                             int64_t in_stride, float* out, int64_t out_stride) = 0;
+  // d_gate and d_up share in_stride (halves of one fused gradient buffer).
+  virtual void SwiGluBackward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                              int64_t in_stride, const float* d_out, int64_t out_stride,
+                              float* d_gate, float* d_up) = 0;
+
+  // ---- Attention (tiled, online softmax; never materializes S x S) -------------
+  // out like q's layout with o_row_stride; lse [batch, num_heads, seq_q].
+  virtual void AttentionForward(const AttentionDims& dims, const float* q, const float* k,
+                                const float* v, float* out, float* lse) = 0;
+  // Overwrites dq, dk, dv. Recomputes P from lse; D = rowsum(d_out * out).
+  virtual void AttentionBackward(const AttentionDims& dims, const float* q, const float* k,
+                                 const float* v, const float* out, const float* lse,
+                                 const float* d_out, float* dq, float* dk, float* dv) = 0;
+
+  // ---- Cross-entropy fused with softmax -----------------------------------------
+  // Rows with target < 0 are ignored (loss 0, gradient 0). row_loss[r] =
+  // logsumexp(logits[r]) - logits[r, target[r]].
+  virtual void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                                   int64_t vocab, float* row_loss) = 0;
+  // As the forward, and overwrites logits IN PLACE with
+  // grad_scale * (softmax(logits) - onehot(target)), so the logits are never
+  // stored twice. For the mean loss pass grad_scale = 1 / (valid targets).
+  virtual void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                           int64_t vocab, float grad_scale,
+                                           float* row_loss) = 0;
+
+  // ---- Optimizer -----------------------------------------------------------------
+  // torch.optim.AdamW: decoupled decay, bias correction, step counts from 1.
+  virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
+
+ protected:
+  friend class Buffer;
+  virtual void Free(void* data) = 0;
+};
+
+inline Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    owner_ = other.owner_;
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.owner_ = nullptr;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+inline void Buffer::Reset() {
+  if (data_ != nullptr && owner_ != nullptr) owner_->Free(data_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace loom::kernels
