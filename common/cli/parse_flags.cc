@@ -24,7 +24,7 @@ bool IsBool(const absl::CommandLineFlag& flag) { return flag.IsOfType<bool>(); }
 }  // namespace
 
 void UsageError(const std::string& message) {
-  std::fprintf(stderr, "%s: %s\nusage: %s\n", Program().c_str(), message.c_str(),
+  std::fprintf(stderr, "%s: %s; usage: %s\n", Program().c_str(), message.c_str(),
                Usage().c_str());
   std::exit(2);
 }

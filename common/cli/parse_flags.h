@@ -12,7 +12,7 @@ namespace loom::cli {
 // --name / --noname (boolean); returns the positional arguments in order.
 std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::string& usage);
 
-// Prints "<program>: <message>" and the usage line, then exits 2.
+// Prints "<program>: <message>; usage: ..." on one line, then exits 2.
 [[noreturn]] void UsageError(const std::string& message);
 
 }  // namespace loom::cli

@@ -157,7 +157,7 @@ TEST(StandaloneFlagsTest, BadFlagIsAOneLineUsageError) {
   ScratchDir dir;
   const Result r = RunTrainer(dir, "--standalone x.yaml --no_such_flag=1");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("unknown flag --no_such_flag=1"));
+  EXPECT_THAT(r.err, HasSubstr("unknown flag --no_such_flag"));
   EXPECT_THAT(r.err, HasSubstr("usage: loom-trainer --standalone JOB.yaml"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1);
   EXPECT_EQ(RunTrainer(dir, "").code, 2);

@@ -51,6 +51,29 @@ class JobEndToEnd(unittest.TestCase):
         for rank in (0, 1):
             log = os.path.join(c.dir, "node-a", "jobs", job, "attempt_1", f"rank_{rank}", "log.txt")
             self.assertTrue(os.path.exists(log), log)
+        # The final checkpoint exports to the Hugging Face layout.
+        out = os.path.join(c.dir, "hf")
+        c.loomctl("export", "--format=hf", os.path.join(c.dir, "checkpoints"), out)
+        with open(os.path.join(out, "config.json")) as f:
+            config = json.load(f)
+        self.assertEqual(config["num_key_value_heads"], 1)
+        self.assertEqual(config["hidden_size"], 32)
+        self.assertGreater(os.path.getsize(os.path.join(out, "model.safetensors")), 4 * 256 * 32)
+
+    def test_unreachable_coordinator_is_named_with_how_to_start_one(self):
+        c = self.cluster
+        result = c.loomctl("list", check=False, timeout=30)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn(f"cannot reach the coordinator at {c.address}", result.stderr)
+        self.assertIn("loom-coordinator --listen=", result.stderr)
+
+    def test_bad_flags_exit_2_with_one_usage_line(self):
+        for binary in ("loom-coordinator", "loom-worker", "loom-trainer", "loomctl"):
+            with self.subTest(binary=binary):
+                result = subprocess.run([os.path.join(BIN, binary), "--no_such_flag=1"],
+                                        capture_output=True, text=True, timeout=30)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("no_such_flag", result.stderr)
 
     def test_watch_exit_status_is_nonzero_for_a_failed_job(self):
         c = self.cluster
