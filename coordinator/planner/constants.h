@@ -15,9 +15,13 @@ struct PlannerConstants {
   double gemm_tokens_half = 512;
   double gemm_width_half = 256;
 
-  // A fixed cost per layer per micro-batch (forward and backward): kernel
-  // launches and framework work that do not shrink with the GEMMs.
+  // The host's cost per layer per micro-batch (forward and backward; full
+  // recompute adds a third): kernel launches and framework work that do not
+  // shrink with the GEMMs. The host runs ahead of the device, so a share
+  // `host_overlap` of the shorter of the two (host work, device work) is
+  // hidden behind the longer: 0 adds them, 1 takes the larger.
   double layer_overhead_s = 0.0;
+  double host_overlap = 0.0;
 
   // Communication: the fraction of a link's nominal bandwidth collectives
   // achieve, inside a node and between nodes, and a fixed cost per
@@ -35,6 +39,15 @@ struct PlannerConstants {
   // which the data-parallel gradient reduction can hide.
   double tp_overlap = 0.0;
   double dp_overlap = 0.8;
+
+  // How the framework reduces gradients under ZeRO-1. true: a reduce-scatter,
+  // each rank receiving only the shard it updates (Megatron's distributed
+  // optimizer, and what ZeRO-2/3 do by construction). false: the full
+  // all-reduce of ZeRO-0, each rank then updating its shard (nanotron: torch
+  // DDP under its ZeroDistributedOptimizer, i.e. the playbook's runs); ZeRO-1
+  // then costs ZeRO-0's all-reduce plus the all-gather of the updated weights.
+  // Not fitted: it is read from the framework's code.
+  bool zero1_reduce_scatter = true;
 
   // Memory: a fixed per-rank overhead (CUDA context, cuBLAS workspace,
   // allocator reserve), a multiplier on activation bytes (allocator

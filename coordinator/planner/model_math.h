@@ -26,6 +26,11 @@ struct ModelShape {
   bool linear_bias = false;       // GPT: every linear layer has a bias
   bool layer_norm = false;        // GPT: LayerNorm (weight and bias), else RMSNorm
   int64_t learned_positions = 0;  // GPT: rows of the position-embedding table
+  // The attention core runs as one fused kernel (flash attention) that keeps
+  // no score matrix; false: the scores are materialized and pass through
+  // HBM (scale/mask/softmax, dropout, the second batched GEMM), as in
+  // Megatron-LM's classic GPT path.
+  bool fused_attention = true;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   int64_t kv_dim() const { return num_kv_heads * head_dim(); }

@@ -22,7 +22,8 @@ double CollectiveSeconds(double bytes, int64_t group, double passes, bool inter_
                                : c.intra_node_bandwidth * k.intra_bandwidth_efficiency;
   const double g = static_cast<double>(group);
   const double latency = inter_node ? k.inter_latency_s : k.intra_latency_s;
-  return passes * ((g - 1) / g * bytes / bw + latency);
+  // A ring pass takes g-1 steps, each paying the link's latency.
+  return passes * (g - 1) * (bytes / g / bw + latency);
 }
 
 StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec& c,
@@ -57,12 +58,41 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // reduce-scatters their gradients.
   const double cp_per_layer = (full ? 4.0 : 3.0) * CollectiveSeconds(kv_bytes, l.cp, 1.0, cp_inter, c, k);
 
+  // Unfused attention streams every score through HBM: per score, forward
+  // writes it (baddbmm), reads and writes it (scale, mask, softmax), reads and
+  // writes it with a one-byte mask (dropout) and reads it (the value GEMM):
+  // 6 elements + 1 byte; backward moves 9 elements + 1 byte. A recompute
+  // repeats the forward.
+  const double heads_per_rank = static_cast<double>(m.num_heads) / l.tp;
+  const double scores = m.fused_attention
+                            ? 0.0
+                            : static_cast<double>(l.micro_batch_size) * heads_per_rank * s * s / l.cp;
+  const double score_traffic = (full || selective ? 2.0 : 1.0) * (6.0 * e + 1.0) + 9.0 * e + 1.0;
+  // The element-wise work around the GEMMs is bound by HBM bandwidth. Per
+  // token, the forward reads and writes: two norms (4h) and two residual
+  // adds (6h) over the hidden state, which SP shards; the MLP activation
+  // (SwiGLU reads 2f, writes f; GELU reads and writes f) and the re-layout of
+  // Q and K (rotary, or the head transpose) over the TP-sharded widths. The
+  // backward moves about twice the forward; a recompute repeats the forward.
+  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double kv = static_cast<double>(m.kv_dim());
+  const double hidden_elems = 10.0 * h / (l.sequence_parallel ? l.tp : 1);
+  const double sharded_elems = ((m.gated_mlp ? 3.0 : 2.0) * f + 2.0 * (h + kv)) / l.tp;
+  const double passes = full ? 4.0 : 3.0;
+  const double elementwise_bytes = tokens * (hidden_elems + sharded_elems) * e * passes;
+  const double layer_memory_s = (scores * score_traffic + elementwise_bytes) / c.hbm_bandwidth;
+  // The host's work per layer: a forward and a backward, and the repeated
+  // forward of full recompute.
+  const double host_per_layer = k.layer_overhead_s * (full ? 4.0 / 3.0 : 1.0);
+
   double stage_compute = 0, stage_tp = 0, stage_cp = 0;
   for (int64_t stage : {int64_t{0}, l.pp - 1}) {
     const int64_t layers = LayersOnStage(m.num_layers, l.pp, stage);
     double flops = layers * tokens * layer_flops / l.tp;
     if (stage == l.pp - 1) flops += tokens * head_flops / l.tp;
-    const double compute = flops / flops_per_sec + layers * k.layer_overhead_s;
+    const double device = flops / flops_per_sec + layers * layer_memory_s;
+    const double host = layers * host_per_layer;
+    const double compute = device + host - k.host_overlap * std::min(device, host);
     const double tp = layers * tp_per_layer * (1.0 - k.tp_overlap);
     const double cp = layers * cp_per_layer * (1.0 - k.tp_overlap);
     if (compute + tp + cp > stage_compute + stage_tp + stage_cp) {
@@ -93,26 +123,40 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   t.bubble = l.pp > 1 ? (l.pp - 1) / v * per_mb : 0;
 
   // Data parallelism: gradients reduce over DP×CP once per step, hidden
-  // behind part of the last micro-batch's backward. With ZeRO the reduction
-  // is a reduce-scatter and the updated weights are all-gathered after the
-  // optimizer step, where nothing hides them. ZeRO-3 gathers weights for
-  // every micro-batch's forward and backward, hidden behind compute.
+  // behind part of the last micro-batch's backward. ZeRO-3 gathers weights
+  // for every micro-batch's forward and backward, hidden behind compute.
   const double params = MaxParamsPerRank(w, l);
   const int64_t group = l.dp * l.cp;
   const bool dp_inter = l.dp * l.ep * l.cp * l.tp > node;
   const double grad_bytes = params * r.grad_reduce_bytes;
   const double backward_last = stage_compute * 2.0 / 3.0;
+  // ZeRO-0, and ZeRO-1 in frameworks that keep DDP's all-reduce, reduce the
+  // whole gradient once per step, after the last backward; ZeRO-1 with a
+  // reduce-scatter likewise. ZeRO-2/3 keep only their gradient shard, so they
+  // reduce-scatter every micro-batch's gradients, layer by layer, behind that
+  // micro-batch's backward.
+  const double stage_layers = static_cast<double>(LayersOnStage(m.num_layers, l.pp, 0));
   double dp = 0;
-  if (l.zero_stage == 0) {
-    const double reduce = CollectiveSeconds(grad_bytes, group, 2.0, dp_inter, c, k);
+  if (l.zero_stage <= 1) {
+    const bool all_reduce = l.zero_stage == 0 || !k.zero1_reduce_scatter;
+    const double reduce = CollectiveSeconds(grad_bytes, group, all_reduce ? 2.0 : 1.0, dp_inter, c, k);
     dp = std::max(0.0, reduce - k.dp_overlap * backward_last);
   } else {
-    const double reduce = CollectiveSeconds(grad_bytes, group, 1.0, dp_inter, c, k);
-    dp = std::max(0.0, reduce - k.dp_overlap * backward_last);
-    if (l.zero_stage < 3) dp += CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_inter, c, k);
+    const double reduce =
+        stage_layers * CollectiveSeconds(grad_bytes / stage_layers, group, 1.0, dp_inter, c, k);
+    dp = gas * std::max(0.0, reduce - k.dp_overlap * backward_last);
   }
+  // ZeRO-1/2: the updated weight shards are all-gathered after the optimizer
+  // step, where nothing hides them.
+  if (l.zero_stage == 1 || l.zero_stage == 2) {
+    dp += CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_inter, c, k);
+  }
+  // ZeRO-3 gathers each layer's weights for every micro-batch's forward and
+  // again for its backward.
   if (l.zero_stage >= 3) {
-    const double gather = 2.0 * CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_inter, c, k);
+    const double gather =
+        2.0 * stage_layers *
+        CollectiveSeconds(params * r.weight_bytes / stage_layers, group, 1.0, dp_inter, c, k);
     dp += gas * std::max(0.0, gather - k.dp_overlap * stage_compute);
   }
   t.dp_comm = dp;

@@ -3,6 +3,8 @@
 // its definition.
 #include "coordinator/planner/time_model.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace loom::planner {
@@ -48,7 +50,11 @@ TEST(StepTime, ComputeIsFlopsOverPeak) {
   const double layer = 6.0 * w.params.layer_linear + 12.0 * 4096 * 4096;
   const double per_token = 32 * layer + 6.0 * 32000 * 4096;
   const double tokens_per_rank = 64.0 * 4096 / 8;
-  EXPECT_NEAR(t.compute, tokens_per_rank * per_token / 989.5e12, 1e-9);
+  // Element-wise traffic per token and layer, forward: norms and residuals
+  // 10h, SwiGLU 3f, Q/K re-layout 2(h + kv); backward twice; bf16.
+  const double elementwise = (10.0 * 4096 + 3.0 * 14336 + 2.0 * (4096 + 1024)) * 2.0 * 3.0;
+  EXPECT_NEAR(t.compute,
+              tokens_per_rank * (per_token / 989.5e12 + 32 * elementwise / c.hbm_bandwidth), 1e-9);
   EXPECT_NEAR(t.tp_comm + t.pp_comm + t.bubble + t.cp_comm, 0, 1e-12);
   // MFU by its definition.
   EXPECT_NEAR(t.mfu, ModelFlopsPerToken(w.model, 4096) * t.tokens_per_second / (8 * 989.5e12), 1e-12);
@@ -110,6 +116,69 @@ TEST(StepTime, TensorParallelAcrossNodesIsSlower) {
   const StepTime a = EstimateStepTime(w, inside, Cluster(2), k);
   const StepTime b = EstimateStepTime(w, across, Cluster(2), k);
   EXPECT_GT(b.tp_comm, 2 * a.tp_comm);
+}
+
+TEST(StepTime, UnfusedAttentionStreamsScoresThroughMemory) {
+  Workload w = Model();
+  Layout l;
+  l.dp = 8;
+  l.micro_batch_size = 1;
+  l.grad_accum = 8;
+  const double fused = EstimateStepTime(w, l, Cluster(1), Ideal()).compute;
+  w.model.fused_attention = false;
+  const double unfused = EstimateStepTime(w, l, Cluster(1), Ideal()).compute;
+  // 32 heads x 4096^2 scores per layer and micro-batch; forward 6 bf16
+  // elements + 1 mask byte each, backward 9 + 1.
+  const double scores = 32.0 * 4096 * 4096;
+  EXPECT_NEAR(unfused - fused, 8 * 32 * scores * (13.0 + 19.0) / Cluster(1).hbm_bandwidth, 1e-9);
+}
+
+TEST(StepTime, HostWorkAddsOrHidesBehindTheDevice) {
+  const Workload w = Model();
+  Layout l;
+  l.dp = 8;
+  l.micro_batch_size = 1;
+  l.grad_accum = 8;
+  PlannerConstants k = Ideal();
+  const double device = EstimateStepTime(w, l, Cluster(1), k).compute;
+  k.layer_overhead_s = 1e-3;
+  k.host_overlap = 0;
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(1), k).compute, device + 8 * 32 * 1e-3, 1e-9);
+  k.host_overlap = 1;  // the larger of host and device work
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(1), k).compute, std::max(device, 8 * 32 * 1e-3), 1e-9);
+  k.layer_overhead_s = 1.0;
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(1), k).compute, 8 * 32 * 1.0, 1e-9);
+}
+
+TEST(StepTime, ZeroOneReductionFollowsTheFramework) {
+  const Workload w = Model();
+  Layout l;
+  l.dp = 16;
+  l.micro_batch_size = 1;
+  l.grad_accum = 4;
+  PlannerConstants k = Ideal();
+  k.intra_bandwidth_efficiency = k.inter_bandwidth_efficiency = 1;
+  k.dp_overlap = 0;
+  const double zero0 = EstimateStepTime(w, l, Cluster(2), k).dp_comm;
+  // ZeRO-0: an all-reduce of fp32 gradients, 2 x 15/16 of the buffer.
+  const double params = static_cast<double>(w.params.total);
+  const double bw = Cluster(2).inter_node_bandwidth;
+  EXPECT_NEAR(zero0, 2.0 * 15.0 / 16.0 * params * 4 / bw, 1e-6);
+  const double gather = 15.0 / 16.0 * params * 2 / bw;  // bf16 weights
+  l.zero_stage = 1;
+  k.zero1_reduce_scatter = true;  // reduce-scatter, then all-gather
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(2), k).dp_comm, zero0 / 2 + gather, 1e-6);
+  k.zero1_reduce_scatter = false;  // nanotron: DDP's all-reduce, then all-gather
+  EXPECT_NEAR(EstimateStepTime(w, l, Cluster(2), k).dp_comm, zero0 + gather, 1e-6);
+}
+
+TEST(Collectives, LatencyIsPaidPerRingStep) {
+  const ClusterSpec c = Cluster(1);
+  PlannerConstants k;
+  k.intra_bandwidth_efficiency = 1;
+  k.intra_latency_s = 1e-5;
+  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 8, 2.0, false, c, k), 2 * 7 * 1e-5, 1e-12);
+  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 2, 1.0, false, c, k), 1e-5, 1e-12);
 }
 
 TEST(Gemm, EfficiencyGrowsWithShape) {

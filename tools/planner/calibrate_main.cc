@@ -2,6 +2,8 @@
 // Playbook runs (never on vTrain's, which stay held out) and prints them as
 // the body of DefaultConstants().
 //   planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch]
+//                     [--set=NAME=VALUE ...] [--fix=NAME ...]
+// --set starts NAME at VALUE; --fix keeps NAME out of the fit.
 // Memory constants minimize wrong fit-or-not predictions (plus a small
 // weight W, default 0.25, on the relative error of the peak of the runs that ran); time
 // constants minimize the mean of the best 75% of |ln(predicted / measured tokens/s)| of the
@@ -13,18 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/planner/constants.h"
+#include "tools/planner/constant_table.h"
 #include "tools/planner/evaluation.h"
 
 namespace lp = loom::planner;
 
 namespace {
 
-struct Param {
-  const char* name;
-  double lp::PlannerConstants::*field;
-  double lo, hi;
-};
+using Param = lp::eval::ConstantParam;
 
 double CoordinateSearch(lp::PlannerConstants* k, const std::vector<Param>& params, int rounds,
                         const std::function<double(const lp::PlannerConstants&)>& loss) {
@@ -37,7 +37,9 @@ double CoordinateSearch(lp::PlannerConstants* k, const std::vector<Param>& param
           lp::PlannerConstants trial = *k;
           double& v = trial.*(p.field);
           const double factor = std::exp(dir * std::log1p(step));
-          v = std::min(p.hi, std::max(p.lo, v * factor));
+          // A constant at zero (an overlap share) starts moving additively.
+          v = v > 0 ? v * factor : (dir > 0 ? 0.05 * p.hi : 0.0);
+          v = std::min(p.hi, std::max(p.lo, v));
           if (v == (*k).*(p.field)) break;
           const double l = loss(trial);
           if (l + 1e-12 >= best) break;
@@ -58,18 +60,23 @@ int main(int argc, char** argv) {
   int rounds = 8;
   double memory_error_weight = 0.25;
   bool from_scratch = false;
+  std::vector<std::string> sets, fixed;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--data=", 0) == 0) {
       dir = arg.substr(7);
     } else if (arg.rfind("--memory_error_weight=", 0) == 0) {
       memory_error_weight = std::stod(arg.substr(22));
+    } else if (arg.rfind("--set=", 0) == 0) {
+      sets.push_back(arg.substr(6));
+    } else if (arg.rfind("--fix=", 0) == 0) {
+      fixed.push_back(arg.substr(6));
     } else if (arg == "--from_scratch") {
       from_scratch = true;
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::stoi(arg.substr(9));
     } else {
-      std::fprintf(stderr, "usage: planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch]\n");
+      std::fprintf(stderr, "usage: planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch] [--set=NAME=VALUE] [--fix=NAME]\n");
       return 2;
     }
   }
@@ -81,41 +88,39 @@ int main(int argc, char** argv) {
   // From scratch: the struct's initial values, which are round physical
   // guesses; otherwise from the fitted defaults.
   lp::PlannerConstants k = from_scratch ? lp::PlannerConstants{} : lp::DefaultConstants();
+  for (const std::string& set : sets) {
+    if (absl::Status s = lp::eval::SetConstant(set, &k); !s.ok()) {
+      std::fprintf(stderr, "planner_calibrate: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  auto free_params = [&](const std::vector<Param>& table) {
+    std::vector<Param> out;
+    for (const Param& p : table) {
+      bool is_fixed = false;
+      for (const std::string& f : fixed) is_fixed |= f == p.name;
+      if (!is_fixed) out.push_back(p);
+    }
+    return out;
+  };
 
   std::fprintf(stderr, "memory constants:\n");
-  const std::vector<Param> memory = {
-      {"memory_overhead_bytes", &lp::PlannerConstants::memory_overhead_bytes, 64e6, 16e9},
-      {"activation_factor", &lp::PlannerConstants::activation_factor, 0.5, 4.0},
-      {"logits_bytes_per_element", &lp::PlannerConstants::logits_bytes_per_element, 2.0, 24.0},
-  };
+  const std::vector<Param> memory = free_params(lp::eval::MemoryConstants());
+
   CoordinateSearch(&k, memory, rounds, [&](const lp::PlannerConstants& c) {
     const lp::eval::PlaybookReport r = lp::eval::EvaluatePlaybook(runs->playbook, c);
     return (1.0 - r.fit_accuracy) + memory_error_weight * r.memory_mean_abs_rel_error;
   });
 
   std::fprintf(stderr, "time constants:\n");
-  const std::vector<Param> time = {
-      // Bounds keep each constant physical: no GEMM beats 75% of peak (cuBLAS on H100 reaches ~750 of 989 TFLOP/s), no
-      // link runs above its nominal rate, latencies stay within what NCCL
-      // shows on NVLink (tens of us) and across nodes (hundreds of us).
-      {"gemm_peak_efficiency", &lp::PlannerConstants::gemm_peak_efficiency, 0.3, 0.75},
-      {"gemm_tokens_half", &lp::PlannerConstants::gemm_tokens_half, 16, 16384},
-      {"gemm_width_half", &lp::PlannerConstants::gemm_width_half, 4, 4096},
-      {"layer_overhead_s", &lp::PlannerConstants::layer_overhead_s, 1e-6, 3e-4},
-      {"intra_bandwidth_efficiency", &lp::PlannerConstants::intra_bandwidth_efficiency, 0.1, 1.0},
-      {"inter_bandwidth_efficiency", &lp::PlannerConstants::inter_bandwidth_efficiency, 0.05, 1.0},
-      {"intra_latency_s", &lp::PlannerConstants::intra_latency_s, 5e-6, 2e-4},
-      {"inter_latency_s", &lp::PlannerConstants::inter_latency_s, 2e-5, 2e-3},
-      {"p2p_latency_s", &lp::PlannerConstants::p2p_latency_s, 5e-6, 0.1},
-      {"tp_overlap", &lp::PlannerConstants::tp_overlap, 0.0, 0.95},
-      {"dp_overlap", &lp::PlannerConstants::dp_overlap, 0.01, 1.0},
-  };
+  const std::vector<Param> time = free_params(lp::eval::TimeConstants());
+
   CoordinateSearch(&k, time, rounds, [&](const lp::PlannerConstants& c) {
     return lp::eval::EvaluatePlaybook(runs->playbook, c).throughput_trimmed_abs_log_error;
   });
 
   std::printf("  // Fitted by planner_calibrate on %zu playbook runs.\n", runs->playbook.size());
-  for (const auto* list : {&memory, &time}) {
+  for (const auto* list : {&lp::eval::MemoryConstants(), &lp::eval::TimeConstants()}) {
     for (const Param& p : *list) std::printf("  k.%s = %.6g;\n", p.name, k.*(p.field));
   }
   std::fputs(lp::eval::FormatPlaybookReport(lp::eval::EvaluatePlaybook(runs->playbook, k), false).c_str(),

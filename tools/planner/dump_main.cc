@@ -1,22 +1,29 @@
 // planner_dump: one CSV line per measured run with the planner's predictions
 // beside the measurement, for offline analysis (tools/planner/fit.py).
-//   planner_dump [--data=DIR] > predictions.csv
+//   planner_dump [--data=DIR] [--set=NAME=VALUE ...] > predictions.csv
 #include <cstdio>
 #include <string>
 
 #include "coordinator/planner/constants.h"
+#include "tools/planner/constant_table.h"
 #include "tools/planner/measured_runs.h"
 
 namespace lp = loom::planner;
 
 int main(int argc, char** argv) {
   std::string dir = LOOM_SHARED_DATA_DIR;
+  lp::PlannerConstants base = lp::DefaultConstants();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--data=", 0) == 0) {
       dir = arg.substr(7);
+    } else if (arg.rfind("--set=", 0) == 0) {
+      if (absl::Status s = lp::eval::SetConstant(arg.substr(6), &base); !s.ok()) {
+        std::fprintf(stderr, "planner_dump: %s\n", std::string(s.message()).c_str());
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: planner_dump [--data=DIR]\n");
+      std::fprintf(stderr, "usage: planner_dump [--data=DIR] [--set=NAME=VALUE]\n");
       return 2;
     }
   }
@@ -25,7 +32,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "planner_dump: %s\n", std::string(runs.status().message()).c_str());
     return 1;
   }
-  const lp::PlannerConstants k = lp::DefaultConstants();
+  lp::PlannerConstants k = base;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   std::printf("set,model,nodes,dp,tp,pp,mbs,gas,zero,ok,measured_tok_s_gpu,measured_mem_gb,measured_s,"
               "pred_mem_gib,weights,gradients,optimizer,activations,logits,buffers,"
@@ -44,10 +51,12 @@ int main(int argc, char** argv) {
   };
   for (const auto& r : runs->playbook) {
     const double secs = r.ok ? r.dp * r.mbs * r.gas * 4096.0 / (r.tok_s_gpu * r.nodes * 8) : 0;
+    k = lp::eval::PlaybookConstants(base);
     line("playbook", r.model, r.nodes, lp::eval::PlaybookWorkload(r), lp::eval::PlaybookLayout(r),
          lp::eval::PlaybookCluster(r), r.ok, r.tok_s_gpu, r.mem_gb, secs);
   }
   for (const auto& r : runs->vtrain) {
+    k = base;
     const lp::ClusterSpec c = lp::eval::VtrainCluster(r);
     line(r.multi ? "vtrain-multi" : "vtrain-single", std::to_string(r.hidden), c.nodes,
          lp::eval::VtrainWorkload(r), lp::eval::VtrainLayout(r), c, true, 0, 0, r.iteration_ms / 1e3);

@@ -55,8 +55,9 @@ double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return cov / std::sqrt(va * vb);
 }
 
-PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs, const PlannerConstants& k,
-                                double headroom) {
+PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
+                                const PlannerConstants& constants, double headroom) {
+  const PlannerConstants k = PlaybookConstants(constants);
   PlaybookReport rep;
   struct Scored {
     const PlaybookRun* run;
@@ -181,6 +182,10 @@ VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerCon
     signed_err += (t.total - measured) / measured;
     errors.push_back(err);
     (run.multi ? multi : single) += err;
+    if (run.tp == 1 && run.pp == 1) {
+      ++rep.no_model_parallel_runs;
+      rep.no_model_parallel_mean_abs_rel_error += err;
+    }
     ++(run.multi ? n_multi : n_single);
   }
   rep.runs = static_cast<int>(runs.size());
@@ -191,6 +196,9 @@ VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerCon
   }
   if (n_multi) rep.multi_mean_abs_rel_error = multi / n_multi;
   if (n_single) rep.single_mean_abs_rel_error = single / n_single;
+  if (rep.no_model_parallel_runs) {
+    rep.no_model_parallel_mean_abs_rel_error /= rep.no_model_parallel_runs;
+  }
   return rep;
 }
 
@@ -224,10 +232,12 @@ std::string FormatPlaybookReport(const PlaybookReport& r, bool per_cell) {
 std::string FormatVtrainReport(const VtrainReport& r) {
   return absl::StrFormat(
       "vtrain (held out): %d runs, iteration time mean |error| %.1f%% (median %.1f%%; multi-node "
-      "%.1f%%, single-node %.1f%%), mean signed error %+.1f%%\n",
+      "%.1f%%, single-node %.1f%%), mean signed error %+.1f%%\n"
+      "  without TP or PP (%d runs): mean |error| %.1f%%\n",
       r.runs, 100 * r.mean_abs_rel_error, 100 * r.median_abs_rel_error,
       100 * r.multi_mean_abs_rel_error, 100 * r.single_mean_abs_rel_error,
-      100 * r.mean_signed_rel_error);
+      100 * r.mean_signed_rel_error, r.no_model_parallel_runs,
+      100 * r.no_model_parallel_mean_abs_rel_error);
 }
 
 }  // namespace loom::planner::eval

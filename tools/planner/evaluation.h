@@ -55,6 +55,11 @@ struct VtrainReport {
   double multi_mean_abs_rel_error = 0;
   double single_mean_abs_rel_error = 0;
   double mean_signed_rel_error = 0;  // > 0: the planner predicts too slow
+  // Runs without tensor or pipeline parallelism (tp = pp = 1): compute, the
+  // host's per-layer work and the DP reduction only, none of the TP/PP
+  // communication costs that are the framework's.
+  int no_model_parallel_runs = 0;
+  double no_model_parallel_mean_abs_rel_error = 0;
 };
 
 // `headroom`: the fraction of device memory the planner leaves free when it

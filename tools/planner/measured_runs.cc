@@ -161,6 +161,11 @@ Workload PlaybookWorkload(const PlaybookRun& run) {
   return MakeWorkload(shape, 4096, run.dp * run.mbs * run.gas, RecipeKind::kBf16Fp32Accum);
 }
 
+PlannerConstants PlaybookConstants(PlannerConstants k) {
+  k.zero1_reduce_scatter = false;
+  return k;
+}
+
 Layout PlaybookLayout(const PlaybookRun& run) {
   Layout l;
   l.dp = run.dp;
@@ -203,7 +208,10 @@ Workload VtrainWorkload(const VtrainRun& run) {
   m.linear_bias = true;
   m.layer_norm = true;
   m.learned_positions = run.seq;
-  return MakeWorkload(m, run.seq, run.global_batch, RecipeKind::kBf16Fp32Accum);
+  m.fused_attention = false;
+  // fp16 mixed precision: the bytes of the bf16 recipe without fp32
+  // gradient accumulation.
+  return MakeWorkload(m, run.seq, run.global_batch, RecipeKind::kBf16);
 }
 
 Layout VtrainLayout(const VtrainRun& run) {
@@ -214,7 +222,7 @@ Layout VtrainLayout(const VtrainRun& run) {
   l.micro_batch_size = run.mbs;
   l.grad_accum = run.global_batch / (run.dp * run.mbs);
   l.schedule = spec::Schedule::k1F1B;
-  l.sequence_parallel = run.tp > 1;
+  l.sequence_parallel = false;
   l.recompute = spec::Recompute::kFull;
   return l;
 }

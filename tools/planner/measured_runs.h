@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/planner/constants.h"
 #include "coordinator/planner/search.h"
 
 namespace loom::planner::eval {
@@ -43,6 +44,9 @@ absl::StatusOr<MeasuredRuns> LoadRuns(const std::string& dir);
 
 // The planner's view of a playbook run: Llama shape, H100 nodes, nanotron's
 // settings (bf16 with fp32 accumulation, 1F1B, uneven stages allowed).
+// PlaybookConstants adds what nanotron's code fixes: its ZeRO-1 keeps torch
+// DDP's gradient all-reduce and all-gathers the updated weights after.
+PlannerConstants PlaybookConstants(PlannerConstants constants);
 Workload PlaybookWorkload(const PlaybookRun& run);
 Layout PlaybookLayout(const PlaybookRun& run);
 ClusterSpec PlaybookCluster(const PlaybookRun& run);
@@ -51,7 +55,10 @@ bool PlaybookLayoutValid(const PlaybookRun& run);
 
 // vTrain's runs: GPT-3-style models (LayerNorm, GELU MLP of 4h, biases,
 // learned positions, tied 51,200-token vocabulary) under Megatron-LM with
-// full activation checkpointing and 1F1B, on 8-GPU A100 nodes.
+// full activation checkpointing and 1F1B, on 8-GPU A100 nodes. vTrain's
+// model code is Megatron's classic path: fp16 (gradients all-reduced in
+// fp16, no fp32 accumulation), unfused attention (scores materialized, with
+// dropout), no sequence parallelism.
 Workload VtrainWorkload(const VtrainRun& run);
 Layout VtrainLayout(const VtrainRun& run);
 ClusterSpec VtrainCluster(const VtrainRun& run);

@@ -1,26 +1,34 @@
 // planner_validate: prints how the planner's models agree with the measured
 // runs, with the default (fitted) constants.
-//   planner_validate [--data=DIR] [--cells]
+//   planner_validate [--data=DIR] [--cells] [--headroom=F] [--set=NAME=VALUE ...]
+// --set overrides a constant, for what-if checks.
 #include <cstdio>
 #include <string>
 
 #include "coordinator/planner/constants.h"
+#include "tools/planner/constant_table.h"
 #include "tools/planner/evaluation.h"
 
 int main(int argc, char** argv) {
   std::string dir = LOOM_SHARED_DATA_DIR;
   bool cells = false;
   double headroom = 0.1;
+  loom::planner::PlannerConstants k = loom::planner::DefaultConstants();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--data=", 0) == 0) {
       dir = arg.substr(7);
     } else if (arg.rfind("--headroom=", 0) == 0) {
       headroom = std::stod(arg.substr(11));
+    } else if (arg.rfind("--set=", 0) == 0) {
+      if (absl::Status s = loom::planner::eval::SetConstant(arg.substr(6), &k); !s.ok()) {
+        std::fprintf(stderr, "planner_validate: %s\n", std::string(s.message()).c_str());
+        return 2;
+      }
     } else if (arg == "--cells") {
       cells = true;
     } else {
-      std::fprintf(stderr, "usage: planner_validate [--data=DIR] [--cells] [--headroom=F]\n");
+      std::fprintf(stderr, "usage: planner_validate [--data=DIR] [--cells] [--headroom=F] [--set=NAME=VALUE]\n");
       return 2;
     }
   }
@@ -30,7 +38,6 @@ int main(int argc, char** argv) {
                  std::string(runs.status().message()).c_str(), dir.c_str());
     return 1;
   }
-  const loom::planner::PlannerConstants k = loom::planner::DefaultConstants();
   std::fputs(loom::planner::eval::FormatPlaybookReport(
                  loom::planner::eval::EvaluatePlaybook(runs->playbook, k, headroom), cells).c_str(), stdout);
   std::fputs(loom::planner::eval::FormatVtrainReport(
