@@ -61,11 +61,16 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
   std::string out;
   absl::StrAppend(&out, "job:       ", job.id(), " (", job.name(), ")\n");
   absl::StrAppend(&out, "state:     ", StateName(job.state()), "\n");
-  absl::StrAppend(&out, "attempt:   ", job.attempt(), " (restarts ", job.restarts(), ")\n");
+  absl::StrAppend(&out, "attempt:   ", job.attempt(), " (restarts ", job.restarts(), ": crash ",
+                  job.crash_restarts(), ", hang ", job.hang_restarts(), ", lost node ",
+                  job.node_restarts(), ")\n");
   absl::StrAppend(&out, "layout:    ", LayoutText(job.layout()), "\n");
   const auto& p = job.last_progress();
   if (p.step() > 0) absl::StrAppend(&out, "progress:  ", FormatProgressLine(p), "\n");
   if (!job.failure_reason().empty()) absl::StrAppend(&out, "failure:   ", job.failure_reason(), "\n");
+  if (!job.last_diagnosis().empty() && job.last_diagnosis() != job.failure_reason()) {
+    absl::StrAppend(&out, "diagnosis: ", job.last_diagnosis(), "\n");
+  }
   if (job.placement_size() > 0) {
     absl::StrAppend(&out, "placement:\n");
     for (const auto& r : job.placement()) {
@@ -75,6 +80,19 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
   }
   absl::StrAppend(&out, "history:\n");
   for (const auto& e : job.history()) absl::StrAppend(&out, "  ", FormatEvent(e), "\n");
+  return out;
+}
+
+std::string FormatNodeTable(const std::vector<loom::v1::Node>& nodes) {
+  std::string out = absl::StrFormat("%-20s %-16s %-5s %-8s %9s %12s  %s\n", "NODE", "ADDRESS", "LIVE",
+                                    "DEVICES", "IN USE", "PEAK/DEV", "CORDON");
+  for (const auto& n : nodes) {
+    absl::StrAppend(&out, absl::StrFormat("%-20s %-16s %-5s %-8s %9d %9.1f TF  %s\n", n.node_id(),
+                                          n.address(), n.live() ? "yes" : "LOST",
+                                          absl::StrCat(n.device_count(), "x", n.device_kind()),
+                                          n.devices_in_use(), n.peak_flops_per_device() / 1e12,
+                                          n.cordoned() ? "cordoned: " + n.cordon_reason() : "-"));
+  }
   return out;
 }
 

@@ -18,5 +18,6 @@ std::string FormatProgressLine(const loom::v1::JobProgress& progress);
 // tokens_per_second, mfu, attempt, lr, grad_norm, and val_loss on eval steps.
 std::string FormatProgressJson(const loom::v1::JobProgress& progress);
 std::string FormatEvent(const loom::v1::JobEvent& event);
+std::string FormatNodeTable(const std::vector<loom::v1::Node>& nodes);
 
 }  // namespace loom::client

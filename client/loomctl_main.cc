@@ -35,7 +35,7 @@ using loom::v1::JobService;
 
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
-    "[--format=json] | plan --sweep [--svg=FILE] | list | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "[--format=json] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
     "export --format=hf CHECKPOINT_DIR OUT_DIR";
 
 int Fail(const std::string& message, int code = 1) {
@@ -142,6 +142,16 @@ int List() {
   grpc::Status status = Stub()->ListJobs(context.get(), {}, &response);
   if (!status.ok()) return RpcFail(status);
   std::printf("%s", loom::client::FormatJobTable({response.jobs().begin(), response.jobs().end()})
+                        .c_str());
+  return 0;
+}
+
+int Nodes() {
+  loom::v1::ListNodesResponse response;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->ListNodes(context.get(), {}, &response);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s", loom::client::FormatNodeTable({response.nodes().begin(), response.nodes().end()})
                         .c_str());
   return 0;
 }
@@ -266,6 +276,7 @@ int main(int argc, char** argv) {
   }
   if (command == "plan") return Plan(one_argument("JOB.yaml"));
   if (command == "list") return List();
+  if (command == "nodes") return Nodes();
   if (command == "status") return Status(one_argument("a job ID"));
   if (command == "watch") return Watch(one_argument("a job ID"));
   if (command == "cancel") return Cancel(one_argument("a job ID"));

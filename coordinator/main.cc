@@ -33,6 +33,11 @@ ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats")
 ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
 ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
 ABSL_FLAG(double, collective_timeout_s, 60.0, "timeout of every collective on the ranks");
+ABSL_FLAG(double, hang_floor_s, 10.0, "calibrated hang timeouts are never shorter than this");
+ABSL_FLAG(double, first_step_allowance_s, 120.0,
+          "hang timeout before a job's first step (startup, rendezvous, first step)");
+ABSL_FLAG(double, recovery_grace_s, 10.0,
+          "after a restart, how long nodes that ran ranks get to reconnect before they are lost");
 
 namespace {
 
@@ -71,7 +76,12 @@ int main(int argc, char** argv) {
   KvStore kv;
   JobManagerOptions options{.state_dir = state_dir,
                             .kill_grace_seconds = absl::GetFlag(FLAGS_kill_grace_s),
-                            .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s)};
+                            .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s),
+                            .recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s)),
+                            .hang_policy = {}};
+  options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
+  options.hang_policy.first_step_allowance =
+      absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
   JobManager jobs(options, *std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
 
@@ -110,10 +120,11 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
 
   // Liveness: a node that stops sending heartbeats is lost even if its TCP
-  // connection lingers.
+  // connection lingers. Hangs and restart backoffs are checked on the same tick.
   const absl::Duration node_timeout = absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s));
   std::thread liveness([&] {
     while (!shutdown.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      jobs.CheckHealth(absl::Now());
       for (const std::string& node : nodes.ExpireSilent(absl::Now(), node_timeout)) {
         std::fprintf(stderr, "node %s: no heartbeat for %s; node lost\n", node.c_str(),
                      absl::FormatDuration(node_timeout).c_str());

@@ -171,6 +171,36 @@ class Ops {
                                            int64_t vocab, float grad_scale,
                                            float* row_loss) = 0;
 
+  // ---- Vocabulary-parallel embedding and cross-entropy ------------------------------
+  // Under tensor parallelism a rank holds vocabulary rows [vocab_offset,
+  // vocab_offset + vocab) of the embedding (and LM head), so its logits are
+  // those columns only. ids/targets are GLOBAL token ids.
+  //
+  // out[t, :] = table[ids[t] - vocab_offset, :] when ids[t] falls in the shard,
+  // else zeros (summing the shards' outputs over ranks gives the full lookup).
+  virtual void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                                     int64_t vocab_offset, int64_t vocab, int64_t dim,
+                                     float* out) = 0;
+  // ACCUMULATES d_table[ids[t] - vocab_offset, :] += d_out[t, :] for the ids in
+  // the shard, tokens added in order; other tokens are skipped.
+  virtual void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                                      int64_t vocab_offset, int64_t vocab, int64_t dim,
+                                      float* d_table) = 0;
+  // Per row of the shard's logits [rows, vocab]: row_lse[r] = logsumexp over
+  // the shard's columns, and row_target_logit[r] = logits[r, targets[r] -
+  // vocab_offset] when the target falls in the shard, else 0 (also for
+  // targets < 0). The global log-sum-exp is the logsumexp of the shards'
+  // row_lse, and the target logit the sum of the shards' row_target_logit.
+  virtual void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab_offset, int64_t vocab, float* row_lse,
+                                      float* row_target_logit) = 0;
+  // Overwrites the shard's logits IN PLACE with grad_scale * (exp(logit -
+  // row_lse[r]) - onehot(target)) given the GLOBAL log-sum-exp row_lse; rows
+  // with target < 0 get gradient 0.
+  virtual void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                         int64_t vocab_offset, int64_t vocab,
+                                         const float* row_lse, float grad_scale) = 0;
+
   // ---- Optimizer -----------------------------------------------------------------
   // torch.optim.AdamW: decoupled decay, bias correction, step counts from 1.
   virtual void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,

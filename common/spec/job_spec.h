@@ -89,9 +89,18 @@ struct CheckpointSpec {
   int64_t keep = 2;
 };
 
+// Restart budgets are per failure kind: a crash (a rank exited or was
+// killed), a hang, a lost node. Unset kinds get max_restarts.
 struct FaultToleranceSpec {
   int64_t max_restarts = 3;
+  std::optional<int64_t> max_hang_restarts;
+  std::optional<int64_t> max_node_restarts;
   double hang_timeout_s = 0;  // 0: calibrated from observed step times
+  double restart_backoff_s = 1.0;  // wait before attempt n+1, doubled per restart, at most 60 s
+  int64_t cordon_after = 2;  // failures of one job on one node before the node is cordoned
+
+  int64_t hang_budget() const { return max_hang_restarts.value_or(max_restarts); }
+  int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }
 };
 
 struct JobSpec {

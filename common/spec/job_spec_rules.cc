@@ -196,6 +196,15 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   c.Require(s.checkpoint.keep >= 1, "checkpoint.keep", s.checkpoint.keep, "must be positive");
   c.Require(s.fault_tolerance.max_restarts >= 0, "fault_tolerance.max_restarts",
             s.fault_tolerance.max_restarts, "must not be negative");
+  for (const auto& [name, budget] :
+       {std::pair{"fault_tolerance.max_hang_restarts", s.fault_tolerance.max_hang_restarts},
+        std::pair{"fault_tolerance.max_node_restarts", s.fault_tolerance.max_node_restarts}}) {
+    if (budget) c.Require(*budget >= 0, name, *budget, "must not be negative");
+  }
+  c.Require(s.fault_tolerance.restart_backoff_s >= 0, "fault_tolerance.restart_backoff_s",
+            s.fault_tolerance.restart_backoff_s, "must not be negative");
+  c.Require(s.fault_tolerance.cordon_after >= 1, "fault_tolerance.cordon_after",
+            s.fault_tolerance.cordon_after, "must be positive");
   c.Require(s.fault_tolerance.hang_timeout_s >= 0, "fault_tolerance.hang_timeout_s",
             s.fault_tolerance.hang_timeout_s, "must not be negative (0: calibrated)");
   return c.Take();

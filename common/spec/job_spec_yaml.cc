@@ -206,7 +206,12 @@ Section CheckpointFields(CheckpointSpec& c) {
 }
 
 Section FaultToleranceFields(FaultToleranceSpec& f) {
-  return {{"max_restarts", Int(&f.max_restarts)}, {"hang_timeout_s", Double(&f.hang_timeout_s)}};
+  return {{"max_restarts", Int(&f.max_restarts)},
+          {"max_hang_restarts", OptInt(&f.max_hang_restarts)},
+          {"max_node_restarts", OptInt(&f.max_node_restarts)},
+          {"hang_timeout_s", Double(&f.hang_timeout_s)},
+          {"restart_backoff_s", Double(&f.restart_backoff_s)},
+          {"cordon_after", Int(&f.cordon_after)}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -353,7 +358,15 @@ std::string ToYaml(const JobSpec& s) {
 
   out << YAML::Key << "fault_tolerance" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "max_restarts" << YAML::Value << s.fault_tolerance.max_restarts;
+  if (s.fault_tolerance.max_hang_restarts) {
+    out << YAML::Key << "max_hang_restarts" << YAML::Value << *s.fault_tolerance.max_hang_restarts;
+  }
+  if (s.fault_tolerance.max_node_restarts) {
+    out << YAML::Key << "max_node_restarts" << YAML::Value << *s.fault_tolerance.max_node_restarts;
+  }
   out << YAML::Key << "hang_timeout_s" << YAML::Value << s.fault_tolerance.hang_timeout_s;
+  out << YAML::Key << "restart_backoff_s" << YAML::Value << s.fault_tolerance.restart_backoff_s;
+  out << YAML::Key << "cordon_after" << YAML::Value << s.fault_tolerance.cordon_after;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

@@ -95,10 +95,14 @@ std::vector<NodeInfo> NodeRegistry::AllNodes() const {
   return all;
 }
 
-void NodeRegistry::Cordon(const std::string& node_id, bool cordoned) {
+bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason) {
   absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  if (it != nodes_.end()) it->second.info.cordoned = cordoned;
+  NodeInfo& info = nodes_[node_id].info;
+  info.node_id = node_id;
+  if (info.cordoned) return false;
+  info.cordoned = true;
+  info.cordon_reason = reason;
+  return true;
 }
 
 }  // namespace loom::coordinator

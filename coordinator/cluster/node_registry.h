@@ -35,6 +35,7 @@ struct NodeInfo {
   double peak_flops_per_device = 0;
   bool live = false;
   bool cordoned = false;
+  std::string cordon_reason;
   absl::Time last_seen;
   std::vector<loom::v1::RunningRank> running;
 };
@@ -56,7 +57,8 @@ class NodeRegistry {
   std::optional<NodeInfo> Get(const std::string& node_id) const;
   std::vector<NodeInfo> LiveNodes() const;
   std::vector<NodeInfo> AllNodes() const;
-  void Cordon(const std::string& node_id, bool cordoned);
+  // Marks a node unfit for new ranks; returns true if it was not cordoned yet.
+  bool Cordon(const std::string& node_id, const std::string& reason);
 
  private:
   struct Entry {

@@ -1,6 +1,7 @@
 // The life of a placed job: placement onto free devices, launch, progress
 // aggregation, rank exits, lost nodes, restarts within the budget.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,7 @@ void JobManager::ScheduleLocked() {
     const JobState state = record.job.state();
     const bool restart_ready =
         state == JobState::RESTARTING &&
+        absl::ToUnixMillis(absl::Now()) >= record.job.not_before_unix_ms() &&
         std::all_of(record.ranks.begin(), record.ranks.end(), [](const RankState& r) {
           return r.exited;
         });
@@ -65,10 +67,14 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
   const std::string kind = spec::DeviceKindName(spec.resources.device);
   topology::PlacementRequest request;
   request.shape = MeshShapeOf(spec);
-  request.avoid = record.failed_nodes;
+  for (const auto& [node, failures] : record.node_failures) request.avoid.insert(node);
   std::map<std::string, NodeInfo> live;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
-    if (node.cordoned || node.device_kind != kind) continue;
+    if (node.device_kind != kind) continue;
+    // A cordoned node is used only when nothing else can hold the job, so a
+    // small cluster still runs (and a job that fails everywhere still reaches
+    // its budget) while healthy nodes are preferred.
+    if (node.cordoned) request.avoid.insert(node.node_id);
     // Free device indices: those not taken by other jobs' placements.
     std::vector<bool> taken(node.device_count, false);
     for (const auto& [id, other] : jobs_) {
@@ -126,6 +132,12 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
     absl::StrAppend(&nodes_text, nodes_text.empty() ? "" : ", ", use.node_id, " (ranks ",
                     use.first_rank, "-", use.first_rank + use.num_ranks - 1, ")");
   }
+  record.placed_at = absl::Now();
+  std::vector<std::string> places;
+  for (const auto& p : job.placement()) places.push_back(p.place());
+  HangPolicy policy = options_.hang_policy;
+  policy.fixed_timeout = absl::Seconds(spec.fault_tolerance.hang_timeout_s);
+  record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
   TransitionLocked(record, JobState::STARTING,
                    absl::StrCat("attempt ", attempt, " placed on ", nodes_text));
   for (auto& a : *assignments) {
@@ -151,6 +163,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   RankState& rank = record.ranks[progress.rank()];
   rank.last = progress;
   rank.ready = true;
+  if (record.hang) record.hang->Observe(progress, absl::Now());
   if (job.state() == JobState::STARTING &&
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankState& r) { return r.ready; })) {
@@ -158,7 +171,8 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
                                   job.attempt()));
   }
-  if (progress.step() <= 0) return;
+  // Only step reports move the job's progress; the others say where a rank is.
+  if (progress.phase() != "step" || progress.step() <= 0) return;
 
   const double world = static_cast<double>(record.ranks.size());
   double peak = 0;
@@ -178,8 +192,12 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
          .mfu = rank_peak > 0 ? progress.flops_per_token() * rank_tokens_per_second / rank_peak
                               : 0});
   }
-  // Rank 0 speaks for the job: its loss is already averaged over DP.
-  if (progress.rank() != 0 || progress.step() <= job.last_progress().step()) return;
+  // Rank 0 speaks for the job: its loss is already averaged over DP. A new
+  // attempt resumes from a checkpoint, so its steps start over from there.
+  const bool new_attempt = job.last_progress().attempt() != job.attempt();
+  if (progress.rank() != 0 || (!new_attempt && progress.step() <= job.last_progress().step())) {
+    return;
+  }
   loom::v1::JobProgress& p = *job.mutable_last_progress();
   p.set_step(progress.step());
   p.set_total_steps(record.spec.train.steps);
@@ -255,7 +273,10 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   std::string reason = absl::StrCat("rank ", exit.rank(), " ", place, " on node ", node_id, " ",
                                     DescribeExit(exit));
   if (!exit.log_tail().empty()) absl::StrAppend(&reason, "; its log ends:\n", exit.log_tail());
-  HandleFailureLocked(record, reason, exit.signal() != 0 || exit.exit_code() != kExitJobBroken);
+  const FailureKind kind = exit.signal() == 0 && exit.exit_code() == kExitJobBroken
+                               ? FailureKind::kJobBroken
+                               : FailureKind::kCrash;
+  HandleFailureLocked(record, kind, reason, node_id);
 }
 
 void JobManager::OnNodeLost(const std::string& node_id) {
@@ -272,7 +293,6 @@ void JobManager::OnNodeLost(const std::string& node_id) {
       }
     }
     if (!affected) continue;
-    record.failed_nodes.insert(node_id);
     if (record.job.state() == JobState::RESTARTING) {
       if (std::all_of(record.ranks.begin(), record.ranks.end(),
                       [](const RankState& r) { return r.exited; })) {
@@ -280,25 +300,41 @@ void JobManager::OnNodeLost(const std::string& node_id) {
       }
       continue;
     }
-    HandleFailureLocked(record, absl::StrCat("node ", node_id, " was lost (its agent's session ended)"),
-                        /*retryable=*/true);
+    HandleFailureLocked(record, FailureKind::kNodeLost,
+                        absl::StrCat("node ", node_id, " was lost (its agent's session ended)"),
+                        node_id);
   }
   ScheduleLocked();
 }
 
 void JobManager::OnNodeRegistered(const loom::v1::RegisterNode& registration) {
-  // Ranks placed on this node that it no longer runs died while no one was
-  // listening (e.g. during a coordinator restart): handle them as exits.
+  {
+    absl::MutexLock lock(&mu_);
+    // Ranks this node ran may have ended while no one was listening (a
+    // coordinator restart). The agent re-sends those exits right after it
+    // registers, so the check waits for its first heartbeat, which follows
+    // them on the same stream.
+    unconfirmed_[registration.node_id()] = absl::Now();
+  }
+  Schedule();
+}
+
+void JobManager::OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat) {
   std::vector<loom::v1::RankExited> vanished;
   {
     absl::MutexLock lock(&mu_);
+    auto pending = unconfirmed_.find(node_id);
+    if (pending == unconfirmed_.end()) return;
+    const absl::Time registered_at = pending->second;
+    unconfirmed_.erase(pending);
     for (const std::string& id : order_) {
       const JobRecord& record = jobs_.at(id);
-      if (!HoldsDevices(record.job.state())) continue;
+      // Attempts placed after the registration were launched on this session.
+      if (!HoldsDevices(record.job.state()) || record.placed_at >= registered_at) continue;
       for (const auto& p : record.job.placement()) {
-        if (p.node_id() != registration.node_id() || record.ranks[p.rank()].exited) continue;
+        if (p.node_id() != node_id || record.ranks[p.rank()].exited) continue;
         const bool alive = std::any_of(
-            registration.running().begin(), registration.running().end(),
+            heartbeat.running().begin(), heartbeat.running().end(),
             [&](const loom::v1::RunningRank& r) {
               return r.job_id() == id && r.attempt() == record.job.attempt() && r.rank() == p.rank();
             });
@@ -308,22 +344,64 @@ void JobManager::OnNodeRegistered(const loom::v1::RegisterNode& registration) {
         exit.set_attempt(record.job.attempt());
         exit.set_rank(p.rank());
         exit.set_exit_code(kExitCrash);
-        exit.set_log_tail("(the rank ended while its node was disconnected)");
+        exit.set_log_tail("(the rank ended while its node was disconnected; its exit was not reported)");
       }
     }
   }
-  for (const auto& exit : vanished) OnRankExited(registration.node_id(), exit);
-  Schedule();
+  for (const auto& exit : vanished) OnRankExited(node_id, exit);
 }
 
-void JobManager::HandleFailureLocked(JobRecord& record, const std::string& reason, bool retryable) {
+void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
+                                     const std::string& reason, const std::string& node_id) {
   Job& job = record.job;
-  const int64_t budget = record.spec.fault_tolerance.max_restarts;
-  if (retryable && job.restarts() < budget) {
+  const spec::FaultToleranceSpec& ft = record.spec.fault_tolerance;
+  job.set_last_diagnosis(reason);
+  // A node that keeps failing this job is cordoned: no new ranks go there.
+  if (!node_id.empty() && kind != FailureKind::kJobBroken &&
+      ++record.node_failures[node_id] >= ft.cordon_after) {
+    const std::string why = absl::StrCat("failed job ", job.id(), " ", record.node_failures[node_id],
+                                         " times");
+    if (nodes_->Cordon(node_id, why)) {
+      std::fprintf(stderr, "node %s: cordoned (%s)\n", node_id.c_str(), why.c_str());
+    }
+  }
+  int64_t budget = 0;
+  int32_t used = 0;
+  const char* what = "";
+  switch (kind) {
+    case FailureKind::kCrash:
+      budget = ft.max_restarts;
+      used = job.crash_restarts();
+      what = "crash";
+      break;
+    case FailureKind::kHang:
+      budget = ft.hang_budget();
+      used = job.hang_restarts();
+      what = "hang";
+      break;
+    case FailureKind::kNodeLost:
+      budget = ft.node_budget();
+      used = job.node_restarts();
+      what = "lost-node";
+      break;
+    case FailureKind::kJobBroken:
+      break;
+  }
+  if (kind != FailureKind::kJobBroken && used < budget) {
+    switch (kind) {
+      case FailureKind::kCrash: job.set_crash_restarts(used + 1); break;
+      case FailureKind::kHang: job.set_hang_restarts(used + 1); break;
+      case FailureKind::kNodeLost: job.set_node_restarts(used + 1); break;
+      case FailureKind::kJobBroken: break;
+    }
     job.set_restarts(job.restarts() + 1);
+    // Exponential backoff, so a failure that repeats at once does not spin.
+    const double backoff =
+        std::min(60.0, ft.restart_backoff_s * std::pow(2.0, std::max(0, used)));
+    job.set_not_before_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Seconds(backoff)));
     if (metrics_ != nullptr) metrics_->CountRestart(job.id(), job.name());
     TransitionLocked(record, JobState::RESTARTING,
-                     absl::StrCat("restart ", job.restarts(), " of ", budget, ": ", reason));
+                     absl::StrCat(what, " restart ", used + 1, " of ", budget, ": ", reason));
     KillRanksLocked(record);
     if (std::all_of(record.ranks.begin(), record.ranks.end(),
                     [](const RankState& r) { return r.exited; })) {
@@ -332,10 +410,80 @@ void JobManager::HandleFailureLocked(JobRecord& record, const std::string& reaso
     return;
   }
   TransitionLocked(record, JobState::FAILED,
-                   retryable ? absl::StrCat(reason, " (restart budget of ", budget, " spent)")
-                             : reason);
+                   kind == FailureKind::kJobBroken
+                       ? reason
+                       : absl::StrCat(reason, " (", what, " restart budget of ", budget, " spent)"));
   KillRanksLocked(record);
   FinishAttemptLocked(record);
+}
+
+void JobManager::CheckHealth(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  bool reschedule = false;
+  for (const std::string& id : order_) {
+    JobRecord& record = jobs_.at(id);
+    const JobState state = record.job.state();
+    if ((state == JobState::STARTING || state == JobState::RUNNING) && record.hang) {
+      if (std::optional<HangReport> hang = record.hang->Check(now)) {
+        std::string node;
+        if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
+          node = record.job.placement(hang->culprit_rank).node_id();
+        }
+        HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
+                            node);
+        reschedule = true;
+      }
+    }
+    if (state == JobState::RESTARTING &&
+        absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
+      reschedule = true;
+    }
+  }
+  // Nodes that ran ranks before a coordinator restart and never came back.
+  if (recovered_at_ != absl::InfinitePast() && now - recovered_at_ > options_.recovery_grace) {
+    recovered_at_ = absl::InfinitePast();
+    std::set<std::string> missing;
+    for (const std::string& id : order_) {
+      const JobRecord& record = jobs_.at(id);
+      if (!HoldsDevices(record.job.state())) continue;
+      for (const auto& p : record.job.placement()) {
+        std::optional<NodeInfo> node = nodes_->Get(p.node_id());
+        if (!node || !node->live) missing.insert(p.node_id());
+      }
+    }
+    for (const std::string& node : missing) {
+      std::fprintf(stderr, "node %s: did not reconnect after the coordinator restarted; lost\n",
+                   node.c_str());
+      mu_.Unlock();
+      OnNodeLost(node);
+      mu_.Lock();
+    }
+  }
+  if (reschedule) ScheduleLocked();
+}
+
+std::vector<loom::v1::Node> JobManager::ListNodes() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int32_t> in_use;
+  for (const auto& [id, record] : jobs_) {
+    if (!HoldsDevices(record.job.state())) continue;
+    for (const auto& p : record.job.placement()) ++in_use[p.node_id()];
+  }
+  std::vector<loom::v1::Node> nodes;
+  for (const NodeInfo& info : nodes_->AllNodes()) {
+    loom::v1::Node& node = nodes.emplace_back();
+    node.set_node_id(info.node_id);
+    node.set_hostname(info.hostname);
+    node.set_address(info.address);
+    node.set_live(info.live);
+    node.set_cordoned(info.cordoned);
+    node.set_cordon_reason(info.cordon_reason);
+    node.set_device_kind(info.device_kind);
+    node.set_device_count(info.device_count);
+    node.set_devices_in_use(in_use[info.node_id]);
+    node.set_peak_flops_per_device(info.peak_flops_per_device);
+  }
+  return nodes;
 }
 
 void JobManager::KillRanksLocked(JobRecord& record) {

@@ -10,6 +10,7 @@
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_states.h"
+#include "coordinator/health/hang_detector.h"
 #include "coordinator/service/metrics.h"
 
 namespace loom::coordinator {
@@ -48,6 +49,16 @@ absl::Status JobManager::Recover() {
     record.spec = *spec;
     record.ranks.resize(job.placement_size());
     record.job = std::move(job);
+    if (HoldsDevices(record.job.state())) {
+      // Ranks may still be running: watch them for hangs from now on, and give
+      // their nodes recovery_grace to reconnect.
+      std::vector<std::string> places;
+      for (const auto& p : record.job.placement()) places.push_back(p.place());
+      HangPolicy policy = options_.hang_policy;
+      policy.fixed_timeout = absl::Seconds(record.spec.fault_tolerance.hang_timeout_s);
+      record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
+      recovered_at_ = absl::Now();
+    }
     const std::string id = record.job.id();
     order_.push_back(id);
     jobs_.emplace(id, std::move(record));

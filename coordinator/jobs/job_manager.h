@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/cluster/node_registry.h"
+#include "coordinator/health/hang_detector.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "loom/v1/job.pb.h"
@@ -43,8 +44,14 @@ struct JobManagerOptions {
   std::string state_dir;
   double kill_grace_seconds = 5;
   double collective_timeout_s = 60;
-  // Which ranks' steps define job progress: rank 0 reports DP-averaged loss.
+  // After a coordinator restart, nodes that ran a job's ranks get this long
+  // to reconnect before they count as lost.
+  absl::Duration recovery_grace = absl::Seconds(10);
+  HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
 };
+
+// Why an attempt ended early; each kind has its own restart budget.
+enum class FailureKind { kCrash, kHang, kNodeLost, kJobBroken };
 
 class JobManager {
  public:
@@ -67,12 +74,18 @@ class JobManager {
   // Events from nodes and ranks.
   void OnNodeRegistered(const loom::v1::RegisterNode& registration);
   void OnNodeLost(const std::string& node_id);
+  void OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat);
   void OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit);
   void OnRankProgress(const loom::v1::RankProgress& progress);
 
   // Places pending jobs on free devices; called after every event that may
   // free or add devices.
   void Schedule();
+  // Periodic: hung jobs, restart backoffs that expired, nodes that did not
+  // come back after a coordinator restart.
+  void CheckHealth(absl::Time now);
+  // Every node known, with cordons and devices in use.
+  std::vector<loom::v1::Node> ListNodes() const;
 
  private:
   struct RankState {
@@ -86,7 +99,9 @@ class JobManager {
     std::vector<RankState> ranks;
     std::map<int64_t, std::shared_ptr<WatchSink>> watchers;
     absl::Time last_persist = absl::InfinitePast();
-    std::set<std::string> failed_nodes;
+    std::map<std::string, int> node_failures;  // this job's failures per node
+    std::unique_ptr<HangDetector> hang;  // of the current attempt
+    absl::Time placed_at = absl::InfinitePast();  // of the current attempt (before a restart: past)
   };
 
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
@@ -97,8 +112,8 @@ class JobManager {
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TryPlaceLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rank failed (exit, signal, lost node): restart within budget, or fail.
-  void HandleFailureLocked(JobRecord& record, const std::string& reason, bool retryable)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleFailureLocked(JobRecord& record, FailureKind kind, const std::string& reason,
+                           const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillRanksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -116,6 +131,9 @@ class JobManager {
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_watch_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time recovered_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Nodes that (re)registered and whose ranks are checked at their next heartbeat.
+  std::map<std::string, absl::Time> unconfirmed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom::coordinator

@@ -168,6 +168,15 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,
+                                                    const loom::v1::ListNodesRequest* request,
+                                                    loom::v1::ListNodesResponse* response) {
+  for (auto& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::CancelJobRequest* request,
                                                     loom::v1::Job* response) {

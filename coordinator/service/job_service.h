@@ -29,6 +29,9 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const loom::v1::ListJobsRequest* request,
                                      loom::v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
+                                      const loom::v1::ListNodesRequest* request,
+                                      loom::v1::ListNodesResponse* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;

@@ -101,7 +101,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         break;
       }
       case NodeMessage::kHeartbeat:
-        if (!node_id_.empty()) nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
+        if (!node_id_.empty()) {
+          nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
+          jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
+        }
         break;
       case NodeMessage::kRankExited:
         if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());

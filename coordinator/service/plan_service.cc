@@ -15,14 +15,14 @@ bool AllAxesGiven(const spec::ParallelismSpec& p) {
   return !p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep && p.zero_stage;
 }
 
-// This version's engine runs data parallelism only: the search may not pick
-// another axis, so `auto` never answers with a layout the ranks refuse.
+// This version's engine runs data parallelism (ZeRO 0-3) and tensor
+// parallelism (ZeRO 0): `auto` searches data parallelism only, so it never
+// answers with a layout the ranks refuse; tp is used when the user sets it.
 void RestrictToEngine(planner::SearchSpace& space) {
   if (!space.tp) space.tp = 1;
   if (!space.pp) space.pp = 1;
   if (!space.cp) space.cp = 1;
   if (!space.ep) space.ep = 1;
-  if (!space.zero_stage) space.zero_stage = 0;
 }
 
 absl::StatusOr<std::pair<planner::PlanRequest, planner::PlanResult>> Search(
@@ -72,17 +72,17 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
   std::vector<std::string> unsupported;
   const spec::ParallelismSpec& p = s.parallelism;
   const std::pair<const char*, int64_t> axes[] = {
-      {"tp", p.tp.value_or(1)}, {"pp", p.pp.value_or(1)}, {"cp", p.cp.value_or(1)},
-      {"ep", p.ep.value_or(1)}};
+      {"pp", p.pp.value_or(1)}, {"cp", p.cp.value_or(1)}, {"ep", p.ep.value_or(1)}};
   for (const auto& [name, value] : axes) {
     if (value != 1) {
       unsupported.push_back(absl::StrCat("parallelism.", name, "=", value,
                                          " is not supported by this engine yet (use 1)"));
     }
   }
-  if (p.zero_stage.value_or(0) != 0) {
-    unsupported.push_back(absl::StrCat("parallelism.zero_stage=", *p.zero_stage,
-                                       " is not supported by this engine yet (use 0)"));
+  if (p.tp.value_or(1) > 1 && p.zero_stage.value_or(0) > 0) {
+    unsupported.push_back(absl::StrCat("parallelism.tp=", *p.tp, " with parallelism.zero_stage=",
+                                       *p.zero_stage,
+                                       " is not supported by this engine yet (use zero_stage 0)"));
   }
   if (s.train.precision != spec::Precision::kFp32) {
     unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),

@@ -44,6 +44,18 @@ void SwiGluBackward(int64_t rows, int64_t dim, const float* gate, const float* u
 void CrossEntropy(float* logits, const int32_t* targets, int64_t rows, int64_t vocab,
                   bool backward, float grad_scale, float* row_loss);
 
+// Vocabulary-parallel embedding and cross-entropy (vocab_parallel.cc).
+void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                           int64_t vocab_offset, int64_t vocab, int64_t dim, float* out);
+void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                            int64_t vocab_offset, int64_t vocab, int64_t dim, float* d_table);
+void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                            int64_t vocab_offset, int64_t vocab, float* row_lse,
+                            float* row_target_logit);
+void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                               int64_t vocab_offset, int64_t vocab, const float* row_lse,
+                               float grad_scale);
+
 double SumSquares(const float* x, int64_t n);
 
 }  // namespace loom::kernels::cpu

@@ -123,6 +123,29 @@ void CpuOps::CrossEntropyForwardBackward(float* logits, const int32_t* targets, 
   cpu::CrossEntropy(logits, targets, rows, vocab, true, grad_scale, row_loss);
 }
 
+void CpuOps::EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                                   int64_t vocab_offset, int64_t vocab, int64_t dim,
+                                   float* out) {
+  cpu::EmbeddingShardForward(ids, num_tokens, table, vocab_offset, vocab, dim, out);
+}
+void CpuOps::EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                                    int64_t vocab_offset, int64_t vocab, int64_t dim,
+                                    float* d_table) {
+  cpu::EmbeddingShardBackward(ids, num_tokens, d_out, vocab_offset, vocab, dim, d_table);
+}
+void CpuOps::CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                                    int64_t vocab_offset, int64_t vocab, float* row_lse,
+                                    float* row_target_logit) {
+  cpu::CrossEntropyShardStats(logits, targets, rows, vocab_offset, vocab, row_lse,
+                              row_target_logit);
+}
+void CpuOps::CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                       int64_t vocab_offset, int64_t vocab,
+                                       const float* row_lse, float grad_scale) {
+  cpu::CrossEntropyShardBackward(logits, targets, rows, vocab_offset, vocab, row_lse,
+                                 grad_scale);
+}
+
 void CpuOps::AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                    float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   AdamWStep(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);

@@ -68,6 +68,19 @@ class CpuOps final : public Ops {
   void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,
                                    int64_t vocab, float grad_scale, float* row_loss) override;
 
+  void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                             int64_t vocab_offset, int64_t vocab, int64_t dim,
+                             float* out) override;
+  void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                              int64_t vocab_offset, int64_t vocab, int64_t dim,
+                              float* d_table) override;
+  void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                              int64_t vocab_offset, int64_t vocab, float* row_lse,
+                              float* row_target_logit) override;
+  void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                 int64_t vocab_offset, int64_t vocab, const float* row_lse,
+                                 float grad_scale) override;
+
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
 

@@ -120,6 +120,10 @@ bool NodeSession::RunStream(loom::v1::NodeService::Stub& stub) {
     ++streams_opened_;
     registrations_before = registrations_;
   }
+  // Wait for the channel instead of failing fast: a restarted coordinator is
+  // then reached as soon as the channel reconnects (its backoff is at most 2 s),
+  // not at the next step of this loop's longer backoff.
+  context.set_wait_for_ready(true);
   auto stream = stub.Session(&context);
 
   loom::v1::NodeMessage hello;

@@ -1,6 +1,9 @@
-// Data-parallel gradient reduction: sums every gradient over the DP group in
-// buckets of about parallelism.bucket_mb, so each collective is large enough
-// to be efficient and buckets travel while later ones are still being packed.
+// Data-parallel gradient reduction of arbitrary (not necessarily contiguous)
+// tensors after backward: sums every gradient over the DP group in buckets of
+// about parallelism.bucket_mb, so each collective is large enough to be
+// efficient and buckets travel while later ones are still being packed. The
+// training loop uses DataParallelEngine (zero/dp_engine.h) instead, which
+// launches each bucket during backward and implements the ZeRO stages.
 #pragma once
 
 #include <cstdint>

@@ -3,11 +3,15 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
+#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/model/tp_tensors.h"
 #include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/optim/lr_schedule.h"
+#include "worker/engine/zero/sharded_checkpoint.h"
 
 namespace loom::engine {
 namespace {
@@ -58,6 +62,42 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
         "heads must divide heads"));
   }
   if (spec.data.train_path.empty()) return absl::InvalidArgumentError("data.train_path is required");
+  const int64_t zero = spec.parallelism.zero_stage.value_or(0);
+  if (zero < 0 || zero > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.zero_stage=", zero, " must be 0, 1, 2 or 3"));
+  }
+  if (spec.parallelism.bucket_mb < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.bucket_mb=",
+                                                   spec.parallelism.bucket_mb, " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+// [tp] What tensor parallelism needs of the spec and the group. Without a
+// group the whole model runs on this rank whatever parallelism.tp says (the
+// standalone trainer ignores the layout, as it does dp).
+absl::Status CheckTensorParallelSpec(const spec::JobSpec& spec, int dp_size,
+                                     comm::Communicator* tp_comm) {
+  const int tp = tp_comm != nullptr ? tp_comm->size() : 1;
+  const int64_t want = spec.parallelism.tp.value_or(1);
+  if (tp_comm != nullptr && want != tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.tp=", want, " but the tensor-parallel group has ", tp, " ranks"));
+  }
+  if (tp == 1) return absl::OkStatus();
+  if (absl::Status s = CheckTensorParallel(spec.model, tp); !s.ok()) return s;
+  const spec::TrainSpec& t = spec.train;
+  if (spec.parallelism.sequence_parallel && (t.micro_batch_size * t.seq_len) % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.sequence_parallel splits train.micro_batch_size x train.seq_len = ",
+        t.micro_batch_size * t.seq_len, " token rows over tp=", tp, ": they must divide evenly"));
+  }
+  if (dp_size > 1 && spec.parallelism.zero_stage.value_or(0) >= 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.zero_stage=", *spec.parallelism.zero_stage, " with tp=", tp,
+        " is not supported yet: the sharded gradient norm does not sum over the TP group"));
+  }
   return absl::OkStatus();
 }
 
@@ -78,11 +118,14 @@ TrainingLoop::~TrainingLoop() = default;
 
 absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::JobSpec& spec,
                                                                    int dp_rank, int dp_size,
-                                                                   comm::Communicator* dp_comm) {
+                                                                   comm::Communicator* dp_comm,
+                                                                   comm::Communicator* tp_comm) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
   if (absl::Status s = CheckSpec(resolved, dp_rank, dp_size, dp_comm); !s.ok()) return s;
+  if (absl::Status s = CheckTensorParallelSpec(resolved, dp_size, tp_comm); !s.ok()) return s;  // [tp]
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, dp_rank, dp_size, dp_comm));
+  if (tp_comm != nullptr && tp_comm->size() > 1) loop->tp_comm_ = tp_comm;  // [tp]
   const spec::JobSpec& job = loop->spec_;
   const spec::TrainSpec& t = job.train;
 
@@ -101,16 +144,33 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
   }
   loop->sampler_ = std::make_unique<TrainSampler>(&loop->train_data_, t.seed, t.seq_len);
 
-  loop->model_ = std::make_unique<LlamaModel>(job.model, job.parallelism.recompute);
+  loop->model_ = std::make_unique<LlamaModel>(
+      job.model, job.parallelism.recompute, nullptr,
+      TensorParallelOptions{loop->tp_comm_, job.parallelism.sequence_parallel});  // [tp]
   loop->model_->InitParameters(t.seed);
-  loop->optimizer_ =
-      std::make_unique<AdamW>(loop->model_->Parameters(), loop->model_->Gradients(), t);
+  const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));
+  int zero_stage = 0;
   if (loop->dp_comm_ != nullptr) {
-    loop->reducer_ = std::make_unique<GradientReducer>(
-        loop->model_->Gradients(), job.parallelism.bucket_mb * 1024 * 1024);
+    DataParallelOptions options;
+    options.zero_stage = static_cast<int>(job.parallelism.zero_stage.value_or(0));
+    options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
+    absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine = DataParallelEngine::Create(
+        loop->model_.get(), loop->dp_comm_, options, t, &loop->memory_);
+    if (!engine.ok()) return engine.status();
+    loop->dp_engine_ = std::move(*engine);
+    loop->dp_engine_->ShardParameters();
+    zero_stage = options.zero_stage;
+  } else {
+    loop->memory_.Add(MemoryKind::kParameters, param_bytes);
+    loop->memory_.Add(MemoryKind::kGradients, param_bytes);
+  }
+  if (zero_stage == 0) {
+    loop->optimizer_ =
+        std::make_unique<AdamW>(loop->model_->Parameters(), loop->model_->Gradients(), t);
+    loop->memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
   }
   loop->flops_per_token_ =
-      ModelFlopsPerToken(job.model, loop->model_->NumParameters(), t.seq_len);
+      ModelFlopsPerToken(job.model, loop->model_->NumGlobalParameters(), t.seq_len);
   return loop;
 }
 
@@ -140,23 +200,46 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   // whole global batch.
   const float loss_scale = 1.0f / static_cast<float>(total_micro);
 
-  model_->ZeroGradients();
+  memory_.ResetPeaks();
+  if (dp_engine_) {
+    dp_engine_->BeginStep();
+  } else {
+    model_->ZeroGradients();
+  }
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < local_micro; ++micro) {
     FillTrainMicroBatch(step, micro, &batch_);
+    if (dp_engine_) dp_engine_->BeginMicroBatch(micro + 1 == local_micro);
     loss_sum += model_->ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
                                         batch_.seq, loss_scale);
+    if (!model_->status().ok()) return model_->status();  // [tp] a failed TP collective
+    if (dp_engine_) {
+      if (absl::Status s = dp_engine_->EndMicroBatch(); !s.ok()) return s;
+    }
   }
+  memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-  if (dp_comm_ != nullptr) {
-    if (absl::Status s = reducer_->AllReduceSum(*dp_comm_); !s.ok()) return s;
-    if (absl::Status s = dp_comm_->AllReduce(std::span<float>(&loss, 1)); !s.ok()) return s;
-  }
-  const std::vector<TensorView> grads = model_->Gradients();
   StepProgress p;
-  p.grad_norm = ClipByGlobalNorm(grads, t.grad_clip);
+  if (dp_engine_) {
+    // [tp] Under TP the norm spans the TP group's shards: clipped below.
+    absl::StatusOr<double> norm =
+        dp_engine_->ReduceAndClip(&loss, tp_comm_ != nullptr ? 0.0 : t.grad_clip);
+    if (!norm.ok()) return norm.status();
+    p.grad_norm = *norm;
+  } else if (tp_comm_ == nullptr) {
+    p.grad_norm = ClipByGlobalNorm(model_->Gradients(), t.grad_clip);
+  }
+  if (tp_comm_ != nullptr) {  // [tp]
+    absl::StatusOr<double> norm = ClipByTpGlobalNorm(model_->Gradients(), t.grad_clip, tp_comm_);
+    if (!norm.ok()) return norm.status();
+    p.grad_norm = *norm;
+  }
   p.lr = LearningRate(t, step);
-  optimizer_->Step(p.lr);
+  if (optimizer_) {
+    optimizer_->Step(p.lr);
+  } else if (absl::Status s = dp_engine_->OptimizerStep(p.lr); !s.ok()) {
+    return s;
+  }
   step_ = step;
   tokens_ += t.global_batch_size * t.seq_len;
 
@@ -196,6 +279,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
     sum += static_cast<double>(model_->ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
                                                    batch_.batch, batch_.seq)) *
            static_cast<double>(count);
+    if (!model_->status().ok()) return model_->status();  // [tp]
   }
   float total = static_cast<float>(sum);
   if (dp_comm_ != nullptr) {
@@ -205,23 +289,98 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   return sum / static_cast<double>(windows);
 }
 
+// ---- [tp] Checkpoints under tensor parallelism --------------------------------
+
+absl::Status TrainingLoop::TensorParallelCheckpointsUnsupported() const {
+  return absl::UnimplementedError(absl::StrCat(
+      "checkpoints with parallelism.tp=", tp_comm_->size(), " and parallelism.zero_stage=",
+      zero_stage(), " are not implemented yet (zero_stage 0 is): leave checkpoint.dir empty"));
+}
+
+// The parameters and AdamW moments, each moment with its parameter's sharding.
+std::vector<TrainingLoop::TpStaged> TrainingLoop::TensorParallelState() {
+  std::vector<TpStaged> staged;
+  std::map<std::string, TensorView> by_name;
+  for (const TensorView& p : model_->Parameters()) {
+    by_name[p.name] = p;
+    staged.push_back({p, {}});
+  }
+  for (TensorView s : optimizer_->States()) {
+    // "optimizer.exp_avg.<param>" / "optimizer.exp_avg_sq.<param>"
+    const std::string param = s.name.substr(s.name.find('.', sizeof("optimizer")) + 1);
+    const TensorView& p = by_name.at(param);
+    s.global_shape = p.global_shape;
+    s.shard_axis = p.shard_axis;
+    s.shard_offset = p.shard_offset;
+    s.replicas = p.replicas;
+    staged.push_back({s, {}});
+  }
+  return staged;
+}
+
+absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std::string& root,
+                                                                       CheckpointContent content) {
+  std::vector<TpStaged> staged = TensorParallelState();
+  CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
+  CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
+  // DP rank 0's TP group writes (the DP ranks hold the same values).
+  for (TpStaged& t : staged) {
+    if (dp_rank_ != 0) break;
+    if (absl::Status s = GatherGlobal(t.local, tp_comm_, &t.global); !s.ok()) return s;
+    CheckpointFile& file = t.local.name.rfind("optimizer.", 0) == 0 ? optimizer : model;
+    file.tensors.push_back({t.local.name, t.local.GlobalShape(), t.global.data()});
+  }
+  content.state["layout"]["tp"] = tp_comm_->size();
+  content.files = {std::move(model), std::move(optimizer)};
+  absl::StatusOr<std::string> dir = std::string();
+  if (dp_rank_ == 0 && tp_comm_->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
+  // The writer tells its TP group, then each of those tells its DP group;
+  // this is also the barrier.
+  float ok = dir.ok() ? 1.0f : 0.0f;
+  if (dp_rank_ == 0) {
+    if (absl::Status s = tp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  }
+  if (dp_comm_ != nullptr) {
+    if (absl::Status s = dp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  }
+  if (!dir.ok()) return dir;
+  if (ok != 1.0f) {
+    return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
+                                            step_, " under ", root));
+  }
+  return dir;
+}
+
+absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
+  if (dp_engine_) return dp_engine_->GatherParameters(out);
+  out->clear();
+  for (const TensorView& p : model_->Parameters()) out->insert(out->end(), p.data, p.data + p.numel());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root) {
+  if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
+  CheckpointContent content;
+  content.step = step_;
+  content.model = spec_.model;
+  content.state = {
+      {"tokens", tokens_},
+      {"optimizer_step", optimizer_ ? optimizer_->step() : dp_engine_->sharded_optimizer()->step()},
+      {"data", {{"sampler", kSamplerName}, {"seed", spec_.train.seed}, {"next_step", step_ + 1},
+                {"seq_len", spec_.train.seq_len},
+                {"global_batch_size", spec_.train.global_batch_size}}},
+      {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
+      {"layout", {{"dp", dp_size_}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
+  if (tp_comm_ != nullptr) return SaveTensorParallelCheckpoint(root, std::move(content));  // [tp]
+  if (zero_stage() > 0) {
+    return SaveShardedCheckpoint(root, content, *model_, *dp_engine_, *dp_comm_,
+                                 spec_.checkpoint.keep);
+  }
   absl::StatusOr<std::string> dir = std::string();
   if (dp_rank_ == 0) {
-    CheckpointContent content;
-    content.step = step_;
-    content.model = spec_.model;
-    content.files.push_back({"model-tp00-pp00.safetensors", "model", model_->Parameters()});
+    content.files.push_back({"model-tp00-pp00.safetensors", "model", model_->Parameters(), {}});
     content.files.push_back(
-        {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", optimizer_->States()});
-    content.state = {
-        {"tokens", tokens_},
-        {"optimizer_step", optimizer_->step()},
-        {"data", {{"sampler", kSamplerName}, {"seed", spec_.train.seed}, {"next_step", step_ + 1},
-                  {"seq_len", spec_.train.seq_len},
-                  {"global_batch_size", spec_.train.global_batch_size}}},
-        {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
-        {"layout", {{"dp", dp_size_}, {"tp", 1}, {"pp", 1}, {"zero_stage", 0}}}};
+        {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", optimizer_->States(), {}});
     dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   }
   if (dp_comm_ != nullptr) {
@@ -237,10 +396,28 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
 }
 
 absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {
-  std::vector<TensorView> into = model_->Parameters();
-  for (TensorView& s : optimizer_->States()) into.push_back(std::move(s));
+  if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
+  std::vector<FlatSlice> into;
+  std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
+  if (tp_comm_ != nullptr) {
+    tp_staged = TensorParallelState();
+    for (TpStaged& t : tp_staged) {
+      const std::vector<int64_t>& shape = t.local.GlobalShape();
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      t.global.assign(static_cast<size_t>(n), 0.0f);
+      into.push_back({t.local.name, shape, 0, n, t.global.data()});
+    }
+  } else if (zero_stage() > 0) {
+    into = ShardedRestoreTargets(*model_, *dp_engine_);
+  } else {
+    std::vector<TensorView> whole = model_->Parameters();
+    for (TensorView& s : optimizer_->States()) whole.push_back(std::move(s));
+    for (const TensorView& t : whole) into.push_back({t.name, t.shape, 0, t.numel(), t.data});
+  }
   absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
   if (!loaded.ok()) return loaded.status();
+  for (const TpStaged& t : tp_staged) ScatterGlobal(t.global, t.local);  // [tp]
   const nlohmann::json& state = loaded->state;
   auto get_int = [&state](const char* key, int64_t fallback) {
     return state.contains(key) && state[key].is_number_integer() ? state[key].get<int64_t>()
@@ -248,7 +425,12 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   };
   step_ = loaded->step;
   tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
-  optimizer_->set_step(get_int("optimizer_step", step_));
+  const int64_t optimizer_step = get_int("optimizer_step", step_);
+  if (optimizer_) {
+    optimizer_->set_step(optimizer_step);
+  } else {
+    dp_engine_->sharded_optimizer()->set_step(optimizer_step);
+  }
   return loaded;
 }
 

@@ -1,7 +1,8 @@
 // The training loop of one data-parallel rank: builds the model, optimizer and
 // data from a JobSpec, and runs optimizer steps (gradient accumulation over
-// this rank's micro-batches, DP gradient all-reduce, global-norm clipping,
-// AdamW), evaluation and checkpoints. Deterministic: the same spec gives the
+// this rank's micro-batches, DP gradient reduction and the ZeRO stage of
+// parallelism.zero_stage through the DataParallelEngine, global-norm
+// clipping, AdamW), evaluation and checkpoints. Deterministic: the same spec gives the
 // same losses bit for bit, and a loop restored from a checkpoint continues
 // exactly as the uninterrupted one would have.
 #pragma once
@@ -17,23 +18,35 @@
 #include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "worker/engine/data/batch_sampler.h"
 #include "worker/engine/data/token_dataset.h"
-#include "worker/engine/grad_reducer.h"
+#include "worker/engine/grad_reducer.h"  // GradientReducer, for callers that used it through here
+#include "worker/engine/memory/memory_tracker.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/progress.h"
+#include "worker/engine/zero/dp_engine.h"
 
 namespace loom::engine {
+
+struct CheckpointContent;
 
 class TrainingLoop {
  public:
   // spec.data paths are used as given (resolve relative paths first). dp_comm
   // may be nullptr when dp_size == 1; otherwise its size must be dp_size.
-  // Fails with INVALID_ARGUMENT naming the field for a spec this engine cannot
-  // run (batch not divisible, seq_len > max_seq_len, non-fp32 precision), and
+  // parallelism.zero_stage (0..3) applies when dp_size > 1. Fails with
+  // INVALID_ARGUMENT naming the field for a spec this engine cannot run (batch
+  // not divisible, seq_len > max_seq_len, non-fp32 precision), and
   // with the data loader's error for a missing or malformed data file.
+  //
+  // [tp] tp_comm: this rank's tensor-parallel group (the assignment's "tp"
+  // group), or nullptr / a group of one without TP; its size must be
+  // parallelism.tp. The ranks of one TP group share the DP coordinate
+  // (dp_rank, dp_size), so they train the same micro-batches, as they must.
+  // parallelism.sequence_parallel applies under TP.
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(const spec::JobSpec& spec,
                                                               int dp_rank = 0, int dp_size = 1,
-                                                              comm::Communicator* dp_comm = nullptr);
+                                                              comm::Communicator* dp_comm = nullptr,
+                                                              comm::Communicator* tp_comm = nullptr);
   ~TrainingLoop();
 
   // Trains step() + 1 and evaluates when it is an evaluation step
@@ -44,8 +57,9 @@ class TrainingLoop {
   absl::StatusOr<double> Evaluate();
 
   // Commits <root>/step_NNNNNNNN with parameters, AdamW moments and loop state
-  // and prunes to checkpoint.keep. DP rank 0 writes; every rank waits for it.
-  // Returns the step directory.
+  // and prunes to checkpoint.keep. Unsharded: DP rank 0 writes; under ZeRO
+  // every rank writes its shards and rank 0 commits (zero/sharded_checkpoint.h).
+  // Every rank waits for the commit. Returns the step directory on rank 0.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& root);
   // Loads the newest loadable checkpoint under root (falling back past refused
   // ones, listed in the result). NOT_FOUND when root holds none.
@@ -57,25 +71,48 @@ class TrainingLoop {
   bool has_validation() const { return val_data_.has_value(); }
   double flops_per_token() const { return flops_per_token_; }
   const spec::JobSpec& spec() const { return spec_; }
+  // Under ZeRO-3 the model's own parameter array holds only the units in use
+  // (zeros elsewhere): read parameters through GatherParameters.
   LlamaModel& model() { return *model_; }
+  // The unsharded optimizer (ZeRO stage 0); see dp_engine() otherwise.
   AdamW& optimizer() { return *optimizer_; }
+  // Null for a single rank.
+  DataParallelEngine* dp_engine() { return dp_engine_.get(); }
+  int zero_stage() const { return dp_engine_ ? dp_engine_->zero_stage() : 0; }
+  // All parameters in the model's flat order (collective under ZeRO-3).
+  absl::Status GatherParameters(std::vector<float>* out);
+  // The engine's memory accounting; peaks restart at every TrainStep, so after
+  // a step they are that step's peaks.
+  MemoryUsage memory() const { return memory_.Snapshot(); }
   // The micro-batch this rank trains as micro-batch `micro` of step `step`.
   void FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const;
 
  private:
   TrainingLoop(const spec::JobSpec& spec, int dp_rank, int dp_size, comm::Communicator* dp_comm);
   bool IsEvalStep(int64_t step) const;
+  // [tp] Checkpoints of a TP layout hold GLOBAL tensors, gathered over the
+  // TP group (the same files one process writes, so they load under any tp).
+  struct TpStaged {
+    TensorView local;          // this rank's shard (parameter or AdamW moment)
+    std::vector<float> global;  // the whole tensor
+  };
+  std::vector<TpStaged> TensorParallelState();
+  absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
+                                                           CheckpointContent content);
+  absl::Status TensorParallelCheckpointsUnsupported() const;
 
   spec::JobSpec spec_;
   int dp_rank_;
   int dp_size_;
   comm::Communicator* dp_comm_;  // nullptr: single rank
+  comm::Communicator* tp_comm_ = nullptr;  // [tp] nullptr: no tensor parallelism
   TokenDataset train_data_;
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<AdamW> optimizer_;
-  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
+  MemoryTracker memory_;
+  std::unique_ptr<DataParallelEngine> dp_engine_;  // DP > 1
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   double flops_per_token_ = 0;

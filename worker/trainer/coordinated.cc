@@ -12,8 +12,10 @@
 #include "worker/comm/self_communicator.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
+#include "worker/trainer/fault_injection.h"
 #include "worker/trainer/grpc_store.h"
 #include "worker/trainer/progress_reporter.h"
+#include "worker/trainer/rank_monitor.h"
 
 namespace loom::trainer {
 namespace {
@@ -36,7 +38,7 @@ absl::StatusOr<std::vector<int>> GroupMembers(const loom::v1::RankAssignment& a,
 
 loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
   loom::v1::RankProgress out;
-  out.set_phase("train");
+  out.set_phase("step");
   out.set_step(p.step);
   out.set_loss(p.loss);
   if (p.val_loss.has_value()) {
@@ -76,36 +78,53 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
   std::fprintf(stderr, "loom-trainer: job %s attempt %d: %s on node %s device %d\n",
                a.job_id().c_str(), a.attempt(), a.place().c_str(), a.node_id().c_str(),
                a.local_device());
+  absl::StatusOr<std::function<void(int64_t)>> fault = InstallFaultPlan(a.rank(), a.attempt());
+  if (!fault.ok()) return fault.status();
   std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(coordinator);
   ProgressReporter reporter(channel, a.job_id(), a.attempt(), a.rank());
   GrpcStore store(channel, a.store_namespace());
 
-  absl::StatusOr<std::vector<int>> dp_members = GroupMembers(a, "dp");
-  if (!dp_members.ok()) return dp_members.status();
-  const absl::Duration timeout = absl::Seconds(a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60);
-  std::unique_ptr<comm::Communicator> dp;
-  if (dp_members->size() > 1) {
-    absl::StatusOr<std::unique_ptr<comm::Communicator>> created = comm::CreateGroupCommunicator(
-        store, "", "dp", *dp_members, a.rank(), timeout, a.node_address().empty() ? "127.0.0.1" : a.node_address());
-    if (!created.ok()) return created.status();
-    dp = *std::move(created);
-  }
+  // Every rank creates its groups in the same order (tp, then dp), so the
+  // rendezvous of one group never waits on a rank still in another's.
+  const absl::Duration timeout =
+      absl::Seconds(a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60);
+  const std::string address = a.node_address().empty() ? "127.0.0.1" : a.node_address();
+  auto make_group = [&](const std::string& axis) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
+    absl::StatusOr<std::vector<int>> members = GroupMembers(a, axis);
+    if (!members.ok()) return members.status();
+    if (members->size() <= 1) return std::unique_ptr<comm::Communicator>();
+    return comm::CreateGroupCommunicator(store, "", axis, *members, a.rank(), timeout, address);
+  };
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> tp = make_group("tp");
+  if (!tp.ok()) return tp.status();
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> dp = make_group("dp");
+  if (!dp.ok()) return dp.status();
   const int dp_rank = static_cast<int>(a.coords().dp());
-  const int dp_size = static_cast<int>(dp_members->size());
+  const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
-      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp.get());
+      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get());
   if (!loop.ok()) return loop.status();
   loom::v1::RankProgress ready;
   ready.set_phase("ready");
   reporter.Report(ready);
+
+  PhaseBoard board;
+  board.Set("running");
+  std::vector<comm::Communicator*> groups;
+  for (auto* group : {tp->get(), dp->get()}) {
+    if (group != nullptr) groups.push_back(group);
+  }
+  RankMonitor monitor({.collective_timeout = timeout}, &reporter, &board, groups);
 
   engine::RunOptions run;
   run.checkpoint_root = a.checkpoint_dir();
   run.on_event = [&a](const std::string& message) {
     std::fprintf(stderr, "loom-trainer: rank %d: %s\n", a.rank(), message.c_str());
   };
-  run.on_step = [&reporter, &a](const engine::StepProgress& p) {
+  run.on_step = [&reporter, &a, &board, &fault](const engine::StepProgress& p) {
+    board.SetStep(p.step);
+    (*fault)(p.step);
     if (a.rank() == 0) std::fprintf(stderr, "%s\n", engine::FormatProgressLine(p).c_str());
     reporter.Report(ToProto(p));
     return absl::OkStatus();

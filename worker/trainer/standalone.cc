@@ -83,6 +83,9 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kDataLoss:
     case absl::StatusCode::kFailedPrecondition:
       return kExitJobBroken;
+    case absl::StatusCode::kDeadlineExceeded:
+      // A collective timed out: a peer is gone or stuck.
+      return kExitCollectiveTimeout;
     default:
       return kExitCrash;
   }

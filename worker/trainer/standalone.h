@@ -35,8 +35,9 @@ spec::JobSpec ResolveSpecPaths(spec::JobSpec spec, const std::string& spec_path,
 absl::Status RunStandalone(const StandaloneOptions& options);
 absl::Status RunStandalone(const std::string& spec_path, const std::string& work_dir);
 
-// The process exit code for a RunStandalone result: 0, kExitJobBroken for a
-// job that cannot run as written (spec, data, checkpoint), kExitCrash otherwise.
+// The process exit code for a run's result: 0, kExitJobBroken for a job that
+// cannot run as written (spec, data, checkpoint), kExitCollectiveTimeout for
+// a collective that timed out, kExitCrash otherwise.
 int ExitCodeFor(const absl::Status& status);
 
 }  // namespace loom::trainer

@@ -7,10 +7,20 @@
 #include "worker/engine/checkpoint/safetensors.h"
 
 namespace loom::engine {
+namespace {
+
+std::vector<FlatSlice> WholeTensors(const std::vector<TensorView>& into) {
+  std::vector<FlatSlice> out;
+  out.reserve(into.size());
+  for (const TensorView& t : into) out.push_back({t.name, t.shape, 0, t.numel(), t.data});
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
                                                     const spec::ModelSpec& model,
-                                                    const std::vector<TensorView>& into) {
+                                                    const std::vector<FlatSlice>& into) {
   absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(step_dir);
   if (!reader.ok()) return reader.status();
   if (absl::Status s = CheckSameModelShape(model, reader->model(),
@@ -18,7 +28,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
       !s.ok()) {
     return s;
   }
-  for (const TensorView& t : into) {
+  for (const FlatSlice& t : into) {
     const CheckpointTensorInfo* info = reader->Find(t.name);
     if (info == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -30,7 +40,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
           " has shape ", ShapeString(info->shape), " but the model has ", ShapeString(t.shape)));
     }
   }
-  for (const TensorView& t : into) {
+  for (const FlatSlice& t : into) {
     if (absl::Status s = reader->CopyTo(t); !s.ok()) return s;
   }
   LoadedCheckpoint out;
@@ -40,9 +50,15 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
   return out;
 }
 
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<TensorView>& into) {
+  return LoadCheckpointStep(step_dir, model, WholeTensors(into));
+}
+
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
                                                       const spec::ModelSpec& model,
-                                                      const std::vector<TensorView>& into) {
+                                                      const std::vector<FlatSlice>& into) {
   const auto steps = ListStepDirs(root);
   if (steps.empty()) {
     return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
@@ -59,6 +75,12 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
   return absl::FailedPreconditionError(absl::StrCat(
       "every checkpoint under ", root, " was refused: ", absl::StrJoin(refused, "; "),
       " (remove or repair them, or point checkpoint.dir elsewhere to start fresh)"));
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<TensorView>& into) {
+  return LoadNewestCheckpoint(root, model, WholeTensors(into));
 }
 
 }  // namespace loom::engine

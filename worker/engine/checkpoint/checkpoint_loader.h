@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {
@@ -37,5 +38,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
                                                       const spec::ModelSpec& model,
                                                       const std::vector<TensorView>& into);
+
+// The same for flat ranges of global tensors (a rank of a sharded layout
+// loading its shard from a checkpoint of any layout).
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<FlatSlice>& into);
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<FlatSlice>& into);
 
 }  // namespace loom::engine

@@ -1,5 +1,6 @@
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,75 @@ absl::StatusOr<json> ParseJson(const std::string& text, const std::string& path)
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Fault(path, "not a valid JSON object");
   return j;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Calls row(global_flat_begin, shard_flat_begin, length) for every run of the
+// slice's last dimension, in order.
+template <typename Row>
+void ForEachRow(const std::vector<int64_t>& global, const CheckpointShardInfo& s, Row row) {
+  const size_t dims = global.size();
+  if (dims == 0) {
+    row(0, 0, 1);
+    return;
+  }
+  std::vector<int64_t> stride(dims, 1);
+  for (size_t d = dims - 1; d > 0; --d) stride[d - 1] = stride[d] * global[d];
+  const int64_t len = s.shape[dims - 1];
+  const int64_t rows = len == 0 ? 0 : Numel(s.shape) / len;
+  std::vector<int64_t> idx(dims, 0);  // over the slice's leading dimensions
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t g = s.offset[dims - 1];
+    for (size_t d = 0; d + 1 < dims; ++d) g += (s.offset[d] + idx[d]) * stride[d];
+    row(g, r * len, len);
+    for (size_t d = dims - 1; d-- > 0;) {
+      if (++idx[d] < s.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// Every shard inside the tensor, and together covering each element once.
+absl::Status CheckShardsTile(const CheckpointTensorInfo& t) {
+  const int64_t total = Numel(t.shape);
+  std::vector<bool> seen(static_cast<size_t>(total), false);
+  int64_t covered = 0;
+  for (const CheckpointShardInfo& s : t.shards) {
+    if (s.offset.size() != t.shape.size() || s.shape.size() != t.shape.size()) {
+      return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key,
+                                              " has the wrong number of dimensions"));
+    }
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (s.offset[d] < 0 || s.shape[d] < 0 || s.offset[d] + s.shape[d] > t.shape[d]) {
+        return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key, " at ",
+                                                ShapeString(s.offset), " of shape ",
+                                                ShapeString(s.shape), " lies outside ",
+                                                ShapeString(t.shape)));
+      }
+    }
+    bool overlap = false;
+    ForEachRow(t.shape, s, [&](int64_t g, int64_t, int64_t len) {
+      for (int64_t i = 0; i < len; ++i) {
+        overlap = overlap || seen[static_cast<size_t>(g + i)];
+        seen[static_cast<size_t>(g + i)] = true;
+      }
+    });
+    if (overlap) {
+      return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key,
+                                              " overlaps another shard"));
+    }
+    covered += Numel(s.shape);
+  }
+  if (covered != total) {
+    return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shards cover ", covered,
+                                            " of ", total, " elements"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -110,27 +180,47 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
     CheckpointTensorInfo info;
     info.name = it.key();
     if (!e.is_object() || !e["shape"].is_array() || !e["shards"].is_array() ||
-        e["shards"].size() != 1 || !e["shards"][0].is_object()) {
-      return Fault(index_path, absl::StrCat("tensor ", info.name,
-                                            " lacks a shape or a single shard (unsupported layout)"));
+        e["shards"].empty()) {
+      return Fault(index_path, absl::StrCat("tensor ", info.name, " lacks a shape or shards"));
     }
     info.group = e.value("group", "");
     for (const json& d : e["shape"]) info.shape.push_back(d.get<int64_t>());
-    const json& shard = e["shards"][0];
-    info.file = shard.value("file", "");
-    info.key = shard.value("key", "");
-    auto f = r.files_.find(info.file);
-    if (f == r.files_.end()) {
-      return Fault(index_path, absl::StrCat("tensor ", info.name, " is in file ", info.file,
-                                            " which metadata.json does not list"));
+    for (const json& shard : e["shards"]) {
+      if (!shard.is_object()) {
+        return Fault(index_path, absl::StrCat("tensor ", info.name, " has a malformed shard"));
+      }
+      CheckpointShardInfo si;
+      si.file = shard.value("file", "");
+      si.key = shard.value("key", "");
+      if (shard.contains("offset")) {
+        for (const json& d : shard["offset"]) si.offset.push_back(d.get<int64_t>());
+      } else {
+        si.offset.assign(info.shape.size(), 0);
+      }
+      if (shard.contains("shape")) {
+        for (const json& d : shard["shape"]) si.shape.push_back(d.get<int64_t>());
+      } else {
+        si.shape = info.shape;
+      }
+      auto f = r.files_.find(si.file);
+      if (f == r.files_.end()) {
+        return Fault(index_path, absl::StrCat("tensor ", info.name, " is in file ", si.file,
+                                              " which metadata.json does not list"));
+      }
+      const SafetensorsEntry* entry = f->second.Find(si.key);
+      if (entry == nullptr || entry->shape != si.shape) {
+        return Fault((dir / si.file).string(),
+                     absl::StrCat("tensor ", si.key, entry == nullptr ? " missing" : " has shape " +
+                                  ShapeString(entry->shape), "; index.json says ",
+                                  ShapeString(si.shape)));
+      }
+      info.shards.push_back(std::move(si));
     }
-    const SafetensorsEntry* entry = f->second.Find(info.key);
-    if (entry == nullptr || entry->shape != info.shape) {
-      return Fault((dir / info.file).string(),
-                   absl::StrCat("tensor ", info.key, entry == nullptr ? " missing" : " has shape " +
-                                ShapeString(entry->shape), "; index.json says ",
-                                ShapeString(info.shape)));
+    if (absl::Status s = CheckShardsTile(info); !s.ok()) {
+      return Fault(index_path, std::string(s.message()));
     }
+    info.file = info.shards[0].file;
+    info.key = info.shards[0].key;
     r.by_name_[info.name] = r.tensors_.size();
     r.tensors_.push_back(std::move(info));
   }
@@ -143,6 +233,10 @@ const CheckpointTensorInfo* CheckpointReader::Find(const std::string& name) cons
 }
 
 absl::Status CheckpointReader::CopyTo(const TensorView& dst) const {
+  return CopyTo(FlatSlice{dst.name, dst.shape, 0, Numel(dst.shape), dst.data});
+}
+
+absl::Status CheckpointReader::CopyTo(const FlatSlice& dst) const {
   const CheckpointTensorInfo* info = Find(dst.name);
   if (info == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -153,7 +247,20 @@ absl::Status CheckpointReader::CopyTo(const TensorView& dst) const {
         "checkpoint ", dir_, ": model mismatch: tensor ", dst.name, " has shape ",
         ShapeString(info->shape), " in the checkpoint but ", ShapeString(dst.shape), " in the model"));
   }
-  return files_.at(info->file).CopyTo(info->key, dst);
+  const int64_t lo = dst.begin, hi = dst.begin + dst.count;
+  if (lo < 0 || dst.count < 0 || hi > Numel(info->shape)) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir_, ": elements [", lo, ", ",
+                                                   hi, ") lie outside tensor ", dst.name));
+  }
+  for (const CheckpointShardInfo& s : info->shards) {
+    const SafetensorsFile& f = files_.at(s.file);
+    const SafetensorsEntry* e = f.Find(s.key);
+    ForEachRow(info->shape, s, [&](int64_t g, int64_t local, int64_t len) {
+      const int64_t a = std::max(lo, g), z = std::min(hi, g + len);
+      if (a < z) f.CopyElements(*e, local + (a - g), z - a, dst.data + (a - lo));
+    });
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> CheckpointReader::Values(const std::string& name) const {
@@ -161,8 +268,12 @@ absl::StatusOr<std::vector<float>> CheckpointReader::Values(const std::string& n
   if (info == nullptr) {
     return absl::NotFoundError(absl::StrCat("checkpoint ", dir_, ": no tensor named ", name));
   }
-  const SafetensorsFile& f = files_.at(info->file);
-  return f.Values(*f.Find(info->key));
+  std::vector<float> out(static_cast<size_t>(Numel(info->shape)));
+  if (absl::Status s = CopyTo(FlatSlice{name, info->shape, 0, Numel(info->shape), out.data()});
+      !s.ok()) {
+    return s;
+  }
+  return out;
 }
 
 }  // namespace loom::engine

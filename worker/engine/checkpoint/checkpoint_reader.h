@@ -18,12 +18,34 @@
 
 namespace loom::engine {
 
+// One stored piece of a tensor: the rectangular slice at `offset` (per
+// dimension) of shape `shape`, stored as `key` in `file`.
+struct CheckpointShardInfo {
+  std::string file;
+  std::string key;
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+};
+
 struct CheckpointTensorInfo {
   std::string name;
   std::string group;
   std::vector<int64_t> shape;  // global shape
-  std::string file;            // the (single, for now) shard holding it
-  std::string key;             // its name inside that file
+  std::string file;            // the first shard's file and key (the only
+  std::string key;             // ones for an unsharded tensor)
+  // Pieces that tile the global tensor exactly (checked when opening).
+  std::vector<CheckpointShardInfo> shards;
+};
+
+// Elements [begin, begin + count) of the row-major global tensor `name` of
+// global shape `shape`: what one rank of a sharded layout (ZeRO's flat
+// shards) loads; a whole tensor is begin 0, count = numel.
+struct FlatSlice {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  int64_t count = 0;
+  float* data = nullptr;
 };
 
 class CheckpointReader {
@@ -40,6 +62,9 @@ class CheckpointReader {
 
   // Copies the named tensor (dst.name) into dst; the global shapes must match.
   absl::Status CopyTo(const TensorView& dst) const;
+  // Copies a flat range of the named tensor, assembled from its shards; the
+  // global shapes must match and the range must lie inside the tensor.
+  absl::Status CopyTo(const FlatSlice& dst) const;
   absl::StatusOr<std::vector<float>> Values(const std::string& name) const;
 
  private:

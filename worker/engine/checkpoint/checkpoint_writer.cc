@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/engine/checkpoint/checkpoint_format.h"
+#include "worker/engine/checkpoint/commit_faults.h"
 #include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/checkpoint/safetensors.h"
 
@@ -29,13 +30,19 @@ json FileEntry(const FileDigest& d) {
 json BuildIndex(const CheckpointContent& content) {
   json tensors = json::object();
   for (const CheckpointFile& f : content.files) {
-    for (const TensorView& t : f.tensors) {
-      // One shard covering the whole tensor; sharded layouts list several,
-      // each with the offset of its slice in the global tensor.
+    for (size_t i = 0; i < f.tensors.size(); ++i) {
+      const TensorView& t = f.tensors[i];
+      const bool sliced = i < f.slices.size();
+      const std::string& global = sliced ? f.slices[i].tensor : t.name;
+      const std::vector<int64_t>& shape = sliced ? f.slices[i].global_shape : t.shape;
       json shard = {{"file", f.name}, {"key", t.name},
-                    {"offset", std::vector<int64_t>(t.shape.size(), 0)}, {"shape", t.shape}};
-      tensors[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"group", f.group},
-                         {"shards", json::array({shard})}};
+                    {"offset", sliced ? f.slices[i].offset : std::vector<int64_t>(t.shape.size(), 0)},
+                    {"shape", t.shape}};
+      if (!tensors.contains(global)) {
+        tensors[global] = {{"dtype", "F32"}, {"shape", shape}, {"group", f.group},
+                           {"shards", json::array()}};
+      }
+      tensors[global]["shards"].push_back(shard);
     }
   }
   return {{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"tensors", tensors}};
@@ -62,35 +69,59 @@ void Prune(const std::string& root, int64_t keep) {
 
 }  // namespace
 
-absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
-                                             const CheckpointContent& content, int64_t keep) {
+std::string CheckpointTempDir(const std::string& root, int64_t step, int64_t tag) {
+  return (fs::path(root) / absl::StrCat(".", StepDirName(step), ".tmp-", tag)).string();
+}
+
+absl::StatusOr<std::string> BeginCheckpointStep(const std::string& root, int64_t step,
+                                                int64_t tag) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return FsError(absl::StrCat("create ", root), ec);
-  const std::string name = StepDirName(content.step);
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp_dir = fs::path(root) / absl::StrCat(".", name, ".tmp-", ::getpid());
+  const std::string tmp_dir = CheckpointTempDir(root, step, tag);
   fs::remove_all(tmp_dir, ec);
   fs::create_directory(tmp_dir, ec);
-  if (ec) return FsError(absl::StrCat("create ", tmp_dir.string()), ec);
+  if (ec) return FsError(absl::StrCat("create ", tmp_dir), ec);
+  return tmp_dir;
+}
 
+absl::StatusOr<FileDigest> WriteCheckpointFile(const std::string& temp_dir,
+                                               const CheckpointFile& f) {
+  return WriteSafetensors((fs::path(temp_dir) / f.name).string(), f.tensors,
+                          {{"format", "pt"}, {"loom.group", f.group}});
+}
+
+absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
+                                                 const std::string& temp_dir,
+                                                 const CheckpointContent& content,
+                                                 const std::vector<FileDigest>& digests,
+                                                 int64_t keep) {
+  if (digests.size() != content.files.size()) {
+    return absl::InvalidArgumentError("checkpoint: one digest per file is needed");
+  }
+  std::error_code ec;
+  const fs::path tmp_dir(temp_dir);
+  const std::string name = StepDirName(content.step);
+  const fs::path final_dir = fs::path(root) / name;
+  if (!content.files.empty()) {
+    RunCommitFaultHook(CommitPoint::kFilesWritten, content.step,
+                       (tmp_dir / content.files.front().name).string());
+  }
   json files = json::object();
   std::set<std::string> seen;
-  for (const CheckpointFile& f : content.files) {
+  for (size_t i = 0; i < content.files.size(); ++i) {
+    const CheckpointFile& f = content.files[i];
     if (!seen.insert(f.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("checkpoint: file ", f.name, " given twice"));
     }
-    absl::StatusOr<FileDigest> d =
-        WriteSafetensors((tmp_dir / f.name).string(), f.tensors,
-                         {{"format", "pt"}, {"loom.group", f.group}});
-    if (!d.ok()) return d.status();
-    files[f.name] = FileEntry(*d);
+    files[f.name] = FileEntry(digests[i]);
   }
   absl::StatusOr<FileDigest> index =
       WriteFileDurably((tmp_dir / kCheckpointIndexFile).string(), BuildIndex(content).dump(1));
   if (!index.ok()) return index.status();
   files[kCheckpointIndexFile] = FileEntry(*index);
 
+  RunCommitFaultHook(CommitPoint::kBeforeMetadata, content.step, tmp_dir.string());
   // The metadata is the commit record inside the directory: written last.
   json metadata = {{"format", kCheckpointFormat},     {"version", kCheckpointVersion},
                    {"step", content.step},            {"model", ModelSpecToJson(content.model)},
@@ -99,6 +130,7 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
       WriteFileDurably((tmp_dir / kCheckpointMetadataFile).string(), metadata.dump(1));
   if (!meta.ok()) return meta.status();
   if (absl::Status s = FsyncDirectory(tmp_dir.string()); !s.ok()) return s;
+  RunCommitFaultHook(CommitPoint::kBeforeRename, content.step, tmp_dir.string());
 
   // rename() cannot replace a non-empty directory: move an existing step of
   // the same number aside first (a refused step being re-written after a
@@ -115,6 +147,23 @@ absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
   if (replacing) fs::remove_all(old_dir, ec);
   Prune(root, keep);
   return final_dir.string();
+}
+
+absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
+                                             const CheckpointContent& content, int64_t keep) {
+  absl::StatusOr<std::string> tmp = BeginCheckpointStep(root, content.step, ::getpid());
+  if (!tmp.ok()) return tmp.status();
+  std::vector<FileDigest> digests;
+  std::set<std::string> seen;
+  for (const CheckpointFile& f : content.files) {
+    if (!seen.insert(f.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint: file ", f.name, " given twice"));
+    }
+    absl::StatusOr<FileDigest> d = WriteCheckpointFile(*tmp, f);
+    if (!d.ok()) return d.status();
+    digests.push_back(*d);
+  }
+  return CommitCheckpointStep(root, *tmp, content, digests, keep);
 }
 
 }  // namespace loom::engine

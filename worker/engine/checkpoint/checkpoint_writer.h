@@ -11,16 +11,29 @@
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {
 
+// Where a stored tensor sits in a global tensor when it is a shard: the slice
+// at `offset` (per dimension) of `global_shape`, with the stored tensor's shape.
+struct CheckpointSlice {
+  std::string tensor;  // global name
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;
+};
+
 // One safetensors file of the step. group ("model", "optimizer") lets export
-// and loaders select tensors; tensor names are global and unique across files.
+// and loaders select tensors. Without slices every tensor is whole and its
+// name is global (unique across files); with slices (one per tensor) each
+// tensor is the named piece of a global tensor and its name is only its key
+// in this file.
 struct CheckpointFile {
   std::string name;
   std::string group;
   std::vector<TensorView> tensors;
+  std::vector<CheckpointSlice> slices;
 };
 
 struct CheckpointContent {
@@ -36,5 +49,24 @@ struct CheckpointContent {
 // all) and stale temporary directories. Returns the committed directory.
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
                                              const CheckpointContent& content, int64_t keep);
+
+// A step written by several writers (the ranks of a sharded layout): one
+// coordinating writer calls BeginCheckpointStep and, once every writer has
+// written its files with WriteCheckpointFile into the same temporary
+// directory, CommitCheckpointStep with every file's digest. `tag` names the
+// temporary directory (the coordinator's pid), so every writer can derive it.
+std::string CheckpointTempDir(const std::string& root, int64_t step, int64_t tag);
+absl::StatusOr<std::string> BeginCheckpointStep(const std::string& root, int64_t step,
+                                                int64_t tag);
+absl::StatusOr<FileDigest> WriteCheckpointFile(const std::string& temp_dir,
+                                               const CheckpointFile& file);
+// content.files describe every file of the step (for the index; their data
+// is not read), digests[i] is files[i]'s. Writes the index and the metadata,
+// renames the directory into place and prunes to `keep`.
+absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
+                                                 const std::string& temp_dir,
+                                                 const CheckpointContent& content,
+                                                 const std::vector<FileDigest>& digests,
+                                                 int64_t keep);
 
 }  // namespace loom::engine

@@ -184,4 +184,10 @@ std::vector<float> SafetensorsFile::Values(const SafetensorsEntry& e) const {
   return out;
 }
 
+void SafetensorsFile::CopyElements(const SafetensorsEntry& e, int64_t first, int64_t count,
+                                   float* out) const {
+  if (count <= 0) return;
+  std::memcpy(out, bytes_.data() + data_start_ + e.begin + first * 4, static_cast<size_t>(count) * 4);
+}
+
 }  // namespace loom::engine

@@ -44,6 +44,8 @@ class SafetensorsFile {
   // Copies tensor `name` into dst; the shapes must be equal.
   absl::Status CopyTo(const std::string& name, const TensorView& dst) const;
   std::vector<float> Values(const SafetensorsEntry& entry) const;
+  // Copies elements [first, first + count) of the entry (row-major, F32).
+  void CopyElements(const SafetensorsEntry& entry, int64_t first, int64_t count, float* out) const;
   const std::string& bytes() const { return bytes_; }
 
  private:

@@ -28,49 +28,82 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 }
 
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
-                  const RopeView& rope, const BlockActivations& a, float* x_next) {
-  const int64_t t = d.tokens, h = d.hidden;
-  ops.RmsNormForward(a.x_in, w.input_norm, t, h, d.eps, a.h1, a.rstd1);
+                  const RopeView& rope, const BlockActivations& a, float* x_next,
+                  const BlockTp* tp) {
+  const int64_t t = d.tokens, h = d.hidden, rows = d.rows;
+  const bool sp = tp != nullptr && tp->coll->sequence_parallel();
+  // With sequence parallelism a norm sees this rank's rows and its output is
+  // all-gathered into the full rows the column-parallel GEMM reads.
+  ops.RmsNormForward(a.x_in, w.input_norm, rows, h, d.eps, sp ? tp->rows : a.h1, a.rstd1);
+  if (sp) tp->coll->AllGather(tp->rows, rows * h, a.h1);
   ops.Gemm(kN, kT, t, d.qkv_dim, h, 1.0f, a.h1, h, w.qkv, h, 0.0f, a.qkv, d.qkv_dim);
   ops.RopeForward(a.qkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
   ops.RopeForward(a.qkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
                   rope.sin, 0);
   BlockAttentionCore(ops, d, a);
-  // Residual adds ride on GEMM beta = 1: x_mid = x_in + attn @ o^T.
-  ops.CopyDeviceToDevice(a.x_mid, a.x_in, t * h * static_cast<int64_t>(sizeof(float)));
-  ops.Gemm(kN, kT, t, h, d.q_dim, 1.0f, a.attn, d.q_dim, w.o, d.q_dim, 1.0f, a.x_mid, h);
-  ops.RmsNormForward(a.x_mid, w.post_norm, t, h, d.eps, a.h2, a.rstd2);
+  if (tp == nullptr) {
+    // Residual adds ride on GEMM beta = 1: x_mid = x_in + attn @ o^T.
+    ops.CopyDeviceToDevice(a.x_mid, a.x_in, t * h * static_cast<int64_t>(sizeof(float)));
+    ops.Gemm(kN, kT, t, h, d.q_dim, 1.0f, a.attn, d.q_dim, w.o, d.q_dim, 1.0f, a.x_mid, h);
+  } else {
+    // Row-parallel: each rank's heads give a partial sum of the projection.
+    ops.Gemm(kN, kT, t, h, d.q_dim, 1.0f, a.attn, d.q_dim, w.o, d.q_dim, 0.0f, tp->partial, h);
+    tp->coll->ReduceRows(tp->partial, t * h, a.x_mid);
+    ops.Axpy(rows * h, 1.0f, a.x_in, a.x_mid);
+  }
+  ops.RmsNormForward(a.x_mid, w.post_norm, rows, h, d.eps, sp ? tp->rows : a.h2, a.rstd2);
+  if (sp) tp->coll->AllGather(tp->rows, rows * h, a.h2);
   ops.Gemm(kN, kT, t, 2 * d.ffn, h, 1.0f, a.h2, h, w.gate_up, h, 0.0f, a.gu, 2 * d.ffn);
   ops.SwiGluForward(t, d.ffn, a.gu, a.gu + d.ffn, 2 * d.ffn, a.act, d.ffn);
-  if (x_next != nullptr) {
+  if (x_next == nullptr) return;
+  if (tp == nullptr) {
     ops.CopyDeviceToDevice(x_next, a.x_mid, t * h * static_cast<int64_t>(sizeof(float)));
     ops.Gemm(kN, kT, t, h, d.ffn, 1.0f, a.act, d.ffn, w.down, d.ffn, 1.0f, x_next, h);
+  } else {
+    ops.Gemm(kN, kT, t, h, d.ffn, 1.0f, a.act, d.ffn, w.down, d.ffn, 0.0f, tp->partial, h);
+    tp->coll->ReduceRows(tp->partial, t * h, x_next);
+    ops.Axpy(rows * h, 1.0f, a.x_mid, x_next);
   }
 }
 
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx) {
-  const int64_t t = d.tokens, h = d.hidden, f = d.ffn;
+                   const BlockScratch& s, float* dx, const BlockTp* tp) {
+  const int64_t t = d.tokens, h = d.hidden, f = d.ffn, rows = d.rows;
+  const bool sp = tp != nullptr && tp->coll->sequence_parallel();
+  // The gradient of a row-parallel output is dx (all-gathered under SP); the
+  // input gradient of a column-parallel GEMM is a partial sum over ranks
+  // (reduced, and reduce-scattered under SP) before its norm's backward.
+  float* dh_full = sp ? tp->partial : s.dh;
   // MLP: dx is the gradient of the block output = of down_proj's output.
-  ops.Gemm(kT, kN, h, f, t, 1.0f, dx, h, a.act, f, 1.0f, g.down, f);
-  ops.Gemm(kN, kN, t, f, h, 1.0f, dx, h, w.down, f, 0.0f, s.d_act, f);
+  const float* dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;
+  ops.Gemm(kT, kN, h, f, t, 1.0f, dy, h, a.act, f, 1.0f, g.down, f);
+  ops.Gemm(kN, kN, t, f, h, 1.0f, dy, h, w.down, f, 0.0f, s.d_act, f);
   ops.SwiGluBackward(t, f, a.gu, a.gu + f, 2 * f, s.d_act, f, s.dgu, s.dgu + f);
   ops.Gemm(kT, kN, 2 * f, h, t, 1.0f, s.dgu, 2 * f, a.h2, h, 1.0f, g.gate_up, h);
-  ops.Gemm(kN, kN, t, h, 2 * f, 1.0f, s.dgu, 2 * f, w.gate_up, h, 0.0f, s.dh, h);
-  ops.RmsNormBackward(s.dh, a.x_mid, w.post_norm, a.rstd2, t, h, dx, true, g.post_norm);
+  ops.Gemm(kN, kN, t, h, 2 * f, 1.0f, s.dgu, 2 * f, w.gate_up, h, 0.0f, dh_full, h);
+  if (tp != nullptr) tp->coll->ReduceRows(dh_full, t * h, s.dh);
+  ops.RmsNormBackward(s.dh, a.x_mid, w.post_norm, a.rstd2, rows, h, dx, true, g.post_norm);
   // Attention: dx is now the gradient of x_mid = of o_proj's output.
-  ops.Gemm(kT, kN, h, d.q_dim, t, 1.0f, dx, h, a.attn, d.q_dim, 1.0f, g.o, d.q_dim);
-  ops.Gemm(kN, kN, t, d.q_dim, h, 1.0f, dx, h, w.o, d.q_dim, 0.0f, s.d_attn, d.q_dim);
+  dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;
+  ops.Gemm(kT, kN, h, d.q_dim, t, 1.0f, dy, h, a.attn, d.q_dim, 1.0f, g.o, d.q_dim);
+  ops.Gemm(kN, kN, t, d.q_dim, h, 1.0f, dy, h, w.o, d.q_dim, 0.0f, s.d_attn, d.q_dim);
   ops.AttentionBackward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim,
                         a.qkv + d.q_dim + d.kv_dim, a.attn, a.lse, s.d_attn, s.dqkv,
                         s.dqkv + d.q_dim, s.dqkv + d.q_dim + d.kv_dim);
   ops.RopeBackward(s.dqkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
   ops.RopeBackward(s.dqkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
                    rope.sin, 0);
-  ops.Gemm(kT, kN, d.qkv_dim, h, t, 1.0f, s.dqkv, d.qkv_dim, a.h1, h, 1.0f, g.qkv, h);
-  ops.Gemm(kN, kN, t, h, d.qkv_dim, 1.0f, s.dqkv, d.qkv_dim, w.qkv, h, 0.0f, s.dh, h);
-  ops.RmsNormBackward(s.dh, a.x_in, w.input_norm, a.rstd1, t, h, dx, true, g.input_norm);
+  if (g.kv == nullptr) {
+    ops.Gemm(kT, kN, d.qkv_dim, h, t, 1.0f, s.dqkv, d.qkv_dim, a.h1, h, 1.0f, g.qkv, h);
+  } else {
+    ops.Gemm(kT, kN, d.q_dim, h, t, 1.0f, s.dqkv, d.qkv_dim, a.h1, h, 1.0f, g.qkv, h);
+    ops.Gemm(kT, kN, 2 * d.kv_dim, h, t, 1.0f, s.dqkv + d.q_dim, d.qkv_dim, a.h1, h, 1.0f, g.kv,
+             h);
+  }
+  ops.Gemm(kN, kN, t, h, d.qkv_dim, 1.0f, s.dqkv, d.qkv_dim, w.qkv, h, 0.0f, dh_full, h);
+  if (tp != nullptr) tp->coll->ReduceRows(dh_full, t * h, s.dh);
+  ops.RmsNormBackward(s.dh, a.x_in, w.input_norm, a.rstd1, rows, h, dx, true, g.input_norm);
 }
 
 }  // namespace loom::engine

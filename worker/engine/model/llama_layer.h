@@ -2,16 +2,24 @@
 // calls on caller-owned buffers. The model decides which activations persist
 // (the recompute modes) by where these pointers point; the block itself does
 // not know or care. Internal to the model.
+//
+// Under tensor parallelism the dims and weights are this rank's (its query
+// and kv heads, its FFN columns) and a BlockTp carries the collectives: the
+// residual stream (x_in, x_mid, rstd*, dx) then has d.rows rows, which is
+// d.tokens / tp with sequence parallelism and d.tokens without; everything
+// between a block's norms and its row-parallel projections has d.tokens rows.
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/ops.h"
+#include "worker/engine/model/tp_collectives.h"
 
 namespace loom::engine {
 
 struct BlockDims {
   int64_t batch = 0, seq = 0, tokens = 0;  // tokens = batch * seq
+  int64_t rows = 0;  // residual-stream rows on this rank (tokens unless sequence-parallel)
   int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0;  // qkv_dim = q_dim + 2 kv_dim
   int64_t ffn = 0;
@@ -34,6 +42,10 @@ struct BlockGrads {
   float* post_norm;
   float* gate_up;
   float* down;
+  // When set, the k and v rows' gradients ([2 kv_dim, hidden]) accumulate
+  // here instead of into qkv: kv heads replicated over TP ranks, whose
+  // gradients the model sums over the group before adding them.
+  float* kv = nullptr;
 };
 
 // Activations of one block, [tokens, width] row-major.
@@ -59,6 +71,14 @@ struct BlockScratch {
   float* dqkv;    // [T, qkv_dim]
 };
 
+// A block's tensor parallelism; BlockForward/BlockBackward take null for one rank.
+struct BlockTp {
+  TpCollectives* coll = nullptr;
+  float* partial = nullptr;  // [tokens, hidden]: a row-parallel GEMM's output, unreduced
+  float* rows = nullptr;     // [rows, hidden]: a norm's output before the all-gather
+  float* full = nullptr;     // [tokens, hidden]: the all-gathered output gradient
+};
+
 struct RopeView {
   const float* cos;
   const float* sin;
@@ -69,7 +89,8 @@ kernels::AttentionDims BlockAttentionDims(const BlockDims& d);
 // Fills every activation from a.x_in; writes the block output to x_next
 // unless it is null (recompute needs everything but the output).
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
-                  const RopeView& rope, const BlockActivations& a, float* x_next);
+                  const RopeView& rope, const BlockActivations& a, float* x_next,
+                  const BlockTp* tp = nullptr);
 
 // The attention core alone: a.attn and a.lse from a.qkv (selective recompute).
 void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a);
@@ -78,6 +99,6 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 // Weight gradients accumulate into g.
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx);
+                   const BlockScratch& s, float* dx, const BlockTp* tp = nullptr);
 
 }  // namespace loom::engine

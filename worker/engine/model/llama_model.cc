@@ -3,12 +3,17 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <string>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/rope_tables.h"
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
+#include "worker/engine/model/replicated_grads.h"
+#include "worker/engine/model/tp_collectives.h"
+#include "worker/engine/model/vocab_parallel_loss.h"
 
 namespace loom::engine {
 namespace {
@@ -19,6 +24,31 @@ using kernels::Transpose;
 [[noreturn]] void Fatal(const char* what, long long value, long long limit) {
   std::fprintf(stderr, "LlamaModel: %s %lld is outside [0, %lld)\n", what, value, limit);
   std::abort();
+}
+
+// The slice `e` describes of a global tensor generated whole (row-major).
+std::vector<float> SliceOf(const std::vector<float>& global, const ParameterEntry& e) {
+  if (e.shard_axis < 0) return global;
+  std::vector<float> local(static_cast<size_t>(e.numel));
+  const int64_t cols = e.global_shape[1];
+  if (e.shard_axis == 0) {
+    std::copy_n(global.begin() + e.shard_offset * cols, e.numel, local.begin());
+  } else {
+    const int64_t width = e.shape[1];
+    for (int64_t r = 0; r < e.shape[0]; ++r) {
+      std::copy_n(global.begin() + r * cols + e.shard_offset, width, local.begin() + r * width);
+    }
+  }
+  return local;
+}
+
+TensorView ViewOf(const ParameterEntry& e, float* base) {
+  TensorView v{e.name, e.shape, base + e.offset};
+  v.global_shape = e.global_shape;
+  v.shard_axis = e.shard_axis;
+  v.shard_offset = e.shard_offset;
+  v.replicas = e.replicas;
+  return v;
 }
 
 }  // namespace
@@ -44,6 +74,19 @@ struct LlamaModel::Impl {
   int32_t* ids = nullptr;
   int32_t* targets = nullptr;
   BlockScratch scratch{};
+  // Tensor parallelism; tp.active() is false (and the rest unused) on one rank.
+  TpPlan tp;
+  int64_t global_parameters = 0;
+  std::unique_ptr<TpCollectives> coll;
+  std::unique_ptr<VocabParallelLoss> vocab_loss;
+  std::unique_ptr<ReplicatedGrads> replicated;
+  BlockTp block_tp{};
+  absl::Status status;
+  ModelHooks* hooks = nullptr;  // [hooks] null: no hooks
+  ModelHooks& Hooks() {         // [hooks]
+    static ModelHooks none;
+    return hooks != nullptr ? *hooks : none;
+  }
 
   float* Alloc(int64_t floats) {
     pool.push_back(ops->AllocateFloats(floats));
@@ -59,20 +102,60 @@ struct LlamaModel::Impl {
                   const std::vector<BlockActivations>& acts, const int32_t* inputs,
                   const int32_t* targets);
   float MeanLoss(int64_t tokens, int64_t count);
+  const BlockTp* Tp() const { return tp.active() ? &block_tp : nullptr; }
+  // Clears the previous call's status; false (status set) when the token
+  // rows cannot be split over the group.
+  bool StartCall(int64_t tokens) {
+    status = absl::OkStatus();
+    if (coll != nullptr) coll->ResetStatus();
+    if (tp.sequence_parallel && tokens % tp.size != 0) {
+      status = absl::InvalidArgumentError(
+          "sequence parallelism splits the batch * seq = " + std::to_string(tokens) +
+          " token rows over the tensor-parallel group of " + std::to_string(tp.size) +
+          ": they must divide evenly");
+      return false;
+    }
+    return true;
+  }
+  // Why the call's result is meaningless, if it is (a failed TP collective).
+  bool Failed() {
+    if (coll != nullptr && !coll->status().ok()) status = coll->status();
+    return !status.ok();
+  }
 
   BlockGrads Grads(int64_t l) const {
     float* g = grads.f32();
     const LayerOffsets& o = layout.layers[l];
-    return {g + o.input_norm, g + o.qkv, g + o.o, g + o.post_norm, g + o.gate_up, g + o.down};
+    BlockGrads b{g + o.input_norm, g + o.qkv, g + o.o, g + o.post_norm, g + o.gate_up, g + o.down};
+    if (replicated != nullptr) replicated->Redirect(l, &b);
+    return b;
   }
 };
 
 LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
-                       std::shared_ptr<kernels::Ops> ops)
+                       std::shared_ptr<kernels::Ops> ops, TensorParallelOptions parallel)
     : config_(config), recompute_(recompute), ops_(std::move(ops)), impl_(new Impl) {
   if (!ops_) ops_ = kernels::cpu::MakeCpuOps();
   impl_->ops = ops_.get();
-  impl_->layout = MakeParameterLayout(config_);
+  comm::Communicator* tp = parallel.tp;
+  const int tp_size = tp != nullptr ? tp->size() : 1;
+  if (absl::Status s = CheckTensorParallel(config_, tp_size); !s.ok()) {
+    std::fprintf(stderr, "LlamaModel: %s\n", std::string(s.message()).c_str());
+    std::abort();
+  }
+  impl_->tp = MakeTpPlan(config_, tp_size > 1 ? tp->rank() : 0, tp_size,
+                         parallel.sequence_parallel);
+  impl_->layout = MakeParameterLayout(config_, impl_->tp);
+  impl_->global_parameters = MakeParameterLayout(config_).total;
+  if (impl_->tp.active()) {
+    impl_->coll = std::make_unique<TpCollectives>(tp, ops_.get(), impl_->tp.sequence_parallel);
+    impl_->vocab_loss = std::make_unique<VocabParallelLoss>(
+        ops_.get(), impl_->coll.get(), impl_->tp.vocab_first, impl_->tp.vocab);
+    impl_->replicated = std::make_unique<ReplicatedGrads>(ops_.get(), impl_->coll.get(), config_,
+                                                          impl_->tp, &impl_->layout);
+    if (impl_->replicated->empty()) impl_->replicated.reset();
+    impl_->block_tp.coll = impl_->coll.get();
+  }
   impl_->params = ops_->AllocateFloats(impl_->layout.total);
   impl_->grads = ops_->AllocateFloats(impl_->layout.total);
   ops_->Fill(impl_->params.f32(), impl_->layout.total, 0.0f);
@@ -85,13 +168,17 @@ void LlamaModel::InitParameters(uint64_t seed) {
   std::vector<float> host;
   for (size_t i = 0; i < impl_->layout.entries.size(); ++i) {
     const ParameterEntry& e = impl_->layout.entries[i];
-    host.resize(static_cast<size_t>(e.numel));
+    // A shard draws the whole tensor's stream and keeps its slice.
+    int64_t global_numel = 1;
+    for (int64_t d : e.global_shape.empty() ? e.shape : e.global_shape) global_numel *= d;
+    host.resize(static_cast<size_t>(global_numel));
     if (e.init_std == 0.0) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else {
       NormalGenerator gen(TensorSeed(seed, i));
       for (float& x : host) x = static_cast<float>(gen.NextNormal() * e.init_std);
     }
+    if (e.shard_axis >= 0) host = SliceOf(host, e);
     ops_->CopyHostToDevice(impl_->params.f32() + e.offset, host.data(),
                            e.numel * static_cast<int64_t>(sizeof(float)));
   }
@@ -100,14 +187,14 @@ void LlamaModel::InitParameters(uint64_t seed) {
 std::vector<TensorView> LlamaModel::Parameters() {
   std::vector<TensorView> views;
   for (const ParameterEntry& e : impl_->layout.entries)
-    views.push_back({e.name, e.shape, impl_->params.f32() + e.offset});
+    views.push_back(ViewOf(e, impl_->params.f32()));
   return views;
 }
 
 std::vector<TensorView> LlamaModel::Gradients() {
   std::vector<TensorView> views;
   for (const ParameterEntry& e : impl_->layout.entries)
-    views.push_back({e.name, e.shape, impl_->grads.f32() + e.offset});
+    views.push_back(ViewOf(e, impl_->grads.f32()));
   return views;
 }
 
@@ -115,21 +202,29 @@ void LlamaModel::ZeroGradients() { ops_->Fill(impl_->grads.f32(), impl_->layout.
 
 int64_t LlamaModel::NumParameters() const { return impl_->layout.total; }
 
+int64_t LlamaModel::NumGlobalParameters() const { return impl_->global_parameters; }
+
+const absl::Status& LlamaModel::status() const { return impl_->status; }
+
+const TpPlan& LlamaModel::tp_plan() const { return impl_->tp; }
+
 namespace {
 
-BlockDims MakeBlockDims(const spec::ModelSpec& c, int64_t batch, int64_t seq) {
+// This rank's dims: its heads and FFN columns, and its residual rows.
+BlockDims MakeBlockDims(const spec::ModelSpec& c, const TpPlan& tp, int64_t batch, int64_t seq) {
   BlockDims d;
   d.batch = batch;
   d.seq = seq;
   d.tokens = batch * seq;
+  d.rows = tp.sequence_parallel ? d.tokens / tp.size : d.tokens;
   d.hidden = c.hidden_size;
-  d.heads = c.num_heads;
-  d.kv_heads = c.num_kv_heads;
+  d.heads = tp.heads;
+  d.kv_heads = tp.kv_heads;
   d.head_dim = c.head_dim();
   d.q_dim = d.heads * d.head_dim;
   d.kv_dim = d.kv_heads * d.head_dim;
   d.qkv_dim = d.q_dim + 2 * d.kv_dim;
-  d.ffn = c.ffn_hidden_size;
+  d.ffn = tp.ffn;
   d.eps = static_cast<float>(c.norm_eps);
   return d;
 }
@@ -154,16 +249,17 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
   if (d.tokens <= m.capacity) return;
   m.pool.clear();
   m.capacity = d.tokens;
-  const int64_t t = d.tokens, layers = c.num_layers;
+  // The residual stream (x_in, x_mid, rstd, dx) has r rows, the rest t.
+  const int64_t t = d.tokens, r = d.rows, layers = c.num_layers;
   auto block_set = [&]() {
     BlockActivations a{};
-    a.rstd1 = m.Alloc(t);
+    a.rstd1 = m.Alloc(r);
     a.h1 = m.Alloc(t * d.hidden);
     a.qkv = m.Alloc(t * d.qkv_dim);
     a.attn = m.Alloc(t * d.q_dim);
     a.lse = m.Alloc(t * d.heads);
-    a.x_mid = m.Alloc(t * d.hidden);
-    a.rstd2 = m.Alloc(t);
+    a.x_mid = m.Alloc(r * d.hidden);
+    a.rstd2 = m.Alloc(r);
     a.h2 = m.Alloc(t * d.hidden);
     a.gu = m.Alloc(t * 2 * d.ffn);
     a.act = m.Alloc(t * d.ffn);
@@ -183,13 +279,13 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
     }
   }
   std::vector<float*> x_in(layers + 1);
-  for (float*& x : x_in) x = m.Alloc(t * d.hidden);
+  for (float*& x : x_in) x = m.Alloc(r * d.hidden);
   for (int64_t l = 0; l < layers; ++l) m.train_acts[l].x_in = m.eval_acts[l].x_in = x_in[l];
   m.h_final = m.Alloc(t * d.hidden);
-  m.rstd_final = m.Alloc(t);
-  m.logits = m.Alloc(t * c.vocab_size);
+  m.rstd_final = m.Alloc(r);
+  m.logits = m.Alloc(t * m.tp.vocab);
   m.row_loss = m.Alloc(t);
-  m.dx = m.Alloc(t * d.hidden);
+  m.dx = m.Alloc(r * d.hidden);
   m.scratch.dh = m.Alloc(t * d.hidden);
   m.scratch.d_act = m.Alloc(t * d.ffn);
   m.scratch.dgu = m.Alloc(t * 2 * d.ffn);
@@ -199,6 +295,11 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
   m.ids = m.pool.back().i32();
   m.pool.push_back(ops.Allocate(t * static_cast<int64_t>(sizeof(int32_t))));
   m.targets = m.pool.back().i32();
+  if (m.tp.active()) {
+    m.block_tp.partial = m.Alloc(t * d.hidden);
+    m.block_tp.rows = m.Alloc(r * d.hidden);
+    m.block_tp.full = m.Alloc(t * d.hidden);
+  }
   // x_in[layers] is the final norm's input: kept alongside the pool.
   m.train_acts.push_back(BlockActivations{});
   m.train_acts.back().x_in = x_in[layers];
@@ -223,17 +324,34 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
   ops.CopyHostToDevice(m.targets, targets, t * static_cast<int64_t>(sizeof(int32_t)));
   float* x_final = m.train_acts[layers].x_in;
   const float* p = m.params.f32();
-  ops.EmbeddingForward(m.ids, t, p + m.layout.embed, c.vocab_size, d.hidden,
-                       layers > 0 ? acts[0].x_in : x_final);
+  float* x_first = layers > 0 ? acts[0].x_in : x_final;
+  m.Hooks().BeforeUse(0, false);  // [hooks]
+  if (!m.tp.active()) {
+    ops.EmbeddingForward(m.ids, t, p + m.layout.embed, c.vocab_size, d.hidden, x_first);
+  } else {
+    // Vocabulary-parallel: each rank looks up its rows, the sum is the lookup.
+    float* partial = m.tp.sequence_parallel ? m.block_tp.partial : x_first;
+    ops.EmbeddingShardForward(m.ids, t, p + m.layout.embed, m.tp.vocab_first, m.tp.vocab,
+                              d.hidden, partial);
+    m.coll->ReduceRows(partial, t * d.hidden, x_first);
+  }
+  m.Hooks().AfterUse(0, false);  // [hooks]
   const RopeView rope{m.rope_cos.f32(), m.rope_sin.f32()};
   for (int64_t l = 0; l < layers; ++l) {
     float* next = l + 1 < layers ? acts[l + 1].x_in : x_final;
-    BlockForward(ops, d, m.Weights(l), rope, acts[l], next);
+    m.Hooks().BeforeUse(1 + l, false);  // [hooks]
+    BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp());
+    m.Hooks().AfterUse(1 + l, false);  // [hooks]
   }
-  ops.RmsNormForward(x_final, p + m.layout.final_norm, t, d.hidden, d.eps, m.h_final,
-                     m.rstd_final);
-  ops.Gemm(Transpose::kNo, Transpose::kYes, t, c.vocab_size, d.hidden, 1.0f, m.h_final, d.hidden,
-           p + m.layout.lm_head, d.hidden, 0.0f, m.logits, c.vocab_size);
+  m.Hooks().BeforeUse(layers + 1, false);  // [hooks]
+  const bool sp = m.tp.sequence_parallel;
+  ops.RmsNormForward(x_final, p + m.layout.final_norm, d.rows, d.hidden, d.eps,
+                     sp ? m.block_tp.rows : m.h_final, m.rstd_final);
+  if (sp) m.coll->AllGather(m.block_tp.rows, d.rows * d.hidden, m.h_final);
+  // Under TP the logits are this rank's vocabulary columns.
+  ops.Gemm(Transpose::kNo, Transpose::kYes, t, m.tp.vocab, d.hidden, 1.0f, m.h_final, d.hidden,
+           p + m.layout.lm_head, d.hidden, 0.0f, m.logits, m.tp.vocab);
+  m.Hooks().AfterUse(layers + 1, false);  // [hooks]
   return count;
 }
 
@@ -250,46 +368,90 @@ float LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* targets,
                                   int64_t seq, float loss_scale) {
   Impl& m = *impl_;
   kernels::Ops& ops = *ops_;
-  const BlockDims d = MakeBlockDims(config_, batch, seq);
+  if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
+  const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
-  const int64_t layers = config_.num_layers, t = d.tokens, vocab = config_.vocab_size;
+  const int64_t layers = config_.num_layers, t = d.tokens, vocab = m.tp.vocab;
   const int64_t count = m.Forward(config_, d, m.train_acts, inputs, targets);
   const float grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
-  ops.CrossEntropyForwardBackward(m.logits, m.targets, t, vocab, grad_scale, m.row_loss);
+  double tp_loss_sum = 0.0;
+  if (!m.tp.active()) {
+    ops.CrossEntropyForwardBackward(m.logits, m.targets, t, vocab, grad_scale, m.row_loss);
+  } else {
+    tp_loss_sum = m.vocab_loss->Run(m.logits, m.targets, targets, t, true, grad_scale);
+  }
+  if (m.replicated != nullptr) m.replicated->Zero();
+  // With sequence parallelism the LM head's input gradient is a partial sum
+  // over the vocabulary shards, reduce-scattered to this rank's rows.
+  float* dh_full = m.tp.sequence_parallel ? m.block_tp.partial : m.scratch.dh;
 
   const float* p = m.params.f32();
   float* g = m.grads.f32();
   const float* x_final = m.train_acts[layers].x_in;
   // m.logits now holds dLoss/dlogits. With tied embeddings lm_head == embed,
   // and the embedding's own gradient is added at the end.
+  m.Hooks().BeforeUse(layers + 1, true);  // [hooks]
   ops.Gemm(Transpose::kYes, Transpose::kNo, vocab, d.hidden, t, 1.0f, m.logits, vocab, m.h_final,
            d.hidden, 1.0f, g + m.layout.lm_head, d.hidden);
   ops.Gemm(Transpose::kNo, Transpose::kNo, t, d.hidden, vocab, 1.0f, m.logits, vocab,
-           p + m.layout.lm_head, d.hidden, 0.0f, m.scratch.dh, d.hidden);
-  ops.RmsNormBackward(m.scratch.dh, x_final, p + m.layout.final_norm, m.rstd_final, t, d.hidden,
-                      m.dx, false, g + m.layout.final_norm);
+           p + m.layout.lm_head, d.hidden, 0.0f, dh_full, d.hidden);
+  if (m.tp.active()) m.coll->ReduceRows(dh_full, t * d.hidden, m.scratch.dh);
+  float* g_final_norm = m.replicated != nullptr ? m.replicated->FinalNorm(g) : g + m.layout.final_norm;
+  ops.RmsNormBackward(m.scratch.dh, x_final, p + m.layout.final_norm, m.rstd_final, d.rows,
+                      d.hidden, m.dx, false, g_final_norm);
+  if (m.replicated != nullptr) m.replicated->ReduceFinal(g);
+  m.Hooks().AfterUse(layers + 1, true);    // [hooks]
+  m.Hooks().GradientsReady(layers + 1);    // [hooks]
   const RopeView rope{m.rope_cos.f32(), m.rope_sin.f32()};
   for (int64_t l = layers - 1; l >= 0; --l) {
     const BlockActivations& a = m.train_acts[l];
+    m.Hooks().BeforeUse(1 + l, true);  // [hooks]
     if (recompute_ == spec::Recompute::kFull) {
-      BlockForward(ops, d, m.Weights(l), rope, a, nullptr);
+      BlockForward(ops, d, m.Weights(l), rope, a, nullptr, m.Tp());
     } else if (recompute_ == spec::Recompute::kSelective) {
       BlockAttentionCore(ops, d, a);
     }
-    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx);
+    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx, m.Tp());
+    if (m.replicated != nullptr) m.replicated->ReduceLayer(l, g);
+    m.Hooks().AfterUse(1 + l, true);  // [hooks]
+    m.Hooks().GradientsReady(1 + l);  // [hooks]
   }
-  ops.EmbeddingBackward(m.ids, t, m.dx, vocab, d.hidden, g + m.layout.embed);
+  if (!m.tp.active()) {
+    ops.EmbeddingBackward(m.ids, t, m.dx, vocab, d.hidden, g + m.layout.embed);
+  } else {
+    const float* dy = m.coll->GatherRows(m.dx, d.rows * d.hidden, m.block_tp.full);
+    ops.EmbeddingShardBackward(m.ids, t, dy, m.tp.vocab_first, m.tp.vocab, d.hidden,
+                               g + m.layout.embed);
+  }
+  m.Hooks().GradientsReady(0);  // [hooks]
+  if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
+  if (m.tp.active()) return count > 0 ? static_cast<float>(tp_loss_sum / count) : 0.0f;
   return m.MeanLoss(t, count);
 }
 
 float LlamaModel::ForwardLoss(const int32_t* inputs, const int32_t* targets, int64_t batch,
                               int64_t seq) {
   Impl& m = *impl_;
-  const BlockDims d = MakeBlockDims(config_, batch, seq);
+  if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
+  const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
   const int64_t count = m.Forward(config_, d, m.eval_acts, inputs, targets);
+  if (m.tp.active()) {
+    const double sum = m.vocab_loss->Run(m.logits, m.targets, targets, d.tokens, false, 0.0f);
+    if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
+    return count > 0 ? static_cast<float>(sum / count) : 0.0f;
+  }
   ops_->CrossEntropyForward(m.logits, m.targets, d.tokens, config_.vocab_size, m.row_loss);
   return m.MeanLoss(d.tokens, count);
+}
+
+// [hooks] The data-parallel engine's hooks and memory accounting.
+void LlamaModel::SetHooks(ModelHooks* hooks) { impl_->hooks = hooks; }
+
+int64_t LlamaModel::ActivationBytes() const {
+  int64_t bytes = impl_->rope_cos.bytes() + impl_->rope_sin.bytes();
+  for (const Buffer& b : impl_->pool) bytes += b.bytes();
+  return bytes;
 }
 
 }  // namespace loom::engine

@@ -1,7 +1,9 @@
 // Where each Llama parameter lives in the model's one flat fp32 array: Hugging
 // Face names and shapes, in the documented order, with the offsets the forward
 // pass relies on. q, k and v are adjacent (one fused [q;k;v] weight for a
-// single QKV GEMM) and so are gate and up (one [gate;up] GEMM).
+// single QKV GEMM) and so are gate and up (one [gate;up] GEMM). Under tensor
+// parallelism the layout is this rank's: local shapes, each entry saying where
+// its slice sits in the global tensor.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +11,23 @@
 #include <vector>
 
 #include "common/spec/job_spec.h"
+#include "worker/engine/model/tp_plan.h"
 
 namespace loom::engine {
 
 struct ParameterEntry {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // local
   int64_t offset = 0;  // in floats, into the flat array
   int64_t numel = 0;
   // Init: 0 = ones (norm weights), otherwise normal(0, init_std).
   double init_std = 0.0;
+  // Sharding, as in TensorView: global shape (empty: unsharded), the slice
+  // along shard_axis (-1: whole), and the TP ranks holding the same slice.
+  std::vector<int64_t> global_shape;
+  int shard_axis = -1;
+  int64_t shard_offset = 0;
+  int replicas = 1;
 };
 
 struct LayerOffsets {
@@ -43,5 +52,7 @@ struct ParameterLayout {
 // the projections that write into the residual stream (o_proj, down_proj), as
 // GPT-2 does, so the residual's variance does not grow with depth.
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config);
+// This rank's layout under `plan` (the same as above when plan.size == 1).
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan& plan);
 
 }  // namespace loom::engine

@@ -1,0 +1,61 @@
+"""Parallel layouts as jobs through the coordinator and the node agent: every
+layout's per-step losses equal one process's within 1e-5 relative."""
+
+import json
+import os
+import subprocess
+import unittest
+
+from loom_cluster import BIN, Cluster
+
+SPEC = """
+name: {name}
+model: {{vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        ffn_hidden_size: 128, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
+train: {{steps: 10, global_batch_size: 8, micro_batch_size: 2, seq_len: 32,
+        lr: 3.0e-3, warmup_steps: 2, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
+        seed: 7, precision: fp32, eval_interval: 0, eval_windows: 4}}
+data: {{train_path: data/train.txt, format: text}}
+parallelism: {{dp: {dp}, tp: {tp}, pp: 1, cp: 1, ep: 1, zero_stage: {zero}, sequence_parallel: {sp}}}
+resources: {{device: cpu, ranks: {ranks}}}
+fault_tolerance: {{max_restarts: 0}}
+"""
+
+
+class ParallelJobs(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = Cluster("parallel")
+        cls.cluster.start_coordinator()
+        cls.cluster.start_agent("node-a", "cpu:4")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def losses(self, name, dp=1, tp=1, zero=0, sp=False):
+        c = self.cluster
+        spec = SPEC.format(name=name, dp=dp, tp=tp, zero=zero, sp=str(sp).lower(), ranks=dp * tp)
+        job = c.submit(spec, name)
+        watch = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
+                                job, "--format=jsonl"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
+        steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
+        self.assertEqual([s["step"] for s in steps], list(range(1, 11)))
+        return [s["loss"] for s in steps]
+
+    def test_layouts_match_one_process(self):
+        reference = self.losses("single")
+        layouts = [("dp2", dict(dp=2)), ("dp2-zero1", dict(dp=2, zero=1)),
+                   ("dp2-zero2", dict(dp=2, zero=2)), ("dp2-zero3", dict(dp=2, zero=3)),
+                   ("tp2", dict(tp=2)), ("tp2-sp", dict(tp=2, sp=True)),
+                   ("dp2-tp2", dict(dp=2, tp=2))]
+        for name, layout in layouts:
+            with self.subTest(layout=name):
+                got = self.losses(name, **layout)
+                for step, (a, b) in enumerate(zip(got, reference), start=1):
+                    self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,84 @@
+#include "worker/engine/model/tp_tensors.h"
+
+#include <cmath>
+#include <span>
+
+namespace loom::engine {
+namespace {
+
+// Calls fn(local_index, global_index, count) for each contiguous run of the
+// slice (a whole tensor, row blocks for axis 0, one run per row for axis 1).
+template <typename Fn>
+void ForEachRun(const TensorView& v, Fn fn) {
+  if (!v.sharded()) {
+    fn(0, 0, v.numel());
+    return;
+  }
+  const std::vector<int64_t>& g = v.GlobalShape();
+  int64_t inner = 1;  // elements per index of shard_axis, in the global tensor
+  for (size_t d = static_cast<size_t>(v.shard_axis) + 1; d < g.size(); ++d) inner *= g[d];
+  int64_t outer = 1;
+  for (int d = 0; d < v.shard_axis; ++d) outer *= g[static_cast<size_t>(d)];
+  const int64_t width = v.shape[static_cast<size_t>(v.shard_axis)] * inner;
+  const int64_t global_width = g[static_cast<size_t>(v.shard_axis)] * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    fn(o * width, o * global_width + v.shard_offset * inner, width);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<double> TpGlobalNorm(const std::vector<TensorView>& grads, comm::Communicator* tp) {
+  double total = 0.0;
+  for (const TensorView& t : grads) {
+    double partial = 0.0;
+    const int64_t n = t.numel();
+    for (int64_t i = 0; i < n; ++i) partial += static_cast<double>(t.data[i]) * t.data[i];
+    total += partial / t.replicas;
+  }
+  if (tp != nullptr && tp->size() > 1) {
+    // The group sums floats; rounding the local share to float costs ~1e-7
+    // of the norm, and every rank gets the same bits.
+    float share = static_cast<float>(total);
+    if (absl::Status s = tp->AllReduce(std::span<float>(&share, 1)); !s.ok()) return s;
+    total = share;
+  }
+  return std::sqrt(total);
+}
+
+absl::StatusOr<double> ClipByTpGlobalNorm(const std::vector<TensorView>& grads, double max_norm,
+                                          comm::Communicator* tp) {
+  absl::StatusOr<double> norm = TpGlobalNorm(grads, tp);
+  if (!norm.ok()) return norm;
+  if (max_norm > 0.0 && *norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / (*norm + 1e-6));
+    for (const TensorView& g : grads) {
+      const int64_t n = g.numel();
+      for (int64_t i = 0; i < n; ++i) g.data[i] *= scale;
+    }
+  }
+  return norm;
+}
+
+absl::Status GatherGlobal(const TensorView& local, comm::Communicator* tp,
+                          std::vector<float>* global) {
+  int64_t n = 1;
+  for (int64_t d : local.GlobalShape()) n *= d;
+  global->assign(static_cast<size_t>(n), 0.0f);
+  const bool grouped = tp != nullptr && tp->size() > 1;
+  if (!grouped || tp->rank() % local.replicas == 0) {
+    ForEachRun(local, [&](int64_t from, int64_t to, int64_t count) {
+      std::copy_n(local.data + from, count, global->begin() + to);
+    });
+  }
+  if (!grouped) return absl::OkStatus();
+  return tp->AllReduce(std::span<float>(global->data(), global->size()));
+}
+
+void ScatterGlobal(const std::vector<float>& global, const TensorView& local) {
+  ForEachRun(local, [&](int64_t to, int64_t from, int64_t count) {
+    std::copy_n(global.begin() + from, count, local.data + to);
+  });
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,134 @@
+// The data-parallel engine of one rank: gradient reduction over the DP group
+// and the ZeRO stages, driven by the model's hooks (llama_model.h).
+//
+//   stage 0  all-reduce (sum) of the gradients in buckets, each launched as soon
+//            as backward has completed it, on the last micro-batch only
+//            (gradient accumulation stays local until then).
+//   stage 1  as 0, then AdamW on this rank's shard only (m, v sharded), then an
+//            all-gather of the updated parameters, bucket by bucket.
+//   stage 2  gradients reduce-scattered bucket by bucket during every
+//            micro-batch's backward into an fp32 shard; the model's gradient of
+//            a bucket is freed as soon as it has been sent. AdamW on the shard,
+//            all-gather of the parameters.
+//   stage 3  as 2, and the parameters themselves live only as shards: each
+//            unit (embedding, decoder layer, head) is all-gathered just before
+//            the model uses it and freed right after, the next unit's gather
+//            prefetched while the current one computes.
+//
+// Reductions and gathers of stages 2 and 3 run on a CommWorker thread in the
+// same order on every rank; stage 0/1 use the communicator's own asynchronous
+// all-reduce. All collectives of a step go to one communicator, the DP group.
+// Memory that the engine materializes and frees is reported to a MemoryTracker.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/memory/memory_tracker.h"
+#include "worker/engine/model/llama_model.h"
+#include "worker/engine/optim/sharded_adamw.h"
+#include "worker/engine/zero/comm_worker.h"
+#include "worker/engine/zero/flat_partition.h"
+
+namespace loom::engine {
+
+struct DataParallelOptions {
+  int zero_stage = 0;                 // 0..3
+  int64_t bucket_bytes = 25 << 20;    // parallelism.bucket_mb MiB
+};
+
+class DataParallelEngine : public ModelHooks {
+ public:
+  // comm: the DP group (size >= 2). The model's parameters and gradients must
+  // each be one contiguous array in Parameters() order; the model, comm and
+  // memory must outlive the engine, which installs itself as the model's hooks.
+  static absl::StatusOr<std::unique_ptr<DataParallelEngine>> Create(
+      LlamaModel* model, comm::Communicator* comm, const DataParallelOptions& options,
+      const spec::TrainSpec& train, MemoryTracker* memory);
+  ~DataParallelEngine() override;
+
+  int zero_stage() const { return stage_; }
+  const FlatPartition& partition() const { return partition_; }
+  const std::vector<OwnedPiece>& owned_pieces() const { return owned_; }
+
+  // Takes the model's (replicated, initialized) parameters as the starting
+  // point: ZeRO-3 copies this rank's shard out and frees the rest.
+  void ShardParameters();
+
+  // One optimizer step: BeginStep, then per micro-batch BeginMicroBatch,
+  // model.ForwardBackward, EndMicroBatch; then ReduceAndClip; then
+  // OptimizerStep (stage >= 1; stage 0 leaves the update to the caller).
+  void BeginStep();
+  void BeginMicroBatch(bool last);
+  absl::Status EndMicroBatch();
+  // Finishes the gradient reduction, sums `loss` over the group, and clips by
+  // the global norm (max_norm > 0); returns the norm before clipping.
+  absl::StatusOr<double> ReduceAndClip(float* loss, double max_norm);
+  absl::Status OptimizerStep(double lr);
+
+  // Stage >= 1: the sharded optimizer (moments at OwnedPiece::shard_offset).
+  ShardedAdamW* sharded_optimizer() { return optimizer_.get(); }
+  // Stage 3: this rank's parameter shard (at OwnedPiece::shard_offset).
+  float* parameter_shard() { return param_shard_.data(); }
+  // Every parameter, in the flat order, on every rank (collective under ZeRO-3).
+  absl::Status GatherParameters(std::vector<float>* out);
+
+  // ModelHooks.
+  void BeforeUse(int64_t unit, bool backward) override;
+  void AfterUse(int64_t unit, bool backward) override;
+  void GradientsReady(int64_t unit) override;
+
+ private:
+  DataParallelEngine(LlamaModel* model, comm::Communicator* comm, int stage,
+                     FlatPartition partition, MemoryTracker* memory);
+  void Note(const absl::Status& s);
+  // ZeRO-3: holds a unit's parameters (gathering buckets nobody holds).
+  void Acquire(int64_t unit, bool wait);
+  void Release(int64_t unit);
+  // All-gathers bucket b from `chunk` (this rank's chunk) into dst (the
+  // bucket's size); src copied when the task runs.
+  CommWorker::Handle SubmitGather(int b, const float* src, int64_t src_count, float* dst);
+  CommWorker::Handle SubmitReduceScatter(int b);
+  void MarkGradientsLive(int64_t unit);
+
+  LlamaModel* model_;
+  comm::Communicator* comm_;
+  int stage_;
+  int ranks_, rank_;
+  int64_t layers_;
+  bool tied_;
+  FlatPartition partition_;
+  std::vector<OwnedPiece> owned_;
+  MemoryTracker* memory_;
+  float* params_ = nullptr;  // the model's flat arrays
+  float* grads_ = nullptr;
+  std::vector<float> param_shard_;  // stage 3
+  std::vector<float> grad_shard_;   // stages 2, 3
+  std::unique_ptr<ShardedAdamW> optimizer_;
+  std::vector<AdamWPiece> pieces_;
+  CommWorker worker_;
+  std::vector<std::unique_ptr<comm::Work>> pending_all_reduce_;
+  bool training_pass_ = false;
+  bool last_micro_ = false;
+  absl::Status status_;
+  // Stage 3 bookkeeping: buckets each unit needs, holders per bucket.
+  std::vector<std::vector<int>> unit_buckets_;
+  std::vector<bool> held_;
+  std::vector<int> holders_;
+  std::vector<CommWorker::Handle> gathering_;
+  // Stages 2/3: reduce-scatters in flight per unit. Backward waits for those
+  // of unit u + kReduceWindow when unit u completes, which bounds the
+  // resident full-size gradients to a few units.
+  static constexpr int64_t kReduceWindow = 2;
+  std::vector<std::vector<CommWorker::Handle>> reducing_;
+  // Stages 2/3: which buckets' model gradients are resident (for accounting).
+  std::mutex live_mu_;
+  std::vector<char> grad_live_;
+};
+
+}  // namespace loom::engine

@@ -1,0 +1,179 @@
+#include "worker/engine/zero/sharded_checkpoint.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr int kSlots = 2;           // files per rank at most
+constexpr int kFloatsPerSlot = 7;   // present, bytes as 4 x 16 bits, crc as 2 x 16 bits
+
+std::string ShardFileName(const char* kind, int rank) {
+  return absl::StrFormat("%s-tp00-pp00-dp%02d.safetensors", kind, rank);
+}
+
+// The files rank `rank` writes. Data pointers are set only for this rank's
+// own files (bases non-null); other ranks' files are described for the index.
+std::vector<CheckpointFile> RankFiles(LlamaModel& model, DataParallelEngine& engine, int rank,
+                                      bool own) {
+  const FlatPartition& part = engine.partition();
+  const std::vector<OwnedPiece> pieces = part.OwnedPieces(rank);
+  auto sharded = [&](const std::string& file, const std::string& group, const std::string& prefix,
+                     float* base) {
+    CheckpointFile f{file, group, {}, {}};
+    for (const OwnedPiece& p : pieces) {
+      const FlatTensor& t = part.tensors()[p.tensor];
+      const int64_t local = p.flat_begin - t.offset;
+      for (const RectSlice& s : FlatRangeToSlices(t.shape, local, p.count)) {
+        const std::string global = prefix + t.name;
+        float* data = own ? base + p.shard_offset + (s.flat_begin - local) : nullptr;
+        f.tensors.push_back({absl::StrCat(global, "@", absl::StrJoin(s.offset, ",")), s.shape, data});
+        f.slices.push_back({global, t.shape, s.offset});
+      }
+    }
+    return f;
+  };
+  std::vector<CheckpointFile> files;
+  if (engine.zero_stage() == 3) {
+    files.push_back(sharded(ShardFileName("model", rank), "model", "",
+                            own ? engine.parameter_shard() : nullptr));
+  } else if (rank == 0) {
+    files.push_back({"model-tp00-pp00.safetensors", "model", model.Parameters(), {}});
+  }
+  ShardedAdamW* opt = engine.sharded_optimizer();
+  CheckpointFile m = sharded(ShardFileName("optimizer", rank), "optimizer", "optimizer.exp_avg.",
+                             own ? opt->exp_avg() : nullptr);
+  CheckpointFile v = sharded("", "", "optimizer.exp_avg_sq.", own ? opt->exp_avg_sq() : nullptr);
+  for (size_t i = 0; i < v.tensors.size(); ++i) {
+    m.tensors.push_back(v.tensors[i]);
+    m.slices.push_back(v.slices[i]);
+  }
+  files.push_back(std::move(m));
+  return files;
+}
+
+void Encode(const FileDigest& d, float* out) {
+  const uint64_t bytes = static_cast<uint64_t>(d.bytes);
+  out[0] = 1.0f;
+  for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<float>((bytes >> (16 * i)) & 0xffff);
+  out[5] = static_cast<float>(d.crc32 & 0xffff);
+  out[6] = static_cast<float>(d.crc32 >> 16);
+}
+
+FileDigest Decode(const float* in) {
+  FileDigest d;
+  uint64_t bytes = 0;
+  for (int i = 0; i < 4; ++i) bytes |= static_cast<uint64_t>(in[1 + i]) << (16 * i);
+  d.bytes = static_cast<int64_t>(bytes);
+  d.crc32 = static_cast<uint32_t>(in[5]) | (static_cast<uint32_t>(in[6]) << 16);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
+                                                  const CheckpointContent& content,
+                                                  LlamaModel& model, DataParallelEngine& engine,
+                                                  comm::Communicator& comm, int64_t keep) {
+  const int rank = comm.rank(), ranks = comm.size();
+  for (const TensorView& t : model.Parameters()) {
+    if (t.sharded() || t.replicas != 1) {
+      // The shard files and index would need the TP coordinates (file names,
+      // global offsets, one writer per replicated slice): not done yet.
+      return absl::UnimplementedError(absl::StrCat(
+          "checkpoint: ZeRO stage ", engine.zero_stage(), " with tensor parallelism (",
+          t.name, " is a TP shard) cannot be saved yet; use parallelism.zero_stage=0 with tp > 1"));
+    }
+  }
+  // 1. Rank 0 opens the temporary directory and tells everyone its name.
+  absl::StatusOr<std::string> begun = std::string();
+  float header[2] = {0.0f, 0.0f};
+  if (rank == 0) {
+    begun = BeginCheckpointStep(root, content.step, ::getpid());
+    header[0] = begun.ok() ? 1.0f : 0.0f;
+    header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
+  }
+  if (absl::Status s = comm.Broadcast(std::span<float>(header, 2), 0); !s.ok()) return s;
+  if (header[0] != 1.0f) {
+    if (rank == 0) return begun.status();
+    return absl::InternalError(absl::StrCat("DP rank 0 could not start the checkpoint of step ",
+                                            content.step, " under ", root));
+  }
+  const std::string tmp =
+      CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
+
+  // 2. Every rank writes its files; the digests travel to rank 0.
+  std::vector<float> digests(static_cast<size_t>(ranks * kSlots * kFloatsPerSlot), 0.0f);
+  absl::Status write_status;
+  const std::vector<CheckpointFile> mine = RankFiles(model, engine, rank, /*own=*/true);
+  for (size_t i = 0; i < mine.size() && write_status.ok(); ++i) {
+    absl::StatusOr<FileDigest> d = WriteCheckpointFile(tmp, mine[i]);
+    if (!d.ok()) {
+      write_status = d.status();
+      break;
+    }
+    Encode(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
+  }
+  if (absl::Status s = comm.AllReduce(std::span<float>(digests)); !s.ok()) return s;
+
+  // 3. Rank 0 commits when every file arrived, and tells everyone.
+  absl::StatusOr<std::string> committed = std::string();
+  float ok = 0.0f;
+  if (rank == 0) {
+    CheckpointContent all = content;
+    all.files.clear();
+    std::vector<FileDigest> file_digests;
+    std::vector<std::string> missing;
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<CheckpointFile> files = RankFiles(model, engine, r, /*own=*/r == 0);
+      for (size_t i = 0; i < files.size(); ++i) {
+        const float* slot = &digests[(r * kSlots + i) * kFloatsPerSlot];
+        if (slot[0] != 1.0f) missing.push_back(files[i].name);
+        file_digests.push_back(Decode(slot));
+        all.files.push_back(std::move(files[i]));
+      }
+    }
+    if (!missing.empty()) {
+      committed = absl::InternalError(absl::StrCat(
+          "checkpoint of step ", content.step, ": not every rank wrote its shard (",
+          absl::StrJoin(missing, ", "), ")", write_status.ok() ? "" : ": " + write_status.ToString()));
+    } else {
+      committed = CommitCheckpointStep(root, tmp, all, file_digests, keep);
+    }
+    ok = committed.ok() ? 1.0f : 0.0f;
+  }
+  if (absl::Status s = comm.Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  if (rank == 0) return committed;
+  if (!write_status.ok()) return write_status;
+  if (ok != 1.0f) {
+    return absl::InternalError(absl::StrCat("DP rank 0 failed to commit the checkpoint of step ",
+                                            content.step, " under ", root));
+  }
+  return std::string();
+}
+
+std::vector<FlatSlice> ShardedRestoreTargets(LlamaModel& model, DataParallelEngine& engine) {
+  std::vector<FlatSlice> out;
+  const FlatPartition& part = engine.partition();
+  auto pieces = [&](const std::string& prefix, float* base) {
+    for (const OwnedPiece& p : engine.owned_pieces()) {
+      const FlatTensor& t = part.tensors()[p.tensor];
+      out.push_back({prefix + t.name, t.shape, p.flat_begin - t.offset, p.count,
+                     base + p.shard_offset});
+    }
+  };
+  if (engine.zero_stage() == 3) {
+    pieces("", engine.parameter_shard());
+  } else {
+    for (const TensorView& t : model.Parameters()) out.push_back({t.name, t.shape, 0, t.numel(), t.data});
+  }
+  pieces("optimizer.exp_avg.", engine.sharded_optimizer()->exp_avg());
+  pieces("optimizer.exp_avg_sq.", engine.sharded_optimizer()->exp_avg_sq());
+  return out;
+}
+
+}  // namespace loom::engine
