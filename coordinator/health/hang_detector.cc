@@ -35,7 +35,8 @@ void HangDetector::Observe(const loom::v1::RankProgress& progress, absl::Time no
   RankView& view = ranks_[rank];
   view.seen = true;
   view.last_report = now;
-  view.last = progress;
+  // Step records carry no phase or collectives: keep where the rank last said it was.
+  if (progress.phase() != "step") view.last = progress;
   const int64_t marker = ProgressMarker(progress);
   if (marker > markers_[rank]) {
     markers_[rank] = marker;
@@ -81,7 +82,7 @@ HangReport HangDetector::Diagnose(absl::Time now) const {
     if (!view.seen) return std::string("never reported");
     const auto& p = view.last;
     std::string phase = p.phase().empty() ? "unknown phase" : p.phase();
-    if (p.micro_batch() >= 0 && (p.phase() == "forward" || p.phase() == "backward")) {
+    if (p.phase() == "forward_backward" && p.micro_batch() >= 0) {
       absl::StrAppend(&phase, " of micro-batch ", p.micro_batch());
       if (p.chunk() > 0) absl::StrAppend(&phase, " (chunk ", p.chunk(), ")");
     }

@@ -1,7 +1,11 @@
 #include "coordinator/jobs/assignment_builder.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator/topology/mesh.h"
+#include "coordinator/topology/stage_partition.h"
 
 namespace loom::coordinator {
 
@@ -29,6 +33,21 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
                                             " slots for a world of ", mesh->world_size()));
   }
   const loom::v1::Layout layout = LayoutOf(spec);
+  // [pp] Each stage's layers: the partition the trainer derives from the same
+  // spec (worker/engine/pipeline/pipeline_plan.h checks they agree).
+  std::optional<topology::StagePartition> stages;
+  if (spec.parallelism.pp.value_or(1) > 1) {
+    topology::PartitionRequest request;
+    request.num_layers = spec.model.num_layers;
+    request.pp = *spec.parallelism.pp;
+    request.virtual_stages = spec.parallelism.virtual_stages;
+    request.dims = {spec.model.hidden_size, spec.model.ffn_hidden_size, spec.model.vocab_size,
+                    spec.train.seq_len, spec.model.num_heads, spec.model.num_kv_heads,
+                    spec.model.tie_embeddings};
+    absl::StatusOr<topology::StagePartition> partition = topology::PartitionLayers(request);
+    if (!partition.ok()) return partition.status();
+    stages = std::move(*partition);
+  }
   std::vector<loom::v1::RankAssignment> assignments;
   for (int64_t rank = 0; rank < mesh->world_size(); ++rank) {
     absl::StatusOr<topology::MeshCoord> coord = mesh->CoordOf(rank);
@@ -63,9 +82,17 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     a.set_local_device(static_cast<int32_t>(placement.slots[rank].local_device));
     a.set_store_namespace(StoreNamespace(context.job_id, context.attempt));
     a.set_place(*place);
-    for (int64_t layer = 0; layer < spec.model.num_layers; ++layer) {
-      // One pipeline stage holds every layer until pipeline parallelism lands.
-      a.add_layers(static_cast<int32_t>(layer));
+    if (stages.has_value()) {  // [pp] ascending over the stage's chunks
+      std::vector<int64_t> layers;
+      for (const topology::ModelChunk& c : stages->ChunksOfStage(coord->pp)) {
+        for (int64_t l = 0; l < c.num_layers; ++l) layers.push_back(c.first_layer + l);
+      }
+      std::sort(layers.begin(), layers.end());
+      for (int64_t layer : layers) a.add_layers(static_cast<int32_t>(layer));
+    } else {
+      for (int64_t layer = 0; layer < spec.model.num_layers; ++layer) {
+        a.add_layers(static_cast<int32_t>(layer));
+      }
     }
     a.set_checkpoint_dir(context.checkpoint_dir);
     a.set_data_dir(context.data_dir);

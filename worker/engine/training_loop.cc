@@ -119,7 +119,8 @@ TrainingLoop::~TrainingLoop() = default;
 absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::JobSpec& spec,
                                                                    int dp_rank, int dp_size,
                                                                    comm::Communicator* dp_comm,
-                                                                   comm::Communicator* tp_comm) {
+                                                                   comm::Communicator* tp_comm,
+                                                                   comm::Communicator* pp_comm) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
   if (absl::Status s = CheckSpec(resolved, dp_rank, dp_size, dp_comm); !s.ok()) return s;
@@ -143,6 +144,11 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     loop->val_data_ = std::move(*val);
   }
   loop->sampler_ = std::make_unique<TrainSampler>(&loop->train_data_, t.seed, t.seq_len);
+  if (pp_comm != nullptr && pp_comm->size() > 1) {  // [pp] training_loop_pipeline.cc
+    loop->pp_comm_ = pp_comm;
+    if (absl::Status s = loop->CreatePipeline(); !s.ok()) return s;
+    return loop;
+  }
 
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, nullptr,
@@ -192,6 +198,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   if (done()) {
     return absl::FailedPreconditionError(absl::StrCat("training already finished at step ", step_));
   }
+  if (pipeline_) return PipelineTrainStep();  // [pp]
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = step_ + 1;
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
@@ -209,6 +216,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < local_micro; ++micro) {
     FillTrainMicroBatch(step, micro, &batch_);
+    Phase("forward_backward", micro);
     if (dp_engine_) dp_engine_->BeginMicroBatch(micro + 1 == local_micro);
     loss_sum += model_->ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
                                         batch_.seq, loss_scale);
@@ -220,6 +228,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
+  Phase("reduce_gradients");
   if (dp_engine_) {
     // [tp] Under TP the norm spans the TP group's shards: clipped below.
     absl::StatusOr<double> norm =
@@ -235,6 +244,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
     p.grad_norm = *norm;
   }
   p.lr = LearningRate(t, step);
+  Phase("optimizer");
   if (optimizer_) {
     optimizer_->Step(p.lr);
   } else if (absl::Status s = dp_engine_->OptimizerStep(p.lr); !s.ok()) {
@@ -252,6 +262,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
       ? static_cast<double>(t.global_batch_size * t.seq_len) / p.step_seconds : 0.0;
   p.flops_per_token = flops_per_token_;
   if (IsEvalStep(step)) {
+    Phase("eval");
     const auto eval_start = std::chrono::steady_clock::now();
     absl::StatusOr<double> val = Evaluate();
     if (!val.ok()) return val.status();
@@ -259,6 +270,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
     p.eval_seconds = SecondsSince(eval_start);
   }
   p.peak_rss_bytes = PeakRssBytes();
+  Phase("running");
   return p;
 }
 
@@ -266,6 +278,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   if (!val_data_) {
     return absl::FailedPreconditionError("no validation data (data.val_path is empty)");
   }
+  if (pipeline_) return PipelineEvaluate();  // [pp]
   const spec::TrainSpec& t = spec_.train;
   // Windows are split contiguously over DP ranks; each window's mean loss
   // counts once.
@@ -352,6 +365,11 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
 }
 
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
+  if (pipeline_) {  // [pp] this stage's tensors
+    out->clear();
+    for (const TensorView& p : stage_->Parameters()) out->insert(out->end(), p.data, p.data + p.numel());
+    return absl::OkStatus();
+  }
   if (dp_engine_) return dp_engine_->GatherParameters(out);
   out->clear();
   for (const TensorView& p : model_->Parameters()) out->insert(out->end(), p.data, p.data + p.numel());
@@ -359,6 +377,8 @@ absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
 }
 
 absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root) {
+  if (pipeline_) return PipelineCheckpointsUnsupported(root, false);  // [pp]
+  Phase("checkpoint");
   if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   CheckpointContent content;
   content.step = step_;
@@ -396,6 +416,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
 }
 
 absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {
+  if (pipeline_) return PipelineCheckpointsUnsupported(root, true);  // [pp]
   if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced

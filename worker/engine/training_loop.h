@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@
 #include "worker/engine/memory/memory_tracker.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/adamw.h"
+#include "worker/engine/pipeline/pipeline_executor.h"  // [pp]
+#include "worker/engine/pipeline/pipeline_stage.h"     // [pp]
 #include "worker/engine/progress.h"
 #include "worker/engine/zero/dp_engine.h"
 
@@ -43,10 +46,16 @@ class TrainingLoop {
   // parallelism.tp. The ranks of one TP group share the DP coordinate
   // (dp_rank, dp_size), so they train the same micro-batches, as they must.
   // parallelism.sequence_parallel applies under TP.
+  //
+  // [pp] pp_comm: this rank's pipeline group (the assignment's "pp" group,
+  // rank = stage), or nullptr / a group of one without PP; its size must be
+  // parallelism.pp. The stage's layers and instruction list come from
+  // MakePipelinePlan (pipeline/pipeline_plan.h); see docs/pipeline.md.
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(const spec::JobSpec& spec,
                                                               int dp_rank = 0, int dp_size = 1,
                                                               comm::Communicator* dp_comm = nullptr,
-                                                              comm::Communicator* tp_comm = nullptr);
+                                                              comm::Communicator* tp_comm = nullptr,
+                                                              comm::Communicator* pp_comm = nullptr);
   ~TrainingLoop();
 
   // Trains step() + 1 and evaluates when it is an evaluation step
@@ -65,6 +74,11 @@ class TrainingLoop {
   // ones, listed in the result). NOT_FOUND when root holds none.
   absl::StatusOr<LoadedCheckpoint> RestoreNewest(const std::string& root);
 
+  // Told where the loop is (phase name, micro-batch or -1) at each phase
+  // change, for the rank's health reports. Cheap; called on the loop's thread.
+  using PhaseListener = std::function<void(const char* phase, int64_t micro_batch)>;
+  void set_phase_listener(PhaseListener listener) { phase_listener_ = std::move(listener); }
+
   int64_t step() const { return step_; }
   int64_t total_steps() const { return spec_.train.steps; }
   bool done() const { return step_ >= spec_.train.steps; }
@@ -73,13 +87,17 @@ class TrainingLoop {
   const spec::JobSpec& spec() const { return spec_; }
   // Under ZeRO-3 the model's own parameter array holds only the units in use
   // (zeros elsewhere): read parameters through GatherParameters.
+  // [pp] Not under pipeline parallelism (no whole model): see pipeline_stage().
   LlamaModel& model() { return *model_; }
+  // [pp] This rank's pipeline stage (its chunks); null without PP.
+  PipelineStage* pipeline_stage() { return stage_.get(); }
   // The unsharded optimizer (ZeRO stage 0); see dp_engine() otherwise.
   AdamW& optimizer() { return *optimizer_; }
   // Null for a single rank.
   DataParallelEngine* dp_engine() { return dp_engine_.get(); }
   int zero_stage() const { return dp_engine_ ? dp_engine_->zero_stage() : 0; }
   // All parameters in the model's flat order (collective under ZeRO-3).
+  // [pp] Under PP: this stage's parameters, chunk after chunk.
   absl::Status GatherParameters(std::vector<float>* out);
   // The engine's memory accounting; peaks restart at every TrainStep, so after
   // a step they are that step's peaks.
@@ -101,6 +119,15 @@ class TrainingLoop {
                                                            CheckpointContent content);
   absl::Status TensorParallelCheckpointsUnsupported() const;
 
+  // [pp] Pipeline parallelism (training_loop_pipeline.cc).
+  absl::Status CreatePipeline();
+  absl::StatusOr<StepProgress> PipelineTrainStep();
+  absl::StatusOr<double> PipelineEvaluate();
+  absl::Status PipelineCheckpointsUnsupported(const std::string& root, bool restoring) const;
+  comm::Communicator* pp_comm_ = nullptr;  // null: no pipeline
+  std::unique_ptr<PipelineStage> stage_;
+  std::unique_ptr<PipelineExecutor> pipeline_;
+
   spec::JobSpec spec_;
   int dp_rank_;
   int dp_size_;
@@ -113,6 +140,10 @@ class TrainingLoop {
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;
   std::unique_ptr<DataParallelEngine> dp_engine_;  // DP > 1
+  void Phase(const char* phase, int64_t micro_batch = -1) const {
+    if (phase_listener_) phase_listener_(phase, micro_batch);
+  }
+  PhaseListener phase_listener_;
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   double flops_per_token_ = 0;

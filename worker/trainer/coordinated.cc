@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
 #include "worker/comm/group_factory.h"
@@ -55,6 +56,19 @@ loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
   return out;
 }
 
+// [pp] The layers the coordinator assigned must be the ones this rank's stage
+// derived from the spec (the same partition); an empty list is not checked.
+absl::Status CheckStageLayers(const loom::v1::RankAssignment& a, engine::TrainingLoop& loop) {
+  if (loop.pipeline_stage() == nullptr || a.layers().empty()) return absl::OkStatus();
+  const std::vector<int64_t> mine = engine::StageLayers(loop.pipeline_stage()->plan());
+  const std::vector<int64_t> given(a.layers().begin(), a.layers().end());
+  if (mine == given) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "assignment of rank ", a.rank(), ": layers [", absl::StrJoin(given, ","),
+      "] differ from pipeline stage ", loop.pipeline_stage()->plan().stage,
+      "'s partition [", absl::StrJoin(mine, ","), "]"));
+}
+
 }  // namespace
 
 absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path) {
@@ -99,20 +113,26 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
   if (!tp.ok()) return tp.status();
   absl::StatusOr<std::unique_ptr<comm::Communicator>> dp = make_group("dp");
   if (!dp.ok()) return dp.status();
+  // [pp] The pipeline group (index = stage), created after tp and dp on every rank.
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> pp = make_group("pp");
+  if (!pp.ok()) return pp.status();
   const int dp_rank = static_cast<int>(a.coords().dp());
   const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
-      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get());
+      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get(), pp->get());
   if (!loop.ok()) return loop.status();
+  if (absl::Status s = CheckStageLayers(a, **loop); !s.ok()) return s;  // [pp]
   loom::v1::RankProgress ready;
   ready.set_phase("ready");
   reporter.Report(ready);
 
   PhaseBoard board;
   board.Set("running");
+  (*loop)->set_phase_listener(
+      [&board](const char* phase, int64_t micro_batch) { board.Set(phase, micro_batch); });
   std::vector<comm::Communicator*> groups;
-  for (auto* group : {tp->get(), dp->get()}) {
+  for (auto* group : {tp->get(), dp->get(), pp->get()}) {
     if (group != nullptr) groups.push_back(group);
   }
   RankMonitor monitor({.collective_timeout = timeout}, &reporter, &board, groups);
