@@ -106,6 +106,17 @@ class Contract(unittest.TestCase):
         # HealthCheckResponse{status: SERVING (1)}: field 1, varint 1.
         self.assertEqual(response, b"\x08\x01")
 
+    def test_server_reflection_lists_the_services(self):
+        # ServerReflectionRequest{list_services: ""}: field 7, length-delimited, empty.
+        info = self.channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        responses = list(info(iter([b"\x3a\x00"]), timeout=10))
+        self.assertEqual(len(responses), 1)
+        for service in (b"loom.v1.JobService", b"loom.v1.NodeService", b"loom.v1.RankService",
+                        b"grpc.health.v1.Health"):
+            self.assertIn(service, responses[0])
+
 
 if __name__ == "__main__":
     unittest.main()
