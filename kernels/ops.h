@@ -76,6 +76,19 @@ struct AttentionDims {
   int64_t kv_offset = 0;
 };
 
+// What the GEMMs issued next compute, so that a backend with a reduced-
+// precision recipe (train.precision: fp8) knows which GEMMs run in it and
+// which operand is a weight; a backend without one ignores the scope. Inside
+// kLinear every Gemm is one of the three GEMMs of a linear layer y = x W^T,
+// W stored [out, in] (row-major), x and dy with one row per token:
+//   forward  Gemm(kNo,  kYes, tokens, out, in,     x,  W) -> y
+//   dgrad    Gemm(kNo,  kNo,  tokens, in,  out,    dy, W) -> dx
+//   wgrad    Gemm(kYes, kNo,  out,    in,  tokens, dy, x) -> dW (accumulates)
+// so B is the weight exactly when A is not transposed, and the reduction
+// runs over `in`, `out` and `tokens` respectively. The LM head, attention and
+// everything else stay in kDefault (full precision), as in DeepSeek-V3.
+enum class GemmScope { kDefault, kLinear };
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -109,6 +122,10 @@ class Ops {
   virtual void Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                     float beta, float* c, int64_t ldc) = 0;
+
+  // Sets the scope of the GEMMs issued from now on (see GemmScope) and returns
+  // the previous one. The default keeps no state: full precision always.
+  virtual GemmScope SetGemmScope(GemmScope scope) { return GemmScope::kDefault; }
 
   // ---- Embedding ---------------------------------------------------------------
   // out[t, :] = table[ids[t], :]. ids are backend memory; out is [num_tokens, dim].
@@ -209,6 +226,20 @@ class Ops {
  protected:
   friend class Buffer;
   virtual void Free(void* data) = 0;
+};
+
+// Puts `ops` in `scope` for the guard's lifetime, then restores the previous
+// scope (so nested guards compose).
+class GemmScopeGuard {
+ public:
+  GemmScopeGuard(Ops& ops, GemmScope scope) : ops_(ops), previous_(ops.SetGemmScope(scope)) {}
+  ~GemmScopeGuard() { ops_.SetGemmScope(previous_); }
+  GemmScopeGuard(const GemmScopeGuard&) = delete;
+  GemmScopeGuard& operator=(const GemmScopeGuard&) = delete;
+
+ private:
+  Ops& ops_;
+  GemmScope previous_;
 };
 
 inline Buffer& Buffer::operator=(Buffer&& other) noexcept {

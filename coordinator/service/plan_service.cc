@@ -15,9 +15,9 @@ bool AllAxesGiven(const spec::ParallelismSpec& p) {
   return !p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep && p.zero_stage;
 }
 
-// This version's engine runs data parallelism (ZeRO 0-3) and tensor
-// parallelism (ZeRO 0): `auto` searches data parallelism only, so it never
-// answers with a layout the ranks refuse; tp is used when the user sets it.
+// `auto` searches data parallelism only (the layouts every engine feature
+// supports), so it never answers with a layout the ranks refuse; tp and pp are
+// used when the user sets them.
 void RestrictToEngine(planner::SearchSpace& space) {
   if (!space.tp) space.tp = 1;
   if (!space.pp) space.pp = 1;
@@ -71,22 +71,47 @@ void AddMemory(loom::v1::PlanCandidate& c, const planner::MemoryBreakdown& m) {
 absl::Status CheckEngineSupports(const spec::JobSpec& s) {
   std::vector<std::string> unsupported;
   const spec::ParallelismSpec& p = s.parallelism;
-  const std::pair<const char*, int64_t> axes[] = {
-      {"pp", p.pp.value_or(1)}, {"cp", p.cp.value_or(1)}, {"ep", p.ep.value_or(1)}};
-  for (const auto& [name, value] : axes) {
+  const int64_t dp = p.dp.value_or(1), tp = p.tp.value_or(1), pp = p.pp.value_or(1);
+  const int64_t zero = p.zero_stage.value_or(0);
+  for (const auto& [name, value] : {std::pair{"cp", p.cp.value_or(1)}, std::pair{"ep", p.ep.value_or(1)}}) {
     if (value != 1) {
       unsupported.push_back(absl::StrCat("parallelism.", name, "=", value,
                                          " is not supported by this engine yet (use 1)"));
     }
   }
-  if (p.tp.value_or(1) > 1 && p.zero_stage.value_or(0) > 0) {
-    unsupported.push_back(absl::StrCat("parallelism.tp=", *p.tp, " with parallelism.zero_stage=",
-                                       *p.zero_stage,
+  if (tp > 1 && zero > 0) {
+    unsupported.push_back(absl::StrCat("parallelism.tp=", tp, " with parallelism.zero_stage=", zero,
                                        " is not supported by this engine yet (use zero_stage 0)"));
   }
-  if (s.train.precision != spec::Precision::kFp32) {
-    unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
-                                       " is not supported by this engine yet (use fp32)"));
+  if (pp > 1) {
+    if (s.model.tie_embeddings) {
+      unsupported.push_back(absl::StrCat("model.tie_embeddings=true with parallelism.pp=", pp,
+                                         " is not supported yet (use tie_embeddings: false)"));
+    }
+    if (zero > 0 && dp > 1) {
+      unsupported.push_back(absl::StrCat("parallelism.pp=", pp, " with parallelism.zero_stage=",
+                                         zero, " is not supported by this engine yet (use 0)"));
+    }
+    if (!s.checkpoint.dir.empty()) {
+      unsupported.push_back(absl::StrCat("checkpoint.dir='", s.checkpoint.dir,
+                                         "' with parallelism.pp=", pp,
+                                         ": pipeline checkpoints are not supported yet (leave "
+                                         "checkpoint.dir empty)"));
+    }
+    if (s.train.precision != spec::Precision::kFp32) {
+      unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
+                                         " with parallelism.pp=", pp, " is not supported yet (use fp32)"));
+    }
+    const int64_t micro = s.train.global_batch_size / std::max<int64_t>(1, s.train.micro_batch_size * dp);
+    if (p.schedule == spec::Schedule::kInterleaved && micro % pp != 0) {
+      unsupported.push_back(absl::StrCat(
+          "parallelism.schedule=interleaved needs the micro-batches per step (", micro,
+          " = train.global_batch_size / (train.micro_batch_size x parallelism.dp)) to be a "
+          "multiple of parallelism.pp=", pp));
+    }
+  }
+  if (s.train.precision == spec::Precision::kBf16) {
+    unsupported.push_back("train.precision=bf16 is not supported by this engine yet (use fp32, or fp8)");
   }
   if (s.resources.device != spec::DeviceKind::kCpu) {
     unsupported.push_back("resources.device=gpu is not supported by this engine yet (use cpu)");

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fp8_emulation_ops.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/model/tp_tensors.h"
@@ -49,9 +50,14 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len=", t.seq_len,
                                                    " exceeds model.max_seq_len=", spec.model.max_seq_len));
   }
-  if (t.precision != spec::Precision::kFp32) {
-    return absl::InvalidArgumentError(absl::StrCat("train.precision=", spec::PrecisionName(t.precision),
-                                                   " is not supported by the CPU engine (use fp32)"));
+  if (t.precision == spec::Precision::kBf16) {
+    return absl::InvalidArgumentError(
+        "train.precision=bf16 is not supported by the CPU engine (use fp32, or fp8 to emulate "
+        "the FP8 recipe's rounding)");
+  }
+  if (t.precision == spec::Precision::kFp8 && spec.parallelism.pp.value_or(1) > 1) {
+    return absl::InvalidArgumentError(
+        "train.precision=fp8 is not supported with parallelism.pp > 1 yet (use fp32)");
   }
   const spec::ModelSpec& m = spec.model;
   if (m.num_heads < 1 || m.num_kv_heads < 1 || m.hidden_size % m.num_heads != 0 ||
@@ -150,8 +156,12 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     return loop;
   }
 
+  // fp8: the linear layers' GEMMs see e4m3-rounded inputs with DeepSeek-V3
+  // scaling, emulated on the CPU (kernels/cpu/fp8_emulation_ops.h).
+  std::shared_ptr<kernels::Ops> ops;
+  if (t.precision == spec::Precision::kFp8) ops = kernels::cpu::MakeFp8EmulationOps();
   loop->model_ = std::make_unique<LlamaModel>(
-      job.model, job.parallelism.recompute, nullptr,
+      job.model, job.parallelism.recompute, ops,
       TensorParallelOptions{loop->tp_comm_, job.parallelism.sequence_parallel});  // [tp]
   loop->model_->InitParameters(t.seed);
   const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));

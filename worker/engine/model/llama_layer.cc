@@ -30,6 +30,8 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
                   const BlockTp* tp) {
+  // Every GEMM of a block is a linear layer's (the fp8 recipe quantizes them).
+  const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, rows = d.rows;
   const bool sp = tp != nullptr && tp->coll->sequence_parallel();
   // With sequence parallelism a norm sees this rank's rows and its output is
@@ -69,6 +71,7 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
                    const BlockScratch& s, float* dx, const BlockTp* tp) {
+  const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, f = d.ffn, rows = d.rows;
   const bool sp = tp != nullptr && tp->coll->sequence_parallel();
   // The gradient of a row-parallel output is dx (all-gathered under SP); the

@@ -82,6 +82,9 @@ struct LlamaModel::Impl {
   std::unique_ptr<ReplicatedGrads> replicated;
   BlockTp block_tp{};
   absl::Status status;
+  // [pp] The part this model holds (the whole model by default).
+  ModelPart part;
+  int64_t num_layers = 0;  // layers held
   ModelHooks* hooks = nullptr;  // [hooks] null: no hooks
   ModelHooks& Hooks() {         // [hooks]
     static ModelHooks none;
@@ -100,7 +103,11 @@ struct LlamaModel::Impl {
   void Prepare(const spec::ModelSpec& c, spec::Recompute mode, const BlockDims& d);
   int64_t Forward(const spec::ModelSpec& c, const BlockDims& d,
                   const std::vector<BlockActivations>& acts, const int32_t* inputs,
-                  const int32_t* targets);
+                  const int32_t* targets, const float* x = nullptr, float* y = nullptr);
+  // [pp] The shared forward-and-backward of ForwardBackward and PartForwardBackward.
+  float ForwardBackward(const spec::ModelSpec& c, spec::Recompute recompute, const int32_t* inputs,
+                        const float* x, const int32_t* targets, const float* dy, int64_t batch,
+                        int64_t seq, float loss_scale, float* dx);
   float MeanLoss(int64_t tokens, int64_t count);
   const BlockTp* Tp() const { return tp.active() ? &block_tp : nullptr; }
   // Clears the previous call's status; false (status set) when the token
@@ -133,7 +140,8 @@ struct LlamaModel::Impl {
 };
 
 LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
-                       std::shared_ptr<kernels::Ops> ops, TensorParallelOptions parallel)
+                       std::shared_ptr<kernels::Ops> ops, TensorParallelOptions parallel,
+                       ModelPart part)
     : config_(config), recompute_(recompute), ops_(std::move(ops)), impl_(new Impl) {
   if (!ops_) ops_ = kernels::cpu::MakeCpuOps();
   impl_->ops = ops_.get();
@@ -145,7 +153,14 @@ LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
   }
   impl_->tp = MakeTpPlan(config_, tp_size > 1 ? tp->rank() : 0, tp_size,
                          parallel.sequence_parallel);
-  impl_->layout = MakeParameterLayout(config_, impl_->tp);
+  if (absl::Status s = CheckModelPart(config_, part); !s.ok()) {  // [pp]
+    std::fprintf(stderr, "LlamaModel: %s\n", std::string(s.message()).c_str());
+    std::abort();
+  }
+  if (part.num_layers < 0) part.num_layers = config_.num_layers - part.first_layer;
+  impl_->part = part;
+  impl_->num_layers = part.num_layers;
+  impl_->layout = MakeParameterLayout(config_, impl_->tp, part);
   impl_->global_parameters = MakeParameterLayout(config_).total;
   if (impl_->tp.active()) {
     impl_->coll = std::make_unique<TpCollectives>(tp, ops_.get(), impl_->tp.sequence_parallel);
@@ -175,7 +190,7 @@ void LlamaModel::InitParameters(uint64_t seed) {
     if (e.init_std == 0.0) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else {
-      NormalGenerator gen(TensorSeed(seed, i));
+      NormalGenerator gen(TensorSeed(seed, static_cast<uint64_t>(e.init_index)));
       for (float& x : host) x = static_cast<float>(gen.NextNormal() * e.init_std);
     }
     if (e.shard_axis >= 0) host = SliceOf(host, e);
@@ -250,7 +265,7 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
   m.pool.clear();
   m.capacity = d.tokens;
   // The residual stream (x_in, x_mid, rstd, dx) has r rows, the rest t.
-  const int64_t t = d.tokens, r = d.rows, layers = c.num_layers;
+  const int64_t t = d.tokens, r = d.rows, layers = m.num_layers;
   auto block_set = [&]() {
     BlockActivations a{};
     a.rstd1 = m.Alloc(r);
@@ -310,21 +325,28 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
 // counted (non-negative) targets.
 int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
                                   const std::vector<BlockActivations>& acts,
-                                  const int32_t* inputs, const int32_t* targets) {
+                                  const int32_t* inputs, const int32_t* targets, const float* x,
+                                  float* y) {
   Impl& m = *this;
   kernels::Ops& ops = *m.ops;
-  const int64_t t = d.tokens, layers = c.num_layers;
+  const int64_t t = d.tokens, layers = m.num_layers;
   int64_t count = 0;
   for (int64_t i = 0; i < t; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= c.vocab_size) Fatal("input token id", inputs[i], c.vocab_size);
+    if (m.part.embedding && (inputs[i] < 0 || inputs[i] >= c.vocab_size)) {
+      Fatal("input token id", inputs[i], c.vocab_size);
+    }
+    if (!m.part.head) continue;
     if (targets[i] >= c.vocab_size) Fatal("target token id", targets[i], c.vocab_size);
     count += targets[i] >= 0 ? 1 : 0;
   }
-  ops.CopyHostToDevice(m.ids, inputs, t * static_cast<int64_t>(sizeof(int32_t)));
-  ops.CopyHostToDevice(m.targets, targets, t * static_cast<int64_t>(sizeof(int32_t)));
+  if (m.part.embedding) ops.CopyHostToDevice(m.ids, inputs, t * static_cast<int64_t>(sizeof(int32_t)));
+  if (m.part.head) ops.CopyHostToDevice(m.targets, targets, t * static_cast<int64_t>(sizeof(int32_t)));
   float* x_final = m.train_acts[layers].x_in;
   const float* p = m.params.f32();
   float* x_first = layers > 0 ? acts[0].x_in : x_final;
+  if (!m.part.embedding) {  // [pp] the previous stage's output
+    ops.CopyHostToDevice(x_first, x, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+  } else {
   m.Hooks().BeforeUse(0, false);  // [hooks]
   if (!m.tp.active()) {
     ops.EmbeddingForward(m.ids, t, p + m.layout.embed, c.vocab_size, d.hidden, x_first);
@@ -336,12 +358,17 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
     m.coll->ReduceRows(partial, t * d.hidden, x_first);
   }
   m.Hooks().AfterUse(0, false);  // [hooks]
+  }
   const RopeView rope{m.rope_cos.f32(), m.rope_sin.f32()};
   for (int64_t l = 0; l < layers; ++l) {
     float* next = l + 1 < layers ? acts[l + 1].x_in : x_final;
     m.Hooks().BeforeUse(1 + l, false);  // [hooks]
     BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp());
     m.Hooks().AfterUse(1 + l, false);  // [hooks]
+  }
+  if (!m.part.head) {  // [pp] the next stage's input
+    if (y != nullptr) ops.CopyDeviceToHost(y, x_final, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+    return 0;
   }
   m.Hooks().BeforeUse(layers + 1, false);  // [hooks]
   const bool sp = m.tp.sequence_parallel;
@@ -366,27 +393,38 @@ float LlamaModel::Impl::MeanLoss(int64_t tokens, int64_t count) {
 
 float LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* targets, int64_t batch,
                                   int64_t seq, float loss_scale) {
-  Impl& m = *impl_;
-  kernels::Ops& ops = *ops_;
+  return impl_->ForwardBackward(config_, recompute_, inputs, nullptr, targets, nullptr, batch, seq,
+                                loss_scale, nullptr);
+}
+
+float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Recompute recompute_,
+                                        const int32_t* inputs, const float* x,
+                                        const int32_t* targets, const float* dy, int64_t batch,
+                                        int64_t seq, float loss_scale, float* dx) {
+  Impl& m = *this;
+  kernels::Ops& ops = *m.ops;
   if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
   const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
-  const int64_t layers = config_.num_layers, t = d.tokens, vocab = m.tp.vocab;
-  const int64_t count = m.Forward(config_, d, m.train_acts, inputs, targets);
+  const int64_t layers = m.num_layers, t = d.tokens, vocab = m.tp.vocab;
+  const int64_t count = m.Forward(config_, d, m.train_acts, inputs, targets, x, nullptr);
   const float grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
   double tp_loss_sum = 0.0;
+  const float* p = m.params.f32();
+  float* g = m.grads.f32();
+  if (m.replicated != nullptr) m.replicated->Zero();
+  if (!m.part.head) {  // [pp] the next stage's gradient of this part's output
+    ops.CopyHostToDevice(m.dx, dy, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+  } else {
   if (!m.tp.active()) {
     ops.CrossEntropyForwardBackward(m.logits, m.targets, t, vocab, grad_scale, m.row_loss);
   } else {
     tp_loss_sum = m.vocab_loss->Run(m.logits, m.targets, targets, t, true, grad_scale);
   }
-  if (m.replicated != nullptr) m.replicated->Zero();
   // With sequence parallelism the LM head's input gradient is a partial sum
   // over the vocabulary shards, reduce-scattered to this rank's rows.
   float* dh_full = m.tp.sequence_parallel ? m.block_tp.partial : m.scratch.dh;
 
-  const float* p = m.params.f32();
-  float* g = m.grads.f32();
   const float* x_final = m.train_acts[layers].x_in;
   // m.logits now holds dLoss/dlogits. With tied embeddings lm_head == embed,
   // and the embedding's own gradient is added at the end.
@@ -402,6 +440,7 @@ float LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* targets,
   if (m.replicated != nullptr) m.replicated->ReduceFinal(g);
   m.Hooks().AfterUse(layers + 1, true);    // [hooks]
   m.Hooks().GradientsReady(layers + 1);    // [hooks]
+  }
   const RopeView rope{m.rope_cos.f32(), m.rope_sin.f32()};
   for (int64_t l = layers - 1; l >= 0; --l) {
     const BlockActivations& a = m.train_acts[l];
@@ -416,26 +455,67 @@ float LlamaModel::ForwardBackward(const int32_t* inputs, const int32_t* targets,
     m.Hooks().AfterUse(1 + l, true);  // [hooks]
     m.Hooks().GradientsReady(1 + l);  // [hooks]
   }
-  if (!m.tp.active()) {
+  if (!m.part.embedding) {  // [pp] the previous stage's output gradient
+    ops.CopyDeviceToHost(dx, m.dx, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+  } else if (!m.tp.active()) {
     ops.EmbeddingBackward(m.ids, t, m.dx, vocab, d.hidden, g + m.layout.embed);
   } else {
-    const float* dy = m.coll->GatherRows(m.dx, d.rows * d.hidden, m.block_tp.full);
-    ops.EmbeddingShardBackward(m.ids, t, dy, m.tp.vocab_first, m.tp.vocab, d.hidden,
+    const float* dy_rows = m.coll->GatherRows(m.dx, d.rows * d.hidden, m.block_tp.full);
+    ops.EmbeddingShardBackward(m.ids, t, dy_rows, m.tp.vocab_first, m.tp.vocab, d.hidden,
                                g + m.layout.embed);
   }
-  m.Hooks().GradientsReady(0);  // [hooks]
+  if (m.part.embedding) m.Hooks().GradientsReady(0);  // [hooks]
   if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
+  if (!m.part.head) return 0.0f;
   if (m.tp.active()) return count > 0 ? static_cast<float>(tp_loss_sum / count) : 0.0f;
   return m.MeanLoss(t, count);
 }
 
 float LlamaModel::ForwardLoss(const int32_t* inputs, const int32_t* targets, int64_t batch,
                               int64_t seq) {
+  return PartForwardLoss(inputs, nullptr, targets, batch, seq);
+}
+
+// ---- [pp] pipeline parts ---------------------------------------------------------
+
+void LlamaModel::PartForward(const int32_t* inputs, const float* x, int64_t batch, int64_t seq,
+                             float* y) {
   Impl& m = *impl_;
+  if (m.part.head) {
+    std::fprintf(stderr, "LlamaModel: PartForward on a part with the head (use PartForwardLoss)\n");
+    std::abort();
+  }
+  if (!m.StartCall(batch * seq)) return;
+  const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
+  m.Prepare(config_, recompute_, d);
+  m.Forward(config_, d, m.eval_acts, inputs, nullptr, x, y);
+  m.Failed();
+}
+
+float LlamaModel::PartForwardBackward(const int32_t* inputs, const float* x,
+                                      const int32_t* targets, const float* dy, int64_t batch,
+                                      int64_t seq, float loss_scale, float* dx) {
+  return impl_->ForwardBackward(config_, recompute_, inputs, x, targets, dy, batch, seq,
+                                loss_scale, dx);
+}
+
+int64_t LlamaModel::PartActivationFloats(int64_t batch, int64_t seq) const {
+  return MakeBlockDims(config_, impl_->tp, batch, seq).rows * config_.hidden_size;
+}
+
+const ModelPart& LlamaModel::part() const { return impl_->part; }
+
+float LlamaModel::PartForwardLoss(const int32_t* inputs, const float* x, const int32_t* targets,
+                                  int64_t batch, int64_t seq) {
+  Impl& m = *impl_;
+  if (!m.part.head) {
+    std::fprintf(stderr, "LlamaModel: PartForwardLoss on a part without the head\n");
+    std::abort();
+  }
   if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
   const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
-  const int64_t count = m.Forward(config_, d, m.eval_acts, inputs, targets);
+  const int64_t count = m.Forward(config_, d, m.eval_acts, inputs, targets, x, nullptr);
   if (m.tp.active()) {
     const double sum = m.vocab_loss->Run(m.logits, m.targets, targets, d.tokens, false, 0.0f);
     if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();

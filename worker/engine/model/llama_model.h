@@ -23,6 +23,7 @@
 #include "common/spec/job_spec.h"
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/tensor_view.h"
 
@@ -64,8 +65,14 @@ class LlamaModel {
   // head_dim() even. With a TP group the config must pass
   // CheckTensorParallel(config, tp size) (tp_plan.h); the constructor aborts
   // otherwise.
+  //
+  // [pp] `part` restricts the model to one pipeline chunk (parameter_layout.h):
+  // its layers, and the embedding and/or the head. Parameters() then lists
+  // only those tensors (global names, the whole model's init streams); the
+  // part must pass CheckModelPart (the constructor aborts otherwise).
   LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
-             std::shared_ptr<kernels::Ops> ops = nullptr, TensorParallelOptions parallel = {});
+             std::shared_ptr<kernels::Ops> ops = nullptr, TensorParallelOptions parallel = {},
+             ModelPart part = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -108,6 +115,30 @@ class LlamaModel {
   // The outcome of the last ForwardBackward / ForwardLoss: OK, or why its
   // result is meaningless (the failed TP collective, naming group and op).
   const absl::Status& status() const;
+
+  // ---- [pp] One pipeline part (docs/pipeline.md) ----
+  // A part without the embedding reads its input activation `x` (the residual
+  // stream entering its first layer, PartActivationFloats floats, host
+  // memory, as are y, dy and dx) instead of
+  // token ids; a part without the head writes its output activation to `y`.
+  // `inputs` are needed only with the embedding, `targets` only with the head.
+  //
+  // Forward only, for a part without the head: y = the part's output.
+  void PartForward(const int32_t* inputs, const float* x, int64_t batch, int64_t seq, float* y);
+  // Forward (replayed from the same input) and backward of the part. With the
+  // head: the loss of `targets` as in ForwardBackward (returned), dy unused;
+  // without: dy is d(loss)/d(output) (already scaled). Gradients are ADDED.
+  // Without the embedding dx receives d(loss)/d(x). Returns 0 without the head.
+  float PartForwardBackward(const int32_t* inputs, const float* x, const int32_t* targets,
+                            const float* dy, int64_t batch, int64_t seq, float loss_scale,
+                            float* dx);
+  // Mean cross-entropy of a part with the head (evaluation); no gradient.
+  float PartForwardLoss(const int32_t* inputs, const float* x, const int32_t* targets,
+                        int64_t batch, int64_t seq);
+  // Floats of one activation crossing a part boundary on this rank: rows x
+  // hidden, rows = batch * seq (divided by the TP size under SP).
+  int64_t PartActivationFloats(int64_t batch, int64_t seq) const;
+  const ModelPart& part() const;
 
   // This rank's cut of the model (size 1 without TP).
   const TpPlan& tp_plan() const;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace loom::engine {
 
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& c) {
@@ -34,6 +36,7 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp) 
     for (int64_t d : e.shape) e.numel *= d;
     e.offset = layout.total;
     e.init_std = init_std;
+    e.init_index = static_cast<int64_t>(layout.entries.size());
     layout.total += e.numel;
     layout.entries.push_back(std::move(e));
     return layout.entries.back().offset;
@@ -61,6 +64,68 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp) 
                                     : add("lm_head.weight", {c.vocab_size, h}, 0, tp.vocab_first,
                                           tp.vocab, 1, kStd);
   return layout;
+}
+
+// ---- [pp] pipeline parts -----------------------------------------------------
+
+absl::Status CheckModelPart(const spec::ModelSpec& c, const ModelPart& part) {
+  const int64_t n = part.num_layers < 0 ? c.num_layers - part.first_layer : part.num_layers;
+  if (part.first_layer < 0 || n < 0 || part.first_layer + n > c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline part layers [", part.first_layer, ", ", part.first_layer + n,
+        ") are outside model.num_layers=", c.num_layers));
+  }
+  if (c.tie_embeddings && part.embedding != part.head) {
+    return absl::InvalidArgumentError(
+        "model.tie_embeddings=true with the embedding and the LM head on different pipeline "
+        "stages is not supported (parallelism.pp > 1 needs tie_embeddings: false)");
+  }
+  return absl::OkStatus();
+}
+
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
+                                    const ModelPart& part) {
+  const ParameterLayout whole = MakeParameterLayout(c, tp);
+  if (part.Whole(c)) return whole;
+  const int64_t first = part.first_layer;
+  const int64_t count = part.num_layers < 0 ? c.num_layers - first : part.num_layers;
+  ParameterLayout out;
+  out.embed = out.final_norm = out.lm_head = -1;
+  // Entries by offset in the whole layout, so each kept one is found once.
+  auto keep = [&](int64_t whole_offset, int64_t span_entries) {
+    int64_t at = -1;
+    for (size_t i = 0; i < whole.entries.size(); ++i) {
+      if (whole.entries[i].offset != whole_offset) continue;
+      for (int64_t k = 0; k < span_entries; ++k) {
+        ParameterEntry e = whole.entries[i + static_cast<size_t>(k)];
+        e.offset = out.total;
+        if (k == 0) at = e.offset;
+        out.total += e.numel;
+        out.entries.push_back(std::move(e));
+      }
+      break;
+    }
+    return at;
+  };
+  constexpr int64_t kLayerEntries = 9;  // two norms, q, k, v, o, gate, up, down
+  if (part.embedding) out.embed = keep(whole.embed, 1);
+  for (int64_t l = first; l < first + count; ++l) {
+    const int64_t base = keep(whole.layers[static_cast<size_t>(l)].input_norm, kLayerEntries);
+    const LayerOffsets& w = whole.layers[static_cast<size_t>(l)];
+    LayerOffsets o;
+    o.input_norm = base;
+    o.qkv = base + (w.qkv - w.input_norm);
+    o.o = base + (w.o - w.input_norm);
+    o.post_norm = base + (w.post_norm - w.input_norm);
+    o.gate_up = base + (w.gate_up - w.input_norm);
+    o.down = base + (w.down - w.input_norm);
+    out.layers.push_back(o);
+  }
+  if (part.head) {
+    out.final_norm = keep(whole.final_norm, 1);
+    out.lm_head = c.tie_embeddings ? out.embed : keep(whole.lm_head, 1);
+  }
+  return out;
 }
 
 }  // namespace loom::engine

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/spec/job_spec.h"
 #include "worker/engine/model/tp_plan.h"
 
@@ -28,6 +29,8 @@ struct ParameterEntry {
   int shard_axis = -1;
   int64_t shard_offset = 0;
   int replicas = 1;
+  // [pp] Index of this tensor in the whole model's order (its init stream).
+  int64_t init_index = 0;
 };
 
 struct LayerOffsets {
@@ -48,11 +51,34 @@ struct ParameterLayout {
   int64_t total = 0;
 };
 
+// [pp] The part of the model one pipeline chunk holds: decoder layers
+// [first_layer, first_layer + num_layers), plus the embedding and/or the final
+// norm and LM head. The default is the whole model.
+struct ModelPart {
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;  // -1: every layer from first_layer on
+  bool embedding = true;
+  bool head = true;          // model.norm, lm_head and the loss
+  bool Whole(const spec::ModelSpec& c) const {
+    return first_layer == 0 && (num_layers < 0 || num_layers == c.num_layers) && embedding && head;
+  }
+};
+
 // Init std: 0.02 for embeddings, q/k/v, gate/up and lm_head; 0.02/sqrt(2L) for
 // the projections that write into the residual stream (o_proj, down_proj), as
 // GPT-2 does, so the residual's variance does not grow with depth.
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config);
 // This rank's layout under `plan` (the same as above when plan.size == 1).
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan& plan);
+// [pp] The entries of `part` only, packed in the same order (names, shapes and
+// init streams as in the whole model). embed / final_norm / lm_head are -1
+// when the part lacks them; layers[i] is global layer part.first_layer + i.
+// A tied embedding needs the embedding and the head in the same part
+// (CheckModelPart).
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan& plan,
+                                    const ModelPart& part);
+// [pp] INVALID_ARGUMENT naming the rule for a part outside the model or a
+// tied embedding split from its head.
+absl::Status CheckModelPart(const spec::ModelSpec& config, const ModelPart& part);
 
 }  // namespace loom::engine

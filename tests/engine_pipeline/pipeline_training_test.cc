@@ -1,0 +1,252 @@
+// The training loop under pipeline parallelism against one process. Ranks are
+// threads with real Gloo groups (tp, dp and pp groups of the pp x dp x tp
+// mesh, tp fastest). 10 optimizer steps with accumulation, clipping active,
+// AdamW and evaluations at steps 5 and 10: every step's loss, gradient norm
+// and validation loss, and every parameter afterwards (each stage's tensors,
+// assembled over TP), equal the single-process run within 1e-5 relative.
+// Layouts: pp2 1F1B, pp2 interleaved (2 virtual stages), pp4 AFAB,
+// tp2 x pp2 (4 micro-batches accumulated), dp2 x tp2 x pp2.
+// Also: pipeline bytes per step (B*S*H floats per micro-batch per boundary
+// each way), refusals, checkpoints refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/comm/rank_harness.h"
+#include "tests/engine/test_util.h"
+#include "tests/model_tp/tp_test_util.h"
+#include "worker/comm/in_process_store.h"
+#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/training_loop.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr int kSteps = 10;
+constexpr double kTolerance = 1e-5;
+
+struct TrainedRun {
+  std::vector<StepProgress> steps;
+  testing::TensorMap params;
+  comm::CommStats pp_stats;
+};
+
+struct Layout {
+  int pp = 1, dp = 1, tp = 1;
+  spec::Schedule schedule = spec::Schedule::k1F1B;
+  int virtual_stages = 1;
+};
+
+class PipelineTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
+    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+  }
+
+  spec::JobSpec Job(bool validation = true) const {
+    spec::JobSpec job = testing::TinyJob(dir_ / "train.txt", validation ? dir_ / "val.txt" : "");
+    job.model.num_layers = 4;
+    job.train.steps = kSteps;
+    job.train.grad_clip = 0.5;  // below the early norms: clipping is exercised
+    if (!validation) job.train.eval_interval = 0;
+    return job;
+  }
+
+  static std::vector<StepProgress> Train(TrainingLoop& loop, int64_t steps) {
+    std::vector<StepProgress> out;
+    while (loop.step() < steps) {
+      absl::StatusOr<StepProgress> p = loop.TrainStep();
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) break;
+      out.push_back(*p);
+    }
+    return out;
+  }
+
+  TrainedRun RunSingle(const spec::JobSpec& job) {
+    absl::StatusOr<std::unique_ptr<TrainingLoop>> loop = TrainingLoop::Create(job);
+    TrainedRun run;
+    EXPECT_TRUE(loop.ok()) << loop.status();
+    if (!loop.ok()) return run;
+    run.steps = Train(**loop, job.train.steps);
+    run.params = testing::ToMap((*loop)->model().Parameters());
+    return run;
+  }
+
+  // One TrainedRun per global rank; params hold that rank's stage's tensors,
+  // assembled over its TP group.
+  std::vector<TrainedRun> RunLayout(spec::JobSpec job, const Layout& l, int64_t steps) {
+    job.parallelism.pp = l.pp;
+    job.parallelism.dp = l.dp;
+    job.parallelism.tp = l.tp;
+    job.parallelism.schedule = l.schedule;
+    job.parallelism.virtual_stages = l.virtual_stages;
+    comm::InProcessStore store;
+    using Group = std::vector<std::unique_ptr<comm::Communicator>>;
+    std::map<std::pair<int, int>, Group> tp_groups, dp_groups, pp_groups;
+    for (int p = 0; p < l.pp; ++p)
+      for (int d = 0; d < l.dp; ++d)
+        tp_groups[{p, d}] = comm::testing::MakeGroup(store, l.tp, absl::Seconds(60), "tp");
+    for (int p = 0; p < l.pp; ++p)
+      for (int t = 0; t < l.tp; ++t)
+        dp_groups[{p, t}] = comm::testing::MakeGroup(store, l.dp, absl::Seconds(60), "dp");
+    for (int d = 0; d < l.dp; ++d)
+      for (int t = 0; t < l.tp; ++t)
+        pp_groups[{d, t}] = comm::testing::MakeGroup(store, l.pp, absl::Seconds(60), "pp");
+    std::vector<TrainedRun> runs(l.pp * l.dp * l.tp);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < l.pp; ++p) {
+      for (int d = 0; d < l.dp; ++d) {
+        for (int t = 0; t < l.tp; ++t) {
+          threads.emplace_back([&, p, d, t] {
+            comm::Communicator* tp_comm = l.tp > 1 ? tp_groups[{p, d}][t].get() : nullptr;
+            comm::Communicator* dp_comm = l.dp > 1 ? dp_groups[{p, t}][d].get() : nullptr;
+            comm::Communicator* pp_comm = pp_groups[{d, t}][p].get();
+            absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
+                TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
+            ASSERT_TRUE(loop.ok()) << loop.status();
+            TrainedRun& run = runs[(p * l.dp + d) * l.tp + t];
+            run.steps = Train(**loop, steps);
+            ASSERT_NE((*loop)->pipeline_stage(), nullptr);
+            for (const TensorView& v : (*loop)->pipeline_stage()->Parameters()) {
+              std::vector<float> global;
+              ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
+              run.params[v.name] = std::move(global);
+            }
+            run.pp_stats = pp_comm->Stats();
+          });
+        }
+      }
+    }
+    for (std::thread& th : threads) th.join();
+    return runs;
+  }
+
+  void ExpectSame(const std::vector<TrainedRun>& runs, const TrainedRun& one) {
+    testing::TensorMap covered;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const TrainedRun& run = runs[r];
+      ASSERT_EQ(run.steps.size(), one.steps.size());
+      for (size_t s = 0; s < one.steps.size(); ++s) {
+        const StepProgress& a = run.steps[s];
+        const StepProgress& b = one.steps[s];
+        EXPECT_NEAR(a.loss, b.loss, kTolerance * std::abs(b.loss)) << "step " << s + 1;
+        EXPECT_NEAR(a.grad_norm, b.grad_norm, kTolerance * b.grad_norm) << "step " << s + 1;
+        ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value()) << "step " << s + 1;
+        if (b.val_loss) EXPECT_NEAR(*a.val_loss, *b.val_loss, kTolerance * *b.val_loss);
+      }
+      ASSERT_FALSE(run.params.empty());
+      for (const auto& [name, values] : run.params) {
+        auto it = one.params.find(name);
+        ASSERT_NE(it, one.params.end()) << name;
+        ASSERT_EQ(values.size(), it->second.size()) << name;
+        EXPECT_LE(testing::NormRelDiff(values, it->second), kTolerance) << name;
+        covered[name] = values;
+      }
+    }
+    EXPECT_GT(one.steps[0].grad_norm, 0.5) << "clipping should be active";
+    // The stages together hold every tensor of the model exactly.
+    EXPECT_EQ(covered.size(), one.params.size());
+  }
+
+  testing::ScratchDir dir_;
+};
+
+TEST_F(PipelineTrainingTest, Pp2OneFOneBEqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  ExpectSame(RunLayout(job, {.pp = 2}, kSteps), RunSingle(job));
+}
+
+TEST_F(PipelineTrainingTest, Pp2InterleavedTwoVirtualStagesEqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  ExpectSame(RunLayout(job, {.pp = 2, .schedule = spec::Schedule::kInterleaved, .virtual_stages = 2},
+                       kSteps),
+             RunSingle(job));
+}
+
+TEST_F(PipelineTrainingTest, Pp4AfabEqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  ExpectSame(RunLayout(job, {.pp = 4, .schedule = spec::Schedule::kAfab}, kSteps), RunSingle(job));
+}
+
+TEST_F(PipelineTrainingTest, Tp2Pp2FourMicroBatchesEqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  ASSERT_EQ(job.train.global_batch_size / job.train.micro_batch_size, 4);
+  ExpectSame(RunLayout(job, {.pp = 2, .tp = 2}, kSteps), RunSingle(job));
+}
+
+TEST_F(PipelineTrainingTest, Dp2Tp2Pp2EqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .tp = 2}, kSteps), RunSingle(job));
+}
+
+// Each boundary carries B*S*H floats per micro-batch each way: stage 0 sends
+// the activations, stage 1 the gradients, m of each per step.
+TEST_F(PipelineTrainingTest, BytesPerBoundaryAreBatchSeqHidden) {
+  for (spec::Schedule schedule : {spec::Schedule::kAfab, spec::Schedule::k1F1B}) {
+    const spec::JobSpec job = Job(/*validation=*/false);
+    const std::vector<TrainedRun> runs = RunLayout(job, {.pp = 2, .schedule = schedule}, 2);
+    const int64_t m = job.train.global_batch_size / job.train.micro_batch_size;
+    const int64_t bytes = 2 * m * job.train.micro_batch_size * job.train.seq_len *
+                          job.model.hidden_size * 4;  // 2 steps
+    for (const TrainedRun& run : runs) {
+      ASSERT_EQ(run.pp_stats.count("send"), 1u);
+      ASSERT_EQ(run.pp_stats.count("recv"), 1u);
+      EXPECT_EQ(run.pp_stats.at("send").bytes, bytes);
+      EXPECT_EQ(run.pp_stats.at("send").calls, 2 * m);
+      EXPECT_EQ(run.pp_stats.at("recv").logical_bytes, bytes);
+      EXPECT_EQ(run.pp_stats.at("recv").calls, 2 * m);
+    }
+  }
+}
+
+TEST_F(PipelineTrainingTest, RefusesWhatItCannotRun) {
+  comm::InProcessStore store;
+  auto pp = comm::testing::MakeGroup(store, 2, absl::Seconds(10), "pp");
+  spec::JobSpec job = Job();
+  job.parallelism.pp = 2;
+  job.model.tie_embeddings = true;
+  absl::StatusOr<std::unique_ptr<TrainingLoop>> tied = TrainingLoop::Create(job, 0, 1, nullptr, nullptr, pp[0].get());
+  ASSERT_FALSE(tied.ok());
+  EXPECT_NE(tied.status().message().find("tie_embeddings"), absl::string_view::npos) << tied.status();
+  job.model.tie_embeddings = false;
+  job.parallelism.pp = 4;
+  absl::StatusOr<std::unique_ptr<TrainingLoop>> size = TrainingLoop::Create(job, 0, 1, nullptr, nullptr, pp[0].get());
+  ASSERT_FALSE(size.ok());
+  EXPECT_NE(size.status().message().find("parallelism.pp=4"), absl::string_view::npos) << size.status();
+  job.parallelism.pp = 2;
+  job.model.num_layers = 3;
+  job.parallelism.schedule = spec::Schedule::kInterleaved;
+  job.parallelism.virtual_stages = 2;  // 4 chunks for 3 layers
+  absl::StatusOr<std::unique_ptr<TrainingLoop>> layers = TrainingLoop::Create(job, 0, 1, nullptr, nullptr, pp[0].get());
+  ASSERT_FALSE(layers.ok());
+  EXPECT_NE(layers.status().message().find("num_layers"), absl::string_view::npos) << layers.status();
+}
+
+TEST_F(PipelineTrainingTest, CheckpointsAreRefusedWithUnimplemented) {
+  const spec::JobSpec job = Job(false);
+  comm::InProcessStore store;
+  auto pp = comm::testing::MakeGroup(store, 2, absl::Seconds(60), "pp");
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      spec::JobSpec j = job;
+      j.parallelism.pp = 2;
+      auto loop = TrainingLoop::Create(j, 0, 1, nullptr, nullptr, pp[s].get());
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      const std::string root = dir_ / ("ckpt" + std::to_string(s));
+      EXPECT_TRUE(absl::IsNotFound((*loop)->RestoreNewest(root).status()));  // fresh start
+      EXPECT_TRUE(absl::IsUnimplemented((*loop)->SaveCheckpoint(root).status()));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace loom::engine

@@ -1,0 +1,11 @@
+# GPU tests of issue 8's pieces (so far the NCCL Communicator): GoogleTest
+# binaries that skip (GTEST_SKIP, with the reason) where there is no CUDA
+# device. Included from tests/gpu/CMakeLists.txt:
+#   include(${CMAKE_CURRENT_SOURCE_DIR}/gpu_backend_tests.cmake)
+if(TARGET loom_comm_nccl)
+  add_executable(gpu_nccl_communicator_test
+    ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator_test.cc)
+  target_link_libraries(gpu_nccl_communicator_test PRIVATE loom_comm_nccl CUDA::cudart
+    GTest::gtest_main)
+  gtest_discover_tests(gpu_nccl_communicator_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
+endif()

@@ -1,0 +1,62 @@
+#include "worker/engine/pipeline/pipeline_stage.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine {
+
+absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp) {
+  if (pp > 1 && config.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.tie_embeddings=true is not supported with parallelism.pp=", pp,
+        ": the embedding (first stage) and the LM head (last stage) would need their shared "
+        "gradient all-reduced between the two stages; use tie_embeddings: false"));
+  }
+  return absl::OkStatus();
+}
+
+PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,
+                             const PipelinePlan& plan, TensorParallelOptions parallel)
+    : plan_(plan) {
+  for (const PipelineChunk& c : plan_.chunks) {
+    ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
+    chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, nullptr, parallel, part));
+  }
+}
+
+void PipelineStage::InitParameters(uint64_t seed) {
+  for (auto& m : chunks_) m->InitParameters(seed);
+}
+
+std::vector<TensorView> PipelineStage::Parameters() {
+  std::vector<TensorView> all;
+  for (auto& m : chunks_) {
+    for (TensorView& v : m->Parameters()) all.push_back(std::move(v));
+  }
+  return all;
+}
+
+std::vector<TensorView> PipelineStage::Gradients() {
+  std::vector<TensorView> all;
+  for (auto& m : chunks_) {
+    for (TensorView& v : m->Gradients()) all.push_back(std::move(v));
+  }
+  return all;
+}
+
+void PipelineStage::ZeroGradients() {
+  for (auto& m : chunks_) m->ZeroGradients();
+}
+
+int64_t PipelineStage::NumParameters() const {
+  int64_t n = 0;
+  for (const auto& m : chunks_) n += m->NumParameters();
+  return n;
+}
+
+int64_t PipelineStage::ActivationBytes() const {
+  int64_t n = 0;
+  for (const auto& m : chunks_) n += m->ActivationBytes();
+  return n;
+}
+
+}  // namespace loom::engine

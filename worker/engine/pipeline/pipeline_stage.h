@@ -1,0 +1,53 @@
+// The model chunks one pipeline stage holds (one LlamaModel per chunk, each
+// restricted to its layers and, on the first and last virtual stage, the
+// embedding or the final norm + LM head), seen as one parameter list for the
+// optimizer, clipping and checkpoints. Interleaved schedules give a stage
+// several non-adjacent chunks; a plain schedule gives it one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/spec/job_spec.h"
+#include "worker/engine/model/llama_model.h"
+#include "worker/engine/pipeline/pipeline_plan.h"
+#include "worker/engine/tensor_view.h"
+
+namespace loom::engine {
+
+class PipelineStage {
+ public:
+  // The TP options apply to every chunk (they share the TP group, which they
+  // use one at a time). model.tie_embeddings with pp > 1 is refused by
+  // CheckPipelineModel before a stage is built.
+  PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
+                TensorParallelOptions parallel = {});
+
+  // Each tensor from the whole model's init stream: the stages together hold
+  // exactly the single-process weights.
+  void InitParameters(uint64_t seed);
+
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }
+  LlamaModel& model(int64_t chunk) { return *chunks_[static_cast<size_t>(chunk)]; }
+  const PipelineChunk& chunk(int64_t chunk) const { return plan_.chunks[static_cast<size_t>(chunk)]; }
+  const PipelinePlan& plan() const { return plan_; }
+
+  // Every chunk's tensors, chunk after chunk (global names).
+  std::vector<TensorView> Parameters();
+  std::vector<TensorView> Gradients();
+  void ZeroGradients();
+  int64_t NumParameters() const;
+  int64_t ActivationBytes() const;
+
+ private:
+  PipelinePlan plan_;
+  std::vector<std::unique_ptr<LlamaModel>> chunks_;
+};
+
+// INVALID_ARGUMENT for a model the pipeline cannot split: tied embeddings
+// with pp > 1 (the embedding and the LM head would sit on different stages).
+absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp);
+
+}  // namespace loom::engine
