@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/topology/mesh.h"
+#include "coordinator/topology/schedule.h"
+#include "coordinator/topology/instruction.h"
 #include "coordinator/topology/stage_partition.h"
 
 namespace loom::coordinator {
@@ -36,6 +38,8 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
   // [pp] Each stage's layers: the partition the trainer derives from the same
   // spec (worker/engine/pipeline/pipeline_plan.h checks they agree).
   std::optional<topology::StagePartition> stages;
+  std::optional<topology::PipelineSchedule> schedule;  // every stage's instruction list
+  double bubble = 0;
   if (spec.parallelism.pp.value_or(1) > 1) {
     topology::PartitionRequest request;
     request.num_layers = spec.model.num_layers;
@@ -47,6 +51,22 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     absl::StatusOr<topology::StagePartition> partition = topology::PartitionLayers(request);
     if (!partition.ok()) return partition.status();
     stages = std::move(*partition);
+    const int64_t microbatches =
+        spec.train.global_batch_size /
+        std::max<int64_t>(1, spec.train.micro_batch_size * spec.parallelism.dp.value_or(1));
+    topology::ScheduleRequest schedule_request;
+    schedule_request.kind = spec.parallelism.schedule == spec::Schedule::kAfab
+                                ? topology::ScheduleKind::kAfab
+                                : spec.parallelism.schedule == spec::Schedule::kInterleaved
+                                      ? topology::ScheduleKind::kInterleaved
+                                      : topology::ScheduleKind::k1F1B;
+    schedule_request.pp = *spec.parallelism.pp;
+    schedule_request.virtual_stages = spec.parallelism.virtual_stages;
+    schedule_request.microbatches = microbatches;
+    absl::StatusOr<topology::PipelineSchedule> built = topology::BuildSchedule(schedule_request);
+    if (!built.ok()) return built.status();
+    schedule = std::move(*built);
+    bubble = topology::AnalyticBubbleFraction(schedule_request);
   }
   std::vector<loom::v1::RankAssignment> assignments;
   for (int64_t rank = 0; rank < mesh->world_size(); ++rank) {
@@ -89,6 +109,8 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
       }
       std::sort(layers.begin(), layers.end());
       for (int64_t layer : layers) a.add_layers(static_cast<int32_t>(layer));
+      a.set_pipeline_instructions(topology::FormatInstructions(schedule->stages[coord->pp]));
+      a.set_pipeline_bubble_fraction(bubble);
     } else {
       for (int64_t layer = 0; layer < spec.model.num_layers; ++layer) {
         a.add_layers(static_cast<int32_t>(layer));

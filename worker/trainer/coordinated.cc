@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
+#include "coordinator/topology/instruction.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/self_communicator.h"
 #include "worker/engine/training_loop.h"
@@ -62,11 +63,23 @@ absl::Status CheckStageLayers(const loom::v1::RankAssignment& a, engine::Trainin
   if (loop.pipeline_stage() == nullptr || a.layers().empty()) return absl::OkStatus();
   const std::vector<int64_t> mine = engine::StageLayers(loop.pipeline_stage()->plan());
   const std::vector<int64_t> given(a.layers().begin(), a.layers().end());
-  if (mine == given) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "assignment of rank ", a.rank(), ": layers [", absl::StrJoin(given, ","),
-      "] differ from pipeline stage ", loop.pipeline_stage()->plan().stage,
-      "'s partition [", absl::StrJoin(mine, ","), "]"));
+  if (mine != given) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "assignment of rank ", a.rank(), ": layers [", absl::StrJoin(given, ","),
+        "] differ from pipeline stage ", loop.pipeline_stage()->plan().stage,
+        "'s partition [", absl::StrJoin(mine, ","), "]"));
+  }
+  // The instruction list the coordinator derived is the one this stage runs.
+  const std::string list = topology::FormatInstructions(loop.pipeline_stage()->plan().instructions);
+  if (!a.pipeline_instructions().empty() && a.pipeline_instructions() != list) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "assignment of rank ", a.rank(), ": pipeline instructions '", a.pipeline_instructions(),
+        "' differ from stage ", loop.pipeline_stage()->plan().stage, "'s schedule '", list, "'"));
+  }
+  std::fprintf(stderr, "loom-trainer: rank %d: pipeline stage %lld, layers [%s], bubble %.3f: %s\n",
+               a.rank(), static_cast<long long>(loop.pipeline_stage()->plan().stage),
+               absl::StrJoin(mine, ",").c_str(), a.pipeline_bubble_fraction(), list.c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace
