@@ -66,6 +66,30 @@ TEST(AssignmentBuilder, Dp2Tp2Pp2OnTwoNodes) {
   EXPECT_DOUBLE_EQ(r5.collective_timeout_s(), 9);
 }
 
+TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
+  spec::JobSpec s = Spec(1, 1, 2);
+  s.train.global_batch_size = 8;
+  s.train.micro_batch_size = 2;  // 4 micro-batches
+  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+                                     .nodes = {{.node_id = "a", .free_devices = 2, .device_ids = {}}},
+                                     .avoid = {}};
+  auto placement = topology::PlaceRanks(request);
+  ASSERT_TRUE(placement.ok());
+  auto assignments = BuildAssignments(s, *placement, AttemptContext{.job_id = "j"}, {});
+  ASSERT_TRUE(assignments.ok()) << assignments.status();
+  const auto& first = (*assignments)[0];
+  const auto& last = (*assignments)[1];
+  EXPECT_EQ(first.layers_size() + last.layers_size(), 4);
+  EXPECT_EQ(first.layers(0), 0);
+  EXPECT_EQ(last.layers(last.layers_size() - 1), 3);
+  // 1F1B: the first stage starts with a forward, the last with a receive; both end
+  // with the gradient reduction and the optimizer step.
+  EXPECT_EQ(first.pipeline_instructions().rfind("F0 sA0@1", 0), 0u) << first.pipeline_instructions();
+  EXPECT_EQ(last.pipeline_instructions().rfind("rA0@0 F0", 0), 0u) << last.pipeline_instructions();
+  EXPECT_NE(last.pipeline_instructions().find("RG OPT"), std::string::npos);
+  EXPECT_DOUBLE_EQ(first.pipeline_bubble_fraction(), 0.25);  // (p-1)/m
+}
+
 TEST(AssignmentBuilder, WrongPlacementSizeIsAnError) {
   spec::JobSpec s = Spec(2, 1, 1);
   topology::Placement placement;
