@@ -33,11 +33,28 @@ PlannerConstants DefaultConstants() {
 PlannerConstants CpuEngineConstants() {
   PlannerConstants k = DefaultConstants();
   // No CUDA context or workspace: what remains is the process, OpenBLAS
-  // buffers and Gloo's pairs.
+  // buffers and Gloo's pairs (not in the engine's own accounting).
   k.memory_overhead_bytes = 64.0 * (1 << 20);
+  // Read from the engine's code (worker/engine/model/llama_model.cc, Prepare;
+  // zero/dp_engine.cc), not fitted: every buffer is allocated once, exactly.
   k.activation_factor = 1.0;
-  k.logits_bytes_per_element = 12.0;  // fp32 logits, softmax and gradient
-  k.attention_score_bytes = 4.0;      // fp32 softmax probabilities are saved
+  k.logits_bytes_per_element = 4.0;   // fp32 logits; the loss writes its gradient in place
+  k.attention_score_bytes = 0.0;      // tiled attention: no score matrix is kept
+  k.row_stat_bytes = 4.0;             // fp32 1/rms per norm, log-sum-exp per head
+  k.sp_saves_gathered_inputs = true;  // h1, h2 keep all token rows under SP
+  k.activation_working_sets = 1.0;    // the shared block set (evaluation, recompute)
+  k.backward_scratch_layers = 1.0;    // dh, dqkv, d_attn, dgu, d_act
+  k.final_norm_buffer_sets = 1.0;     // x_in[L], h_final, dx
+  k.dp_bucket_buffers = 0.0;          // gradients are reduced in place
+  k.zero_shard_buffers = 1.0;         // one collective at a time on the comm thread
+  // Backward waits for unit u+2's reduce-scatter when u completes: u, u+1 and
+  // u+2 are live under ZeRO-2. Under ZeRO-3 the gather of u queues behind
+  // u+2's reduce-scatter on the one comm thread, so only u and u+1 are.
+  k.zero2_unreduced_gradient_layers = 3.0;
+  k.zero3_unreduced_gradient_layers = 2.0;
+  k.tp_token_buffers = 2.0;           // TP partial sum and gathered input (block_tp)
+  k.tp_row_buffers = 1.0;             // the row-sharded residual
+  k.tp_staging_without_sp = true;
   k.tp_overlap = 0.0;
   k.dp_overlap = 0.0;
   return k;

@@ -58,14 +58,57 @@ struct PlannerConstants {
   double activation_factor = 1.0;
   double logits_bytes_per_element = 10.0;
   double attention_score_bytes = 0.0;
+
+  // How a framework lays out the rest of its memory. The defaults describe
+  // the GPU frameworks the constants above were fitted on (their extra
+  // allocations are in activation_factor); CpuEngineConstants() sets them
+  // from the CPU engine's code, whose accounting is exact.
+  //
+  // Under SP, the norm outputs that feed the column-parallel GEMMs are saved
+  // after their all-gather (all tokens) instead of sharded and gathered again
+  // in backward.
+  bool sp_saves_gathered_inputs = false;
+  // Bytes per saved per-row statistic: each RMSNorm's 1/rms and the
+  // attention's log-sum-exp per head (0: omitted, as Korthikanti et al. do).
+  double row_stat_bytes = 0.0;
+  // Layer-sized sets of forward activations held besides the saved ones (an
+  // arena for evaluation passes); full recompute's working layer is one.
+  double activation_working_sets = 0.0;
+  // Layers' worth of activation gradients live during backward (the
+  // gradients of one layer's GEMM outputs and its input).
+  double backward_scratch_layers = 0.0;
+  // Sets of the final norm's buffers on the last stage: its input, its
+  // output (all tokens: it feeds the vocabulary-parallel head) and the
+  // hidden-state gradient entering the last layer.
+  double final_norm_buffer_sets = 0.0;
+  // Data-parallel staging: full-size gradient buckets in flight (one
+  // reducing, one filling), and 1/(dp·cp) chunks of the largest bucket that
+  // ZeRO's sharded collectives stage (reduce-scatter output, all-gather input).
+  double dp_bucket_buffers = 2.0;
+  double zero_shard_buffers = 0.0;
+  // Full-size layer gradients resident under ZeRO-2 and ZeRO-3 before their
+  // reduce-scatter frees them (the reduction window). ZeRO-3 also holds two
+  // gathered layers of weights (the current one and the prefetched next);
+  // when its gathers queue behind the reduce-scatters on one stream, waiting
+  // for a gather also retires the oldest reduce-scatter, so its window is
+  // shorter.
+  double zero2_unreduced_gradient_layers = 0.0;
+  double zero3_unreduced_gradient_layers = 1.0;
+  // Tensor-parallel staging, in token×hidden buffers: all-token ones (the
+  // gathered input, a partial sum) and row ones (sharded by SP), allocated
+  // under SP only or, when tp_staging_without_sp, whenever tp > 1.
+  double tp_token_buffers = 2.0;
+  double tp_row_buffers = 0.0;
+  bool tp_staging_without_sp = false;
 };
 
 // The constants fitted on the playbook runs (see docs/planner.md).
 PlannerConstants DefaultConstants();
 
-// Hook for Loom's own CPU engine (fp32, OpenBLAS, attention scores
-// materialized in fp32): the memory constants to check against the peak the
-// engine measures, once "Parallel engine over Gloo" reports it. Not fitted yet.
+// Loom's own CPU engine (fp32, OpenBLAS, tiled attention that keeps the
+// log-sum-exp, not the scores): memory constants read from the engine's code
+// and checked against the peaks its MemoryTracker measures per layout
+// (tools/planner/data/engine_memory.csv, tests/planner/engine_memory_test.cc).
 PlannerConstants CpuEngineConstants();
 
 }  // namespace loom::planner

@@ -21,7 +21,14 @@ StageParams ParamsOnStage(const Workload& w, const Layout& l, int64_t stage) {
   const ParamCount& p = w.params;
   StageParams s;
   const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
-  s.layer_params = layers * (static_cast<double>(p.layer_linear) / l.tp + p.layer_replicated);
+  // KV heads fewer than tp ranks are replicated, one per rank: K and V then
+  // cost each rank a whole head's projection.
+  const ModelShape& m = w.model;
+  const double kv_share = static_cast<double>(m.num_kv_heads) / l.tp;
+  const double kv_replicated =
+      kv_share < 1.0 ? 2.0 * m.hidden_size * m.head_dim() * (1.0 - kv_share) : 0.0;
+  s.layer_params =
+      layers * (static_cast<double>(p.layer_linear) / l.tp + kv_replicated + p.layer_replicated);
   const bool first = stage == 0;
   const bool last = stage == l.pp - 1;
   if (first) s.edge_params += static_cast<double>(p.embedding) / l.tp + p.position_embedding;
@@ -61,8 +68,10 @@ double ActivationBytesPerLayer(const Workload& w, const Layout& l, const Planner
     return tokens * h / sp_div * e;
   }
   // Inputs of the two norms and of the QKV and first MLP GEMMs: replicated
-  // across TP unless sequence parallelism shards them.
-  const double replicated = 4.0 * h / sp_div;
+  // across TP unless sequence parallelism shards them (a framework may keep
+  // the GEMM inputs as gathered, all tokens).
+  const double replicated =
+      k.sp_saves_gathered_inputs ? 2.0 * h / sp_div + 2.0 * h : 4.0 * h / sp_div;
   // Q, K, V and the attention output, sharded by heads.
   // KV heads that do not divide by tp are replicated, one head per rank.
   const double kv_local = std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
@@ -70,6 +79,9 @@ double ActivationBytesPerLayer(const Workload& w, const Layout& l, const Planner
   // SwiGLU: gate and up outputs and their product; GELU: pre- and post-activation.
   const double mlp = (m.gated_mlp ? 3.0 : 2.0) * m.ffn_hidden_size / static_cast<double>(l.tp);
   double bytes = tokens * (replicated + attention + mlp) * e;
+  // Per-row statistics: two norms' 1/rms (rows sharded by SP), and the
+  // attention's log-sum-exp per local head.
+  bytes += tokens * (2.0 / sp_div + static_cast<double>(m.num_heads) / l.tp) * k.row_stat_bytes;
   if (l.recompute == spec::Recompute::kNone && k.attention_score_bytes > 0) {
     // Unfused attention keeps its softmax output: heads/tp × s_q × s_kv per sequence.
     bytes += tokens * (static_cast<double>(m.num_heads) / l.tp) * w.seq_len * k.attention_score_bytes;
@@ -121,26 +133,65 @@ MemoryBreakdown EstimateMemory(const Workload& w, const Layout& l, const Planner
     b.micro_batches_in_flight = static_cast<int64_t>(CeilDiv(in_flight, 1.0));
     const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
     double activations = in_flight * layers * act_layer;
-    if (l.recompute == spec::Recompute::kFull) {
-      // Backward recomputes one layer at a time, holding its full activations.
+    // Layer-sized working sets: full recompute's backward recomputes one
+    // layer at a time into one; a framework may keep more (evaluation).
+    const double working_sets = l.recompute == spec::Recompute::kFull
+                                    ? std::max(1.0, k.activation_working_sets)
+                                    : k.activation_working_sets;
+    if (working_sets > 0 || k.backward_scratch_layers > 0) {
       Layout none = l;
       none.recompute = spec::Recompute::kNone;
-      activations += ActivationBytesPerLayer(w, none, k);
+      // Each layer keeps its own input: a working set holds the rest.
+      const double sp_div = l.sequence_parallel ? l.tp : 1;
+      activations += working_sets * (ActivationBytesPerLayer(w, none, k) - tokens * h / sp_div * e);
+      // Gradients of one layer's GEMM outputs (QKV, attention, gate/up and
+      // SwiGLU) and of its input, all tokens: the attention and MLP widths
+      // are this rank's.
+      const ModelShape& m = w.model;
+      const double kv_local =
+          std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
+      const double q_local = static_cast<double>(m.num_heads) * m.head_dim() / l.tp;
+      const double f_local = static_cast<double>(m.ffn_hidden_size) / l.tp;
+      const double mlp = (m.gated_mlp ? 3.0 : 2.0) * f_local;
+      activations +=
+          k.backward_scratch_layers * tokens * (h + 2.0 * q_local + 2.0 * kv_local + mlp) * e;
+    }
+    if (sp.lm_head_rows > 0) {
+      // The final norm's input and the gradient leaving it (rows sharded by
+      // SP), and its output (all tokens, the head's input).
+      const double sp_div = l.sequence_parallel ? l.tp : 1;
+      activations += k.final_norm_buffer_sets * tokens * (2.0 * h / sp_div + h) * e;
     }
     b.activations = activations * k.activation_factor;
     b.logits = tokens * sp.lm_head_rows * k.logits_bytes_per_element;
 
+    const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
+    const double layer_grad = layer * (r.grad_bytes + r.grad_accum_bytes);
+    if (l.zero_stage == 2 && shard > 1) {
+      // Full-size gradients of the layers whose reduce-scatter is pending.
+      b.gradients += k.zero2_unreduced_gradient_layers * layer_grad;
+    }
     if (l.zero_stage >= 3 && shard > 1) {
       // Two layers gathered (the current one and the prefetched next), and
-      // the current layer's unsharded gradient before its reduce-scatter.
-      const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
-      b.zero3_gathered = layer * (2.0 * r.weight_bytes + r.grad_bytes + r.grad_accum_bytes);
+      // the unsharded gradients before their reduce-scatter.
+      b.zero3_gathered =
+          layer * 2.0 * r.weight_bytes + k.zero3_unreduced_gradient_layers * layer_grad;
       if (sp.lm_head_rows > 0) b.zero3_gathered += sp.lm_head_rows * h * r.weight_bytes;
     }
 
     double buffers = 0;
-    if (shard > 1) buffers += 2.0 * w.dp_bucket_bytes;  // one bucket reducing, one filling
-    if (l.tp > 1 && l.sequence_parallel) buffers += 2.0 * tokens * h * e;  // gathered input
+    if (shard > 1) {
+      buffers += k.dp_bucket_buffers * w.dp_bucket_bytes;
+      if (l.zero_stage >= 1) {
+        // ZeRO-2/3 buckets never cross a layer; ZeRO-1's span the model.
+        const double span = (l.zero_stage >= 2 ? layer : params) * r.grad_reduce_bytes;
+        buffers += k.zero_shard_buffers * std::min(w.dp_bucket_bytes, span) / shard;
+      }
+    }
+    if (l.tp > 1 && (l.sequence_parallel || k.tp_staging_without_sp)) {
+      const double sp_div = l.sequence_parallel ? l.tp : 1;
+      buffers += (k.tp_token_buffers + k.tp_row_buffers / sp_div) * tokens * h * e;
+    }
     if (l.pp > 1) buffers += 2.0 * tokens * h / (l.sequence_parallel ? l.tp : 1) * e;
     b.comm_buffers = buffers;
     b.overhead = k.memory_overhead_bytes;

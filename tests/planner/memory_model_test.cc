@@ -173,4 +173,47 @@ TEST(Memory, TensorParallelShardsLinearLayers) {
 }
 
 }  // namespace
+// Tiny has 2 KV heads: at tp4 each rank holds one whole KV head (replicated
+// over two ranks), so K and V cost 2·h·head_dim per layer, not half of it.
+TEST(Memory, ReplicatedKvHeadsCostAWholeHead) {
+  const Workload w = Tiny();
+  Layout l;
+  l.tp = 4;
+  l.micro_batch_size = 16;
+  const ParamCount& p = w.params;
+  const double kv_sharded = p.layer_linear / 4.0;
+  const double kv_whole = kv_sharded + 2.0 * 128 * 32 * (1.0 - 2.0 / 4.0);
+  const double edges = p.embedding / 4.0 + p.lm_head / 4.0 + p.final_norm;
+  EXPECT_DOUBLE_EQ(MaxParamsPerRank(w, l), 4 * (kv_whole + p.layer_replicated) + edges);
+  l.tp = 2;  // one KV head per rank: nothing replicated
+  EXPECT_DOUBLE_EQ(MaxParamsPerRank(w, l),
+                   4 * (p.layer_linear / 2.0 + p.layer_replicated) + p.embedding / 2.0 +
+                       p.lm_head / 2.0 + p.final_norm);
+}
+
+// The CPU engine's layout of buffers (constants read from its code): per-row
+// statistics, SP's gathered GEMM inputs, the working set and scratch.
+TEST(Memory, EngineBuffersAddWhatTheyDescribe) {
+  const Workload w = Tiny();
+  Layout l;
+  l.tp = 2;
+  l.sequence_parallel = true;
+  l.micro_batch_size = 2;  // 256 tokens
+  PlannerConstants k = Plain();
+  const double base = ActivationBytesPerLayer(w, l, k);
+  k.row_stat_bytes = 4;
+  // Two norms' 1/rms over 128 rows each, log-sum-exp for 2 local heads.
+  EXPECT_DOUBLE_EQ(ActivationBytesPerLayer(w, l, k) - base, 256.0 * (2.0 / 2 + 2) * 4);
+  k.row_stat_bytes = 0;
+  k.sp_saves_gathered_inputs = true;
+  // Two of the four h-wide inputs keep all 256 tokens instead of 128.
+  EXPECT_DOUBLE_EQ(ActivationBytesPerLayer(w, l, k) - base, 2.0 * 128 * 128 * 4);
+  k = Plain();
+  const double before = EstimateMemory(w, l, k).activations;
+  k.backward_scratch_layers = 1;
+  // dh (128) + 2·q (2·64) + 2·kv (2·32) + 3·f (3·192) per token.
+  EXPECT_DOUBLE_EQ(EstimateMemory(w, l, k).activations - before,
+                   256.0 * (128 + 128 + 64 + 576) * 4);
+}
+
 }  // namespace loom::planner
