@@ -92,12 +92,6 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
       unsupported.push_back(absl::StrCat("parallelism.pp=", pp, " with parallelism.zero_stage=",
                                          zero, " is not supported by this engine yet (use 0)"));
     }
-    if (!s.checkpoint.dir.empty()) {
-      unsupported.push_back(absl::StrCat("checkpoint.dir='", s.checkpoint.dir,
-                                         "' with parallelism.pp=", pp,
-                                         ": pipeline checkpoints are not supported yet (leave "
-                                         "checkpoint.dir empty)"));
-    }
     if (s.train.precision != spec::Precision::kFp32) {
       unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
                                          " with parallelism.pp=", pp, " is not supported yet (use fp32)"));

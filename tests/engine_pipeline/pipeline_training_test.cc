@@ -7,7 +7,7 @@
 // Layouts: pp2 1F1B, pp2 interleaved (2 virtual stages), pp4 AFAB,
 // tp2 x pp2 (4 micro-batches accumulated), dp2 x tp2 x pp2.
 // Also: pipeline bytes per step (B*S*H floats per micro-batch per boundary
-// each way), refusals, checkpoints refused.
+// each way), refusals. Checkpoints: pipeline_checkpoint_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -227,25 +227,6 @@ TEST_F(PipelineTrainingTest, RefusesWhatItCannotRun) {
   absl::StatusOr<std::unique_ptr<TrainingLoop>> layers = TrainingLoop::Create(job, 0, 1, nullptr, nullptr, pp[0].get());
   ASSERT_FALSE(layers.ok());
   EXPECT_NE(layers.status().message().find("num_layers"), absl::string_view::npos) << layers.status();
-}
-
-TEST_F(PipelineTrainingTest, CheckpointsAreRefusedWithUnimplemented) {
-  const spec::JobSpec job = Job(false);
-  comm::InProcessStore store;
-  auto pp = comm::testing::MakeGroup(store, 2, absl::Seconds(60), "pp");
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) {
-    threads.emplace_back([&, s] {
-      spec::JobSpec j = job;
-      j.parallelism.pp = 2;
-      auto loop = TrainingLoop::Create(j, 0, 1, nullptr, nullptr, pp[s].get());
-      ASSERT_TRUE(loop.ok()) << loop.status();
-      const std::string root = dir_ / ("ckpt" + std::to_string(s));
-      EXPECT_TRUE(absl::IsNotFound((*loop)->RestoreNewest(root).status()));  // fresh start
-      EXPECT_TRUE(absl::IsUnimplemented((*loop)->SaveCheckpoint(root).status()));
-    });
-  }
-  for (std::thread& t : threads) t.join();
 }
 
 }  // namespace

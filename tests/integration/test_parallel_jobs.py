@@ -3,6 +3,7 @@ layout's per-step losses equal one process's within 1e-5 relative."""
 
 import json
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -19,6 +20,7 @@ data: {{train_path: data/train.txt, format: text}}
 parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: 1, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
               schedule: {schedule}, virtual_stages: {v}}}
 resources: {{device: cpu, ranks: {ranks}}}
+checkpoint: {{dir: "{ckpt}", interval: 5, keep: 2}}
 fault_tolerance: {{max_restarts: 0}}
 """
 
@@ -35,17 +37,17 @@ class ParallelJobs(unittest.TestCase):
         cls.cluster.stop()
 
     def losses(self, name, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", v=1,
-               precision="fp32"):
+               precision="fp32", steps=10, ckpt=None):
         c = self.cluster
         spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, zero=zero, sp=str(sp).lower(),
-                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp)
+                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp,
+                           ckpt=ckpt or f"ckpt-{name}").replace("steps: 10,", f"steps: {steps},")
         job = c.submit(spec, name)
         watch = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
                                 job, "--format=jsonl"], capture_output=True, text=True, timeout=300)
         self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
         steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
-        self.assertEqual([s["step"] for s in steps], list(range(1, 11)))
-        return [s["loss"] for s in steps]
+        return {s["step"]: s["loss"] for s in steps}
 
     def test_layouts_match_one_process(self):
         reference = self.losses("single")
@@ -59,12 +61,27 @@ class ParallelJobs(unittest.TestCase):
         for name, layout in layouts:
             with self.subTest(layout=name):
                 got = self.losses(name, **layout)
-                for step, (a, b) in enumerate(zip(got, reference), start=1):
+                self.assertEqual(sorted(got), list(range(1, 11)))
+                for step, b in reference.items():
+                    a = got[step]
                     self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+
+    def test_checkpoint_from_dp2_tp2_resumes_at_tp2_pp2(self):
+        reference = self.losses("uninterrupted")
+        first = self.losses("first", dp=2, tp=2, ckpt="ckpt-shared")
+        self.assertEqual(sorted(first), list(range(1, 11)))
+        # Keep only the step-5 checkpoint, as if the first job had stopped there.
+        shutil.rmtree(os.path.join(self.cluster.dir, "ckpt-shared", "step_00000010"))
+        second = self.losses("second-half", tp=2, pp=2, ckpt="ckpt-shared")
+        self.assertEqual(sorted(second), list(range(6, 11)), "resumed after the step-5 checkpoint")
+        for step, loss in second.items():
+            self.assertLessEqual(abs(loss - reference[step]), 1e-5 * abs(reference[step]), step)
 
     def test_fp8_emulation_trains_close_to_fp32(self):
         fp32 = self.losses("fp32-ref")
         fp8 = self.losses("fp8", precision="fp8")
+        fp32 = [fp32[k] for k in sorted(fp32)]
+        fp8 = [fp8[k] for k in sorted(fp8)]
         self.assertNotEqual(fp8, fp32, "fp8 rounding must change the numbers")
         # e4m3 rounding is unbiased: the curve drifts but stays close (docs/gpu.md).
         tail = lambda xs: sum(xs[-3:]) / 3

@@ -387,7 +387,6 @@ absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
 }
 
 absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root) {
-  if (pipeline_) return PipelineCheckpointsUnsupported(root, false);  // [pp]
   Phase("checkpoint");
   if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   CheckpointContent content;
@@ -401,6 +400,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", dp_size_}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
+  if (pipeline_) return SavePipelineCheckpoint(root, std::move(content));  // [pp]
   if (tp_comm_ != nullptr) return SaveTensorParallelCheckpoint(root, std::move(content));  // [tp]
   if (zero_stage() > 0) {
     return SaveShardedCheckpoint(root, content, *model_, *dp_engine_, *dp_comm_,
@@ -426,12 +426,15 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
 }
 
 absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {
-  if (pipeline_) return PipelineCheckpointsUnsupported(root, true);  // [pp]
   if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
-  if (tp_comm_ != nullptr) {
-    tp_staged = TensorParallelState();
+  if (pipeline_ && tp_comm_ == nullptr) {  // [pp] this stage's whole tensors, in place
+    for (const TpStaged& t : PipelineCheckpointState()) {
+      into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
+    }
+  } else if (tp_comm_ != nullptr) {
+    tp_staged = pipeline_ ? PipelineCheckpointState() : TensorParallelState();  // [pp]
     for (TpStaged& t : tp_staged) {
       const std::vector<int64_t>& shape = t.local.GlobalShape();
       int64_t n = 1;

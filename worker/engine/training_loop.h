@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +69,9 @@ class TrainingLoop {
   // Commits <root>/step_NNNNNNNN with parameters, AdamW moments and loop state
   // and prunes to checkpoint.keep. Unsharded: DP rank 0 writes; under ZeRO
   // every rank writes its shards and rank 0 commits (zero/sharded_checkpoint.h).
+  // [pp] Under PP each stage writes its chunks' global tensors and stage 0
+  // commits (docs/pipeline.md); loading takes each stage's tensors from any
+  // layout's checkpoint.
   // Every rank waits for the commit. Returns the step directory on rank 0.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& root);
   // Loads the newest loadable checkpoint under root (falling back past refused
@@ -123,7 +127,15 @@ class TrainingLoop {
   absl::Status CreatePipeline();
   absl::StatusOr<StepProgress> PipelineTrainStep();
   absl::StatusOr<double> PipelineEvaluate();
-  absl::Status PipelineCheckpointsUnsupported(const std::string& root, bool restoring) const;
+  // [pp] Checkpoints: each stage's DP-rank-0, TP-rank-0 writes its chunks'
+  // global tensors (gathered over TP) and moments; stage 0 commits the step
+  // with one index, so it loads under any layout (docs/pipeline.md).
+  std::vector<TpStaged> PipelineCheckpointState();
+  absl::StatusOr<std::string> SavePipelineCheckpoint(const std::string& root,
+                                                     CheckpointContent content);
+  absl::StatusOr<std::string> WriteAndCommitPipelineStep(
+      const std::string& root, const CheckpointContent& content,
+      const std::map<std::string, float*>& values);
   comm::Communicator* pp_comm_ = nullptr;  // null: no pipeline
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;

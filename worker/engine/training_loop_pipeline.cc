@@ -1,16 +1,23 @@
 // [pp] The training loop under pipeline parallelism (docs/pipeline.md): this
 // rank runs one stage's chunks by its instruction list; the loss lives on the
-// last stage and the gradient norm spans every stage (and TP shard). Kept
-// apart from training_loop.cc, which calls in here when a pp group is given.
+// last stage and the gradient norm spans every stage (and TP shard);
+// checkpoints hold global tensors written stage by stage under one index.
+// Kept apart from training_loop.cc, which calls in here when a pp group is
+// given.
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <map>
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "worker/engine/checkpoint/checkpoint_writer.h"
+#include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/model/tp_tensors.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -169,19 +176,199 @@ absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {
   return static_cast<double>(total) / static_cast<double>(windows);
 }
 
-absl::Status TrainingLoop::PipelineCheckpointsUnsupported(const std::string& root,
-                                                          bool restoring) const {
-  // Restoring from an empty or missing root is a fresh start, as for any layout.
-  std::error_code ec;
-  bool any_step = false;
-  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-    if (entry.path().filename().string().rfind("step_", 0) == 0) any_step = true;
+// ---- Checkpoints ---------------------------------------------------------------
+// Files per stage S: model-tp00-ppSS.safetensors (its chunks' parameters) and
+// optimizer-tp00-ppSS-dp00.safetensors (their AdamW moments), whole global
+// tensors under their global names, so the index is the one a single process
+// writes, split over files: any layout loads it.
+
+std::vector<TrainingLoop::TpStaged> TrainingLoop::PipelineCheckpointState() {
+  std::vector<TpStaged> staged;
+  std::map<std::string, TensorView> by_name;
+  for (const TensorView& p : stage_->Parameters()) {
+    by_name[p.name] = p;
+    staged.push_back({p, {}});
   }
-  const std::string what = absl::StrCat(
-      "checkpoints with parallelism.pp=", pp_comm_->size(),
-      " are not implemented yet: leave checkpoint.dir empty (root ", root, ")");
-  if (restoring && !any_step) return absl::NotFoundError(what);
-  return absl::UnimplementedError(what);
+  for (TensorView s : optimizer_->States()) {
+    // "optimizer.exp_avg.<param>" / "optimizer.exp_avg_sq.<param>": sharded as the parameter.
+    const std::string param = s.name.substr(s.name.find('.', sizeof("optimizer")) + 1);
+    const TensorView& p = by_name.at(param);
+    s.global_shape = p.global_shape;
+    s.shard_axis = p.shard_axis;
+    s.shard_offset = p.shard_offset;
+    s.replicas = p.replicas;
+    staged.push_back({s, {}});
+  }
+  return staged;
+}
+
+absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::string& root,
+                                                                  CheckpointContent content) {
+  content.state["layout"]["pp"] = pp_comm_->size();
+  content.state["layout"]["tp"] = tp_comm_ != nullptr ? tp_comm_->size() : 1;
+  // DP rank 0's TP group of each stage gathers (the DP ranks hold the same
+  // values); its TP rank 0 writes.
+  absl::StatusOr<std::string> result = std::string();
+  float ok = 1.0f;
+  if (dp_rank_ == 0) {
+    std::vector<TpStaged> staged = PipelineCheckpointState();
+    std::map<std::string, float*> values;
+    for (TpStaged& t : staged) {
+      if (tp_comm_ != nullptr) {
+        if (absl::Status s = GatherGlobal(t.local, tp_comm_, &t.global); !s.ok()) return s;
+        values[t.local.name] = t.global.data();
+      } else {
+        values[t.local.name] = t.local.data;
+      }
+    }
+    if (tp_comm_ == nullptr || tp_comm_->rank() == 0) {
+      result = WriteAndCommitPipelineStep(root, content, values);
+    }
+    ok = result.ok() ? 1.0f : 0.0f;
+    // The writer tells its TP group, then each of those its DP group; this is
+    // also the barrier.
+    if (tp_comm_ != nullptr) {
+      if (absl::Status s = tp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+    }
+  }
+  if (dp_comm_ != nullptr) {
+    if (absl::Status s = dp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  }
+  if (!result.ok()) return result;
+  if (ok != 1.0f) {
+    return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
+                                            " was not committed (a pipeline stage's writer failed)"));
+  }
+  return result;
+}
+
+namespace {
+
+constexpr int kFilesPerStage = 2;
+
+std::string StageFileName(bool optimizer, int64_t stage) {
+  return optimizer ? absl::StrFormat("optimizer-tp00-pp%02d-dp00.safetensors", stage)
+                   : absl::StrFormat("model-tp00-pp%02d.safetensors", stage);
+}
+
+// Stage `stage`'s two files, described from the spec alone (names and global
+// shapes, no data): the committing stage lists every stage's tensors in the
+// index without receiving them.
+absl::StatusOr<std::vector<CheckpointFile>> DescribeStageFiles(const spec::JobSpec& spec,
+                                                               int64_t stage, int64_t pp,
+                                                               int64_t microbatches) {
+  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(spec, stage, pp, microbatches);
+  if (!plan.ok()) return plan.status();
+  const TpPlan whole = MakeTpPlan(spec.model, 0, 1, false);
+  CheckpointFile model{StageFileName(false, stage), "model", {}, {}};
+  CheckpointFile optimizer{StageFileName(true, stage), "optimizer", {}, {}};
+  std::vector<TensorView> exp_avg_sq;
+  for (const PipelineChunk& c : plan->chunks) {
+    const ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
+    for (const ParameterEntry& e : MakeParameterLayout(spec.model, whole, part).entries) {
+      model.tensors.push_back({e.name, e.shape, nullptr});
+      optimizer.tensors.push_back({"optimizer.exp_avg." + e.name, e.shape, nullptr});
+      exp_avg_sq.push_back({"optimizer.exp_avg_sq." + e.name, e.shape, nullptr});
+    }
+  }
+  for (TensorView& v : exp_avg_sq) optimizer.tensors.push_back(std::move(v));
+  std::vector<CheckpointFile> files;
+  files.push_back(std::move(model));
+  files.push_back(std::move(optimizer));
+  return files;
+}
+
+}  // namespace
+
+// Collective over the pp group of DP rank 0 / TP rank 0 (the stage writers):
+// stage 0 opens the temporary directory, every stage writes its files, the
+// digests travel to stage 0, which commits when all arrived and tells the
+// others. Returns the step directory on stage 0, "" on the others.
+absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
+    const std::string& root, const CheckpointContent& content,
+    const std::map<std::string, float*>& values) {
+  const int pp = pp_comm_->size();
+  const int stage = pp_comm_->rank();
+  const spec::TrainSpec& t = spec_.train;
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / dp_size_;
+  absl::StatusOr<std::string> begun = std::string();
+  float header[2] = {0.0f, 0.0f};
+  if (stage == 0) {
+    begun = BeginCheckpointStep(root, content.step, ::getpid());
+    header[0] = begun.ok() ? 1.0f : 0.0f;
+    header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
+  }
+  if (absl::Status s = pp_comm_->Broadcast(std::span<float>(header, 2), 0); !s.ok()) return s;
+  if (header[0] != 1.0f) {
+    if (stage == 0) return begun.status();
+    return absl::InternalError(absl::StrCat("pipeline stage 0 could not start the checkpoint of step ",
+                                            content.step, " under ", root));
+  }
+  const std::string tmp = CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
+
+  std::vector<float> digests(static_cast<size_t>(pp * kFilesPerStage * kDigestFloats), 0.0f);
+  absl::Status write_status;
+  absl::StatusOr<std::vector<CheckpointFile>> mine = DescribeStageFiles(spec_, stage, pp, microbatches);
+  if (!mine.ok()) write_status = mine.status();
+  for (size_t i = 0; write_status.ok() && i < mine->size(); ++i) {
+    CheckpointFile& file = (*mine)[i];
+    for (TensorView& v : file.tensors) {
+      auto it = values.find(v.name);
+      if (it == values.end()) {
+        write_status = absl::InternalError(absl::StrCat(
+            "pipeline stage ", stage, " holds no tensor ", v.name, " for ", file.name));
+        break;
+      }
+      v.data = it->second;
+    }
+    if (!write_status.ok()) break;
+    absl::StatusOr<FileDigest> d = WriteCheckpointFile(tmp, file);
+    if (!d.ok()) {
+      write_status = d.status();
+      break;
+    }
+    EncodeFileDigest(*d, &digests[(stage * kFilesPerStage + i) * kDigestFloats]);
+  }
+  if (absl::Status s = pp_comm_->AllReduce(std::span<float>(digests)); !s.ok()) return s;
+
+  absl::StatusOr<std::string> committed = std::string();
+  float ok = 0.0f;
+  if (stage == 0) {
+    CheckpointContent all = content;
+    all.files.clear();
+    std::vector<FileDigest> file_digests;
+    std::vector<std::string> missing;
+    for (int s = 0; s < pp && committed.ok(); ++s) {
+      absl::StatusOr<std::vector<CheckpointFile>> files = DescribeStageFiles(spec_, s, pp, microbatches);
+      if (!files.ok()) {
+        committed = files.status();
+        break;
+      }
+      for (size_t i = 0; i < files->size(); ++i) {
+        const float* slot = &digests[(s * kFilesPerStage + i) * kDigestFloats];
+        if (slot[0] != 1.0f) missing.push_back((*files)[i].name);
+        file_digests.push_back(DecodeFileDigest(slot));
+        all.files.push_back(std::move((*files)[i]));
+      }
+    }
+    if (committed.ok() && !missing.empty()) {
+      committed = absl::InternalError(absl::StrCat(
+          "checkpoint of step ", content.step, ": not every pipeline stage wrote its files (",
+          absl::StrJoin(missing, ", "), ")",
+          write_status.ok() ? "" : ": " + write_status.ToString()));
+    } else if (committed.ok()) {
+      committed = CommitCheckpointStep(root, tmp, all, file_digests, spec_.checkpoint.keep);
+    }
+    ok = committed.ok() ? 1.0f : 0.0f;
+  }
+  if (absl::Status s = pp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  if (stage == 0) return committed;
+  if (!write_status.ok()) return write_status;
+  if (ok != 1.0f) {
+    return absl::InternalError(absl::StrCat("pipeline stage 0 failed to commit the checkpoint of step ",
+                                            content.step, " under ", root));
+  }
+  return std::string();
 }
 
 }  // namespace loom::engine

@@ -149,6 +149,23 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
   return final_dir.string();
 }
 
+void EncodeFileDigest(const FileDigest& digest, float* slot) {
+  const uint64_t bytes = static_cast<uint64_t>(digest.bytes);
+  slot[0] = 1.0f;
+  for (int i = 0; i < 4; ++i) slot[1 + i] = static_cast<float>((bytes >> (16 * i)) & 0xffff);
+  slot[5] = static_cast<float>(digest.crc32 & 0xffff);
+  slot[6] = static_cast<float>(digest.crc32 >> 16);
+}
+
+FileDigest DecodeFileDigest(const float* slot) {
+  FileDigest d;
+  uint64_t bytes = 0;
+  for (int i = 0; i < 4; ++i) bytes |= static_cast<uint64_t>(slot[1 + i]) << (16 * i);
+  d.bytes = static_cast<int64_t>(bytes);
+  d.crc32 = static_cast<uint32_t>(slot[5]) | (static_cast<uint32_t>(slot[6]) << 16);
+  return d;
+}
+
 absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
                                              const CheckpointContent& content, int64_t keep) {
   absl::StatusOr<std::string> tmp = BeginCheckpointStep(root, content.step, ::getpid());

@@ -1,0 +1,255 @@
+// Checkpoints under pipeline parallelism, across layouts. Ranks are threads
+// with real Gloo groups (pp x dp x tp mesh, tp fastest). A run trains 5 of 10
+// steps and saves; a run of another layout restores it and trains steps 6-10,
+// which must equal the uninterrupted single-process run within 1e-5 relative
+// (loss, gradient norm, validation loss, and every parameter afterwards):
+// dp2·tp2 -> tp2·pp2, pp2 -> one process, one process -> pp2 interleaved.
+// Resuming the same layout (dp2·tp2·pp2) reproduces the uninterrupted run of
+// that layout bit for bit. The committed index lists every tensor once, whole.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/comm/rank_harness.h"
+#include "tests/engine/test_util.h"
+#include "tests/model_tp/tp_test_util.h"
+#include "worker/comm/in_process_store.h"
+#include "worker/engine/checkpoint/checkpoint_reader.h"
+#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/training_loop.h"
+
+namespace loom::engine {
+namespace {
+
+constexpr int kSteps = 10;
+constexpr int kSaveAt = 5;
+constexpr double kTolerance = 1e-5;
+
+struct Layout {
+  int pp = 1, dp = 1, tp = 1;
+  spec::Schedule schedule = spec::Schedule::k1F1B;
+  int virtual_stages = 1;
+};
+
+struct RankRun {
+  absl::Status restore = absl::OkStatus();
+  int64_t restored_step = 0;
+  std::vector<StepProgress> steps;
+  testing::TensorMap params;  // this rank's tensors, assembled over TP
+  std::string saved;          // SaveCheckpoint's result
+};
+
+class PipelineCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
+    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+  }
+
+  spec::JobSpec Job() const {
+    spec::JobSpec job = testing::TinyJob(dir_ / "train.txt", dir_ / "val.txt");
+    job.model.num_layers = 4;
+    job.train.steps = kSteps;
+    job.train.grad_clip = 0.5;
+    job.checkpoint.keep = 0;
+    return job;
+  }
+
+  // Every rank of the layout: restores from `restore_root` (when given; a
+  // NOT_FOUND is a fresh start), trains up to step `until`, then saves under
+  // `save_root` (when given).
+  std::vector<RankRun> Run(spec::JobSpec job, const Layout& l, const std::string& restore_root,
+                           int64_t until, const std::string& save_root) {
+    job.parallelism.pp = l.pp;
+    job.parallelism.dp = l.dp;
+    job.parallelism.tp = l.tp;
+    job.parallelism.schedule = l.schedule;
+    job.parallelism.virtual_stages = l.virtual_stages;
+    comm::InProcessStore store;
+    using Group = std::vector<std::unique_ptr<comm::Communicator>>;
+    std::map<std::pair<int, int>, Group> tp_groups, dp_groups, pp_groups;
+    for (int p = 0; p < l.pp; ++p)
+      for (int d = 0; d < l.dp; ++d)
+        tp_groups[{p, d}] = comm::testing::MakeGroup(store, l.tp, absl::Seconds(60), "tp");
+    for (int p = 0; p < l.pp; ++p)
+      for (int t = 0; t < l.tp; ++t)
+        dp_groups[{p, t}] = comm::testing::MakeGroup(store, l.dp, absl::Seconds(60), "dp");
+    for (int d = 0; d < l.dp; ++d)
+      for (int t = 0; t < l.tp; ++t)
+        pp_groups[{d, t}] = comm::testing::MakeGroup(store, l.pp, absl::Seconds(60), "pp");
+    std::vector<RankRun> runs(l.pp * l.dp * l.tp);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < l.pp; ++p) {
+      for (int d = 0; d < l.dp; ++d) {
+        for (int t = 0; t < l.tp; ++t) {
+          threads.emplace_back([&, p, d, t] {
+            comm::Communicator* tp_comm = l.tp > 1 ? tp_groups[{p, d}][t].get() : nullptr;
+            comm::Communicator* dp_comm = l.dp > 1 ? dp_groups[{p, t}][d].get() : nullptr;
+            comm::Communicator* pp_comm = l.pp > 1 ? pp_groups[{d, t}][p].get() : nullptr;
+            RankRun& run = runs[(p * l.dp + d) * l.tp + t];
+            absl::StatusOr<std::unique_ptr<TrainingLoop>> created =
+                TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
+            ASSERT_TRUE(created.ok()) << created.status();
+            TrainingLoop& loop = **created;
+            if (!restore_root.empty()) {
+              absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(restore_root);
+              run.restore = loaded.status();
+              if (loaded.ok()) run.restored_step = loaded->step;
+            }
+            while (loop.step() < until) {
+              absl::StatusOr<StepProgress> step = loop.TrainStep();
+              ASSERT_TRUE(step.ok()) << step.status();
+              run.steps.push_back(*step);
+            }
+            if (!save_root.empty()) {
+              absl::StatusOr<std::string> saved = loop.SaveCheckpoint(save_root);
+              ASSERT_TRUE(saved.ok()) << saved.status();
+              run.saved = *saved;
+            }
+            const std::vector<TensorView> params = loop.pipeline_stage() != nullptr
+                ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
+            for (const TensorView& v : params) {
+              std::vector<float> global;
+              ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
+              run.params[v.name] = std::move(global);
+            }
+          });
+        }
+      }
+    }
+    for (std::thread& th : threads) th.join();
+    return runs;
+  }
+
+  // Each rank's steps are the reference's from `first_step` on; the ranks'
+  // tensors together are the reference's.
+  static void ExpectContinues(const std::vector<RankRun>& runs, const RankRun& reference,
+                              int64_t first_step, double tolerance) {
+    testing::TensorMap covered;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      const RankRun& run = runs[r];
+      ASSERT_EQ(run.steps.size(), reference.steps.size() - first_step);
+      for (size_t s = 0; s < run.steps.size(); ++s) {
+        const StepProgress& a = run.steps[s];
+        const StepProgress& b = reference.steps[first_step + s];
+        ASSERT_EQ(a.step, b.step);
+        EXPECT_NEAR(a.loss, b.loss, tolerance * std::abs(b.loss)) << "step " << b.step;
+        EXPECT_NEAR(a.grad_norm, b.grad_norm, tolerance * b.grad_norm) << "step " << b.step;
+        ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value()) << "step " << b.step;
+        if (b.val_loss) {
+          EXPECT_NEAR(*a.val_loss, *b.val_loss, tolerance * *b.val_loss);
+        }
+        EXPECT_EQ(a.tokens, b.tokens) << "step " << b.step;
+      }
+      for (const auto& [name, values] : run.params) {
+        auto it = reference.params.find(name);
+        ASSERT_NE(it, reference.params.end()) << name;
+        ASSERT_EQ(values.size(), it->second.size()) << name;
+        if (tolerance == 0.0) {
+          EXPECT_EQ(values, it->second) << name;
+        } else {
+          EXPECT_LE(testing::NormRelDiff(values, it->second), tolerance) << name;
+        }
+        covered[name] = values;
+      }
+    }
+    EXPECT_EQ(covered.size(), reference.params.size());
+  }
+
+  static void ExpectRestored(const std::vector<RankRun>& runs) {
+    for (const RankRun& run : runs) {
+      EXPECT_TRUE(run.restore.ok()) << run.restore;
+      EXPECT_EQ(run.restored_step, kSaveAt);
+    }
+  }
+
+  RankRun Reference() { return Run(Job(), {}, "", kSteps, "")[0]; }
+
+  testing::ScratchDir dir_;
+};
+
+TEST_F(PipelineCheckpointTest, Dp2Tp2ResumesAtTp2Pp2) {
+  const std::string root = dir_ / "ckpt";
+  Run(Job(), {.dp = 2, .tp = 2}, "", kSaveAt, root);
+  const std::vector<RankRun> resumed = Run(Job(), {.pp = 2, .tp = 2}, root, kSteps, "");
+  ExpectRestored(resumed);
+  ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
+}
+
+TEST_F(PipelineCheckpointTest, Pp2ResumesInOneProcess) {
+  const std::string root = dir_ / "ckpt";
+  const std::vector<RankRun> saved = Run(Job(), {.pp = 2}, "", kSaveAt, root);
+  // Stage 0 commits; the other stage's call returns "".
+  ASSERT_EQ(saved.size(), 2u);
+  EXPECT_EQ(saved[0].saved, root + "/step_00000005");
+  EXPECT_EQ(saved[1].saved, "");
+
+  // One index of whole global tensors: parameters and both moments, each once.
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(saved[0].saved);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const RankRun reference = Reference();
+  EXPECT_EQ(reader->tensors().size(), 3 * reference.params.size());
+  for (const CheckpointTensorInfo& info : reader->tensors()) {
+    ASSERT_EQ(info.shards.size(), 1u) << info.name;
+    EXPECT_EQ(info.shards[0].shape, info.shape) << info.name;
+  }
+  EXPECT_NE(reader->Find("model.embed_tokens.weight"), nullptr);
+  EXPECT_EQ(reader->Find("model.embed_tokens.weight")->file, "model-tp00-pp00.safetensors");
+  ASSERT_NE(reader->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(reader->Find("lm_head.weight")->file, "model-tp00-pp01.safetensors");
+  EXPECT_EQ(reader->state()["layout"]["pp"], 2);
+
+  const std::vector<RankRun> resumed = Run(Job(), {}, root, kSteps, "");
+  ExpectRestored(resumed);
+  ExpectContinues(resumed, reference, kSaveAt, kTolerance);
+}
+
+TEST_F(PipelineCheckpointTest, OneProcessResumesAtPp2Interleaved) {
+  const std::string root = dir_ / "ckpt";
+  Run(Job(), {}, "", kSaveAt, root);
+  const std::vector<RankRun> resumed =
+      Run(Job(), {.pp = 2, .schedule = spec::Schedule::kInterleaved, .virtual_stages = 2}, root,
+          kSteps, "");
+  ExpectRestored(resumed);
+  ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
+}
+
+// Same layout: the resumed steps are the uninterrupted run's bit for bit.
+TEST_F(PipelineCheckpointTest, Dp2Tp2Pp2ResumeIsBitForBit) {
+  const Layout layout{.pp = 2, .dp = 2, .tp = 2};
+  const std::string root = dir_ / "ckpt";
+  const std::vector<RankRun> whole = Run(Job(), layout, "", kSteps, "");
+  Run(Job(), layout, "", kSaveAt, root);
+  const std::vector<RankRun> resumed = Run(Job(), layout, root, kSteps, "");
+  ExpectRestored(resumed);
+  ASSERT_EQ(resumed.size(), whole.size());
+  for (size_t r = 0; r < whole.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(resumed[r].steps.size(), static_cast<size_t>(kSteps - kSaveAt));
+    for (size_t s = 0; s < resumed[r].steps.size(); ++s) {
+      const StepProgress& a = resumed[r].steps[s];
+      const StepProgress& b = whole[r].steps[kSaveAt + s];
+      EXPECT_EQ(a.loss, b.loss) << "step " << b.step;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << b.step;
+      EXPECT_EQ(a.val_loss, b.val_loss) << "step " << b.step;
+    }
+    EXPECT_EQ(resumed[r].params, whole[r].params);
+  }
+}
+
+// An empty root is a fresh start under PP as under any layout.
+TEST_F(PipelineCheckpointTest, EmptyRootIsAFreshStart) {
+  const std::vector<RankRun> runs = Run(Job(), {.pp = 2}, dir_ / "none", 1, "");
+  for (const RankRun& run : runs) {
+    EXPECT_TRUE(absl::IsNotFound(run.restore)) << run.restore;
+    EXPECT_EQ(run.steps.size(), 1u);
+  }
+}
+
+}  // namespace
+}  // namespace loom::engine
