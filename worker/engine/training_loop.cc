@@ -317,7 +317,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
 absl::Status TrainingLoop::TensorParallelCheckpointsUnsupported() const {
   return absl::UnimplementedError(absl::StrCat(
       "checkpoints with parallelism.tp=", tp_comm_->size(), " and parallelism.zero_stage=",
-      zero_stage(), " are not implemented yet (zero_stage 0 is): leave checkpoint.dir empty"));
+      zero_stage(), " are not supported yet (zero_stage 0 is): leave checkpoint.dir empty"));
 }
 
 // The parameters and AdamW moments, each moment with its parameter's sharding.

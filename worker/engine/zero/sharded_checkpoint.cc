@@ -10,7 +10,7 @@ namespace loom::engine {
 namespace {
 
 constexpr int kSlots = 2;           // files per rank at most
-constexpr int kFloatsPerSlot = 7;   // present, bytes as 4 x 16 bits, crc as 2 x 16 bits
+constexpr int kFloatsPerSlot = kDigestFloats;  // one encoded FileDigest (checkpoint_writer.h)
 
 std::string ShardFileName(const char* kind, int rank) {
   return absl::StrFormat("%s-tp00-pp00-dp%02d.safetensors", kind, rank);
@@ -56,23 +56,6 @@ std::vector<CheckpointFile> RankFiles(LlamaModel& model, DataParallelEngine& eng
   return files;
 }
 
-void Encode(const FileDigest& d, float* out) {
-  const uint64_t bytes = static_cast<uint64_t>(d.bytes);
-  out[0] = 1.0f;
-  for (int i = 0; i < 4; ++i) out[1 + i] = static_cast<float>((bytes >> (16 * i)) & 0xffff);
-  out[5] = static_cast<float>(d.crc32 & 0xffff);
-  out[6] = static_cast<float>(d.crc32 >> 16);
-}
-
-FileDigest Decode(const float* in) {
-  FileDigest d;
-  uint64_t bytes = 0;
-  for (int i = 0; i < 4; ++i) bytes |= static_cast<uint64_t>(in[1 + i]) << (16 * i);
-  d.bytes = static_cast<int64_t>(bytes);
-  d.crc32 = static_cast<uint32_t>(in[5]) | (static_cast<uint32_t>(in[6]) << 16);
-  return d;
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
@@ -116,7 +99,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
       write_status = d.status();
       break;
     }
-    Encode(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
+    EncodeFileDigest(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
   }
   if (absl::Status s = comm.AllReduce(std::span<float>(digests)); !s.ok()) return s;
 
@@ -133,7 +116,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
       for (size_t i = 0; i < files.size(); ++i) {
         const float* slot = &digests[(r * kSlots + i) * kFloatsPerSlot];
         if (slot[0] != 1.0f) missing.push_back(files[i].name);
-        file_digests.push_back(Decode(slot));
+        file_digests.push_back(DecodeFileDigest(slot));
         all.files.push_back(std::move(files[i]));
       }
     }
