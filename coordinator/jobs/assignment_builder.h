@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/jobs/layout_proto.h"
-#include "coordinator/topology/placement.h"
+#include "common/topology/placement.h"
 #include "loom/v1/rank.pb.h"
 
 namespace loom::coordinator {

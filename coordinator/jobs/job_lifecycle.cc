@@ -11,7 +11,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/service/metrics.h"
-#include "coordinator/topology/placement.h"
+#include "common/topology/placement.h"
 
 namespace loom::coordinator {
 

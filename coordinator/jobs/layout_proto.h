@@ -2,7 +2,7 @@
 #pragma once
 
 #include "common/spec/job_spec.h"
-#include "coordinator/topology/mesh.h"
+#include "common/topology/mesh.h"
 #include "loom/v1/job.pb.h"
 
 namespace loom::coordinator {

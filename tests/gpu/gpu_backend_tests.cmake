@@ -9,3 +9,12 @@ if(TARGET loom_comm_nccl)
     GTest::gtest_main)
   gtest_discover_tests(gpu_nccl_communicator_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
 endif()
+
+# CudaOps (kernels/cuda/backend) against CpuOps, op by op; the caching
+# allocator's tests run everywhere, the device ones skip without a GPU.
+if(TARGET loom_cuda_backend)
+  add_executable(cuda_ops_test ${CMAKE_CURRENT_LIST_DIR}/cuda_ops_test.cc)
+  target_link_libraries(cuda_ops_test PRIVATE loom_cuda_backend loom_kernels_cpu
+    GTest::gtest_main)
+  gtest_discover_tests(cuda_ops_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
+endif()

@@ -1,5 +1,5 @@
 // Compact text form of pipeline instructions.
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 
 #include "gtest/gtest.h"
 

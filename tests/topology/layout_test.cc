@@ -1,5 +1,5 @@
 // BuildLayout: every rank's assignment agrees with the parts it is made of.
-#include "coordinator/topology/layout.h"
+#include "common/topology/layout.h"
 
 #include "gtest/gtest.h"
 

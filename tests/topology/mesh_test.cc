@@ -1,5 +1,5 @@
 // Golden and property tests for the rank mesh: coordinates, groups, place strings.
-#include "coordinator/topology/mesh.h"
+#include "common/topology/mesh.h"
 
 #include <algorithm>
 #include <set>

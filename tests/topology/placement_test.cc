@@ -1,5 +1,5 @@
 // Placement: contiguous packing in whole TP groups, fewest nodes, avoidance.
-#include "coordinator/topology/placement.h"
+#include "common/topology/placement.h"
 
 #include <map>
 #include <set>

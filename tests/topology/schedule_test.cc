@@ -1,12 +1,12 @@
 // Pipeline schedules: hand-checked golden lists, and over pp 1..8, m 1..16,
 // v 1..4 that no list deadlocks, every forward precedes its backward, bubbles
 // meet the analytic values and stashed activations stay within their bounds.
-#include "coordinator/topology/schedule.h"
+#include "common/topology/schedule.h"
 
 #include <map>
 #include <utility>
 
-#include "coordinator/topology/simulator.h"
+#include "common/topology/simulator.h"
 #include "gtest/gtest.h"
 
 namespace loom::topology {

@@ -1,6 +1,6 @@
 // The simulator against hand-worked timelines: deadlock detection under
 // rendezvous sends, buffered sends, costs, and malformed lists.
-#include "coordinator/topology/simulator.h"
+#include "common/topology/simulator.h"
 
 #include "gtest/gtest.h"
 

@@ -1,6 +1,6 @@
 // Stage partition: balance with the embedding and LM head counted, Megatron's
 // chunk-to-virtual-stage mapping, errors, and optimality against brute force.
-#include "coordinator/topology/stage_partition.h"
+#include "common/topology/stage_partition.h"
 
 #include <algorithm>
 #include <functional>

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/self_communicator.h"
 #include "worker/engine/training_loop.h"

@@ -3,7 +3,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 
 namespace loom::engine {
 namespace {

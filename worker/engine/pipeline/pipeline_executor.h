@@ -1,4 +1,4 @@
-// Runs one pipeline stage's instruction list (coordinator/topology/
+// Runs one pipeline stage's instruction list (common/topology/
 // instruction.h) for one optimizer step: forwards and backwards of its chunks
 // and the activation / gradient transfers with the neighbouring stages over
 // the pp group, in exactly the listed order.

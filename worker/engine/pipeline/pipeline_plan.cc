@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/topology/schedule.h"
-#include "coordinator/topology/stage_partition.h"
+#include "common/topology/schedule.h"
+#include "common/topology/stage_partition.h"
 
 namespace loom::engine {
 namespace {

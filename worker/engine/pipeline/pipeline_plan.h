@@ -1,6 +1,6 @@
 // What one pipeline stage runs: its model chunks (layers, embedding, head) and
 // its instruction list for one optimizer step, derived from the job spec with
-// the same functions the coordinator uses (coordinator/topology: the stage
+// the same functions the coordinator uses (common/topology: the stage
 // partition with the default FLOP end costs, and the schedule). The trainer
 // can therefore run a pipeline with nothing but the spec, its stage and the
 // pp group; an assignment's `layers` are checked against the result.
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 
 namespace loom::engine {
 

@@ -1,8 +1,8 @@
-#include "coordinator/topology/layout.h"
+#include "common/topology/layout.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/topology/simulator.h"
+#include "common/topology/simulator.h"
 
 namespace loom::topology {
 

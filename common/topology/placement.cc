@@ -1,4 +1,4 @@
-#include "coordinator/topology/placement.h"
+#include "common/topology/placement.h"
 
 #include <algorithm>
 

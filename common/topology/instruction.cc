@@ -1,4 +1,4 @@
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"

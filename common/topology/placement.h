@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/topology/mesh.h"
+#include "common/topology/mesh.h"
 
 namespace loom::topology {
 

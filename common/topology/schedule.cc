@@ -1,4 +1,4 @@
-#include "coordinator/topology/schedule.h"
+#include "common/topology/schedule.h"
 
 #include <algorithm>
 #include <optional>

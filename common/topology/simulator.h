@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/topology/instruction.h"
-#include "coordinator/topology/schedule.h"
+#include "common/topology/instruction.h"
+#include "common/topology/schedule.h"
 
 namespace loom::topology {
 

@@ -1,4 +1,4 @@
-#include "coordinator/topology/simulator.h"
+#include "common/topology/simulator.h"
 
 #include <algorithm>
 #include <deque>

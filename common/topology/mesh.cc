@@ -1,4 +1,4 @@
-#include "coordinator/topology/mesh.h"
+#include "common/topology/mesh.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "coordinator/topology/stage_partition.h"
+#include "common/topology/stage_partition.h"
 
 #include <algorithm>
 #include <cmath>

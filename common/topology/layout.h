@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/topology/instruction.h"
-#include "coordinator/topology/mesh.h"
-#include "coordinator/topology/placement.h"
-#include "coordinator/topology/schedule.h"
-#include "coordinator/topology/stage_partition.h"
+#include "common/topology/instruction.h"
+#include "common/topology/mesh.h"
+#include "common/topology/placement.h"
+#include "common/topology/schedule.h"
+#include "common/topology/stage_partition.h"
 
 namespace loom::topology {
 

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/topology/instruction.h"
+#include "common/topology/instruction.h"
 
 namespace loom::topology {
 

@@ -1,0 +1,154 @@
+// The CUDA backend of the ops API (kernels/ops.h): fp32 tensors in device
+// memory from a caching allocator, GEMMs through cuBLASLt, the fused kernels
+// of kernels/cuda/ops/ and the bf16 attention of kernels/cuda/attention/, all
+// enqueued in order on one compute stream owned by the backend.
+//
+// Precision: the ops API is fp32 today. GEMMs run with CUBLAS_COMPUTE_32F in
+// full fp32 by default (allow_tf32 switches to CUBLAS_COMPUTE_32F_FAST_TF32);
+// attention converts q/k/v (and out, d_out) to bf16, runs the bf16 kernels
+// with fp32 accumulation and converts the results back, so attention is
+// bf16-accurate, not fp32. Storing activations and weights in bf16 is a later
+// step of issue 8 (the bf16 recipe).
+//
+// Errors: the ops return nothing, so a failed launch, an unsupported shape
+// (the fused kernels need row widths that are multiples of 8, attention head
+// dims 64 or 128) or a CUDA error is recorded as the backend's first error
+// (`error()`), and with abort_on_error (the default) printed to stderr and
+// the process aborted: a training step never continues on a silent no-op.
+//
+// std-only apart from the CUDA headers, like kernels/ops.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/backend/caching_allocator.h"
+#include "kernels/ops.h"
+
+namespace loom::kernels::cuda {
+
+struct CudaOpsOptions {
+  int device = 0;
+  bool allow_tf32 = false;     // GEMMs in TF32 (10-bit mantissa inputs) instead of fp32
+  bool abort_on_error = true;  // false: record the error and keep going (tests)
+  int64_t gemm_workspace_bytes = int64_t{32} << 20;
+};
+
+class CudaOps final : public Ops {
+ public:
+  // Fails (nullptr, reason in *error) when there is no such CUDA device or
+  // cuBLASLt cannot start.
+  static std::unique_ptr<CudaOps> Create(const CudaOpsOptions& options, std::string* error);
+  ~CudaOps() override;
+
+  DeviceType device() const override { return DeviceType::kCuda; }
+  const char* name() const override { return "cuda"; }
+  int num_threads() const override { return 1; }
+
+  // ---- Backend-specific --------------------------------------------------------
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return options_.device; }
+  // Ordering with other streams (e.g. NCCL's): record after / wait before.
+  void RecordEvent(cudaEvent_t event);
+  void WaitEvent(cudaEvent_t event);
+  AllocatorStats allocator_stats() const { return allocator_->stats(); }
+  void EmptyCache();  // synchronizes, then returns cached blocks to the driver
+  void ResetPeakMemory() { allocator_->ResetPeaks(); }
+  // The first error recorded (empty when none).
+  bool ok() const;
+  std::string error() const;
+
+  // ---- Ops ---------------------------------------------------------------------
+  Buffer Allocate(int64_t bytes) override;
+  void CopyHostToDevice(void* dst, const void* src, int64_t bytes) override;
+  void CopyDeviceToHost(void* dst, const void* src, int64_t bytes) override;
+  void CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override;
+  void Fill(float* x, int64_t n, float value) override;
+  void Synchronize() override;
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override;
+  void Scale(int64_t n, float alpha, float* x) override;
+  double SumSquares(const float* x, int64_t n) override;
+
+  void Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+            int64_t ldc) override;
+
+  void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
+                        int64_t dim, float* out) override;
+  void EmbeddingBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                         int64_t vocab, int64_t dim, float* d_table) override;
+
+  void RmsNormForward(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                      float* y, float* rstd) override;
+  void RmsNormBackward(const float* d_y, const float* x, const float* weight, const float* rstd,
+                       int64_t rows, int64_t dim, float* dx, bool accumulate_dx,
+                       float* d_weight) override;
+
+  void RopeForward(float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                   int64_t row_stride, const float* cos, const float* sin,
+                   int64_t position_offset) override;
+  void RopeBackward(float* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t position_offset) override;
+
+  void SwiGluForward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                     int64_t in_stride, float* out, int64_t out_stride) override;
+  void SwiGluBackward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                      int64_t in_stride, const float* d_out, int64_t out_stride, float* d_gate,
+                      float* d_up) override;
+
+  void AttentionForward(const AttentionDims& dims, const float* q, const float* k,
+                        const float* v, float* out, float* lse) override;
+  void AttentionBackward(const AttentionDims& dims, const float* q, const float* k,
+                         const float* v, const float* out, const float* lse, const float* d_out,
+                         float* dq, float* dk, float* dv) override;
+
+  void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab, float* row_loss) override;
+  void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                   int64_t vocab, float grad_scale, float* row_loss) override;
+
+  void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                             int64_t vocab_offset, int64_t vocab, int64_t dim,
+                             float* out) override;
+  void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                              int64_t vocab_offset, int64_t vocab, int64_t dim,
+                              float* d_table) override;
+  void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                              int64_t vocab_offset, int64_t vocab, float* row_lse,
+                              float* row_target_logit) override;
+  void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                 int64_t vocab_offset, int64_t vocab, const float* row_lse,
+                                 float grad_scale) override;
+
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
+
+ protected:
+  void Free(void* data) override;
+
+ private:
+  struct LtState;  // cuBLASLt handle and workspace (cublasLt.h stays out of this header)
+
+  explicit CudaOps(const CudaOpsOptions& options);
+  // Records `what` failed with `status` unless status is cudaSuccess; true when ok.
+  bool Check(cudaError_t status, const char* what);
+  void Fail(const std::string& message);
+  // Scratch memory freed when the returned Buffer dies; enqueue-ordered reuse
+  // is safe on the single stream (see caching_allocator.h).
+  Buffer Scratch(int64_t bytes, const char* what);
+
+  CudaOpsOptions options_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<LtState> lt_;
+  mutable std::mutex error_mu_;
+  std::string first_error_;
+};
+
+}  // namespace loom::kernels::cuda
