@@ -320,11 +320,13 @@ absl::Status TrainingLoop::TensorParallelCheckpointsUnsupported() const {
       zero_stage(), " are not supported yet (zero_stage 0 is): leave checkpoint.dir empty"));
 }
 
-// The parameters and AdamW moments, each moment with its parameter's sharding.
-std::vector<TrainingLoop::TpStaged> TrainingLoop::TensorParallelState() {
+// The parameters (the whole model's, or a pipeline stage's) and their AdamW
+// moments, each moment with its parameter's sharding.
+std::vector<TrainingLoop::TpStaged> TrainingLoop::CheckpointState(
+    const std::vector<TensorView>& parameters) {
   std::vector<TpStaged> staged;
   std::map<std::string, TensorView> by_name;
-  for (const TensorView& p : model_->Parameters()) {
+  for (const TensorView& p : parameters) {
     by_name[p.name] = p;
     staged.push_back({p, {}});
   }
@@ -343,7 +345,7 @@ std::vector<TrainingLoop::TpStaged> TrainingLoop::TensorParallelState() {
 
 absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std::string& root,
                                                                        CheckpointContent content) {
-  std::vector<TpStaged> staged = TensorParallelState();
+  std::vector<TpStaged> staged = CheckpointState(model_->Parameters());
   CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
   CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
   // DP rank 0's TP group writes (the DP ranks hold the same values).
@@ -430,11 +432,11 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
   if (pipeline_ && tp_comm_ == nullptr) {  // [pp] this stage's whole tensors, in place
-    for (const TpStaged& t : PipelineCheckpointState()) {
+    for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
     }
   } else if (tp_comm_ != nullptr) {
-    tp_staged = pipeline_ ? PipelineCheckpointState() : TensorParallelState();  // [pp]
+    tp_staged = CheckpointState(pipeline_ ? stage_->Parameters() : model_->Parameters());  // [pp]
     for (TpStaged& t : tp_staged) {
       const std::vector<int64_t>& shape = t.local.GlobalShape();
       int64_t n = 1;

@@ -118,7 +118,8 @@ class TrainingLoop {
     TensorView local;          // this rank's shard (parameter or AdamW moment)
     std::vector<float> global;  // the whole tensor
   };
-  std::vector<TpStaged> TensorParallelState();
+  // The given parameters and their AdamW moments, moments sharded as their parameters.
+  std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
   absl::Status TensorParallelCheckpointsUnsupported() const;
@@ -130,7 +131,6 @@ class TrainingLoop {
   // [pp] Checkpoints: each stage's DP-rank-0, TP-rank-0 writes its chunks'
   // global tensors (gathered over TP) and moments; stage 0 commits the step
   // with one index, so it loads under any layout (docs/pipeline.md).
-  std::vector<TpStaged> PipelineCheckpointState();
   absl::StatusOr<std::string> SavePipelineCheckpoint(const std::string& root,
                                                      CheckpointContent content);
   absl::StatusOr<std::string> WriteAndCommitPipelineStep(

@@ -182,26 +182,6 @@ absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {
 // tensors under their global names, so the index is the one a single process
 // writes, split over files: any layout loads it.
 
-std::vector<TrainingLoop::TpStaged> TrainingLoop::PipelineCheckpointState() {
-  std::vector<TpStaged> staged;
-  std::map<std::string, TensorView> by_name;
-  for (const TensorView& p : stage_->Parameters()) {
-    by_name[p.name] = p;
-    staged.push_back({p, {}});
-  }
-  for (TensorView s : optimizer_->States()) {
-    // "optimizer.exp_avg.<param>" / "optimizer.exp_avg_sq.<param>": sharded as the parameter.
-    const std::string param = s.name.substr(s.name.find('.', sizeof("optimizer")) + 1);
-    const TensorView& p = by_name.at(param);
-    s.global_shape = p.global_shape;
-    s.shard_axis = p.shard_axis;
-    s.shard_offset = p.shard_offset;
-    s.replicas = p.replicas;
-    staged.push_back({s, {}});
-  }
-  return staged;
-}
-
 absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::string& root,
                                                                   CheckpointContent content) {
   content.state["layout"]["pp"] = pp_comm_->size();
@@ -211,7 +191,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   absl::StatusOr<std::string> result = std::string();
   float ok = 1.0f;
   if (dp_rank_ == 0) {
-    std::vector<TpStaged> staged = PipelineCheckpointState();
+    std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
       if (tp_comm_ != nullptr) {
