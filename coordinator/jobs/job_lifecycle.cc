@@ -418,48 +418,47 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
 }
 
 void JobManager::CheckHealth(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  bool reschedule = false;
-  for (const std::string& id : order_) {
-    JobRecord& record = jobs_.at(id);
-    const JobState state = record.job.state();
-    if ((state == JobState::STARTING || state == JobState::RUNNING) && record.hang) {
-      if (std::optional<HangReport> hang = record.hang->Check(now)) {
-        std::string node;
-        if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
-          node = record.job.placement(hang->culprit_rank).node_id();
+  std::set<std::string> missing;  // nodes that did not come back after a restart
+  {
+    absl::MutexLock lock(&mu_);
+    bool reschedule = false;
+    for (const std::string& id : order_) {
+      JobRecord& record = jobs_.at(id);
+      const JobState state = record.job.state();
+      if ((state == JobState::STARTING || state == JobState::RUNNING) && record.hang) {
+        if (std::optional<HangReport> hang = record.hang->Check(now)) {
+          std::string node;
+          if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
+            node = record.job.placement(hang->culprit_rank).node_id();
+          }
+          HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
+                              node);
+          reschedule = true;
         }
-        HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
-                            node);
+      }
+      if (state == JobState::RESTARTING &&
+          absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
         reschedule = true;
       }
     }
-    if (state == JobState::RESTARTING &&
-        absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
-      reschedule = true;
-    }
-  }
-  // Nodes that ran ranks before a coordinator restart and never came back.
-  if (recovered_at_ != absl::InfinitePast() && now - recovered_at_ > options_.recovery_grace) {
-    recovered_at_ = absl::InfinitePast();
-    std::set<std::string> missing;
-    for (const std::string& id : order_) {
-      const JobRecord& record = jobs_.at(id);
-      if (!HoldsDevices(record.job.state())) continue;
-      for (const auto& p : record.job.placement()) {
-        std::optional<NodeInfo> node = nodes_->Get(p.node_id());
-        if (!node || !node->live) missing.insert(p.node_id());
+    if (recovered_at_ != absl::InfinitePast() && now - recovered_at_ > options_.recovery_grace) {
+      recovered_at_ = absl::InfinitePast();
+      for (const std::string& id : order_) {
+        const JobRecord& record = jobs_.at(id);
+        if (!HoldsDevices(record.job.state())) continue;
+        for (const auto& p : record.job.placement()) {
+          std::optional<NodeInfo> node = nodes_->Get(p.node_id());
+          if (!node || !node->live) missing.insert(p.node_id());
+        }
       }
     }
-    for (const std::string& node : missing) {
-      std::fprintf(stderr, "node %s: did not reconnect after the coordinator restarted; lost\n",
-                   node.c_str());
-      mu_.Unlock();
-      OnNodeLost(node);
-      mu_.Lock();
-    }
+    if (reschedule) ScheduleLocked();
   }
-  if (reschedule) ScheduleLocked();
+  for (const std::string& node : missing) {
+    std::fprintf(stderr, "node %s: did not reconnect after the coordinator restarted; lost\n",
+                 node.c_str());
+    OnNodeLost(node);
+  }
 }
 
 std::vector<loom::v1::Node> JobManager::ListNodes() const {

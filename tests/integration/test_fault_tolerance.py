@@ -179,6 +179,29 @@ class FaultTolerance(unittest.TestCase):
         self.assertEqual({s["attempt"] for s in watch.steps}, {1})
         self.assertEqual(max(s["step"] for s in watch.steps), 60)
 
+    def test_ranks_that_died_while_the_coordinator_was_down_restart_from_checkpoint(self):
+        c = self.cluster
+        c.start_coordinator(["--recovery_grace_s=2"])
+        agent = c.start_agent("node-a", "cpu:2")
+        job = c.submit(job_spec("orphan", 2, steps=400, ckpt=4), "orphan")
+        watch = Watch(c, job)
+        wait_until(lambda: any(s["step"] >= 9 for s in watch.steps), 120, "step 9")
+        c.kill(c.coordinator, signal.SIGKILL)
+        ranks = c.trainer_pids()
+        c.kill(agent, signal.SIGKILL)  # its ranks die with it
+        wait_until(lambda: not any(pid_alive(p) for p in ranks), 10, "the ranks to die")
+        c.start_coordinator(["--recovery_grace_s=2"])
+        # node-a never comes back: after the grace it is lost and the job restarts elsewhere.
+        wait_until(lambda: "lost node 1" in c.status(job), 30, "the lost node to be noticed")
+        c.start_agent("node-b", "cpu:2")
+        self.assertEqual(watch.wait(), 0, c.status(job))
+        status = c.status(job)
+        self.assertIn("restarts 1: crash 0, hang 0, lost node 1", status)
+        self.assertIn("did not reconnect", c.log("coordinator.log"))
+        second = watch.losses(2)
+        self.assertGreater(min(second), 1, "resumed from a checkpoint")
+        self.assertEqual((min(second) - 1) % 4, 0)
+
     def test_crash_at_each_checkpoint_commit_point_loads_the_previous_step(self):
         for point in ("truncate_shard", "before_metadata", "before_rename"):
             with self.subTest(point=point):
