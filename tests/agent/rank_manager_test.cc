@@ -122,6 +122,26 @@ TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
   EXPECT_TRUE(ranks.Running().empty());
 }
 
+TEST_F(RankManagerTest, GpuRanksSeeOnlyTheirDeviceAndRanksWaitPassively) {
+  RankManagerOptions options = WithTrainer(
+      "echo \"gpu [${CUDA_VISIBLE_DEVICES-unset}] wait $OMP_WAIT_POLICY\"");
+  options.gpu_devices = true;
+  RankManager ranks(options, reports_.Sink());
+  loom::v1::RankAssignment assignment = Assignment("job-g", 1, 0);
+  assignment.set_local_device(5);
+  ASSERT_TRUE(ranks.Launch(assignment).ok());
+  ASSERT_TRUE(reports_.Wait("job-g", 1, 0).has_value());
+  const std::string log = ReadFile(ranks.RankDir("job-g", 1, 0) + "/log.txt");
+  EXPECT_NE(log.find("gpu [5] wait PASSIVE"), std::string::npos) << log;
+
+  RankManager cpu_ranks(WithTrainer("echo \"gpu [${CUDA_VISIBLE_DEVICES-unset}]\""),
+                        reports_.Sink());
+  ASSERT_TRUE(cpu_ranks.Launch(Assignment("job-c", 1, 0)).ok());
+  ASSERT_TRUE(reports_.Wait("job-c", 1, 0).has_value());
+  EXPECT_NE(ReadFile(cpu_ranks.RankDir("job-c", 1, 0) + "/log.txt").find("gpu [unset]"),
+            std::string::npos);
+}
+
 TEST_F(RankManagerTest, ReportsSignal) {
   RankManager ranks(WithTrainer("kill -KILL $$"), reports_.Sink());
   ASSERT_TRUE(ranks.Launch(Assignment("j", 1, 0)).ok());

@@ -107,6 +107,7 @@ int Main(int argc, char** argv) {
   rank_options.trainer_path = trainer;
   rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
   rank_options.default_grace = absl::Seconds(config.kill_grace_s);
+  rank_options.gpu_devices = config.devices.kind == DeviceRequest::Kind::kGpu;
 
   // Exits are only reported after a launch, which only the session causes,
   // so the session exists by the time the sink is used.

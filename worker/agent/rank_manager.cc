@@ -113,6 +113,9 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   spec.env = {{"OMP_NUM_THREADS", threads},
               {"OPENBLAS_NUM_THREADS", threads},
               {"OMP_WAIT_POLICY", "PASSIVE"}};
+  if (options_.gpu_devices) {
+    spec.env.push_back({"CUDA_VISIBLE_DEVICES", absl::StrCat(assignment.local_device())});
+  }
   spec.log_path = log_path;
   spec.working_dir = dir;
 

@@ -29,6 +29,9 @@ struct RankManagerOptions {
   std::string coordinator;   // HOST:PORT handed to every trainer
   std::string trainer_path;  // the loom-trainer executable
   int threads_per_rank = 1;  // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of each rank
+  // GPU nodes: each rank sees only its assigned GPU (CUDA_VISIBLE_DEVICES =
+  // the assignment's local_device), so every rank uses its device 0.
+  bool gpu_devices = false;
   absl::Duration default_grace = absl::Seconds(5);  // when a kill names none
 };
 
