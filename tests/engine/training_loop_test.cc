@@ -171,37 +171,6 @@ TEST_F(TrainingLoopTest, DataParallelMatchesSingleRank) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / "dp_ckpt/step_00000004/metadata.json"));
 }
 
-TEST(GradientReducerTest, SumsEveryTensorAcrossBuckets) {
-  auto group = std::make_shared<testing::ThreadGroup>(3);
-  std::vector<std::thread> threads;
-  std::vector<std::vector<float>> results(3);
-  for (int rank = 0; rank < 3; ++rank) {
-    threads.emplace_back([&, rank] {
-      // Sizes 3, 10, 1, 6 floats; 32-byte buckets: [3], [10] (oversized), [1, 6].
-      std::vector<std::vector<float>> storage = {std::vector<float>(3), std::vector<float>(10),
-                                                 std::vector<float>(1), std::vector<float>(6)};
-      std::vector<TensorView> grads;
-      for (size_t t = 0; t < storage.size(); ++t) {
-        for (size_t i = 0; i < storage[t].size(); ++i) storage[t][i] = (rank + 1) * (t * 100.0f + i);
-        const std::string name(1, static_cast<char>('a' + t));
-        grads.push_back({name, {static_cast<int64_t>(storage[t].size())}, storage[t].data()});
-      }
-      GradientReducer reducer(grads, 32);
-      EXPECT_EQ(reducer.num_buckets(), 3);
-      testing::ThreadCommunicator comm(group, rank);
-      ASSERT_TRUE(reducer.AllReduceSum(comm).ok());
-      for (const auto& v : storage) results[rank].insert(results[rank].end(), v.begin(), v.end());
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<float> want;
-  for (int t = 0; t < 4; ++t) {
-    const int n = std::vector<int>{3, 10, 1, 6}[t];
-    for (int i = 0; i < n; ++i) want.push_back(6.0f * (t * 100.0f + i));  // 1 + 2 + 3
-  }
-  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(results[rank], want) << "rank " << rank;
-}
-
 TEST_F(TrainingLoopTest, EvaluateFollowsTheDocumentedWindows) {
   auto loop = Make(Job());
   ASSERT_NE(loop, nullptr);

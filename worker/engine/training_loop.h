@@ -20,7 +20,6 @@
 #include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "worker/engine/data/batch_sampler.h"
 #include "worker/engine/data/token_dataset.h"
-#include "worker/engine/grad_reducer.h"  // GradientReducer, for callers that used it through here
 #include "worker/engine/memory/memory_tracker.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/adamw.h"
