@@ -84,10 +84,11 @@ class FaultTolerance(unittest.TestCase):
         c = self.cluster
         c.start_coordinator()
         c.start_agent("node-a", "cpu:4")
-        reference = self.reference_losses(4, steps=40)
-        self.assertEqual(sorted(reference), list(range(1, 41)))
+        # Long enough that the kill lands mid-run however fast the machine is.
+        reference = self.reference_losses(4, steps=200)
+        self.assertEqual(sorted(reference), list(range(1, 201)))
 
-        job = c.submit(job_spec("victim", 4, steps=40), "victim")
+        job = c.submit(job_spec("victim", 4, steps=200), "victim")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= 6 for s in watch.steps), 120, "step 6")
         pid = self.rank_pid(2)
@@ -107,9 +108,9 @@ class FaultTolerance(unittest.TestCase):
         # Resumed from a committed checkpoint (every 4 steps), not from scratch.
         self.assertEqual((first_new - 1) % 4, 0, sorted(second))
         self.assertGreater(first_new, 1)
-        self.assertLessEqual(first_new, 40)
+        self.assertLessEqual(first_new, 200)
         self.assertGreaterEqual(killed_after, 6)
-        self.assertEqual(max(second), 40)
+        self.assertEqual(max(second), 200)
         for step, loss in second.items():
             self.assertEqual(loss, reference[step], f"step {step} differs from the uninterrupted run")
         print(f"\nrecovery (killed rank): {recovery_seconds(watch, failed_at):.2f} s")
@@ -118,7 +119,7 @@ class FaultTolerance(unittest.TestCase):
         c = self.cluster
         c.start_coordinator(["--hang_floor_s=1"])
         c.start_agent("node-a", "cpu:2")
-        job = c.submit(job_spec("hung", 2, steps=40, ckpt=5).replace("hang_timeout_s: 0",
+        job = c.submit(job_spec("hung", 2, steps=400, ckpt=50).replace("hang_timeout_s: 0",
                                                                      "hang_timeout_s: 4"), "hung")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= 6 for s in watch.steps), 120, "step 6")
@@ -144,7 +145,7 @@ class FaultTolerance(unittest.TestCase):
         for name in ("node-a", "node-b", "node-c"):
             c.start_agent(name, "cpu:1")
         wait_until(lambda: c.metric_value("loom_nodes_live") == 3, 20, "three nodes")
-        job = c.submit(job_spec("moving", 2, steps=30, ckpt=4), "moving")
+        job = c.submit(job_spec("moving", 2, steps=1500, ckpt=100), "moving")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= 5 for s in watch.steps), 120, "step 5")
         used = [line.split()[-3] for line in c.status(job).splitlines() if line.strip().startswith("rank ")]
