@@ -2,6 +2,7 @@
 layout's per-step losses equal one process's within 1e-5 relative."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -77,16 +78,12 @@ class ParallelJobs(unittest.TestCase):
         for step, loss in second.items():
             self.assertLessEqual(abs(loss - reference[step]), 1e-5 * abs(reference[step]), step)
 
-    def test_fp8_emulation_trains_close_to_fp32(self):
-        fp32 = self.losses("fp32-ref")
+    def test_fp8_emulation_runs_as_a_job(self):
+        # The recipe's numerics against fp32 are checked in tests/fp8_emulation;
+        # here the coordinator admits precision: fp8 and the ranks run it.
         fp8 = self.losses("fp8", precision="fp8")
-        fp32 = [fp32[k] for k in sorted(fp32)]
-        fp8 = [fp8[k] for k in sorted(fp8)]
-        self.assertNotEqual(fp8, fp32, "fp8 rounding must change the numbers")
-        # e4m3 rounding is unbiased: the curve drifts but stays close (docs/gpu.md).
-        tail = lambda xs: sum(xs[-3:]) / 3
-        self.assertLess(abs(tail(fp8) - tail(fp32)), 0.05 * tail(fp32))
-
+        self.assertEqual(sorted(fp8), list(range(1, 11)))
+        self.assertTrue(all(math.isfinite(loss) and loss > 0 for loss in fp8.values()), fp8)
 
 if __name__ == "__main__":
     unittest.main()
