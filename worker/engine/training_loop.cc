@@ -6,12 +6,13 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/fp8_emulation_ops.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
+#include "worker/engine/device_staging.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/model/tp_tensors.h"
 #include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/optim/lr_schedule.h"
+#include "worker/engine/ops_selection.h"
 #include "worker/engine/zero/sharded_checkpoint.h"
 
 namespace loom::engine {
@@ -50,14 +51,12 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len=", t.seq_len,
                                                    " exceeds model.max_seq_len=", spec.model.max_seq_len));
   }
-  if (t.precision == spec::Precision::kBf16) {
-    return absl::InvalidArgumentError(
-        "train.precision=bf16 is not supported by the CPU engine (use fp32, or fp8 to emulate "
-        "the FP8 recipe's rounding)");
-  }
-  if (t.precision == spec::Precision::kFp8 && spec.parallelism.pp.value_or(1) > 1) {
-    return absl::InvalidArgumentError(
-        "train.precision=fp8 is not supported with parallelism.pp > 1 yet (use fp32)");
+  // Which backend a precision needs is ops_selection.cc's business; the
+  // pipeline path builds plain CPU backends, so it runs fp32 only.
+  if (t.precision != spec::Precision::kFp32 && spec.parallelism.pp.value_or(1) > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.precision=", t.precision == spec::Precision::kFp8 ? "fp8" : "bf16",
+        " is not supported with parallelism.pp > 1 yet (use fp32)"));
   }
   const spec::ModelSpec& m = spec.model;
   if (m.num_heads < 1 || m.num_kv_heads < 1 || m.hidden_size % m.num_heads != 0 ||
@@ -126,9 +125,18 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
                                                                    int dp_rank, int dp_size,
                                                                    comm::Communicator* dp_comm,
                                                                    comm::Communicator* tp_comm,
-                                                                   comm::Communicator* pp_comm) {
+                                                                   comm::Communicator* pp_comm,
+                                                                   std::shared_ptr<kernels::Ops> ops) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
+  // A device backend trains one rank (before anything is built or loaded).
+  const bool on_device = ops != nullptr && !HostAddressable(*ops);
+  if (absl::Status s = CheckDeviceLayout(resolved, on_device, dp_size,
+                                         tp_comm != nullptr ? tp_comm->size() : 1,
+                                         pp_comm != nullptr ? pp_comm->size() : 1);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckSpec(resolved, dp_rank, dp_size, dp_comm); !s.ok()) return s;
   if (absl::Status s = CheckTensorParallelSpec(resolved, dp_size, tp_comm); !s.ok()) return s;  // [tp]
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, dp_rank, dp_size, dp_comm));
@@ -150,16 +158,20 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     loop->val_data_ = std::move(*val);
   }
   loop->sampler_ = std::make_unique<TrainSampler>(&loop->train_data_, t.seed, t.seq_len);
+  // The one place the backend is chosen (also refuses what no backend of this
+  // build can run, e.g. resources.device=gpu without CUDA).
+  if (ops == nullptr) {
+    absl::StatusOr<std::shared_ptr<kernels::Ops>> made = MakeOpsForJob(job, /*local_device=*/0);
+    if (!made.ok()) return made.status();
+    ops = *std::move(made);
+  }
   if (pp_comm != nullptr && pp_comm->size() > 1) {  // [pp] training_loop_pipeline.cc
     loop->pp_comm_ = pp_comm;
     if (absl::Status s = loop->CreatePipeline(); !s.ok()) return s;
     return loop;
   }
 
-  // fp8: the linear layers' GEMMs see e4m3-rounded inputs with DeepSeek-V3
-  // scaling, emulated on the CPU (kernels/cpu/fp8_emulation_ops.h).
-  std::shared_ptr<kernels::Ops> ops;
-  if (t.precision == spec::Precision::kFp8) ops = kernels::cpu::MakeFp8EmulationOps();
+  loop->ops_ = ops;
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, ops,
       TensorParallelOptions{loop->tp_comm_, job.parallelism.sequence_parallel});  // [tp]
@@ -181,8 +193,9 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     loop->memory_.Add(MemoryKind::kGradients, param_bytes);
   }
   if (zero_stage == 0) {
-    loop->optimizer_ =
-        std::make_unique<AdamW>(loop->model_->Parameters(), loop->model_->Gradients(), t);
+    // Moments in the backend's memory, updated by ops->AdamW.
+    loop->optimizer_ = std::make_unique<AdamW>(loop->model_->Parameters(),
+                                               loop->model_->Gradients(), t, ops.get());
     loop->memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
   }
   loop->flops_per_token_ =
@@ -246,7 +259,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
     if (!norm.ok()) return norm.status();
     p.grad_norm = *norm;
   } else if (tp_comm_ == nullptr) {
-    p.grad_norm = ClipByGlobalNorm(model_->Gradients(), t.grad_clip);
+    p.grad_norm = ClipByGlobalNorm(*ops_, model_->Gradients(), t.grad_clip);
   }
   if (tp_comm_ != nullptr) {  // [tp]
     absl::StatusOr<double> norm = ClipByTpGlobalNorm(model_->Gradients(), t.grad_clip, tp_comm_);
@@ -384,7 +397,7 @@ absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
   }
   if (dp_engine_) return dp_engine_->GatherParameters(out);
   out->clear();
-  for (const TensorView& p : model_->Parameters()) out->insert(out->end(), p.data, p.data + p.numel());
+  DownloadTensors(*ops_, model_->Parameters(), out);
   return absl::OkStatus();
 }
 
@@ -410,9 +423,13 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
   }
   absl::StatusOr<std::string> dir = std::string();
   if (dp_rank_ == 0) {
-    content.files.push_back({"model-tp00-pp00.safetensors", "model", model_->Parameters(), {}});
+    // The writer reads host memory: a device backend's tensors are copied
+    // down first, one tensor at a time (nothing to copy on the CPU).
+    const HostStaging params(*ops_, model_->Parameters(), /*download=*/true);
+    const HostStaging states(*ops_, optimizer_->States(), /*download=*/true);
+    content.files.push_back({"model-tp00-pp00.safetensors", "model", params.host(), {}});
     content.files.push_back(
-        {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", optimizer_->States(), {}});
+        {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", states.host(), {}});
     dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   }
   if (dp_comm_ != nullptr) {
@@ -431,6 +448,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
+  std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
   if (pipeline_ && tp_comm_ == nullptr) {  // [pp] this stage's whole tensors, in place
     for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
@@ -449,10 +467,14 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   } else {
     std::vector<TensorView> whole = model_->Parameters();
     for (TensorView& s : optimizer_->States()) whole.push_back(std::move(s));
-    for (const TensorView& t : whole) into.push_back({t.name, t.shape, 0, t.numel(), t.data});
+    // The loader writes host memory; the tensors go up only once a step has
+    // loaded completely (a refused step leaves the backend untouched).
+    staged = std::make_unique<HostStaging>(*ops_, whole, /*download=*/false);
+    for (const TensorView& t : staged->host()) into.push_back({t.name, t.shape, 0, t.numel(), t.data});
   }
   absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
   if (!loaded.ok()) return loaded.status();
+  if (staged != nullptr) staged->Upload();
   for (const TpStaged& t : tp_staged) ScatterGlobal(t.global, t.local);  // [tp]
   const nlohmann::json& state = loaded->state;
   auto get_int = [&state](const char* key, int64_t fallback) {

@@ -38,7 +38,7 @@ class TrainingLoop {
   // may be nullptr when dp_size == 1; otherwise its size must be dp_size.
   // parallelism.zero_stage (0..3) applies when dp_size > 1. Fails with
   // INVALID_ARGUMENT naming the field for a spec this engine cannot run (batch
-  // not divisible, seq_len > max_seq_len, non-fp32 precision), and
+  // not divisible, seq_len > max_seq_len, bf16 or fp8 with pp > 1), and
   // with the data loader's error for a missing or malformed data file.
   //
   // [tp] tp_comm: this rank's tensor-parallel group (the assignment's "tp"
@@ -51,11 +51,19 @@ class TrainingLoop {
   // rank = stage), or nullptr / a group of one without PP; its size must be
   // parallelism.pp. The stage's layers and instruction list come from
   // MakePipelinePlan (pipeline/pipeline_plan.h); see docs/pipeline.md.
-  static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(const spec::JobSpec& spec,
-                                                              int dp_rank = 0, int dp_size = 1,
-                                                              comm::Communicator* dp_comm = nullptr,
-                                                              comm::Communicator* tp_comm = nullptr,
-                                                              comm::Communicator* pp_comm = nullptr);
+  //
+  // ops: the backend to train on; null picks it from the spec
+  // (MakeOpsForJob in ops_selection.h: resources.device and train.precision,
+  // CUDA device 0). A backend whose memory is not the host's (device() !=
+  // kCpu) trains only one rank: with dp, tp or pp > 1 Create fails with
+  // FAILED_PRECONDITION (CheckDeviceLayout), as it does for
+  // resources.device=gpu. On one rank every access to parameters, gradients,
+  // optimizer states and activations goes through the backend (docs/engine.md,
+  // "Device memory"). [pp] The pipeline path builds its own CPU backends.
+  static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
+      const spec::JobSpec& spec, int dp_rank = 0, int dp_size = 1,
+      comm::Communicator* dp_comm = nullptr, comm::Communicator* tp_comm = nullptr,
+      comm::Communicator* pp_comm = nullptr, std::shared_ptr<kernels::Ops> ops = nullptr);
   ~TrainingLoop();
 
   // Trains step() + 1 and evaluates when it is an evaluation step
@@ -99,9 +107,12 @@ class TrainingLoop {
   // Null for a single rank.
   DataParallelEngine* dp_engine() { return dp_engine_.get(); }
   int zero_stage() const { return dp_engine_ ? dp_engine_->zero_stage() : 0; }
-  // All parameters in the model's flat order (collective under ZeRO-3).
+  // All parameters in the model's flat order (collective under ZeRO-3), in
+  // host memory whatever the backend.
   // [pp] Under PP: this stage's parameters, chunk after chunk.
   absl::Status GatherParameters(std::vector<float>* out);
+  // The backend the model trains on (not under PP).
+  kernels::Ops& ops() { return model_->ops(); }
   // The engine's memory accounting; peaks restart at every TrainStep, so after
   // a step they are that step's peaks.
   MemoryUsage memory() const { return memory_.Snapshot(); }
@@ -147,6 +158,7 @@ class TrainingLoop {
   TokenDataset train_data_;
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
+  std::shared_ptr<kernels::Ops> ops_;  // the model's backend; outlives the optimizer's buffers
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;

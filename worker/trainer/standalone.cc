@@ -7,6 +7,7 @@
 #include "common/exit_codes.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
+#include "worker/engine/ops_selection.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
 
@@ -50,7 +51,13 @@ absl::Status RunStandalone(const StandaloneOptions& options) {
     events << "loom-trainer: standalone mode trains on one rank; the spec's parallel layout is "
               "ignored (the global batch, and so the result, is the same)\n";
   }
-  absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop = engine::TrainingLoop::Create(job);
+  // One rank: the backend the spec asks for (resources.device=gpu: CUDA
+  // device 0, which the agent or the user selects with CUDA_VISIBLE_DEVICES).
+  absl::StatusOr<std::shared_ptr<kernels::Ops>> ops = engine::MakeOpsForJob(job, 0);
+  if (!ops.ok()) return ops.status();
+  events << "loom-trainer: training on the " << (*ops)->name() << " backend\n";
+  absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop = engine::TrainingLoop::Create(
+      job, /*dp_rank=*/0, /*dp_size=*/1, nullptr, nullptr, nullptr, *std::move(ops));
   if (!loop.ok()) return loop.status();
 
   engine::RunOptions run;

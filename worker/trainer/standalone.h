@@ -1,7 +1,8 @@
 // The standalone trainer: one rank, no coordinator. Reads a job spec, resolves
 // its relative paths, trains to train.steps with the checkpoint policy
 // (resume from the newest loadable checkpoint, save every checkpoint.interval
-// steps and at the end) and prints one progress line per step.
+// steps and at the end) and prints one progress line per step. The backend
+// follows resources.device and train.precision (worker/engine/ops_selection.h).
 #pragma once
 
 #include <iosfwd>

@@ -5,13 +5,25 @@
 namespace loom::engine {
 
 AdamW::AdamW(std::vector<TensorView> params, std::vector<TensorView> grads,
-             const spec::TrainSpec& train)
-    : params_(std::move(params)), grads_(std::move(grads)), train_(train) {
+             const spec::TrainSpec& train, kernels::Ops* ops)
+    : params_(std::move(params)), grads_(std::move(grads)), ops_(ops), train_(train) {
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   for (const TensorView& p : params_) {
-    m_.emplace_back(static_cast<size_t>(p.numel()), 0.0f);
-    v_.emplace_back(static_cast<size_t>(p.numel()), 0.0f);
+    const int64_t n = p.numel();
+    if (ops_ != nullptr) {
+      device_m_.push_back(ops_->AllocateFloats(n));
+      device_v_.push_back(ops_->AllocateFloats(n));
+      ops_->Fill(device_m_.back().f32(), n, 0.0f);
+      ops_->Fill(device_v_.back().f32(), n, 0.0f);
+      m_.push_back(device_m_.back().f32());
+      v_.push_back(device_v_.back().f32());
+    } else {
+      host_m_.emplace_back(static_cast<size_t>(n), 0.0f);
+      host_v_.emplace_back(static_cast<size_t>(n), 0.0f);
+      m_.push_back(host_m_.back().data());
+      v_.push_back(host_v_.back().data());
+    }
   }
 }
 
@@ -19,10 +31,15 @@ void AdamW::Step(double lr) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const float decay = DecaysWeight(params_[i]) ? static_cast<float>(train_.weight_decay) : 0.0f;
-    kernels::cpu::AdamWStep(params_[i].data, grads_[i].data, m_[i].data(), v_[i].data(),
-                            params_[i].numel(), static_cast<float>(lr),
-                            static_cast<float>(train_.beta1), static_cast<float>(train_.beta2),
-                            static_cast<float>(train_.eps), decay, step_);
+    const float lr_f = static_cast<float>(lr), beta1 = static_cast<float>(train_.beta1),
+                beta2 = static_cast<float>(train_.beta2), eps = static_cast<float>(train_.eps);
+    if (ops_ != nullptr) {
+      ops_->AdamW(params_[i].data, grads_[i].data, m_[i], v_[i], params_[i].numel(), lr_f, beta1,
+                  beta2, eps, decay, step_);
+    } else {
+      kernels::cpu::AdamWStep(params_[i].data, grads_[i].data, m_[i], v_[i], params_[i].numel(),
+                              lr_f, beta1, beta2, eps, decay, step_);
+    }
   }
 }
 
@@ -30,10 +47,10 @@ std::vector<TensorView> AdamW::States() {
   std::vector<TensorView> out;
   out.reserve(2 * params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    out.push_back({"optimizer.exp_avg." + params_[i].name, params_[i].shape, m_[i].data()});
+    out.push_back({"optimizer.exp_avg." + params_[i].name, params_[i].shape, m_[i]});
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    out.push_back({"optimizer.exp_avg_sq." + params_[i].name, params_[i].shape, v_[i].data()});
+    out.push_back({"optimizer.exp_avg_sq." + params_[i].name, params_[i].shape, v_[i]});
   }
   return out;
 }

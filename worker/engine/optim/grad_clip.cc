@@ -32,3 +32,23 @@ double ClipByGlobalNorm(const std::vector<TensorView>& grads, double max_norm) {
 }
 
 }  // namespace loom::engine
+
+namespace loom::engine {
+
+double GlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& tensors) {
+  double total = 0.0;
+  for (const TensorView& t : tensors) total += ops.SumSquares(t.data, t.numel());
+  return std::sqrt(total);
+}
+
+double ClipByGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
+                        double max_norm) {
+  const double norm = GlobalNorm(ops, grads);
+  if (max_norm > 0.0 && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+    for (const TensorView& g : grads) ops.Scale(g.numel(), scale, g.data);
+  }
+  return norm;
+}
+
+}  // namespace loom::engine

@@ -1,0 +1,130 @@
+// An Ops backend for tests that behaves like device memory on a machine
+// without a device: it wraps a host backend (CpuOps) and hands out TAGGED
+// pointers, the real host address plus 2^47. Such an address is not canonical
+// on x86-64 (bits 47..63 differ), so any host load or store through it faults
+// at once, exactly where code would crash on a GPU. Every op translates its
+// tagged arguments back before forwarding, so the numbers are the inner
+// backend's, bit for bit.
+//
+// Each op also checks its arguments: a pointer where the op needs backend
+// memory must be a tagged pointer inside a live allocation, and the host side
+// of CopyHostToDevice / CopyDeviceToHost must be an ordinary (untagged)
+// address; a violation prints the op and the argument and aborts. So engine
+// code that hands host memory to an op (which on a GPU would be an illegal
+// address) fails the test too, not only code that reads device memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "kernels/ops.h"
+
+namespace loom::engine::testing {
+
+class DeviceEmulationOps final : public kernels::Ops {
+ public:
+  static constexpr uintptr_t kTag = uintptr_t{1} << 47;
+
+  explicit DeviceEmulationOps(std::unique_ptr<kernels::Ops> inner);
+  ~DeviceEmulationOps() override;
+
+  static bool IsDevicePointer(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & kTag) != 0;
+  }
+
+  // Calls per op since construction (tests assert the device path really ran).
+  struct Counters {
+    int64_t allocations = 0, live_allocations = 0, host_to_device_bytes = 0,
+            device_to_host_bytes = 0, adamw = 0, sum_squares = 0, scale = 0, ops = 0;
+  };
+  Counters counters() const;
+
+  kernels::DeviceType device() const override { return kernels::DeviceType::kCuda; }
+  const char* name() const override { return "device-emulation"; }
+  int num_threads() const override { return inner_->num_threads(); }
+
+  kernels::Buffer Allocate(int64_t bytes) override;
+  void CopyHostToDevice(void* dst, const void* src, int64_t bytes) override;
+  void CopyDeviceToHost(void* dst, const void* src, int64_t bytes) override;
+  void CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override;
+  void Fill(float* x, int64_t n, float value) override;
+  void Synchronize() override;
+
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override;
+  void Scale(int64_t n, float alpha, float* x) override;
+  double SumSquares(const float* x, int64_t n) override;
+
+  void Gemm(kernels::Transpose trans_a, kernels::Transpose trans_b, int64_t m, int64_t n,
+            int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+            float beta, float* c, int64_t ldc) override;
+  kernels::GemmScope SetGemmScope(kernels::GemmScope scope) override;
+
+  void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
+                        int64_t dim, float* out) override;
+  void EmbeddingBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                         int64_t vocab, int64_t dim, float* d_table) override;
+  void RmsNormForward(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                      float* y, float* rstd) override;
+  void RmsNormBackward(const float* d_y, const float* x, const float* weight, const float* rstd,
+                       int64_t rows, int64_t dim, float* dx, bool accumulate_dx,
+                       float* d_weight) override;
+  void RopeForward(float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                   int64_t row_stride, const float* cos, const float* sin,
+                   int64_t position_offset) override;
+  void RopeBackward(float* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    int64_t row_stride, const float* cos, const float* sin,
+                    int64_t position_offset) override;
+  void SwiGluForward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                     int64_t in_stride, float* out, int64_t out_stride) override;
+  void SwiGluBackward(int64_t rows, int64_t dim, const float* gate, const float* up,
+                      int64_t in_stride, const float* d_out, int64_t out_stride, float* d_gate,
+                      float* d_up) override;
+  void AttentionForward(const kernels::AttentionDims& dims, const float* q, const float* k,
+                        const float* v, float* out, float* lse) override;
+  void AttentionBackward(const kernels::AttentionDims& dims, const float* q, const float* k,
+                         const float* v, const float* out, const float* lse, const float* d_out,
+                         float* dq, float* dk, float* dv) override;
+  void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                           int64_t vocab, float* row_loss) override;
+  void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                   int64_t vocab, float grad_scale, float* row_loss) override;
+  void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
+                             int64_t vocab_offset, int64_t vocab, int64_t dim,
+                             float* out) override;
+  void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
+                              int64_t vocab_offset, int64_t vocab, int64_t dim,
+                              float* d_table) override;
+  void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
+                              int64_t vocab_offset, int64_t vocab, float* row_lse,
+                              float* row_target_logit) override;
+  void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
+                                 int64_t vocab_offset, int64_t vocab, const float* row_lse,
+                                 float grad_scale) override;
+  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
+
+ protected:
+  void Free(void* data) override;
+
+ private:
+  // The host address behind a tagged pointer that `op` needs as backend
+  // memory (argument `arg`); aborts when it is not one. nullptr passes.
+  template <typename T>
+  T* Dev(T* p, const char* op, const char* arg) const {
+    return static_cast<T*>(Untag(const_cast<void*>(static_cast<const void*>(p)), op, arg));
+  }
+  void* Untag(void* p, const char* op, const char* arg) const;
+  // Aborts unless p is an ordinary host address.
+  void CheckHost(const void* p, const char* op, const char* arg) const;
+  void Count(int64_t Counters::*field, int64_t amount = 1);
+
+  std::unique_ptr<kernels::Ops> inner_;
+  mutable std::mutex mu_;
+  // Tagged start -> the inner backend's buffer (its size is the buffer's).
+  std::map<uintptr_t, kernels::Buffer> live_;
+  Counters counters_;
+};
+
+}  // namespace loom::engine::testing

@@ -1,0 +1,94 @@
+#include "worker/engine/ops_selection.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/fp8_emulation_ops.h"
+#if defined(LOOM_ENGINE_HAVE_BF16_EMULATION)
+#include "kernels/cpu/bf16_emulation_ops.h"
+#endif
+#if defined(LOOM_ENGINE_HAVE_CUDA)
+#include "kernels/cuda/backend/cuda_ops.h"
+#endif
+
+namespace loom::engine {
+namespace {
+
+#if defined(LOOM_ENGINE_HAVE_CUDA)
+kernels::cuda::CudaRecipe RecipeFor(spec::Precision precision) {
+  switch (precision) {
+    case spec::Precision::kBf16: return kernels::cuda::CudaRecipe::kBf16;
+    case spec::Precision::kFp8: return kernels::cuda::CudaRecipe::kFp8;
+    case spec::Precision::kFp32: break;
+  }
+  return kernels::cuda::CudaRecipe::kFp32;
+}
+#endif
+
+absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeGpuOps(const spec::JobSpec& job,
+                                                         int local_device) {
+#if defined(LOOM_ENGINE_HAVE_CUDA)
+  kernels::cuda::CudaOpsOptions options;
+  options.device = local_device;
+  options.recipe = RecipeFor(job.train.precision);
+  std::string error;
+  std::unique_ptr<kernels::cuda::CudaOps> ops = kernels::cuda::CudaOps::Create(options, &error);
+  if (ops == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resources.device=gpu: cannot open CUDA device ", local_device, " (CUDA_VISIBLE_DEVICES "
+        "selects the rank's GPU): ", error.empty() ? "no reason given" : error));
+  }
+  return std::shared_ptr<kernels::Ops>(std::move(ops));
+#else
+  (void)job;
+  (void)local_device;
+  return absl::FailedPreconditionError(
+      "resources.device=gpu: this loom-trainer was built without CUDA (no nvcc/CUDA toolkit at "
+      "configure time, or -DLOOM_WITH_CUDA=OFF); rebuild it on a machine with the CUDA toolkit, "
+      "or run the job with resources.device=cpu");
+#endif
+}
+
+}  // namespace
+
+bool BuiltWithCuda() {
+#if defined(LOOM_ENGINE_HAVE_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeOpsForJob(const spec::JobSpec& job,
+                                                            int local_device) {
+  if (job.resources.device == spec::DeviceKind::kGpu) return MakeGpuOps(job, local_device);
+  switch (job.train.precision) {
+    case spec::Precision::kFp32:
+      return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeCpuOps());
+    case spec::Precision::kFp8:
+      // The linear layers' GEMMs see e4m3-rounded inputs with DeepSeek-V3
+      // scaling, emulated on the CPU.
+      return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeFp8EmulationOps());
+    case spec::Precision::kBf16:
+#if defined(LOOM_ENGINE_HAVE_BF16_EMULATION)
+      return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeBf16EmulationOps());
+#else
+      // The same refusal as the spec rules (common/spec/job_spec_rules.cc).
+      return absl::InvalidArgumentError(
+          "train.precision=bf16 is not available on resources.device=cpu (use fp32)");
+#endif
+  }
+  return absl::InvalidArgumentError("train.precision: unknown value");
+}
+
+absl::Status CheckDeviceLayout(const spec::JobSpec& job, bool on_device, int dp, int tp, int pp) {
+  const bool gpu = on_device || job.resources.device == spec::DeviceKind::kGpu;
+  if (!gpu || (dp <= 1 && tp <= 1 && pp <= 1)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "resources.device=gpu: this version trains one rank per GPU job; dp/tp/pp > 1 need "
+      "device-resident communication buffers (not yet) — this rank has dp=", dp, " tp=", tp,
+      " pp=", pp, ": run on one GPU (parallelism all 1, one rank) or with resources.device=cpu"));
+}
+
+}  // namespace loom::engine
