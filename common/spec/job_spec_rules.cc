@@ -94,10 +94,8 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
               t.global_batch_size,
               absl::StrCat("must be divisible by train.micro_batch_size=", t.micro_batch_size));
   }
-  if (s.resources.device == DeviceKind::kCpu) {
-    c.Require(t.precision != Precision::kBf16, "train.precision", PrecisionName(t.precision),
-              "is not available on resources.device=cpu (use fp32)");
-  }
+  // Every precision runs on every device: on resources.device=cpu bf16 and fp8
+  // are emulated (kernels/cpu/bf16_emulation_ops.h, fp8_emulation_ops.h).
 
   c.Require(!s.data.train_path.empty(), "data.train_path", "''", "is required");
   if (t.eval_interval > 0) {

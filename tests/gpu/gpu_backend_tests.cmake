@@ -10,11 +10,13 @@ if(TARGET loom_comm_nccl)
   gtest_discover_tests(gpu_nccl_communicator_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
 endif()
 
-# CudaOps (kernels/cuda/backend) against CpuOps, op by op; the caching
-# allocator's tests run everywhere, the device ones skip without a GPU.
+# CudaOps (kernels/cuda/backend) against CpuOps, op by op, and its precision
+# recipes against their CPU emulations; the caching allocator's tests run
+# everywhere, the device ones skip without a GPU.
 if(TARGET loom_cuda_backend)
-  add_executable(cuda_ops_test ${CMAKE_CURRENT_LIST_DIR}/cuda_ops_test.cc)
+  add_executable(cuda_ops_test ${CMAKE_CURRENT_LIST_DIR}/cuda_ops_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/cuda_ops_recipes_test.cc)
   target_link_libraries(cuda_ops_test PRIVATE loom_cuda_backend loom_kernels_cpu
-    GTest::gtest_main)
+    loom_kernels_fp8_emulation GTest::gtest_main)
   gtest_discover_tests(cuda_ops_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
 endif()

@@ -1,12 +1,18 @@
-// CudaOps::Gemm through cuBLASLt. The ops API's matrices are row-major and
-// cuBLASLt's column-major, and a row-major X is the column-major X^T with the
-// same leading dimension, so C = op(A) op(B) is computed as the column-major
-// C^T = op(B)^T op(A)^T: cuBLAS's "A" is our B and its "B" our A, with the
-// transposes carried over unchanged and m and n swapped.
+// CudaOps::Gemm through cuBLASLt, in the recipe's input precision (fp32 or
+// bf16; the FP8 GEMMs are in cuda_gemm_fp8.cc). The ops API's matrices are
+// row-major and cuBLASLt's column-major, and a row-major X is the
+// column-major X^T with the same leading dimension, so C = op(A) op(B) is
+// computed as the column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our B
+// and its "B" our A, with the transposes carried over unchanged and m and n
+// swapped.
+#include <cuda_bf16.h>
+
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/backend/cuda_lt_state.h"
 #include "kernels/cuda/backend/cuda_ops.h"
+#include "kernels/cuda/backend/simple_kernels.h"
 
 namespace loom::kernels::cuda {
 namespace {
@@ -26,6 +32,10 @@ struct LtDescriptors {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+// Leading dimension of a bf16 copy: rounded up to 8 elements (16 bytes), the
+// alignment cuBLASLt's fast bf16 kernels want.
+int64_t Bf16Ld(int64_t cols) { return (cols + 7) / 8 * 8; }
 
 }  // namespace
 
@@ -53,6 +63,8 @@ CudaOps::LtState::~LtState() {
   if (handle) cublasLtDestroy(handle);
 }
 
+GemmScope CudaOps::SetGemmScope(GemmScope scope) { return std::exchange(scope_, scope); }
+
 void CudaOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                    float beta, float* c, int64_t ldc) {
@@ -69,15 +81,69 @@ void CudaOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, i
     }
     return;
   }
+  switch (options_.recipe) {
+    case CudaRecipe::kFp32:
+      ++gemm_counts_.fp32;
+      LtGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, /*bf16_inputs=*/false, beta, c,
+             ldc);
+      return;
+    case CudaRecipe::kFp8:
+      if (scope_ == GemmScope::kLinear) {
+        if (GemmFp8(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) {
+          ++gemm_counts_.fp8;
+          return;
+        }
+        ++gemm_counts_.fp8_fallback;
+      }
+      [[fallthrough]];
+    case CudaRecipe::kBf16:
+      ++gemm_counts_.bf16;
+      GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+  }
+}
+
+void CudaOps::GemmBf16(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float beta, float* c, int64_t ldc) {
+  const bool ta = trans_a == Transpose::kYes;
+  const bool tb = trans_b == Transpose::kYes;
+  // The stored matrices, cast whole (round to nearest even, as
+  // kernels/cuda/hd/bf16_bits.h and the CPU emulation round).
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  const int64_t a_ld = Bf16Ld(a_cols), b_ld = Bf16Ld(b_cols);
+  const int64_t bf16_bytes = static_cast<int64_t>(sizeof(__nv_bfloat16));
+  Buffer a16 = Scratch(a_rows * a_ld * bf16_bytes, "Gemm (bf16 copy of A)");
+  Buffer b16 = Scratch(b_rows * b_ld * bf16_bytes, "Gemm (bf16 copy of B)");
+  if (a16.empty() || b16.empty()) return;
+  auto* a_bf16 = static_cast<__nv_bfloat16*>(a16.data());
+  auto* b_bf16 = static_cast<__nv_bfloat16*>(b16.data());
+  if (!Check(simple::FloatToBf16(a, lda, a_rows, a_cols, a_bf16, a_ld, stream_),
+             "Gemm (bf16 cast of A)") ||
+      !Check(simple::FloatToBf16(b, ldb, b_rows, b_cols, b_bf16, b_ld, stream_),
+             "Gemm (bf16 cast of B)"))
+    return;
+  LtGemm(trans_a, trans_b, m, n, k, alpha, a_bf16, a_ld, b_bf16, b_ld, /*bf16_inputs=*/true, beta,
+         c, ldc);
+}
+
+void CudaOps::LtGemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+                     float alpha, const void* a, int64_t lda, const void* b, int64_t ldb,
+                     bool bf16_inputs, float beta, float* c, int64_t ldc) {
   const bool ta = trans_a == Transpose::kYes;
   const bool tb = trans_b == Transpose::kYes;
   auto fail = [&](const char* step, cublasStatus_t status) {
     Fail(std::string("Gemm (m=") + std::to_string(m) + " n=" + std::to_string(n) +
-         " k=" + std::to_string(k) + "): " + step + ": " + LtStatusName(status));
+         " k=" + std::to_string(k) + (bf16_inputs ? ", bf16 inputs" : "") + "): " + step + ": " +
+         LtStatusName(status));
   };
   LtDescriptors d;
-  const cublasComputeType_t compute =
-      options_.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // bf16 inputs always accumulate in fp32 (TF32 is an fp32-input mode).
+  const cublasComputeType_t compute = options_.allow_tf32 && !bf16_inputs
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t input_type = bf16_inputs ? CUDA_R_16BF : CUDA_R_32F;
   cublasStatus_t s = cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("cublasLtMatmulDescCreate", s);
   const cublasOperation_t op_lt_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS A = our B
@@ -86,9 +152,9 @@ void CudaOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, i
   cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof(op_lt_b));
   // Stored column-major shapes: our B is [k, n] row-major (or [n, k] when
   // transposed), i.e. column-major n x k (or k x n); likewise for A.
-  s = cublasLtMatrixLayoutCreate(&d.a, CUDA_R_32F, tb ? k : n, tb ? n : k, ldb);
+  s = cublasLtMatrixLayoutCreate(&d.a, input_type, tb ? k : n, tb ? n : k, ldb);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("layout of B", s);
-  s = cublasLtMatrixLayoutCreate(&d.b, CUDA_R_32F, ta ? m : k, ta ? k : m, lda);
+  s = cublasLtMatrixLayoutCreate(&d.b, input_type, ta ? m : k, ta ? k : m, lda);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("layout of A", s);
   s = cublasLtMatrixLayoutCreate(&d.c, CUDA_R_32F, n, m, ldc);
   if (s != CUBLAS_STATUS_SUCCESS) return fail("layout of C", s);

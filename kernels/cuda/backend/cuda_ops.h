@@ -3,12 +3,18 @@
 // of kernels/cuda/ops/ and the bf16 attention of kernels/cuda/attention/, all
 // enqueued in order on one compute stream owned by the backend.
 //
-// Precision: the ops API is fp32 today. GEMMs run with CUBLAS_COMPUTE_32F in
-// full fp32 by default (allow_tf32 switches to CUBLAS_COMPUTE_32F_FAST_TF32);
-// attention converts q/k/v (and out, d_out) to bf16, runs the bf16 kernels
-// with fp32 accumulation and converts the results back, so attention is
-// bf16-accurate, not fp32. Storing activations and weights in bf16 is a later
-// step of issue 8 (the bf16 recipe).
+// Precision: tensors are fp32 (master weights, gradients, activations,
+// optimizer states). What a GEMM reads is the recipe's (CudaOpsOptions::
+// recipe, train.precision): kFp32 runs cuBLASLt with CUBLAS_COMPUTE_32F
+// (allow_tf32: CUBLAS_COMPUTE_32F_FAST_TF32); kBf16 casts both inputs to bf16
+// in scratch and runs cuBLASLt on bf16 inputs with fp32 accumulation and
+// fp32 C; kFp8 runs the GEMMs of GemmScope::kLinear on the FP8 kernels of
+// kernels/cuda/fp8 (cuda_gemm_fp8.cc) and the others as kBf16. Attention, in
+// every recipe, converts q/k/v (and out, d_out) to bf16, runs the bf16
+// kernels with fp32 accumulation and converts the results back, so attention
+// is bf16-accurate, not fp32. The CPU emulations of the recipes
+// (kernels/cpu/bf16_emulation_ops.h, fp8_emulation_ops.h) round the same
+// values the same way.
 //
 // Errors: the ops return nothing, so a failed launch, an unsupported shape
 // (the fused kernels need row widths that are multiples of 8, attention head
@@ -31,11 +37,28 @@
 
 namespace loom::kernels::cuda {
 
+// train.precision on a GPU (docs/gpu.md): which GEMMs run in which inputs.
+// kFp32: every GEMM in fp32; kBf16: every GEMM takes bf16 inputs with fp32
+// accumulation and output; kFp8: GEMMs in GemmScope::kLinear take e4m3 inputs
+// with DeepSeek-V3's 1x128 / 128x128 scaling, the rest as kBf16.
+enum class CudaRecipe { kFp32, kBf16, kFp8 };
+
 struct CudaOpsOptions {
   int device = 0;
+  CudaRecipe recipe = CudaRecipe::kFp32;
   bool allow_tf32 = false;     // GEMMs in TF32 (10-bit mantissa inputs) instead of fp32
   bool abort_on_error = true;  // false: record the error and keep going (tests)
   int64_t gemm_workspace_bytes = int64_t{32} << 20;
+};
+
+// GEMMs issued so far, by the precision of their inputs (for tests and logs:
+// which path ran). fp8_fallback counts linear-scope GEMMs that kFp8 ran in
+// bf16 because a padded dimension exceeds the FP8 kernels' limits.
+struct CudaGemmCounts {
+  int64_t fp32 = 0;
+  int64_t bf16 = 0;
+  int64_t fp8 = 0;
+  int64_t fp8_fallback = 0;
 };
 
 class CudaOps final : public Ops {
@@ -58,6 +81,9 @@ class CudaOps final : public Ops {
   AllocatorStats allocator_stats() const { return allocator_->stats(); }
   void EmptyCache();  // synchronizes, then returns cached blocks to the driver
   void ResetPeakMemory() { allocator_->ResetPeaks(); }
+  CudaRecipe recipe() const { return options_.recipe; }
+  GemmScope gemm_scope() const { return scope_; }
+  CudaGemmCounts gemm_counts() const { return gemm_counts_; }
   // The first error recorded (empty when none).
   bool ok() const;
   std::string error() const;
@@ -77,6 +103,8 @@ class CudaOps final : public Ops {
   void Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
             int64_t ldc) override;
+  // Only kFp8 reads the scope; every recipe keeps it so guards restore it.
+  GemmScope SetGemmScope(GemmScope scope) override;
 
   void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
                         int64_t dim, float* out) override;
@@ -143,12 +171,29 @@ class CudaOps final : public Ops {
   // is safe on the single stream (see caching_allocator.h).
   Buffer Scratch(int64_t bytes, const char* what);
 
+  // The recipes' GEMMs (cuda_gemm.cc, cuda_gemm_fp8.cc); m, n, k >= 1.
+  // LtGemm: cuBLASLt with A and B both fp32 or both bf16 (bf16_inputs),
+  // fp32 C, alpha and beta as in Gemm.
+  void LtGemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const void* a, int64_t lda, const void* b, int64_t ldb, bool bf16_inputs,
+              float beta, float* c, int64_t ldc);
+  void GemmBf16(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+                float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                float* c, int64_t ldc);
+  // False, having done nothing, when a padded dimension exceeds the FP8
+  // kernels' limits (the caller runs the GEMM in bf16 instead).
+  bool GemmFp8(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
   CudaOpsOptions options_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CachingAllocator> allocator_;
   std::unique_ptr<LtState> lt_;
   mutable std::mutex error_mu_;
   std::string first_error_;
+  GemmScope scope_ = GemmScope::kDefault;
+  CudaGemmCounts gemm_counts_;
 };
 
 }  // namespace loom::kernels::cuda

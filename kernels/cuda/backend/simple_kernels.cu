@@ -67,6 +67,18 @@ __global__ void ConvertKernel(const S* src, int64_t src_stride, int64_t rows, in
   }
 }
 
+__global__ void ScaleAddKernel(int64_t rows, int64_t cols, float alpha, const float* src,
+                               int64_t src_stride, float beta, float* dst, int64_t dst_stride) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const float x = alpha * src[r * src_stride + c];
+    float* d = dst + r * dst_stride + c;
+    *d = beta == 0.0f ? x : x + beta * *d;
+  }
+}
+
 __global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t num_tokens, const float* table,
                                        int64_t vocab_offset, int64_t vocab, int64_t dim,
                                        float* out) {
@@ -188,6 +200,16 @@ cudaError_t Bf16ToFloat(const __nv_bfloat16* src, int64_t src_stride, int64_t ro
   if (rows * cols == 0) return cudaSuccess;
   ConvertKernel<__nv_bfloat16, float>
       <<<Blocks(rows * cols), kThreads, 0, stream>>>(src, src_stride, rows, cols, dst, dst_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleAdd(int64_t rows, int64_t cols, float alpha, const float* src,
+                     int64_t src_stride, float beta, float* dst, int64_t dst_stride,
+                     cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || src_stride < cols || dst_stride < cols) return cudaErrorInvalidValue;
+  if (rows * cols == 0) return cudaSuccess;
+  ScaleAddKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(rows, cols, alpha, src, src_stride,
+                                                               beta, dst, dst_stride);
   return cudaGetLastError();
 }
 

@@ -27,6 +27,13 @@ cudaError_t FloatToBf16(const float* src, int64_t src_stride, int64_t rows, int6
 cudaError_t Bf16ToFloat(const __nv_bfloat16* src, int64_t src_stride, int64_t rows,
                         int64_t cols, float* dst, int64_t dst_stride, cudaStream_t stream);
 
+// dst = alpha * src + beta * dst over rows x cols with element strides; with
+// beta == 0 dst is not read (BLAS semantics: NaNs in dst do not survive). The
+// epilogue of GEMMs computed into scratch.
+cudaError_t ScaleAdd(int64_t rows, int64_t cols, float alpha, const float* src,
+                     int64_t src_stride, float beta, float* dst, int64_t dst_stride,
+                     cudaStream_t stream);
+
 // Token rows whose id is outside [vocab_offset, vocab_offset + vocab) get
 // zeros (forward) or are skipped (backward); the unsharded ops pass offset 0,
 // where an out-of-range id is a caller bug and also gives zeros.

@@ -20,8 +20,11 @@ namespace loom::kernels::cuda {
 
 // Activations: x [rows, cols] -> codes [rows, cols] and scales
 // [ceil(cols/128), rows]; with transpose, codes [cols, rows] and scales
-// [ceil(rows/128), cols]. Any rows/cols >= 1.
+// [ceil(rows/128), cols]. Any rows/cols >= 1. The fp32 overload serves the
+// fp32 ops API (CudaOps' fp8 recipe), whose activations are never bf16.
 cudaError_t QuantizeActivationFp8(const __nv_bfloat16* x, int rows, int cols, bool transpose,
+                                  uint8_t* codes, float* scales, cudaStream_t stream);
+cudaError_t QuantizeActivationFp8(const float* x, int rows, int cols, bool transpose,
                                   uint8_t* codes, float* scales, cudaStream_t stream);
 
 // Weights (fp32 master or bf16): w [n, k] -> codes [n, k], scales
@@ -44,6 +47,12 @@ enum class Fp8GemmImpl { kDefault, kMmaSync, kWgmma };
 cudaError_t Fp8BlockScaledGemm(const uint8_t* a, const float* a_scales, const uint8_t* b,
                                const float* b_scales, Fp8BScales b_layout, int m, int n, int k,
                                __nv_bfloat16* d, cudaStream_t stream,
+                               Fp8GemmImpl impl = Fp8GemmImpl::kDefault);
+// The same GEMM with an fp32 D (the promoted fp32 totals, not rounded to
+// bf16): for results that feed fp32 tensors, as in CudaOps' fp8 recipe.
+cudaError_t Fp8BlockScaledGemm(const uint8_t* a, const float* a_scales, const uint8_t* b,
+                               const float* b_scales, Fp8BScales b_layout, int m, int n, int k,
+                               float* d, cudaStream_t stream,
                                Fp8GemmImpl impl = Fp8GemmImpl::kDefault);
 
 }  // namespace loom::kernels::cuda

@@ -17,10 +17,21 @@ struct Fp8GemmParams {
   const float* a_scales;  // [k / 128, m]
   const uint8_t* b;
   const float* b_scales;  // [n / 128, k / 128] or [k / 128, n]
-  __nv_bfloat16* d;
+  __nv_bfloat16* d;  // bf16 output, or nullptr when d_f32 is set
   int m, n, k;
   bool b_tile_scales;
+  float* d_f32 = nullptr;  // fp32 output instead of d
 };
+
+// Stores two adjacent output elements (row, col), (row, col + 1); col is even.
+__device__ __forceinline__ void StoreFp8GemmPair(const Fp8GemmParams& p, int row, int col, float x0, float x1) {
+  const int64_t offset = static_cast<int64_t>(row) * p.n + col;
+  if (p.d_f32 != nullptr) {
+    *reinterpret_cast<float2*>(p.d_f32 + offset) = make_float2(x0, x1);
+  } else {
+    *reinterpret_cast<__nv_bfloat162*>(p.d + offset) = __floats2bfloat162_rn(x0, x1);
+  }
+}
 
 __device__ __forceinline__ float Fp8BScale(const Fp8GemmParams& p, int col, int kb) {
   return p.b_tile_scales ? p.b_scales[static_cast<int64_t>(kb) * p.n + col]

@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(kThreads) Fp8GemmMmaKernel(const Fp8GemmParams
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int col = n0 + wn + nt * 8 + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(p.d + static_cast<int64_t>(row) * p.n + col) =
-            PackBf16(total[mt][nt][2 * h], total[mt][nt][2 * h + 1]);
+        StoreFp8GemmPair(p, row, col, total[mt][nt][2 * h], total[mt][nt][2 * h + 1]);
       }
     }
 }

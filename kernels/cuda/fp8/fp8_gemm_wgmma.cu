@@ -157,9 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1) Fp8GemmWgmmaKernel(const Fp8GemmP
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int col = n0 + 8 * j + 2 * (lane % 4);
-    *reinterpret_cast<uint32_t*>(p.d + static_cast<int64_t>(row) * p.n + col) = PackBf16(total[4 * j], total[4 * j + 1]);
-    *reinterpret_cast<uint32_t*>(p.d + static_cast<int64_t>(row + 8) * p.n + col) =
-        PackBf16(total[4 * j + 2], total[4 * j + 3]);
+    StoreFp8GemmPair(p, row, col, total[4 * j], total[4 * j + 1]);
+    StoreFp8GemmPair(p, row + 8, col, total[4 * j + 2], total[4 * j + 3]);
   }
 }
 

@@ -23,8 +23,9 @@ __device__ __forceinline__ uint8_t HwE4m3(float x) {
 }
 
 // grid.x = rows * ceil(cols / 128) / 8 warps; each lane takes 4 consecutive
-// elements of the tile.
-__global__ void QuantActKernel(const bf16* __restrict__ x, int rows, int cols, uint8_t* __restrict__ codes,
+// elements of the tile. T: bf16 or fp32 input.
+template <typename T>
+__global__ void QuantActKernel(const T* __restrict__ x, int rows, int cols, uint8_t* __restrict__ codes,
                                float* __restrict__ scales) {
   const int k_blocks = CeilDiv(cols, kFp8Tile);
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -32,12 +33,12 @@ __global__ void QuantActKernel(const bf16* __restrict__ x, int rows, int cols, u
   const int lane = threadIdx.x % 32;
   const int row = static_cast<int>(tile / k_blocks), kb = static_cast<int>(tile % k_blocks);
   const int c0 = kb * kFp8Tile + lane * 4;
-  const bf16* src = x + static_cast<int64_t>(row) * cols;
+  const T* src = x + static_cast<int64_t>(row) * cols;
   float v[4];
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    v[j] = c0 + j < cols ? __bfloat162float(src[c0 + j]) : 0.f;
+    v[j] = c0 + j < cols ? ToFloat(src[c0 + j]) : 0.f;
     amax = fmaxf(amax, fabsf(v[j]));
   }
   amax = WarpMax(amax);
@@ -51,14 +52,15 @@ __global__ void QuantActKernel(const bf16* __restrict__ x, int rows, int cols, u
 
 // Transposed: output row c (input column) quantized along the input rows.
 // CTA: 128 input rows x 32 input columns, 256 threads.
-__global__ void QuantActTransposedKernel(const bf16* __restrict__ x, int rows, int cols,
+template <typename T>
+__global__ void QuantActTransposedKernel(const T* __restrict__ x, int rows, int cols,
                                          uint8_t* __restrict__ codes, float* __restrict__ scales) {
   __shared__ float tile[kFp8Tile][33];
   const int rb = blockIdx.y, c0 = blockIdx.x * 32;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   for (int r = warp; r < kFp8Tile; r += 8) {
     const int row = rb * kFp8Tile + r, col = c0 + lane;
-    tile[r][lane] = row < rows && col < cols ? __bfloat162float(x[static_cast<int64_t>(row) * cols + col]) : 0.f;
+    tile[r][lane] = row < rows && col < cols ? ToFloat(x[static_cast<int64_t>(row) * cols + col]) : 0.f;
   }
   __syncthreads();
   for (int cc = warp; cc < 32; cc += 8) {
@@ -135,19 +137,30 @@ cudaError_t LaunchQuantWeight(const T* w, int n, int k, bool transpose, uint8_t*
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t LaunchQuantAct(const T* x, int rows, int cols, bool transpose, uint8_t* codes, float* scales,
+                           cudaStream_t stream) {
+  if (x == nullptr || codes == nullptr || scales == nullptr || rows < 1 || cols < 1) return cudaErrorInvalidValue;
+  if (!transpose) {
+    const int64_t tiles = static_cast<int64_t>(rows) * CeilDiv(cols, kFp8Tile);
+    QuantActKernel<T><<<static_cast<unsigned>((tiles + 7) / 8), 256, 0, stream>>>(x, rows, cols, codes, scales);
+  } else {
+    dim3 grid(CeilDiv(cols, 32), CeilDiv(rows, kFp8Tile));
+    QuantActTransposedKernel<T><<<grid, 256, 0, stream>>>(x, rows, cols, codes, scales);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t QuantizeActivationFp8(const bf16* x, int rows, int cols, bool transpose, uint8_t* codes,
                                   float* scales, cudaStream_t stream) {
-  if (x == nullptr || codes == nullptr || scales == nullptr || rows < 1 || cols < 1) return cudaErrorInvalidValue;
-  if (!transpose) {
-    const int64_t tiles = static_cast<int64_t>(rows) * CeilDiv(cols, kFp8Tile);
-    QuantActKernel<<<static_cast<unsigned>((tiles + 7) / 8), 256, 0, stream>>>(x, rows, cols, codes, scales);
-  } else {
-    dim3 grid(CeilDiv(cols, 32), CeilDiv(rows, kFp8Tile));
-    QuantActTransposedKernel<<<grid, 256, 0, stream>>>(x, rows, cols, codes, scales);
-  }
-  return cudaGetLastError();
+  return LaunchQuantAct(x, rows, cols, transpose, codes, scales, stream);
+}
+
+cudaError_t QuantizeActivationFp8(const float* x, int rows, int cols, bool transpose, uint8_t* codes,
+                                  float* scales, cudaStream_t stream) {
+  return LaunchQuantAct(x, rows, cols, transpose, codes, scales, stream);
 }
 
 cudaError_t QuantizeWeightFp8(const float* w, int n, int k, bool transpose, uint8_t* codes, float* scales,
