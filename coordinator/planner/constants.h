@@ -24,14 +24,22 @@ struct PlannerConstants {
   double host_overlap = 0.0;
 
   // Communication: the fraction of a link's nominal bandwidth collectives
-  // achieve, inside a node and between nodes, and a fixed cost per
-  // collective call on each (launch, synchronization, ring latency).
+  // achieve (NCCL's bus bandwidth over the nominal rate), inside a node and
+  // between nodes; the cost of each step of a ring over NVLink and over the
+  // network; and a fixed cost per collective call (kernel launch, NCCL's
+  // setup, the synchronization the framework adds around it).
   double intra_bandwidth_efficiency = 0.7;
   double inter_bandwidth_efficiency = 0.7;
-  double intra_latency_s = 20e-6;
-  double inter_latency_s = 100e-6;
-  // A fixed cost per pipeline send or receive of one micro-batch (the
-  // handshake and the stall of the stage that waits for it).
+  double intra_latency_s = 5e-6;
+  double inter_latency_s = 10e-6;
+  double collective_launch_s = 20e-6;
+  // How much of a node's NICs one cross-node group uses: its ranks on a node
+  // own that many NIC shares; 1: NCCL's rail-aligned rings spread the
+  // group's traffic over all of them; 0: it stays on one share.
+  double nic_spread = 1.0;
+  // What a framework adds to each pipeline send or receive of one
+  // micro-batch beyond NCCL's own cost (handshakes, the stall of a stage
+  // that waits for it, a pipeline engine's host work).
   double p2p_latency_s = 100e-6;
 
   // Overlap: the fraction of in-layer collectives (TP, CP) hidden behind
@@ -102,7 +110,39 @@ struct PlannerConstants {
   bool tp_staging_without_sp = false;
 };
 
-// The constants fitted on the playbook runs (see docs/planner.md).
+// Framework profiles. The fields above mix what the hardware does (GEMM
+// efficiency, HBM-bound work, link rates and ring latencies) with what a
+// training framework adds (host work per layer, fixed costs per collective
+// and per pipeline send, how much communication it overlaps, how it reduces
+// gradients, what it allocates). A profile is one framework's full set;
+// none is per model or per cluster cell. docs/planner.md gives each value's
+// source.
+//
+// nanotron, fitted on the Ultra-Scale Playbook runs (H100). Its fitted link
+// and overhead constants absorb nanotron's implementation costs (Python,
+// synchronous collectives, its pipeline engine) and are not NCCL's.
+PlannerConstants NanotronConstants();
+
+// NCCL's own costs on NVLink and InfiniBand, from published measurements
+// (nccl-tests all-reduce on 2–8 A100 over NVLink; NCCL's ring latency model
+// for the network step), applied to `base`.
+PlannerConstants WithNcclLinks(PlannerConstants base);
+
+// Megatron-LM as vTrain ran it (A100, fp16, no DDP gradient bucketing):
+// NCCL's link costs, no TP or DP overlap, no pipeline cost beyond NCCL's,
+// a reduce-scatter under the distributed optimizer. Compute, host and
+// memory constants are taken from `base` (nanotron's fit: both are eager
+// PyTorch frameworks on cuBLAS). Derived, not fitted: vTrain's runs stay
+// held out.
+PlannerConstants MegatronConstants(PlannerConstants base = NanotronConstants());
+
+// Loom's own GPU engine (C++, NCCL through worker/comm, gradients reduced
+// in buckets during backward): NCCL's link costs, DP overlapped, compute and
+// memory constants from nanotron's fit. Not yet checked against a measured
+// Loom GPU run.
+PlannerConstants LoomEngineConstants(PlannerConstants base = NanotronConstants());
+
+// What the planner uses for GPU jobs: Loom's engine profile.
 PlannerConstants DefaultConstants();
 
 // Loom's own CPU engine (fp32, OpenBLAS, tiled attention that keeps the

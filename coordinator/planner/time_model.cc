@@ -15,15 +15,30 @@ double GemmEfficiency(double tokens, double width, const PlannerConstants& k) {
   return std::max(1e-3, k.gemm_peak_efficiency * rows * cols);
 }
 
-double CollectiveSeconds(double bytes, int64_t group, double passes, bool inter_node,
+int64_t GroupRanksPerNode(int64_t size, int64_t stride, int64_t devices_per_node) {
+  return std::clamp<int64_t>(devices_per_node / std::max<int64_t>(1, stride), 1, std::max<int64_t>(1, size));
+}
+
+double CollectiveSeconds(double bytes, int64_t group, double passes, int64_t ranks_per_node,
                          const ClusterSpec& c, const PlannerConstants& k) {
   if (group <= 1 || bytes <= 0) return 0;
-  const double bw = inter_node ? c.inter_node_bandwidth * k.inter_bandwidth_efficiency
-                               : c.intra_node_bandwidth * k.intra_bandwidth_efficiency;
+  const int64_t per_node = std::clamp<int64_t>(ranks_per_node, 1, group);
+  const int64_t nodes = (group + per_node - 1) / per_node;
+  const double nvlink = c.intra_node_bandwidth * k.intra_bandwidth_efficiency;
+  double bw = nvlink;
+  if (nodes > 1) {
+    // The group's ranks on a node own per_node NIC shares; NCCL's rail-aligned
+    // rings spread its traffic over all of them (nic_spread 1), or a stack
+    // that does not keeps it on one share (0).
+    const double nics = 1.0 + k.nic_spread * static_cast<double>(per_node - 1);
+    bw = std::min(nvlink, c.inter_node_bandwidth * k.inter_bandwidth_efficiency * nics);
+  }
   const double g = static_cast<double>(group);
-  const double latency = inter_node ? k.inter_latency_s : k.intra_latency_s;
-  // A ring pass takes g-1 steps, each paying the link's latency.
-  return passes * (g - 1) * (bytes / g / bw + latency);
+  const double inter_steps = static_cast<double>(nodes - 1);
+  const double intra_steps = g - 1 - inter_steps;
+  return k.collective_launch_s +
+         passes * ((g - 1) / g * bytes / bw + intra_steps * k.intra_latency_s +
+                   inter_steps * k.inter_latency_s);
 }
 
 StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec& c,
@@ -49,14 +64,15 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
 
   // Per micro-batch on each end stage: compute plus the collectives inside it.
   const double tp_bytes = tokens * h * e;
-  const bool tp_inter = l.tp > node;
+  const int64_t tp_per_node = GroupRanksPerNode(l.tp, 1, node);
   const double tp_per_layer =
-      (full ? 6.0 : 4.0) * CollectiveSeconds(tp_bytes, l.tp, 2.0, tp_inter, c, k);
+      (full ? 6.0 : 4.0) * CollectiveSeconds(tp_bytes, l.tp, 2.0, tp_per_node, c, k);
   const double kv_bytes = static_cast<double>(l.micro_batch_size) * s * 2.0 * m.kv_dim() / l.tp * e;
-  const bool cp_inter = l.tp * l.cp > node;
+  const int64_t cp_per_node = GroupRanksPerNode(l.cp, l.tp, node);
   // Forward all-gathers K and V; backward gathers them again and
   // reduce-scatters their gradients.
-  const double cp_per_layer = (full ? 4.0 : 3.0) * CollectiveSeconds(kv_bytes, l.cp, 1.0, cp_inter, c, k);
+  const double cp_per_layer =
+      (full ? 4.0 : 3.0) * CollectiveSeconds(kv_bytes, l.cp, 1.0, cp_per_node, c, k);
 
   // Unfused attention streams every score through HBM: per score, forward
   // writes it (baddbmm), reads and writes it (scale, mask, softmax), reads and
@@ -110,7 +126,10 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
     // One activation forward and one gradient backward per micro-batch and chunk.
     const double bw = pp_inter ? c.inter_node_bandwidth * k.inter_bandwidth_efficiency
                                : c.intra_node_bandwidth * k.intra_bandwidth_efficiency;
-    p2p = 2.0 * v * (bytes / bw + k.p2p_latency_s);
+    // NCCL's send/recv pays the call's fixed cost and one link step; the
+    // framework may add its own (p2p_latency_s: handshakes, stalls).
+    const double step = pp_inter ? k.inter_latency_s : k.intra_latency_s;
+    p2p = 2.0 * v * (bytes / bw + k.collective_launch_s + step + k.p2p_latency_s);
   }
   const double per_mb = stage_compute + stage_tp + stage_cp + p2p;
   const double gas = static_cast<double>(l.grad_accum);
@@ -127,7 +146,11 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // for every micro-batch's forward and backward, hidden behind compute.
   const double params = MaxParamsPerRank(w, l);
   const int64_t group = l.dp * l.cp;
-  const bool dp_inter = l.dp * l.ep * l.cp * l.tp > node;
+  // The DP×CP group: cp ranks tp apart, then dp ranks ep·cp·tp apart.
+  const int64_t cp_on_node = GroupRanksPerNode(l.cp, l.tp, node);
+  const int64_t dp_on_node =
+      cp_on_node < l.cp ? 1 : GroupRanksPerNode(l.dp, l.ep * l.cp * l.tp, node);
+  const int64_t dp_per_node = cp_on_node * dp_on_node;
   const double grad_bytes = params * r.grad_reduce_bytes;
   const double backward_last = stage_compute * 2.0 / 3.0;
   // ZeRO-0, and ZeRO-1 in frameworks that keep DDP's all-reduce, reduce the
@@ -139,24 +162,24 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   double dp = 0;
   if (l.zero_stage <= 1) {
     const bool all_reduce = l.zero_stage == 0 || !k.zero1_reduce_scatter;
-    const double reduce = CollectiveSeconds(grad_bytes, group, all_reduce ? 2.0 : 1.0, dp_inter, c, k);
+    const double reduce = CollectiveSeconds(grad_bytes, group, all_reduce ? 2.0 : 1.0, dp_per_node, c, k);
     dp = std::max(0.0, reduce - k.dp_overlap * backward_last);
   } else {
     const double reduce =
-        stage_layers * CollectiveSeconds(grad_bytes / stage_layers, group, 1.0, dp_inter, c, k);
+        stage_layers * CollectiveSeconds(grad_bytes / stage_layers, group, 1.0, dp_per_node, c, k);
     dp = gas * std::max(0.0, reduce - k.dp_overlap * backward_last);
   }
   // ZeRO-1/2: the updated weight shards are all-gathered after the optimizer
   // step, where nothing hides them.
   if (l.zero_stage == 1 || l.zero_stage == 2) {
-    dp += CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_inter, c, k);
+    dp += CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_per_node, c, k);
   }
   // ZeRO-3 gathers each layer's weights for every micro-batch's forward and
   // again for its backward.
   if (l.zero_stage >= 3) {
     const double gather =
         2.0 * stage_layers *
-        CollectiveSeconds(params * r.weight_bytes / stage_layers, group, 1.0, dp_inter, c, k);
+        CollectiveSeconds(params * r.weight_bytes / stage_layers, group, 1.0, dp_per_node, c, k);
     dp += gas * std::max(0.0, gather - k.dp_overlap * stage_compute);
   }
   t.dp_comm = dp;

@@ -34,10 +34,19 @@ double GemmEfficiency(double tokens, double width, const PlannerConstants& const
 
 // Seconds for a ring collective on a buffer of `bytes` (all-reduce: the
 // buffer; all-gather: its output; reduce-scatter: its input) over `group`
-// ranks whose traffic crosses nodes iff `inter_node`. `passes` is 2 for
-// all-reduce, 1 for all-gather or reduce-scatter.
-double CollectiveSeconds(double bytes, int64_t group, double passes, bool inter_node,
+// ranks, `ranks_per_node` of which share a node (the group crosses nodes iff
+// ranks_per_node < group). `passes` is 2 for all-reduce, 1 for all-gather or
+// reduce-scatter. NCCL's ring: a fixed cost per call, then per pass g-1
+// steps, of which one per extra node crosses the network; the data moves at
+// the slowest link's rate. Across nodes that rate is a GPU's NIC share times
+// the NIC shares the group's ranks on a node can use (nic_spread): the
+// concurrent groups of a node share its NICs.
+double CollectiveSeconds(double bytes, int64_t group, double passes, int64_t ranks_per_node,
                          const ClusterSpec& cluster, const PlannerConstants& constants);
+
+// Ranks of a mesh group with `size` members `stride` ranks apart that share
+// one node of `devices_per_node`.
+int64_t GroupRanksPerNode(int64_t size, int64_t stride, int64_t devices_per_node);
 
 StepTime EstimateStepTime(const Workload& workload, const Layout& layout,
                           const ClusterSpec& cluster, const PlannerConstants& constants);

@@ -23,8 +23,10 @@ class MeasuredRunsTest : public ::testing::Test {
       return;
     }
     runs_ = new MeasuredRuns(std::move(*r));
-    playbook_ = new PlaybookReport(EvaluatePlaybook(runs_->playbook, DefaultConstants()));
-    vtrain_ = new VtrainReport(EvaluateVtrain(runs_->vtrain, DefaultConstants()));
+    // Each set with its framework's profile: nanotron's fitted constants for
+    // the playbook, the Megatron profile (derived, not fitted) for vTrain.
+    playbook_ = new PlaybookReport(EvaluatePlaybook(runs_->playbook, NanotronConstants()));
+    vtrain_ = new VtrainReport(EvaluateVtrain(runs_->vtrain, MegatronConstants()));
   }
   void SetUp() override { ASSERT_EQ(error_, nullptr) << *error_; }
 
@@ -47,33 +49,47 @@ TEST_F(MeasuredRunsTest, FitOrNotAccuracyGoal) {
   EXPECT_GE(playbook_->fit_accuracy, 0.90) << FormatPlaybookReport(*playbook_, false);
 }
 
-// No numeric goal: regression floor on the mean per-cell Spearman (0.699 reached).
+// No numeric goal: regression floor on the mean per-cell Spearman (0.697 reached).
 TEST_F(MeasuredRunsTest, ThroughputRankCorrelationFloor) {
   EXPECT_EQ(playbook_->scored_cells, 26);
   EXPECT_GE(playbook_->mean_spearman, 0.69) << FormatPlaybookReport(*playbook_, true);
 }
 
 // Goal: picked layout within 10% of the cell's best in >= 80% of cells.
-// NOT reached (16 of 26 cells); regression floor. docs/planner.md says why
+// NOT reached (17 of 26 cells); regression floor. docs/planner.md says why
 // (repeat runs of one configuration differ by more than 10%).
 TEST_F(MeasuredRunsTest, PickedLayoutFloor) {
   EXPECT_EQ(playbook_->cells_with_success, 26);
-  EXPECT_GE(playbook_->cells_within_10pct, 16) << FormatPlaybookReport(*playbook_, true);
+  EXPECT_GE(playbook_->cells_within_10pct, 17) << FormatPlaybookReport(*playbook_, true);
 }
 
-// Goal: held-out vTrain mean absolute error <= 15%. NOT reached over all
-// runs (52.2%: the TP and pipeline costs fitted on nanotron are several times
-// Megatron's); regression ceiling.
-TEST_F(MeasuredRunsTest, VtrainHeldOutErrorCeiling) {
+// Goal: held-out vTrain mean absolute error <= 15%. Reached with the
+// Megatron profile (13.4%), whose link and framework constants come from
+// NCCL's published measurements and vTrain's configs, not from vTrain's
+// iteration times.
+TEST_F(MeasuredRunsTest, VtrainHeldOutErrorGoal) {
   EXPECT_EQ(vtrain_->runs, 1549);
-  EXPECT_LE(vtrain_->mean_abs_rel_error, 0.53) << FormatVtrainReport(*vtrain_);
+  EXPECT_LE(vtrain_->mean_abs_rel_error, 0.15) << FormatVtrainReport(*vtrain_);
 }
 
-// The part of the model that is hardware and workload, not framework
-// communication: the runs without TP or PP meet the 15% goal (10.3%).
-TEST_F(MeasuredRunsTest, VtrainWithoutModelParallelismGoal) {
+// By axis: runs with TP are the worst part (15.4%); ceilings guard each
+// split, the TP-free and PP-free ones at the goal.
+TEST_F(MeasuredRunsTest, VtrainErrorByAxis) {
   EXPECT_EQ(vtrain_->no_model_parallel_runs, 243);
   EXPECT_LE(vtrain_->no_model_parallel_mean_abs_rel_error, 0.15) << FormatVtrainReport(*vtrain_);
+  EXPECT_EQ(vtrain_->tp_runs + vtrain_->no_tp_runs, 1549);
+  EXPECT_LE(vtrain_->tp_mean_abs_rel_error, 0.16) << FormatVtrainReport(*vtrain_);
+  EXPECT_LE(vtrain_->no_tp_mean_abs_rel_error, 0.15) << FormatVtrainReport(*vtrain_);
+  EXPECT_LE(vtrain_->pp_mean_abs_rel_error, 0.15) << FormatVtrainReport(*vtrain_);
+  EXPECT_LE(vtrain_->no_pp_mean_abs_rel_error, 0.15) << FormatVtrainReport(*vtrain_);
+}
+
+// nanotron's own fitted communication costs do not describe Megatron: with
+// them the runs with TP are predicted about twice too slow. This is why the
+// profiles are separate (and a check that they stay so).
+TEST_F(MeasuredRunsTest, NanotronProfileDoesNotTransferToMegatron) {
+  const VtrainReport r = EvaluateVtrain(runs_->vtrain, NanotronConstants());
+  EXPECT_GT(r.tp_mean_signed_rel_error, 0.5) << FormatVtrainReport(r);
 }
 
 TEST(ParseCsv, PlaybookRowsAndCrashes) {

@@ -34,7 +34,7 @@ PlannerConstants Ideal() {
   k.gemm_tokens_half = 0;
   k.gemm_width_half = 0;
   k.layer_overhead_s = 0;
-  k.intra_latency_s = k.inter_latency_s = k.p2p_latency_s = 0;
+  k.intra_latency_s = k.inter_latency_s = k.p2p_latency_s = k.collective_launch_s = 0;
   k.intra_bandwidth_efficiency = k.inter_bandwidth_efficiency = 1e12;
   return k;
 }
@@ -93,11 +93,28 @@ TEST(Collectives, RingVolumesAndLinks) {
   const ClusterSpec c = Cluster(2);
   PlannerConstants k;
   k.intra_bandwidth_efficiency = k.inter_bandwidth_efficiency = 1;
-  k.intra_latency_s = k.inter_latency_s = 0;
+  k.intra_latency_s = k.inter_latency_s = k.collective_launch_s = 0;
+  k.nic_spread = 0;
   // All-reduce of 1 GB over 8 ranks: 2 * 7/8 GB at 450 GB/s inside a node.
-  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, false, c, k), 2 * 0.875 / 450, 1e-12);
-  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, true, c, k), 2 * 0.875 / 50, 1e-12);
-  EXPECT_EQ(CollectiveSeconds(1e9, 1, 2.0, true, c, k), 0);
+  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, 8, c, k), 2 * 0.875 / 450, 1e-12);
+  // One rank per node: each on its own 50 GB/s NIC share.
+  EXPECT_NEAR(CollectiveSeconds(1e9, 8, 2.0, 1, c, k), 2 * 0.875 / 50, 1e-12);
+  EXPECT_EQ(CollectiveSeconds(1e9, 1, 2.0, 1, c, k), 0);
+  // 16 ranks, 8 per node: with nic_spread 0 the ring still runs at one NIC
+  // share; with 1 the group's 8 ranks drive 8 shares (400 GB/s), NVLink
+  // (450) no longer the limit.
+  EXPECT_NEAR(CollectiveSeconds(1e9, 16, 2.0, 8, c, k), 2 * (15.0 / 16) / 50, 1e-12);
+  k.nic_spread = 1;
+  EXPECT_NEAR(CollectiveSeconds(1e9, 16, 2.0, 8, c, k), 2 * (15.0 / 16) / 400, 1e-12);
+  EXPECT_NEAR(CollectiveSeconds(1e9, 16, 2.0, 2, c, k), 2 * (15.0 / 16) / 100, 1e-12);
+}
+
+TEST(Collectives, GroupRanksPerNode) {
+  EXPECT_EQ(GroupRanksPerNode(4, 1, 8), 4);    // TP 4 inside a node
+  EXPECT_EQ(GroupRanksPerNode(16, 1, 8), 8);   // TP 16 spans two nodes
+  EXPECT_EQ(GroupRanksPerNode(64, 2, 8), 4);   // DP 64 behind TP 2
+  EXPECT_EQ(GroupRanksPerNode(64, 8, 8), 1);   // DP behind TP 8: one per node
+  EXPECT_EQ(GroupRanksPerNode(2, 16, 8), 1);
 }
 
 TEST(StepTime, TensorParallelAcrossNodesIsSlower) {
@@ -162,7 +179,9 @@ TEST(StepTime, ZeroOneReductionFollowsTheFramework) {
   const double zero0 = EstimateStepTime(w, l, Cluster(2), k).dp_comm;
   // ZeRO-0: an all-reduce of fp32 gradients, 2 x 15/16 of the buffer.
   const double params = static_cast<double>(w.params.total);
-  const double bw = Cluster(2).inter_node_bandwidth;
+  // Two nodes, 8 of the group's ranks on each: they drive 8 NIC shares
+  // (NCCL's rail-aligned rings), 400 GB/s, below NVLink's 450.
+  const double bw = 8 * Cluster(2).inter_node_bandwidth;
   EXPECT_NEAR(zero0, 2.0 * 15.0 / 16.0 * params * 4 / bw, 1e-6);
   const double gather = 15.0 / 16.0 * params * 2 / bw;  // bf16 weights
   l.zero_stage = 1;
@@ -177,8 +196,29 @@ TEST(Collectives, LatencyIsPaidPerRingStep) {
   PlannerConstants k;
   k.intra_bandwidth_efficiency = 1;
   k.intra_latency_s = 1e-5;
-  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 8, 2.0, false, c, k), 2 * 7 * 1e-5, 1e-12);
-  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 2, 1.0, false, c, k), 1e-5, 1e-12);
+  k.inter_latency_s = 1e-4;
+  k.collective_launch_s = 3e-5;
+  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 8, 2.0, 8, c, k), 3e-5 + 2 * 7 * 1e-5, 1e-12);
+  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 2, 1.0, 8, c, k), 3e-5 + 1e-5, 1e-12);
+  // 32 ranks on 4 nodes: per pass 3 steps cross the network, 28 stay on NVLink.
+  EXPECT_NEAR(CollectiveSeconds(0.0 + 1e-300, 32, 2.0, 8, c, k), 3e-5 + 2 * (28 * 1e-5 + 3 * 1e-4),
+              1e-12);
+}
+
+// The profiles share compute and memory and differ in framework costs.
+TEST(Profiles, MegatronAndLoomKeepComputeAndUseNcclLinks) {
+  const PlannerConstants n = NanotronConstants();
+  for (const PlannerConstants& k : {MegatronConstants(n), LoomEngineConstants(n), DefaultConstants()}) {
+    EXPECT_EQ(k.gemm_peak_efficiency, n.gemm_peak_efficiency);
+    EXPECT_EQ(k.layer_overhead_s, n.layer_overhead_s);
+    EXPECT_EQ(k.activation_factor, n.activation_factor);
+    EXPECT_EQ(k.collective_launch_s, WithNcclLinks(n).collective_launch_s);
+    EXPECT_LT(k.intra_latency_s, n.intra_latency_s);  // NCCL's step, not nanotron's
+    EXPECT_EQ(k.p2p_latency_s, 0);
+    EXPECT_TRUE(k.zero1_reduce_scatter);
+  }
+  EXPECT_EQ(MegatronConstants(n).dp_overlap, 0);  // no DDP gradient bucketing in vTrain's runs
+  EXPECT_EQ(LoomEngineConstants(n).dp_overlap, n.dp_overlap);
 }
 
 TEST(Gemm, EfficiencyGrowsWithShape) {

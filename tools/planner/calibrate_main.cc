@@ -1,6 +1,6 @@
 // planner_calibrate: fits the planner's free constants on the Ultra-Scale
 // Playbook runs (never on vTrain's, which stay held out) and prints them as
-// the body of DefaultConstants().
+// the body of NanotronConstants().
 //   planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch]
 //                     [--set=NAME=VALUE ...] [--fix=NAME ...]
 // --set starts NAME at VALUE; --fix keeps NAME out of the fit.
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   }
   // From scratch: the struct's initial values, which are round physical
   // guesses; otherwise from the fitted defaults.
-  lp::PlannerConstants k = from_scratch ? lp::PlannerConstants{} : lp::DefaultConstants();
+  lp::PlannerConstants k = from_scratch ? lp::PlannerConstants{} : lp::NanotronConstants();
   for (const std::string& set : sets) {
     if (absl::Status s = lp::eval::SetConstant(set, &k); !s.ok()) {
       std::fprintf(stderr, "planner_calibrate: %s\n", std::string(s.message()).c_str());
@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   }
   std::fputs(lp::eval::FormatPlaybookReport(lp::eval::EvaluatePlaybook(runs->playbook, k), false).c_str(),
              stdout);
-  std::fputs(lp::eval::FormatVtrainReport(lp::eval::EvaluateVtrain(runs->vtrain, k)).c_str(), stdout);
+  // vTrain stays held out: scored, never fitted, with the Megatron profile.
+  std::fputs(lp::eval::FormatVtrainReport(
+                 lp::eval::EvaluateVtrain(runs->vtrain, lp::MegatronConstants(k))).c_str(), stdout);
   return 0;
 }

@@ -34,6 +34,8 @@ const std::vector<ConstantParam>& TimeConstants() {
       {"inter_bandwidth_efficiency", &K::inter_bandwidth_efficiency, 0.05, 1.0},
       {"intra_latency_s", &K::intra_latency_s, 5e-6, 2e-4},
       {"inter_latency_s", &K::inter_latency_s, 2e-5, 2e-3},
+      {"collective_launch_s", &K::collective_launch_s, 5e-6, 2e-3},
+      {"nic_spread", &K::nic_spread, 0.0, 1.0},
       {"p2p_latency_s", &K::p2p_latency_s, 5e-6, 0.1},
       {"tp_overlap", &K::tp_overlap, 0.0, 0.95},
       {"dp_overlap", &K::dp_overlap, 0.01, 1.0},

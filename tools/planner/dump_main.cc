@@ -1,6 +1,8 @@
 // planner_dump: one CSV line per measured run with the planner's predictions
 // beside the measurement, for offline analysis (tools/planner/fit.py).
 //   planner_dump [--data=DIR] [--set=NAME=VALUE ...] > predictions.csv
+// Playbook runs use nanotron's profile (--set overrides it), vTrain's the
+// Megatron profile built on it.
 #include <cstdio>
 #include <string>
 
@@ -12,7 +14,7 @@ namespace lp = loom::planner;
 
 int main(int argc, char** argv) {
   std::string dir = LOOM_SHARED_DATA_DIR;
-  lp::PlannerConstants base = lp::DefaultConstants();
+  lp::PlannerConstants base = lp::NanotronConstants();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--data=", 0) == 0) {
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {
          lp::eval::PlaybookCluster(r), r.ok, r.tok_s_gpu, r.mem_gb, secs);
   }
   for (const auto& r : runs->vtrain) {
-    k = base;
+    k = lp::MegatronConstants(base);
     const lp::ClusterSpec c = lp::eval::VtrainCluster(r);
     line(r.multi ? "vtrain-multi" : "vtrain-single", std::to_string(r.hidden), c.nodes,
          lp::eval::VtrainWorkload(r), lp::eval::VtrainLayout(r), c, true, 0, 0, r.iteration_ms / 1e3);

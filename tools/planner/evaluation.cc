@@ -182,6 +182,23 @@ VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerCon
     signed_err += (t.total - measured) / measured;
     errors.push_back(err);
     (run.multi ? multi : single) += err;
+    const double signed_one = (t.total - measured) / measured;
+    if (run.tp > 1) {
+      ++rep.tp_runs;
+      rep.tp_mean_abs_rel_error += err;
+      rep.tp_mean_signed_rel_error += signed_one;
+    } else {
+      ++rep.no_tp_runs;
+      rep.no_tp_mean_abs_rel_error += err;
+    }
+    if (run.pp > 1) {
+      ++rep.pp_runs;
+      rep.pp_mean_abs_rel_error += err;
+      rep.pp_mean_signed_rel_error += signed_one;
+    } else {
+      ++rep.no_pp_runs;
+      rep.no_pp_mean_abs_rel_error += err;
+    }
     if (run.tp == 1 && run.pp == 1) {
       ++rep.no_model_parallel_runs;
       rep.no_model_parallel_mean_abs_rel_error += err;
@@ -199,6 +216,13 @@ VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerCon
   if (rep.no_model_parallel_runs) {
     rep.no_model_parallel_mean_abs_rel_error /= rep.no_model_parallel_runs;
   }
+  auto mean = [](double* sum, int n) { *sum = n ? *sum / n : 0; };
+  mean(&rep.tp_mean_abs_rel_error, rep.tp_runs);
+  mean(&rep.tp_mean_signed_rel_error, rep.tp_runs);
+  mean(&rep.no_tp_mean_abs_rel_error, rep.no_tp_runs);
+  mean(&rep.pp_mean_abs_rel_error, rep.pp_runs);
+  mean(&rep.pp_mean_signed_rel_error, rep.pp_runs);
+  mean(&rep.no_pp_mean_abs_rel_error, rep.no_pp_runs);
   return rep;
 }
 
@@ -233,11 +257,16 @@ std::string FormatVtrainReport(const VtrainReport& r) {
   return absl::StrFormat(
       "vtrain (held out): %d runs, iteration time mean |error| %.1f%% (median %.1f%%; multi-node "
       "%.1f%%, single-node %.1f%%), mean signed error %+.1f%%\n"
-      "  without TP or PP (%d runs): mean |error| %.1f%%\n",
+      "  without TP or PP (%d runs): mean |error| %.1f%%\n"
+      "  with TP (%d runs): %.1f%% (signed %+.1f%%); without TP (%d): %.1f%%\n"
+      "  with PP (%d runs): %.1f%% (signed %+.1f%%); without PP (%d): %.1f%%\n",
       r.runs, 100 * r.mean_abs_rel_error, 100 * r.median_abs_rel_error,
       100 * r.multi_mean_abs_rel_error, 100 * r.single_mean_abs_rel_error,
       100 * r.mean_signed_rel_error, r.no_model_parallel_runs,
-      100 * r.no_model_parallel_mean_abs_rel_error);
+      100 * r.no_model_parallel_mean_abs_rel_error, r.tp_runs, 100 * r.tp_mean_abs_rel_error,
+      100 * r.tp_mean_signed_rel_error, r.no_tp_runs, 100 * r.no_tp_mean_abs_rel_error, r.pp_runs,
+      100 * r.pp_mean_abs_rel_error, 100 * r.pp_mean_signed_rel_error, r.no_pp_runs,
+      100 * r.no_pp_mean_abs_rel_error);
 }
 
 }  // namespace loom::planner::eval

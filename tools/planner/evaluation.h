@@ -60,6 +60,11 @@ struct VtrainReport {
   // communication costs that are the framework's.
   int no_model_parallel_runs = 0;
   double no_model_parallel_mean_abs_rel_error = 0;
+  // By axis: runs with tp > 1 / tp = 1, and with pp > 1 / pp = 1.
+  int tp_runs = 0, no_tp_runs = 0, pp_runs = 0, no_pp_runs = 0;
+  double tp_mean_abs_rel_error = 0, no_tp_mean_abs_rel_error = 0;
+  double pp_mean_abs_rel_error = 0, no_pp_mean_abs_rel_error = 0;
+  double tp_mean_signed_rel_error = 0, pp_mean_signed_rel_error = 0;
 };
 
 // `headroom`: the fraction of device memory the planner leaves free when it

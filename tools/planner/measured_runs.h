@@ -58,7 +58,9 @@ bool PlaybookLayoutValid(const PlaybookRun& run);
 // full activation checkpointing and 1F1B, on 8-GPU A100 nodes. vTrain's
 // model code is Megatron's classic path: fp16 (gradients all-reduced in
 // fp16, no fp32 accumulation), unfused attention (scores materialized, with
-// dropout), no sequence parallelism.
+// dropout), no sequence parallelism. The cluster: A100 80 GB nodes with
+// 800 Gb/s of network each (vTrain's configs). Score them with
+// MegatronConstants().
 Workload VtrainWorkload(const VtrainRun& run);
 Layout VtrainLayout(const VtrainRun& run);
 ClusterSpec VtrainCluster(const VtrainRun& run);
