@@ -1,52 +1,47 @@
-// The cluster presets. Peaks are the vendors' dense numbers; link bandwidths
-// are per device and per direction (H100/H200 NVLink 4: 450 GB/s; A100
-// NVLink 3: 300 GB/s; one 400 Gb/s NIC per H100/H200 and one 200 Gb/s NIC
-// per A100). How much of it collectives achieve is a fitted constant, not a
-// property of the preset.
+// The cluster presets. Device peaks, memory, HBM and NVLink bandwidth come
+// from the one peak table (common/hardware/device_peaks.h, documented in
+// docs/gpu.md "Peak FLOP/s table"); what is a property of the cluster rather
+// than the device stays here: one 400 Gb/s NIC per H100/H200 and one 200 Gb/s
+// NIC per A100 (bandwidths per device and per direction). How much of a link
+// collectives achieve is a fitted constant, not a property of the preset.
 #include "coordinator/planner/cluster.h"
+
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/hardware/device_peaks.h"
 
 namespace loom::planner {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kTera = 1e12;
 constexpr double kGiga = 1e9;
+
+ClusterSpec GpuPreset(std::string_view preset_name, std::string_view device_id,
+                      double inter_node_bandwidth) {
+  const hardware::DeviceSpec* device = hardware::DeviceById(device_id);
+  // A preset naming a row the table lacks is a programming error
+  // (tests/hardware checks that these rows exist).
+  if (device == nullptr) std::abort();
+  ClusterSpec c;
+  c.name = std::string(preset_name);
+  c.device_name = std::string(device->smi_name);
+  c.peak_flops_fp32 = device->fp32;
+  c.peak_flops_bf16 = device->bf16;
+  c.peak_flops_fp8 = device->fp8;  // 0 (A100): PeakFlops falls back to bf16
+  c.memory_bytes = device->memory_bytes;
+  c.hbm_bandwidth = device->hbm_bandwidth;
+  c.intra_node_bandwidth = device->nvlink_bandwidth;
+  c.inter_node_bandwidth = inter_node_bandwidth;
+  return c;
+}
 
 std::vector<ClusterSpec> BuildPresets() {
   std::vector<ClusterSpec> presets;
-  ClusterSpec h100;
-  h100.name = "h100-sxm";
-  h100.device_name = "NVIDIA H100 80GB HBM3";
-  h100.peak_flops_fp32 = 67 * kTera;
-  h100.peak_flops_bf16 = 989.5 * kTera;
-  h100.peak_flops_fp8 = 1979 * kTera;
-  h100.memory_bytes = 79.6 * kGiB;  // 81,559 MiB visible to CUDA
-  h100.hbm_bandwidth = 3.35e12;
-  h100.intra_node_bandwidth = 450 * kGiga;
-  h100.inter_node_bandwidth = 50 * kGiga;
-  presets.push_back(h100);
-
-  ClusterSpec h200 = h100;
-  h200.name = "h200";
-  h200.device_name = "NVIDIA H200";
-  h200.memory_bytes = 139.8 * kGiB;
-  h200.hbm_bandwidth = 4.8e12;
-  presets.push_back(h200);
-
-  ClusterSpec a100;
-  a100.name = "a100-80gb";
-  a100.device_name = "NVIDIA A100-SXM4-80GB";
-  a100.peak_flops_fp32 = 19.5 * kTera;
-  a100.peak_flops_bf16 = 312 * kTera;
-  a100.peak_flops_fp8 = 0;  // no fp8 units: falls back to bf16
-  a100.memory_bytes = 79.2 * kGiB;
-  a100.hbm_bandwidth = 2.0e12;
-  a100.intra_node_bandwidth = 300 * kGiga;
-  a100.inter_node_bandwidth = 25 * kGiga;
-  presets.push_back(a100);
+  presets.push_back(GpuPreset("h100-sxm", "h100-sxm", 50 * kGiga));
+  presets.push_back(GpuPreset("h200", "h200", 50 * kGiga));
+  presets.push_back(GpuPreset("a100-80gb", "a100-sxm4-80gb", 25 * kGiga));
 
   // One CPU rank: a few cores of OpenBLAS, Gloo over loopback TCP. The peak
   // is a placeholder that the agent's measured value replaces.

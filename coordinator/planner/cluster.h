@@ -1,7 +1,8 @@
 // Cluster descriptions for the planner: per-device peak FLOP/s by dtype,
 // memory, HBM bandwidth and the bandwidth of the links a collective crosses
 // (inside a node, between nodes). Presets for H100 SXM, H200, A100 80GB and
-// CPU ranks; every field can be overridden (CPU ranks report a measured peak).
+// CPU ranks, their device numbers read from common/hardware/device_peaks.h;
+// every field can be overridden (CPU ranks report a measured peak).
 #pragma once
 
 #include <cstdint>

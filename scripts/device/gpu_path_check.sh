@@ -11,14 +11,17 @@
 # Device:  run(command="scripts/device/gpu_path_check.sh", carry=["build-gpu/device-bin"],
 #              timeout_s=180)
 #
-# Not yet here (docs/gpu.md, "Left to run"): the GPU backend's 20-step loss
-# against the CPU backend, and the ~1B Llama in bf16 and fp8 with tokens/s and
-# MFU beside PyTorch's step; they need the CUDA ops backend and a GPU trainer.
+# The whole GPU training check (these tests, cuda_ops_test, the 20-step loss
+# against the CPU and the ~1B Llama beside PyTorch) is
+# scripts/device/gpu_train_check.sh; this script is its NCCL part alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/loom-device-out}
-bins=${BINS:-build-gpu/device-bin}
+packed=${BINS:-build-gpu/device-bin}
+bins=/tmp/loom-device-bin
 mkdir -p "$out"
+# build_gpu_trainer.sh packs the binaries as NAME.xz.
+scripts/device/unpack_bins.sh "$packed" "$bins" || echo "unpacking $packed failed"
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -43,7 +46,7 @@ if [ -x "$bins/gpu_nccl_communicator_test" ]; then
   NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout 120 "$bins/gpu_nccl_communicator_test" 2>&1 | tee "$out/nccl_test.txt"
   rc=${PIPESTATUS[0]}
 else
-  echo "missing $bins/gpu_nccl_communicator_test: run scripts/device/build_gpu_path_bins.sh here and carry $bins"
+  echo "missing $packed/gpu_nccl_communicator_test.xz: run scripts/device/build_gpu_trainer.sh here and carry $packed"
   rc=2
 fi
 echo "gpu_nccl_communicator_test: rc=$rc" | tee "$out/summary.txt"

@@ -46,15 +46,19 @@ TEST(GroupGpusTest, FoldsSameModelAndLooksUpPeak) {
   EXPECT_EQ(devices[0].kind, "gpu");
   EXPECT_EQ(devices[0].count, 2);
   EXPECT_EQ(devices[0].memory_bytes, 90);  // the smaller one: what every rank can count on
-  EXPECT_DOUBLE_EQ(devices[0].peak_flops, 989.4e12);
+  EXPECT_DOUBLE_EQ(devices[0].peak_flops, 989.5e12);
   EXPECT_EQ(devices[1].count, 1);
   EXPECT_DOUBLE_EQ(devices[1].peak_flops, 312e12);
 }
 
-TEST(GpuPeakFlopsTest, SpecificModelsBeforeGeneralOnes) {
+// The agent registers the shared table's dense bf16 peak (tests/hardware
+// covers the table itself); an unknown model registers 0.
+TEST(GpuPeakFlopsTest, ReadsTheSharedTablesBf16Column) {
   EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA H100 PCIe"), 756e12);
-  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA H100 80GB HBM3"), 989.4e12);
-  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA L40S"), 362e12);
+  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA H100 80GB HBM3"), 989.5e12);
+  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA H200"), 989.5e12);
+  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA L40S"), 362.05e12);
+  EXPECT_DOUBLE_EQ(GpuPeakFlops("NVIDIA H20"), 0);
   EXPECT_DOUBLE_EQ(GpuPeakFlops("Some Future GPU"), 0);
 }
 

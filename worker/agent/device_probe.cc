@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/hardware/device_peaks.h"
 
 namespace loom::agent {
 
@@ -64,19 +65,7 @@ absl::StatusOr<std::vector<GpuInfo>> ParseNvidiaSmiCsv(const std::string& text) 
 }
 
 double GpuPeakFlops(const std::string& name) {
-  // Vendor datasheet dense BF16 tensor-core rates. More specific names first.
-  static const std::pair<const char*, double> kTable[] = {
-      {"GB200", 2.5e15},   {"B200", 2.25e15},   {"H200", 989.4e12},
-      {"H100 PCIe", 756e12}, {"H100 NVL", 835.5e12}, {"H100", 989.4e12},
-      {"H800", 989.4e12},  {"A100", 312e12},    {"A800", 312e12},
-      {"L40S", 362e12},    {"L40", 181e12},     {"L4", 121e12},
-      {"A10", 125e12},     {"RTX 4090", 165.2e12}, {"V100", 125e12},
-  };
-  std::string upper = absl::AsciiStrToUpper(name);
-  for (const auto& [model, flops] : kTable) {
-    if (upper.find(absl::AsciiStrToUpper(model)) != std::string::npos) return flops;
-  }
-  return 0;
+  return hardware::DensePeakFlops(name, hardware::Dtype::kBf16).value_or(0);
 }
 
 std::vector<DeviceInfo> GroupGpus(const std::vector<GpuInfo>& gpus) {

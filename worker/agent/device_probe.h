@@ -38,8 +38,9 @@ struct GpuInfo {
 // output (memory with or without the " MiB" unit), one GPU per line.
 absl::StatusOr<std::vector<GpuInfo>> ParseNvidiaSmiCsv(const std::string& text);
 
-// Dense BF16 peak FLOP/s of a GPU model from its nvidia-smi name; 0 when the
-// model is not in the table (the coordinator then uses its own catalogue).
+// Dense BF16 peak FLOP/s of a GPU model from its nvidia-smi name, read from
+// the shared table (common/hardware/device_peaks.h); 0 when the model is not
+// in the table or has no bf16 units: "unknown" to the coordinator.
 double GpuPeakFlops(const std::string& name);
 
 // GPUs of the same model folded into one DeviceInfo each, in first-seen order.
