@@ -92,10 +92,6 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
       unsupported.push_back(absl::StrCat("parallelism.pp=", pp, " with parallelism.zero_stage=",
                                          zero, " is not supported by this engine yet (use 0)"));
     }
-    if (s.train.precision != spec::Precision::kFp32) {
-      unsupported.push_back(absl::StrCat("train.precision=", spec::PrecisionName(s.train.precision),
-                                         " with parallelism.pp=", pp, " is not supported yet (use fp32)"));
-    }
     const int64_t micro = s.train.global_batch_size / std::max<int64_t>(1, s.train.micro_batch_size * dp);
     if (p.schedule == spec::Schedule::kInterleaved && micro % pp != 0) {
       unsupported.push_back(absl::StrCat(
@@ -104,11 +100,14 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
           "multiple of parallelism.pp=", pp));
     }
   }
-  if (s.train.precision == spec::Precision::kBf16) {
-    unsupported.push_back("train.precision=bf16 is not supported by this engine yet (use fp32, or fp8)");
-  }
-  if (s.resources.device != spec::DeviceKind::kCpu) {
-    unsupported.push_back("resources.device=gpu is not supported by this engine yet (use cpu)");
+  // The GPU engine keeps parameters, gradients and activations in device
+  // memory, but its DP/TP/PP exchanges still stage through host buffers that
+  // only the CPU path has (worker/engine/ops_selection.h).
+  if (s.resources.device == spec::DeviceKind::kGpu && s.resources.world_size() > 1) {
+    unsupported.push_back(absl::StrCat(
+        "resources.device=gpu with ", s.resources.world_size(),
+        " GPUs (resources.nodes x resources.gpus_per_node) is not supported by this engine yet: "
+        "a GPU job trains on one GPU (nodes: 1, gpus_per_node: 1)"));
   }
   if (unsupported.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(unsupported, "; "));

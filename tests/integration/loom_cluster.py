@@ -111,10 +111,10 @@ class Cluster:
         write_corpus(os.path.join(self.dir, "data"))
 
     # -- processes ---------------------------------------------------------
-    def _spawn(self, args, log_name):
+    def _spawn(self, args, log_name, env=None):
         with open(os.path.join(self.dir, log_name), "ab") as log:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=self.dir)
+                                    start_new_session=True, cwd=self.dir, env=env)
         self.processes.append(proc)
         return proc
 
@@ -128,11 +128,11 @@ class Cluster:
                    "the coordinator to answer")
         return self.coordinator
 
-    def start_agent(self, name="node-a", devices="cpu:2"):
+    def start_agent(self, name="node-a", devices="cpu:2", env=None):
         work = os.path.join(self.dir, name)
         proc = self._spawn([os.path.join(BIN, "loom-worker"), f"--coordinator={self.address}",
                             f"--devices={devices}", f"--work_dir={work}", f"--node_id={name}"],
-                           f"{name}.log")
+                           f"{name}.log", env)
         self.agents[name] = proc
         return proc
 

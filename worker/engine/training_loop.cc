@@ -51,13 +51,6 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
     return absl::InvalidArgumentError(absl::StrCat("train.seq_len=", t.seq_len,
                                                    " exceeds model.max_seq_len=", spec.model.max_seq_len));
   }
-  // Which backend a precision needs is ops_selection.cc's business; the
-  // pipeline path builds plain CPU backends, so it runs fp32 only.
-  if (t.precision != spec::Precision::kFp32 && spec.parallelism.pp.value_or(1) > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.precision=", t.precision == spec::Precision::kFp8 ? "fp8" : "bf16",
-        " is not supported with parallelism.pp > 1 yet (use fp32)"));
-  }
   const spec::ModelSpec& m = spec.model;
   if (m.num_heads < 1 || m.num_kv_heads < 1 || m.hidden_size % m.num_heads != 0 ||
       m.num_heads % m.num_kv_heads != 0 || m.head_dim() % 2 != 0) {
@@ -165,13 +158,13 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     if (!made.ok()) return made.status();
     ops = *std::move(made);
   }
+  loop->ops_ = ops;
   if (pp_comm != nullptr && pp_comm->size() > 1) {  // [pp] training_loop_pipeline.cc
     loop->pp_comm_ = pp_comm;
     if (absl::Status s = loop->CreatePipeline(); !s.ok()) return s;
     return loop;
   }
 
-  loop->ops_ = ops;
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, ops,
       TensorParallelOptions{loop->tp_comm_, job.parallelism.sequence_parallel});  // [tp]

@@ -112,7 +112,7 @@ class TrainingLoop {
   // [pp] Under PP: this stage's parameters, chunk after chunk.
   absl::Status GatherParameters(std::vector<float>* out);
   // The backend the model trains on (not under PP).
-  kernels::Ops& ops() { return model_->ops(); }
+  kernels::Ops& ops() { return *ops_; }
   // The engine's memory accounting; peaks restart at every TrainStep, so after
   // a step they are that step's peaks.
   MemoryUsage memory() const { return memory_.Snapshot(); }

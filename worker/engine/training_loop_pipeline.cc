@@ -58,7 +58,7 @@ absl::Status TrainingLoop::CreatePipeline() {
   if (!plan.ok()) return plan.status();
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{tp_comm_, job.parallelism.sequence_parallel});
+      TensorParallelOptions{tp_comm_, job.parallelism.sequence_parallel}, ops_);
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), pp_comm_);
   optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t);

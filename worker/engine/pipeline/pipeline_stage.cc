@@ -15,11 +15,12 @@ absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp) {
 }
 
 PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,
-                             const PipelinePlan& plan, TensorParallelOptions parallel)
+                             const PipelinePlan& plan, TensorParallelOptions parallel,
+                             std::shared_ptr<kernels::Ops> ops)
     : plan_(plan) {
   for (const PipelineChunk& c : plan_.chunks) {
     ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
-    chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, nullptr, parallel, part));
+    chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, ops, parallel, part));
   }
 }
 

@@ -22,8 +22,10 @@ class PipelineStage {
   // The TP options apply to every chunk (they share the TP group, which they
   // use one at a time). model.tie_embeddings with pp > 1 is refused by
   // CheckPipelineModel before a stage is built.
+  // `ops` is the backend every chunk runs on (nullptr: CpuOps); the stage's
+  // exchanges are host-side, so it must keep tensors in host memory.
   PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
-                TensorParallelOptions parallel = {});
+                TensorParallelOptions parallel = {}, std::shared_ptr<kernels::Ops> ops = nullptr);
 
   // Each tensor from the whole model's init stream: the stages together hold
   // exactly the single-process weights.
