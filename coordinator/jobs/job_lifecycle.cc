@@ -9,6 +9,7 @@
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/rank_peak.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/service/metrics.h"
 #include "common/topology/placement.h"
@@ -125,7 +126,7 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
     p->set_node_id(a.node_id());
     p->set_local_device(a.local_device());
     p->set_place(a.place());
-    p->set_peak_flops(live[a.node_id()].peak_flops_per_device);
+    p->set_peak_flops(RankPeakFlops(live[a.node_id()], spec.train.precision));
   }
   std::string nodes_text;
   for (const auto& use : placement->nodes) {
