@@ -1,6 +1,8 @@
 // The backend chosen for a job (worker/engine/ops_selection.h) and the rule
 // that a device backend trains one rank.
 #include <memory>
+#include <string>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -64,12 +66,12 @@ TEST(OpsSelectionTest, GpuNeedsCudaAndADevice) {
 TEST(OpsSelectionTest, DeviceTrainsOneRank) {
   const spec::JobSpec gpu = Job(spec::DeviceKind::kGpu, spec::Precision::kBf16);
   EXPECT_TRUE(CheckDeviceLayout(gpu, false, 1, 1, 1).ok());
-  for (auto [dp, tp, pp] : {std::tuple{2, 1, 1}, std::tuple{1, 2, 1}, std::tuple{1, 1, 4}}) {
+  for (auto [dp, tp, pp, axis] : {std::tuple{2, 1, 1, "dp=2"}, std::tuple{1, 2, 1, "tp=2"},
+                                   std::tuple{1, 1, 4, "pp=4"}}) {
     const absl::Status s = CheckDeviceLayout(gpu, false, dp, tp, pp);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(s.message(), HasSubstr("resources.device=gpu: this version trains one rank per "
-                                       "GPU job; dp/tp/pp > 1 need device-resident communication "
-                                       "buffers (not yet)"));
+    EXPECT_THAT(s.message(), HasSubstr(std::string("resources.device=gpu: parallelism.") + axis +
+                                       " is not supported on GPUs yet"));
   }
   const spec::JobSpec cpu = Job(spec::DeviceKind::kCpu, spec::Precision::kFp32);
   EXPECT_TRUE(CheckDeviceLayout(cpu, false, 2, 2, 2).ok());
@@ -85,13 +87,13 @@ TEST(OpsSelectionTest, TrainingLoopRefusesDeviceWithSeveralRanks) {
   // Refused before anything is built (no communicator is even looked at).
   auto loop = TrainingLoop::Create(job, 0, 2, nullptr, nullptr, nullptr, ops);
   EXPECT_EQ(loop.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(loop.status().message(), HasSubstr("trains one rank per GPU job"));
+  EXPECT_THAT(loop.status().message(), HasSubstr("parallelism.dp=2 is not supported on GPUs yet"));
   EXPECT_EQ(ops->counters().allocations, 0);
 
   // resources.device=gpu is refused the same way, whatever the build.
   job.resources.device = spec::DeviceKind::kGpu;
   auto gpu = TrainingLoop::Create(job, 0, 2, nullptr);
-  EXPECT_THAT(gpu.status().message(), HasSubstr("trains one rank per GPU job"));
+  EXPECT_THAT(gpu.status().message(), HasSubstr("parallelism.dp=2 is not supported on GPUs yet"));
   // One rank on a GPU: without CUDA (or a device) the reason is the backend's.
   auto one = TrainingLoop::Create(job);
   if (!one.ok()) {

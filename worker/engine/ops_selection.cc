@@ -1,6 +1,7 @@
 #include "worker/engine/ops_selection.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -84,11 +85,18 @@ absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeOpsForJob(const spec::JobSpec&
 
 absl::Status CheckDeviceLayout(const spec::JobSpec& job, bool on_device, int dp, int tp, int pp) {
   const bool gpu = on_device || job.resources.device == spec::DeviceKind::kGpu;
-  if (!gpu || (dp <= 1 && tp <= 1 && pp <= 1)) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "resources.device=gpu: this version trains one rank per GPU job; dp/tp/pp > 1 need "
-      "device-resident communication buffers (not yet) — this rank has dp=", dp, " tp=", tp,
-      " pp=", pp, ": run on one GPU (parallelism all 1, one rank) or with resources.device=cpu"));
+  if (!gpu) return absl::OkStatus();
+  // One entry per axis whose exchanges still stage through host memory; an
+  // axis leaves this list when its buffers are backend memory.
+  const std::pair<const char*, int> host_staged_axes[] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  for (const auto& [axis, size] : host_staged_axes) {
+    if (size <= 1) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resources.device=gpu: parallelism.", axis, "=", size,
+        " is not supported on GPUs yet (its exchange buffers are host memory); this rank has dp=",
+        dp, " tp=", tp, " pp=", pp, ": run on one GPU or with resources.device=cpu"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom::engine
