@@ -1,5 +1,6 @@
 #include "worker/trainer/coordinated.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,9 +13,11 @@
 #include "common/topology/instruction.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/self_communicator.h"
+#include "worker/engine/ops_selection.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
 #include "worker/trainer/fault_injection.h"
+#include "worker/trainer/gpu_group.h"
 #include "worker/trainer/grpc_store.h"
 #include "worker/trainer/progress_reporter.h"
 #include "worker/trainer/rank_monitor.h"
@@ -116,10 +119,24 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
   const absl::Duration timeout =
       absl::Seconds(a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60);
   const std::string address = a.node_address().empty() ? "127.0.0.1" : a.node_address();
+  // The backend comes first: a GPU job's NCCL groups order their work after
+  // its compute stream. What no backend of this build can run is refused
+  // before any group waits for its peers.
+  const loom::v1::Layout& layout = a.layout();
+  auto size = [](int64_t n) { return static_cast<int>(std::max<int64_t>(1, n)); };
+  if (absl::Status s = engine::CheckDeviceLayout(job, false, size(layout.dp()), size(layout.tp()),
+                                                 size(layout.pp()));
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<kernels::Ops>> ops = engine::MakeOpsForJob(job, /*local_device=*/0);
+  if (!ops.ok()) return ops.status();
+  const bool gpu = job.resources.device == spec::DeviceKind::kGpu;
   auto make_group = [&](const std::string& axis) -> absl::StatusOr<std::unique_ptr<comm::Communicator>> {
     absl::StatusOr<std::vector<int>> members = GroupMembers(a, axis);
     if (!members.ok()) return members.status();
     if (members->size() <= 1) return std::unique_ptr<comm::Communicator>();
+    if (gpu) return CreateGpuGroup(store, axis, *members, a.rank(), timeout, **ops);
     return comm::CreateGroupCommunicator(store, "", axis, *members, a.rank(), timeout, address);
   };
   absl::StatusOr<std::unique_ptr<comm::Communicator>> tp = make_group("tp");
@@ -133,7 +150,7 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
   const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
-      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get(), pp->get());
+      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get(), pp->get(), *ops);
   if (!loop.ok()) return loop.status();
   if (absl::Status s = CheckStageLayers(a, **loop); !s.ok()) return s;  // [pp]
   loom::v1::RankProgress ready;
