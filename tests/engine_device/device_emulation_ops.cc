@@ -10,6 +10,11 @@ using kernels::AttentionDims;
 using kernels::GemmScope;
 using kernels::Transpose;
 
+[[noreturn]] void DieAs(const char* who, const char* arg, const void* p, const char* why) {
+  std::fprintf(stderr, "%s: argument %s = %p %s\n", who, arg, p, why);
+  std::abort();
+}
+
 [[noreturn]] void Die(const char* op, const char* arg, const void* p, const char* why) {
   std::fprintf(stderr, "DeviceEmulationOps::%s: argument %s = %p %s\n", op, arg, p, why);
   std::abort();
@@ -45,6 +50,24 @@ void* DeviceEmulationOps::Untag(void* p, const char* op, const char* arg) const 
   --it;
   if (address > it->first + static_cast<uintptr_t>(it->second.bytes())) {
     Die(op, arg, p, "is not inside any live allocation (freed, or past the end)");
+  }
+  return reinterpret_cast<void*>(address - kTag);
+}
+
+void* DeviceEmulationOps::HostAddress(const void* tagged, int64_t bytes, const char* who,
+                                      const char* arg) const {
+  if (tagged == nullptr && bytes == 0) return nullptr;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(tagged);
+  if ((address & kTag) == 0) {
+    DieAs(who, arg, tagged, "is host memory where backend (device) memory is required");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.upper_bound(address);
+  if (it == live_.begin()) DieAs(who, arg, tagged, "is not inside any live allocation");
+  --it;
+  const uintptr_t end = it->first + static_cast<uintptr_t>(it->second.bytes());
+  if (address > end || static_cast<uintptr_t>(bytes) > end - address) {
+    DieAs(who, arg, tagged, "does not lie inside one live allocation (freed, or past the end)");
   }
   return reinterpret_cast<void*>(address - kTag);
 }

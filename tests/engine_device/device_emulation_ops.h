@@ -41,6 +41,12 @@ class DeviceEmulationOps final : public kernels::Ops {
   };
   Counters counters() const;
 
+  // The host address behind `tagged` for code outside the ops that accepts
+  // only backend memory (DeviceEmulationCommunicator): [tagged, tagged+bytes)
+  // must lie inside one live allocation, else this prints `who` and `arg` and
+  // aborts. nullptr with bytes == 0 passes (returns nullptr).
+  void* HostAddress(const void* tagged, int64_t bytes, const char* who, const char* arg) const;
+
   kernels::DeviceType device() const override { return kernels::DeviceType::kCuda; }
   const char* name() const override { return "device-emulation"; }
   int num_threads() const override { return inner_->num_threads(); }

@@ -1,5 +1,6 @@
 // The backend chosen for a job (worker/engine/ops_selection.h) and the rule
-// that a device backend trains one rank.
+// that a device backend trains only the layouts whose exchanges are backend
+// memory (data parallelism, pipelines; not yet plain tensor parallelism).
 #include <memory>
 #include <string>
 #include <tuple>
@@ -7,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
 #include "tests/engine_device/device_emulation_ops.h"
 #include "worker/engine/ops_selection.h"
@@ -66,16 +68,20 @@ TEST(OpsSelectionTest, GpuNeedsCudaAndADevice) {
 TEST(OpsSelectionTest, DeviceTrainsOneRank) {
   const spec::JobSpec gpu = Job(spec::DeviceKind::kGpu, spec::Precision::kBf16);
   EXPECT_TRUE(CheckDeviceLayout(gpu, false, 1, 1, 1).ok());
-  for (auto [dp, tp, pp, axis] : {std::tuple{2, 1, 1, "dp=2"}, std::tuple{1, 2, 1, "tp=2"},
-                                   std::tuple{1, 1, 4, "pp=4"}}) {
+  for (auto [dp, tp, pp, axis] : {std::tuple{1, 2, 1, "tp=2"}, std::tuple{4, 2, 1, "tp=2"}}) {
     const absl::Status s = CheckDeviceLayout(gpu, false, dp, tp, pp);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(s.message(), HasSubstr(std::string("resources.device=gpu: parallelism.") + axis +
                                        " is not supported on GPUs yet"));
   }
+  // Data parallelism and ZeRO run on device memory (dp_device_test).
+  EXPECT_TRUE(CheckDeviceLayout(gpu, false, 8, 1, 1).ok());
+  // The pipeline (and TP inside it) runs on device memory (tp_pp_device_test).
+  EXPECT_TRUE(CheckDeviceLayout(gpu, false, 1, 1, 4).ok());
+  EXPECT_TRUE(CheckDeviceLayout(gpu, false, 1, 2, 2).ok());
   const spec::JobSpec cpu = Job(spec::DeviceKind::kCpu, spec::Precision::kFp32);
   EXPECT_TRUE(CheckDeviceLayout(cpu, false, 2, 2, 2).ok());
-  EXPECT_FALSE(CheckDeviceLayout(cpu, /*on_device=*/true, 2, 1, 1).ok());
+  EXPECT_FALSE(CheckDeviceLayout(cpu, /*on_device=*/true, 2, 2, 1).ok());
 }
 
 TEST(OpsSelectionTest, TrainingLoopRefusesDeviceWithSeveralRanks) {
@@ -83,17 +89,26 @@ TEST(OpsSelectionTest, TrainingLoopRefusesDeviceWithSeveralRanks) {
   testing::WriteFile(dir / "train.txt", testing::SyntheticText(5000, 1));
   testing::WriteFile(dir / "val.txt", testing::SyntheticText(2000, 2));
   spec::JobSpec job = testing::TinyJob(dir / "train.txt", dir / "val.txt");
+  job.parallelism.tp = 2;
   auto ops = std::make_shared<testing::DeviceEmulationOps>(kernels::cpu::MakeCpuOps());
-  // Refused before anything is built (no communicator is even looked at).
-  auto loop = TrainingLoop::Create(job, 0, 2, nullptr, nullptr, nullptr, ops);
+  // A TP group of two (never used: refused before anything is built).
+  comm::InProcessStore store;
+  auto tp = comm::testing::MakeGroup(store, 2, absl::Seconds(10), "tp");
+  auto loop = TrainingLoop::Create(job, 0, 1, nullptr, tp[0].get(), nullptr, ops);
   EXPECT_EQ(loop.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(loop.status().message(), HasSubstr("parallelism.dp=2 is not supported on GPUs yet"));
+  EXPECT_THAT(loop.status().message(), HasSubstr("parallelism.tp=2 is not supported on GPUs yet"));
   EXPECT_EQ(ops->counters().allocations, 0);
 
   // resources.device=gpu is refused the same way, whatever the build.
   job.resources.device = spec::DeviceKind::kGpu;
-  auto gpu = TrainingLoop::Create(job, 0, 2, nullptr);
-  EXPECT_THAT(gpu.status().message(), HasSubstr("parallelism.dp=2 is not supported on GPUs yet"));
+  auto gpu = TrainingLoop::Create(job, 0, 1, nullptr, tp[0].get());
+  EXPECT_THAT(gpu.status().message(), HasSubstr("parallelism.tp=2 is not supported on GPUs yet"));
+  // dp > 1 passes the device check (data parallelism runs on device memory):
+  // what stops this one is the missing communicator.
+  job.parallelism.tp = 1;
+  auto dp = TrainingLoop::Create(job, 0, 2, nullptr, nullptr, nullptr, ops);
+  EXPECT_EQ(dp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dp.status().message(), HasSubstr("needs a DP communicator"));
   // One rank on a GPU: without CUDA (or a device) the reason is the backend's.
   auto one = TrainingLoop::Create(job);
   if (!one.ok()) {

@@ -88,7 +88,10 @@ absl::Status CheckDeviceLayout(const spec::JobSpec& job, bool on_device, int dp,
   if (!gpu) return absl::OkStatus();
   // One entry per axis whose exchanges still stage through host memory; an
   // axis leaves this list when its buffers are backend memory.
-  const std::pair<const char*, int> host_staged_axes[] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  // "tp" counts only outside a pipeline: the pipeline's TP clipping and
+  // checkpoints are backend memory (training_loop_pipeline.cc), the plain
+  // TP loop's (training_loop.cc) still host.
+  const std::pair<const char*, int> host_staged_axes[] = {{"tp", pp > 1 ? 1 : tp}};
   for (const auto& [axis, size] : host_staged_axes) {
     if (size <= 1) continue;
     return absl::FailedPreconditionError(absl::StrCat(

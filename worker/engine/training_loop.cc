@@ -13,6 +13,7 @@
 #include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
+#include "worker/engine/zero/host_values.h"
 #include "worker/engine/zero/sharded_checkpoint.h"
 
 namespace loom::engine {
@@ -312,7 +313,10 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   }
   float total = static_cast<float>(sum);
   if (dp_comm_ != nullptr) {
-    if (absl::Status s = dp_comm_->AllReduce(std::span<float>(&total, 1)); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostValues(*ops_, *dp_comm_, std::span<float>(&total, 1));
+        !s.ok()) {
+      return s;
+    }
     sum = total;
   }
   return sum / static_cast<double>(windows);
@@ -428,7 +432,10 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
   if (dp_comm_ != nullptr) {
     // Rank 0 tells everyone whether the commit happened; this is also the barrier.
     float ok = dir.ok() ? 1.0f : 0.0f;
-    if (absl::Status s = dp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+    if (absl::Status s = BroadcastHostValues(*ops_, *dp_comm_, std::span<float>(&ok, 1), 0);
+        !s.ok()) {
+      return s;
+    }
     if (dp_rank_ != 0 && ok != 1.0f) {
       return absl::InternalError(absl::StrCat("DP rank 0 failed to write the checkpoint of step ",
                                               step_, " under ", root));
@@ -442,6 +449,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
   std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
+  std::unique_ptr<RestoreStaging> sharded;  // ZeRO: host copies of the shards
   if (pipeline_ && tp_comm_ == nullptr) {  // [pp] this stage's whole tensors, in place
     for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
@@ -456,7 +464,9 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
       into.push_back({t.local.name, shape, 0, n, t.global.data()});
     }
   } else if (zero_stage() > 0) {
-    into = ShardedRestoreTargets(*model_, *dp_engine_);
+    // As below: the shards go up only once the step has loaded completely.
+    sharded = std::make_unique<RestoreStaging>(*ops_, ShardedRestoreTargets(*model_, *dp_engine_));
+    into = sharded->host();
   } else {
     std::vector<TensorView> whole = model_->Parameters();
     for (TensorView& s : optimizer_->States()) whole.push_back(std::move(s));
@@ -468,6 +478,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
   if (!loaded.ok()) return loaded.status();
   if (staged != nullptr) staged->Upload();
+  if (sharded != nullptr) sharded->Upload();
   for (const TpStaged& t : tp_staged) ScatterGlobal(t.global, t.local);  // [tp]
   const nlohmann::json& state = loaded->state;
   auto get_int = [&state](const char* key, int64_t fallback) {

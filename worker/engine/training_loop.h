@@ -55,11 +55,12 @@ class TrainingLoop {
   // ops: the backend to train on; null picks it from the spec
   // (MakeOpsForJob in ops_selection.h: resources.device and train.precision,
   // CUDA device 0). A backend whose memory is not the host's (device() !=
-  // kCpu) trains only one rank: with dp, tp or pp > 1 Create fails with
-  // FAILED_PRECONDITION (CheckDeviceLayout), as it does for
-  // resources.device=gpu. On one rank every access to parameters, gradients,
-  // optimizer states and activations goes through the backend (docs/engine.md,
-  // "Device memory"). [pp] The pipeline path builds its own CPU backends.
+  // kCpu) trains only the layouts whose exchanges are backend memory: for
+  // the others Create fails with FAILED_PRECONDITION (CheckDeviceLayout), as
+  // it does for resources.device=gpu. Every access to parameters, gradients,
+  // optimizer states and activations goes through the backend, and with
+  // dp > 1 (any ZeRO stage) dp_comm receives only backend memory, as NCCL
+  // requires (docs/engine.md, "Device memory").
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
       const spec::JobSpec& spec, int dp_rank = 0, int dp_size = 1,
       comm::Communicator* dp_comm = nullptr, comm::Communicator* tp_comm = nullptr,

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
+#include "worker/engine/device_staging.h"
 #include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/model/tp_tensors.h"
@@ -30,10 +31,10 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Sums one float over a group (nothing without one).
-absl::Status SumOver(comm::Communicator* group, float* value) {
-  if (group == nullptr || group->size() <= 1) return absl::OkStatus();
-  return group->AllReduce(std::span<float>(value, 1));
+// Sums one host float over a group (nothing without one), through a backend
+// buffer: a device communicator takes only backend memory.
+absl::Status SumOver(kernels::Ops& ops, comm::Communicator* group, float* value) {
+  return AllReduceHostFloats(ops, group, value, 1);
 }
 
 }  // namespace
@@ -61,7 +62,9 @@ absl::Status TrainingLoop::CreatePipeline() {
       TensorParallelOptions{tp_comm_, job.parallelism.sequence_parallel}, ops_);
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), pp_comm_);
-  optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t);
+  // Moments in the backend's memory, stepped by ops->AdamW.
+  optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t,
+                                       &stage_->ops());
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
   memory_.Add(MemoryKind::kParameters, param_bytes);
   memory_.Add(MemoryKind::kGradients, param_bytes);
@@ -88,8 +91,11 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   };
   hooks.reduce_gradients = [&](double loss_sum) -> absl::Status {
     Phase("reduce_gradients");
-    // DP: sum each chunk's whole gradient array (stage 0 semantics).
+    kernels::Ops& ops = stage_->ops();
+    // DP: sum each chunk's whole gradient array (stage 0 semantics), in
+    // backend memory.
     if (dp_comm_ != nullptr) {
+      ops.Synchronize();
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
         std::vector<TensorView> g = stage_->model(c).Gradients();
         if (g.empty()) continue;
@@ -102,20 +108,19 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
       }
     }
     loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-    if (absl::Status s = SumOver(dp_comm_, &loss); !s.ok()) return s;
-    if (absl::Status s = SumOver(pp_comm_, &loss); !s.ok()) return s;  // only the last stage's is non-zero
+    if (absl::Status s = SumOver(ops, dp_comm_, &loss); !s.ok()) return s;
+    // Only the last stage's is non-zero.
+    if (absl::Status s = SumOver(ops, pp_comm_, &loss); !s.ok()) return s;
     // The whole model's norm: TP shards (replicas counted once), then stages.
-    absl::StatusOr<double> local = TpGlobalNorm(stage_->Gradients(), tp_comm_);
+    absl::StatusOr<double> local = TpGlobalNorm(ops, stage_->Gradients(), tp_comm_);
     if (!local.ok()) return local.status();
     float squares = static_cast<float>(*local * *local);
-    if (absl::Status s = SumOver(pp_comm_, &squares); !s.ok()) return s;
+    if (absl::Status s = SumOver(ops, pp_comm_, &squares); !s.ok()) return s;
     const double norm = std::sqrt(static_cast<double>(squares));
     p.grad_norm = norm;
     if (t.grad_clip > 0.0 && norm > t.grad_clip) {
       const float scale = static_cast<float>(t.grad_clip / (norm + 1e-6));
-      for (const TensorView& g : stage_->Gradients()) {
-        for (int64_t i = 0; i < g.numel(); ++i) g.data[i] *= scale;
-      }
+      for (const TensorView& g : stage_->Gradients()) ops.Scale(g.numel(), scale, g.data);
     }
     return absl::OkStatus();
   };
@@ -171,8 +176,8 @@ absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {
     sum += *loss * static_cast<double>(count);
   }
   float total = static_cast<float>(sum);
-  if (absl::Status s = SumOver(dp_comm_, &total); !s.ok()) return s;
-  if (absl::Status s = SumOver(pp_comm_, &total); !s.ok()) return s;
+  if (absl::Status s = SumOver(stage_->ops(), dp_comm_, &total); !s.ok()) return s;
+  if (absl::Status s = SumOver(stage_->ops(), pp_comm_, &total); !s.ok()) return s;
   return static_cast<double>(total) / static_cast<double>(windows);
 }
 
@@ -188,14 +193,17 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   content.state["layout"]["tp"] = tp_comm_ != nullptr ? tp_comm_->size() : 1;
   // DP rank 0's TP group of each stage gathers (the DP ranks hold the same
   // values); its TP rank 0 writes.
+  kernels::Ops& ops = stage_->ops();
   absl::StatusOr<std::string> result = std::string();
   float ok = 1.0f;
   if (dp_rank_ == 0) {
     std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
-      if (tp_comm_ != nullptr) {
-        if (absl::Status s = GatherGlobal(t.local, tp_comm_, &t.global); !s.ok()) return s;
+      if (tp_comm_ != nullptr || !HostAddressable(ops)) {
+        // Global tensors in host memory: gathered over TP in backend memory,
+        // then copied down (the writer reads the host).
+        if (absl::Status s = GatherGlobal(ops, t.local, tp_comm_, &t.global); !s.ok()) return s;
         values[t.local.name] = t.global.data();
       } else {
         values[t.local.name] = t.local.data;
@@ -207,13 +215,9 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
     ok = result.ok() ? 1.0f : 0.0f;
     // The writer tells its TP group, then each of those its DP group; this is
     // also the barrier.
-    if (tp_comm_ != nullptr) {
-      if (absl::Status s = tp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
-    }
+    if (absl::Status s = BroadcastHostFloats(ops, tp_comm_, &ok, 1, 0); !s.ok()) return s;
   }
-  if (dp_comm_ != nullptr) {
-    if (absl::Status s = dp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
-  }
+  if (absl::Status s = BroadcastHostFloats(ops, dp_comm_, &ok, 1, 0); !s.ok()) return s;
   if (!result.ok()) return result;
   if (ok != 1.0f) {
     return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
@@ -278,7 +282,8 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     header[0] = begun.ok() ? 1.0f : 0.0f;
     header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
   }
-  if (absl::Status s = pp_comm_->Broadcast(std::span<float>(header, 2), 0); !s.ok()) return s;
+  kernels::Ops& ops = stage_->ops();
+  if (absl::Status s = BroadcastHostFloats(ops, pp_comm_, header, 2, 0); !s.ok()) return s;
   if (header[0] != 1.0f) {
     if (stage == 0) return begun.status();
     return absl::InternalError(absl::StrCat("pipeline stage 0 could not start the checkpoint of step ",
@@ -309,7 +314,11 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     }
     EncodeFileDigest(*d, &digests[(stage * kFilesPerStage + i) * kDigestFloats]);
   }
-  if (absl::Status s = pp_comm_->AllReduce(std::span<float>(digests)); !s.ok()) return s;
+  if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, digests.data(),
+                                           static_cast<int64_t>(digests.size()));
+      !s.ok()) {
+    return s;
+  }
 
   absl::StatusOr<std::string> committed = std::string();
   float ok = 0.0f;
@@ -341,7 +350,7 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     }
     ok = committed.ok() ? 1.0f : 0.0f;
   }
-  if (absl::Status s = pp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostFloats(ops, pp_comm_, &ok, 1, 0); !s.ok()) return s;
   if (stage == 0) return committed;
   if (!write_status.ok()) return write_status;
   if (ok != 1.0f) {

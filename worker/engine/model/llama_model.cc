@@ -345,7 +345,7 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
   const float* p = m.params.f32();
   float* x_first = layers > 0 ? acts[0].x_in : x_final;
   if (!m.part.embedding) {  // [pp] the previous stage's output
-    ops.CopyHostToDevice(x_first, x, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+    ops.CopyDeviceToDevice(x_first, x, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
   } else {
   m.Hooks().BeforeUse(0, false);  // [hooks]
   if (!m.tp.active()) {
@@ -367,7 +367,7 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
     m.Hooks().AfterUse(1 + l, false);  // [hooks]
   }
   if (!m.part.head) {  // [pp] the next stage's input
-    if (y != nullptr) ops.CopyDeviceToHost(y, x_final, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+    if (y != nullptr) ops.CopyDeviceToDevice(y, x_final, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
     return 0;
   }
   m.Hooks().BeforeUse(layers + 1, false);  // [hooks]
@@ -414,7 +414,7 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
   float* g = m.grads.f32();
   if (m.replicated != nullptr) m.replicated->Zero();
   if (!m.part.head) {  // [pp] the next stage's gradient of this part's output
-    ops.CopyHostToDevice(m.dx, dy, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+    ops.CopyDeviceToDevice(m.dx, dy, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
   } else {
   if (!m.tp.active()) {
     ops.CrossEntropyForwardBackward(m.logits, m.targets, t, vocab, grad_scale, m.row_loss);
@@ -456,7 +456,7 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
     m.Hooks().GradientsReady(1 + l);  // [hooks]
   }
   if (!m.part.embedding) {  // [pp] the previous stage's output gradient
-    ops.CopyDeviceToHost(dx, m.dx, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
+    ops.CopyDeviceToDevice(dx, m.dx, d.rows * d.hidden * static_cast<int64_t>(sizeof(float)));
   } else if (!m.tp.active()) {
     ops.EmbeddingBackward(m.ids, t, m.dx, vocab, d.hidden, g + m.layout.embed);
   } else {

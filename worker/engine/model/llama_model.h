@@ -118,10 +118,12 @@ class LlamaModel {
 
   // ---- [pp] One pipeline part (docs/pipeline.md) ----
   // A part without the embedding reads its input activation `x` (the residual
-  // stream entering its first layer, PartActivationFloats floats, host
-  // memory, as are y, dy and dx) instead of
+  // stream entering its first layer, PartActivationFloats floats) instead of
   // token ids; a part without the head writes its output activation to `y`.
-  // `inputs` are needed only with the embedding, `targets` only with the head.
+  // x, y, dy and dx are BACKEND memory (ops().Allocate: device memory on a
+  // GPU, so the pipeline sends and receives them without a host copy);
+  // `inputs` and `targets` are host token ids, needed only with the
+  // embedding and the head respectively.
   //
   // Forward only, for a part without the head: y = the part's output.
   void PartForward(const int32_t* inputs, const float* x, int64_t batch, int64_t seq, float* y);

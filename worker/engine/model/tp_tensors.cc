@@ -81,4 +81,99 @@ void ScatterGlobal(const std::vector<float>& global, const TensorView& local) {
   });
 }
 
+// ---- Backend memory ---------------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kFloat = static_cast<int64_t>(sizeof(float));
+
+// Runs `collective` on n host floats: in place on a host-memory backend,
+// else through a backend buffer copied up and back down.
+template <typename Fn>
+absl::Status OnBackendFloats(kernels::Ops& ops, float* values, int64_t n, Fn collective) {
+  if (ops.device() == kernels::DeviceType::kCpu) {
+    return collective(std::span<float>(values, static_cast<size_t>(n)));
+  }
+  kernels::Buffer staged = ops.AllocateFloats(n);
+  ops.CopyHostToDevice(staged.data(), values, n * kFloat);
+  ops.Synchronize();
+  absl::Status s = collective(std::span<float>(staged.f32(), static_cast<size_t>(n)));
+  if (s.ok()) ops.CopyDeviceToHost(values, staged.data(), n * kFloat);
+  return s;
+}
+
+}  // namespace
+
+absl::Status AllReduceHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
+                                 int64_t n) {
+  if (group == nullptr || group->size() <= 1 || n == 0) return absl::OkStatus();
+  return OnBackendFloats(ops, values, n, [&](std::span<float> s) { return group->AllReduce(s); });
+}
+
+absl::Status BroadcastHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
+                                 int64_t n, int root) {
+  if (group == nullptr || group->size() <= 1 || n == 0) return absl::OkStatus();
+  return OnBackendFloats(ops, values, n,
+                         [&](std::span<float> s) { return group->Broadcast(s, root); });
+}
+
+absl::StatusOr<double> TpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
+                                    comm::Communicator* tp) {
+  double total = 0.0;
+  for (const TensorView& t : grads) total += ops.SumSquares(t.data, t.numel()) / t.replicas;
+  if (tp != nullptr && tp->size() > 1) {
+    // As the host form: the group sums the share rounded to float.
+    float share = static_cast<float>(total);
+    if (absl::Status s = AllReduceHostFloats(ops, tp, &share, 1); !s.ok()) return s;
+    total = share;
+  }
+  return std::sqrt(total);
+}
+
+absl::StatusOr<double> ClipByTpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
+                                          double max_norm, comm::Communicator* tp) {
+  absl::StatusOr<double> norm = TpGlobalNorm(ops, grads, tp);
+  if (!norm.ok()) return norm;
+  if (max_norm > 0.0 && *norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / (*norm + 1e-6));
+    for (const TensorView& g : grads) ops.Scale(g.numel(), scale, g.data);
+  }
+  return norm;
+}
+
+absl::Status GatherGlobal(kernels::Ops& ops, const TensorView& local, comm::Communicator* tp,
+                          std::vector<float>* global) {
+  if (ops.device() == kernels::DeviceType::kCpu) return GatherGlobal(local, tp, global);
+  int64_t n = 1;
+  for (int64_t d : local.GlobalShape()) n *= d;
+  global->assign(static_cast<size_t>(n), 0.0f);
+  const bool grouped = tp != nullptr && tp->size() > 1;
+  if (!grouped && !local.sharded()) {  // the tensor itself: one download
+    ops.CopyDeviceToHost(global->data(), local.data, n * kFloat);
+    return absl::OkStatus();
+  }
+  kernels::Buffer assembled = ops.AllocateFloats(n);
+  ops.Fill(assembled.f32(), n, 0.0f);
+  if (!grouped || tp->rank() % local.replicas == 0) {
+    ForEachRun(local, [&](int64_t from, int64_t to, int64_t count) {
+      ops.CopyDeviceToDevice(assembled.f32() + to, local.data + from, count * kFloat);
+    });
+  }
+  if (grouped) {
+    ops.Synchronize();
+    if (absl::Status s = tp->AllReduce(std::span<float>(assembled.f32(), static_cast<size_t>(n)));
+        !s.ok()) {
+      return s;
+    }
+  }
+  ops.CopyDeviceToHost(global->data(), assembled.data(), n * kFloat);
+  return absl::OkStatus();
+}
+
+void ScatterGlobal(kernels::Ops& ops, const std::vector<float>& global, const TensorView& local) {
+  ForEachRun(local, [&](int64_t to, int64_t from, int64_t count) {
+    ops.CopyHostToDevice(local.data + to, global.data() + from, count * kFloat);
+  });
+}
+
 }  // namespace loom::engine

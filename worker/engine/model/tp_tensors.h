@@ -3,12 +3,18 @@
 // gradient norm and clipping, and moving a tensor between its global form
 // and this rank's slice (for checkpoints and export). Each is collective over
 // the TP group where it takes one; a null group means "not sharded".
+//
+// Two forms: the ones taking `kernels::Ops&` work on backend memory (device
+// memory on a GPU: the tensors are touched only through the ops, and what
+// the group exchanges is backend memory too, as NCCL requires); the ones
+// without read and write the views on the host (CPU backends only).
 #pragma once
 
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/ops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/tensor_view.h"
 
@@ -34,5 +40,27 @@ absl::Status GatherGlobal(const TensorView& local, comm::Communicator* tp,
 // Copies this rank's slice of `global` (GlobalShape(), row-major) into
 // local.data. Local, no communication.
 void ScatterGlobal(const std::vector<float>& global, const TensorView& local);
+
+// ---- The same on backend memory ----------------------------------------------
+// Each tensor's sum of squares is ops.SumSquares; the share crosses the group
+// in a one-float backend buffer. Clipping scales with ops.Scale.
+absl::StatusOr<double> TpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
+                                    comm::Communicator* tp);
+absl::StatusOr<double> ClipByTpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
+                                          double max_norm, comm::Communicator* tp);
+// `local` is backend memory; the global tensor is assembled (and summed over
+// the group) in a backend buffer, then copied down into *global (host).
+absl::Status GatherGlobal(kernels::Ops& ops, const TensorView& local, comm::Communicator* tp,
+                          std::vector<float>* global);
+// Copies this rank's slice of `global` (host) up into local.data (backend).
+void ScatterGlobal(kernels::Ops& ops, const std::vector<float>& global, const TensorView& local);
+
+// Sums (AllReduce) or broadcasts `n` host floats over `group` through a
+// backend buffer, for the loop's scalars (losses, norms, flags): a device
+// communicator accepts only backend memory. Nothing without a group of > 1.
+absl::Status AllReduceHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
+                                 int64_t n);
+absl::Status BroadcastHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
+                                 int64_t n, int root);
 
 }  // namespace loom::engine

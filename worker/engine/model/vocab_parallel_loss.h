@@ -4,6 +4,11 @@
 // falls in the shard, the target's logit), never the logits: the global
 // log-sum-exp is the log-sum-exp of the shards', and the loss of a row is
 // that minus the target logit. Internal to the model.
+//
+// Memory: the stats are computed and all-gathered in backend buffers; the
+// gathered 2 x rows x tp floats are copied down explicitly and combined on
+// the host (there is no log-sum-exp-over-shards op), and the global
+// log-sum-exp goes back up for the backward. No host access to the logits.
 #pragma once
 
 #include <cstdint>

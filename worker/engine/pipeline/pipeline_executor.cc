@@ -1,6 +1,8 @@
 #include "worker/engine/pipeline/pipeline_executor.h"
 
+#include <algorithm>
 #include <span>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/topology/instruction.h"
@@ -23,18 +25,47 @@ uint32_t PipelineTag(int kind, int64_t boundary, int64_t mb) {
          static_cast<uint32_t>(mb & 0xFFFFF);
 }
 
-absl::Status PipelineExecutor::Send(int64_t peer, uint32_t tag, std::vector<float> data) {
+PipelineExecutor::Tensor PipelineExecutor::Acquire(int64_t floats) {
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  // The smallest free buffer that fits (micro-batches share one size;
+  // evaluation batches may be smaller).
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+    if (it->bytes() >= bytes && (best == pool_.end() || it->bytes() < best->bytes())) best = it;
+  }
+  Tensor t;
+  t.floats = floats;
+  if (best != pool_.end()) {
+    t.buffer = std::move(*best);
+    pool_.erase(best);
+  } else {
+    t.buffer = stage_->ops().AllocateFloats(std::max<int64_t>(floats, 1));
+  }
+  return t;
+}
+
+void PipelineExecutor::Release(Tensor t) {
+  if (!t.buffer.empty()) pool_.push_back(std::move(t.buffer));
+}
+
+absl::Status PipelineExecutor::Send(int64_t peer, uint32_t tag, Tensor data) {
   if (pp_ == nullptr) return absl::InternalError("pipeline send without a pp group");
+  // The communicator reads backend memory the ops may still be writing.
+  stage_->ops().Synchronize();
   auto pending = std::make_unique<PendingSend>();
   pending->data = std::move(data);
-  pending->work = pp_->SendAsync(std::span<const float>(pending->data), static_cast<int>(peer), tag);
+  pending->work = pp_->SendAsync(
+      std::span<const float>(pending->data.data(), static_cast<size_t>(pending->data.floats)),
+      static_cast<int>(peer), tag);
   sends_.push_back(std::move(pending));
   return absl::OkStatus();
 }
 
-absl::Status PipelineExecutor::Recv(int64_t peer, uint32_t tag, std::vector<float>* data) {
+absl::Status PipelineExecutor::Recv(int64_t peer, uint32_t tag, Tensor* data) {
   if (pp_ == nullptr) return absl::InternalError("pipeline receive without a pp group");
-  return pp_->RecvAsync(std::span<float>(*data), static_cast<int>(peer), tag)->Wait();
+  return pp_->RecvAsync(std::span<float>(data->data(), static_cast<size_t>(data->floats)),
+                        static_cast<int>(peer), tag)
+      ->Wait();
 }
 
 absl::Status PipelineExecutor::WaitSends() {
@@ -43,6 +74,7 @@ absl::Status PipelineExecutor::WaitSends() {
     absl::Status w = s->work->Wait();
     if (first.ok() && !w.ok()) first = w;
   }
+  for (auto& s : sends_) Release(std::move(s->data));  // every send has finished
   sends_.clear();
   return first;
 }
@@ -51,7 +83,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
   const PipelinePlan& plan = stage_->plan();
   const int64_t pp = plan.pp;
   std::map<int64_t, Batch> batches;
-  std::map<Key, std::vector<float>> act_in, grad_in, act_out, grad_out;
+  std::map<Key, Tensor> act_in, grad_in, act_out, grad_out;
   double loss_sum = 0.0;
   auto batch_of = [&](int64_t mb) -> const Batch& {
     auto it = batches.find(mb);
@@ -66,13 +98,13 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
                         topology::FormatInstruction(in));
   };
   // Removes and returns map[key], or fails naming the instruction.
-  auto take = [&](std::map<Key, std::vector<float>>& map, const Key& key, const Instruction& in,
-                  const char* what) -> absl::StatusOr<std::vector<float>> {
+  auto take = [&](std::map<Key, Tensor>& map, const Key& key, const Instruction& in,
+                  const char* what) -> absl::StatusOr<Tensor> {
     auto it = map.find(key);
     if (it == map.end()) {
       return absl::FailedPreconditionError(absl::StrCat(where(in), ": no ", what, " for it"));
     }
-    std::vector<float> v = std::move(it->second);
+    Tensor v = std::move(it->second);
     map.erase(it);
     return v;
   };
@@ -88,7 +120,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
       case OpKind::kForward: {
         if (ch.head) break;  // computed with the backward
         const Batch& b = batch_of(in.microbatch);
-        std::vector<float> y(static_cast<size_t>(model.PartActivationFloats(b.batch, b.seq)));
+        Tensor y = Acquire(model.PartActivationFloats(b.batch, b.seq));
         const float* x = nullptr;
         if (!ch.embedding) {
           auto it = act_in.find(key);
@@ -109,22 +141,25 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
       }
       case OpKind::kBackward: {
         const Batch& b = batch_of(in.microbatch);
-        std::vector<float> x, dy;
+        Tensor x, dy, dx;
         if (!ch.embedding) {
-          absl::StatusOr<std::vector<float>> got = take(act_in, key, in, "stashed input");
+          absl::StatusOr<Tensor> got = take(act_in, key, in, "stashed input");
           if (!got.ok()) return got.status();
           x = std::move(*got);
         }
         if (!ch.head) {
-          absl::StatusOr<std::vector<float>> got = take(grad_in, key, in, "received output gradient");
+          absl::StatusOr<Tensor> got = take(grad_in, key, in, "received output gradient");
           if (!got.ok()) return got.status();
           dy = std::move(*got);
         }
-        std::vector<float> dx(ch.embedding ? 0 : static_cast<size_t>(model.PartActivationFloats(b.batch, b.seq)));
+        if (!ch.embedding) dx = Acquire(model.PartActivationFloats(b.batch, b.seq));
         const float loss = model.PartForwardBackward(
             b.inputs.data(), ch.embedding ? nullptr : x.data(), b.targets.data(),
-            ch.head ? nullptr : dy.data(), b.batch, b.seq, loss_scale, dx.data());
+            ch.head ? nullptr : dy.data(), b.batch, b.seq, loss_scale,
+            ch.embedding ? nullptr : dx.data());
         if (!model.status().ok()) return model.status();
+        Release(std::move(x));
+        Release(std::move(dy));
         if (ch.head) loss_sum += loss;
         if (!ch.embedding) {
           if (pp == 1) {
@@ -136,7 +171,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
         break;
       }
       case OpKind::kSendActivation: {
-        absl::StatusOr<std::vector<float>> y = take(act_out, key, in, "computed output");
+        absl::StatusOr<Tensor> y = take(act_out, key, in, "computed output");
         if (!y.ok()) return y.status();
         if (absl::Status s = Send(in.peer, PipelineTag(kActivation, ch.virtual_stage + 1, in.microbatch),
                                   std::move(*y));
@@ -146,7 +181,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
         break;
       }
       case OpKind::kSendGradient: {
-        absl::StatusOr<std::vector<float>> dx = take(grad_out, key, in, "computed input gradient");
+        absl::StatusOr<Tensor> dx = take(grad_out, key, in, "computed input gradient");
         if (!dx.ok()) return dx.status();
         if (absl::Status s = Send(in.peer, PipelineTag(kGradient, ch.virtual_stage, in.microbatch),
                                   std::move(*dx));
@@ -159,7 +194,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
       case OpKind::kRecvGradient: {
         const Batch& b = batch_of(in.microbatch);
         const bool act = in.op == OpKind::kRecvActivation;
-        std::vector<float> buffer(static_cast<size_t>(model.PartActivationFloats(b.batch, b.seq)));
+        Tensor buffer = Acquire(model.PartActivationFloats(b.batch, b.seq));
         const uint32_t tag = act ? PipelineTag(kActivation, ch.virtual_stage, in.microbatch)
                                  : PipelineTag(kGradient, ch.virtual_stage + 1, in.microbatch);
         if (absl::Status s = Recv(in.peer, tag, &buffer); !s.ok()) return s;
@@ -188,7 +223,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
 absl::StatusOr<double> PipelineExecutor::ForwardLoss(const Batch& b) {
   const PipelinePlan& plan = stage_->plan();
   const int64_t pp = plan.pp, total = pp * plan.virtual_stages;
-  std::vector<float> x;  // the current virtual stage's input on this stage
+  Tensor x;  // the current virtual stage's input on this stage
   double loss = 0.0;
   for (int64_t vs = 0; vs < total; ++vs) {
     const int64_t owner = vs % pp, c = vs / pp;
@@ -198,7 +233,8 @@ absl::StatusOr<double> PipelineExecutor::ForwardLoss(const Batch& b) {
     const int64_t floats = model.PartActivationFloats(b.batch, b.seq);
     const int64_t prev = (vs - 1 + pp) % pp;
     if (!ch.embedding && prev != plan.stage) {
-      x.assign(static_cast<size_t>(floats), 0.0f);
+      Release(std::move(x));
+      x = Acquire(floats);
       if (absl::Status s = Recv(prev, PipelineTag(kEvaluation, vs, 0), &x); !s.ok()) return s;
     }
     if (ch.head) {
@@ -207,9 +243,10 @@ absl::StatusOr<double> PipelineExecutor::ForwardLoss(const Batch& b) {
       if (!model.status().ok()) return model.status();
       continue;
     }
-    std::vector<float> y(static_cast<size_t>(floats));
+    Tensor y = Acquire(floats);
     model.PartForward(b.inputs.data(), ch.embedding ? nullptr : x.data(), b.batch, b.seq, y.data());
     if (!model.status().ok()) return model.status();
+    Release(std::move(x));
     const int64_t next = (vs + 1) % pp;
     if (next == plan.stage) {
       x = std::move(y);
@@ -220,6 +257,7 @@ absl::StatusOr<double> PipelineExecutor::ForwardLoss(const Batch& b) {
       if (absl::Status s = WaitSends(); !s.ok()) return s;
     }
   }
+  Release(std::move(x));
   return loss;
 }
 

@@ -10,6 +10,13 @@
 // the boundary (the downstream virtual stage), the kind and the micro-batch,
 // so a message can only match its own receive.
 //
+// Memory: every boundary tensor (a chunk's input stash, its output, the
+// gradients either way, the evaluation's activation) is backend memory from
+// the stage's ops (device memory on a GPU), handed to the pp communicator as
+// is (NCCL needs device memory) and to the model's Part* calls; buffers are
+// reused from a small pool, so a step allocates only until the pool holds
+// what the schedule keeps in flight.
+//
 // Activations: a chunk stashes only its input per micro-batch in flight and
 // replays its forward inside the backward (like recompute: full at chunk
 // granularity), so the model keeps one set of layer activations. The chunk
@@ -24,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/ops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/data/batch_sampler.h"
 #include "worker/engine/pipeline/pipeline_stage.h"
@@ -59,17 +67,26 @@ class PipelineExecutor {
 
  private:
   using Key = std::pair<int64_t, int64_t>;  // (micro-batch, chunk)
-  absl::Status Send(int64_t peer, uint32_t tag, std::vector<float> data);
-  absl::Status Recv(int64_t peer, uint32_t tag, std::vector<float>* data);
+  // One boundary tensor: `floats` floats of backend memory.
+  struct Tensor {
+    kernels::Buffer buffer;
+    int64_t floats = 0;
+    float* data() const { return buffer.f32(); }
+  };
+  Tensor Acquire(int64_t floats);
+  void Release(Tensor t);
+  absl::Status Send(int64_t peer, uint32_t tag, Tensor data);
+  absl::Status Recv(int64_t peer, uint32_t tag, Tensor* data);
   absl::Status WaitSends();
 
   PipelineStage* stage_;
   comm::Communicator* pp_;
   struct PendingSend {
-    std::vector<float> data;
+    Tensor data;
     std::unique_ptr<comm::Work> work;
   };
   std::vector<std::unique_ptr<PendingSend>> sends_;
+  std::vector<kernels::Buffer> pool_;  // free boundary buffers
 };
 
 // The tag of a transfer across the boundary into virtual stage `boundary`

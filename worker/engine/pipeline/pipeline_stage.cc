@@ -1,6 +1,9 @@
 #include "worker/engine/pipeline/pipeline_stage.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_ops.h"
 
 namespace loom::engine {
 
@@ -17,10 +20,10 @@ absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp) {
 PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,
                              const PipelinePlan& plan, TensorParallelOptions parallel,
                              std::shared_ptr<kernels::Ops> ops)
-    : plan_(plan) {
+    : plan_(plan), ops_(ops != nullptr ? std::move(ops) : kernels::cpu::MakeCpuOps()) {
   for (const PipelineChunk& c : plan_.chunks) {
     ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
-    chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, ops, parallel, part));
+    chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, ops_, parallel, part));
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "common/spec/job_spec.h"
+#include "kernels/ops.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/pipeline/pipeline_plan.h"
 #include "worker/engine/tensor_view.h"
@@ -22,8 +23,8 @@ class PipelineStage {
   // The TP options apply to every chunk (they share the TP group, which they
   // use one at a time). model.tie_embeddings with pp > 1 is refused by
   // CheckPipelineModel before a stage is built.
-  // `ops` is the backend every chunk runs on (nullptr: CpuOps); the stage's
-  // exchanges are host-side, so it must keep tensors in host memory.
+  // `ops` is the backend every chunk runs on (nullptr: one CpuOps for all);
+  // the chunks' tensors and the executor's boundary buffers are its memory.
   PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
                 TensorParallelOptions parallel = {}, std::shared_ptr<kernels::Ops> ops = nullptr);
 
@@ -35,6 +36,8 @@ class PipelineStage {
   LlamaModel& model(int64_t chunk) { return *chunks_[static_cast<size_t>(chunk)]; }
   const PipelineChunk& chunk(int64_t chunk) const { return plan_.chunks[static_cast<size_t>(chunk)]; }
   const PipelinePlan& plan() const { return plan_; }
+  // The backend shared by every chunk.
+  kernels::Ops& ops() { return *ops_; }
 
   // Every chunk's tensors, chunk after chunk (global names).
   std::vector<TensorView> Parameters();
@@ -45,6 +48,7 @@ class PipelineStage {
 
  private:
   PipelinePlan plan_;
+  std::shared_ptr<kernels::Ops> ops_;
   std::vector<std::unique_ptr<LlamaModel>> chunks_;
 };
 

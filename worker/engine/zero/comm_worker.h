@@ -4,6 +4,11 @@
 // collectives in the same order, which keeps the group matched; the caller
 // must not issue collectives on the same communicator itself while tasks are
 // pending (Drain first).
+//
+// A task must only hand spans to the communicator: no kernels::Ops call (a
+// device backend computes on one stream, driven by the training thread) and
+// no host access to tensor memory (device memory on a GPU). Whatever follows
+// a collective is done by the thread that waits for it.
 #pragma once
 
 #include <condition_variable>

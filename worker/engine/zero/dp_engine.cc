@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/memory/release.h"
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/optim/grad_clip.h"
+#include "worker/engine/zero/host_values.h"
 
 namespace loom::engine {
 namespace {
@@ -70,24 +72,26 @@ absl::StatusOr<std::unique_ptr<DataParallelEngine>> DataParallelEngine::Create(
   memory->Add(MemoryKind::kParameters, total * kF);
   memory->Add(MemoryKind::kGradients, total * kF);
   if (e->stage_ >= 1) {
-    e->optimizer_ = std::make_unique<ShardedAdamW>(shard, train);
+    e->optimizer_ = std::make_unique<ShardedAdamW>(e->ops_, shard, train);
     memory->Add(MemoryKind::kOptimizerStates, 2 * shard * kF);
   }
   if (e->stage_ >= 2) {
-    e->grad_shard_.assign(static_cast<size_t>(shard), 0.0f);
+    e->grad_shard_ = e->AllocateFloats(shard);
+    e->ops_.Fill(e->grad_shard_.f32(), shard, 0.0f);
     memory->Add(MemoryKind::kGradients, shard * kF);
     ReleaseToZero(model->ops(), e->grads_, total);
     memory->Sub(MemoryKind::kGradients, total * kF);
   }
   if (e->stage_ == 3) {
-    e->param_shard_.assign(static_cast<size_t>(shard), 0.0f);
+    e->param_shard_ = e->AllocateFloats(shard);
+    e->ops_.Fill(e->param_shard_.f32(), shard, 0.0f);
     memory->Add(MemoryKind::kParameters, shard * kF);
   }
   for (const OwnedPiece& p : e->owned_) {
     const FlatTensor& t = e->partition_.tensors()[p.tensor];
     AdamWPiece a;
-    a.param = e->stage_ == 3 ? e->param_shard_.data() + p.shard_offset : e->params_ + p.flat_begin;
-    a.grad = e->stage_ >= 2 ? e->grad_shard_.data() + p.shard_offset : e->grads_ + p.flat_begin;
+    a.param = e->stage_ == 3 ? e->param_shard_.f32() + p.shard_offset : e->params_ + p.flat_begin;
+    a.grad = e->stage_ >= 2 ? e->grad_shard_.f32() + p.shard_offset : e->grads_ + p.flat_begin;
     a.count = p.count;
     a.state_offset = p.shard_offset;
     a.decay = t.shape.size() >= 2;  // as AdamW::DecaysWeight
@@ -113,6 +117,7 @@ absl::StatusOr<std::unique_ptr<DataParallelEngine>> DataParallelEngine::Create(
 DataParallelEngine::DataParallelEngine(LlamaModel* model, comm::Communicator* comm, int stage,
                                        FlatPartition partition, MemoryTracker* memory)
     : model_(model),
+      ops_(model->ops()),
       comm_(comm),
       stage_(stage),
       ranks_(comm->size()),
@@ -127,20 +132,54 @@ DataParallelEngine::DataParallelEngine(LlamaModel* model, comm::Communicator* co
 DataParallelEngine::~DataParallelEngine() {
   model_->SetHooks(nullptr);
   for (auto& w : pending_all_reduce_) w->Wait().IgnoreError();
+  // The staging buffers in pending_ outlive the tasks that use them.
   worker_.Drain().IgnoreError();
 }
 
+
 void DataParallelEngine::Note(const absl::Status& s) {
   if (!s.ok() && status_.ok()) status_ = s;
+}
+
+kernels::Buffer DataParallelEngine::AllocateFloats(int64_t count) {
+  return ops_.Allocate(count * kF);
+}
+
+CommWorker::Handle DataParallelEngine::Post(std::function<absl::Status()> collective,
+                                            PendingComm pending) {
+  memory_->Add(MemoryKind::kCommBuffers, pending.comm_bytes);
+  pending.handle = worker_.Submit(std::move(collective));
+  CommWorker::Handle handle = pending.handle;
+  pending_.push_back(std::move(pending));
+  return handle;
+}
+
+void DataParallelEngine::Complete(const CommWorker::Handle& handle) {
+  if (handle == nullptr) return;
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->handle != handle) continue;
+    PendingComm done = std::move(*it);
+    pending_.erase(it);
+    const absl::Status s = worker_.Wait(done.handle);
+    Note(s);
+    if (done.finish) done.finish(s.ok());
+    memory_->Sub(MemoryKind::kCommBuffers, done.comm_bytes);
+    return;  // done.buffers are freed here, after the collective
+  }
+}
+
+void DataParallelEngine::CompleteAll() {
+  while (!pending_.empty()) Complete(pending_.front().handle);
+  Note(worker_.Drain());
 }
 
 void DataParallelEngine::ShardParameters() {
   if (stage_ != 3) return;
   for (const FlatBucket& b : partition_.buckets()) {
     const int64_t lo = partition_.OwnedBegin(b, rank_), hi = partition_.OwnedEnd(b, rank_);
-    std::fill_n(param_shard_.data() + b.shard_offset, b.chunk, 0.0f);
-    if (hi > lo) std::memcpy(param_shard_.data() + b.shard_offset, params_ + lo, (hi - lo) * kF);
-    ReleaseToZero(model_->ops(), params_ + b.begin, b.size());
+    ops_.Fill(param_shard_.f32() + b.shard_offset, b.chunk, 0.0f);
+    if (hi > lo) ops_.CopyDeviceToDevice(param_shard_.f32() + b.shard_offset, params_ + lo, (hi - lo) * kF);
+    ReleaseToZero(ops_, params_ + b.begin, b.size());
   }
   memory_->Sub(MemoryKind::kParameters, partition_.total() * kF);
 }
@@ -150,7 +189,7 @@ void DataParallelEngine::BeginStep() {
   if (stage_ <= 1) {
     model_->ZeroGradients();
   } else {
-    std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+    ops_.Fill(grad_shard_.f32(), partition_.shard_size(), 0.0f);
   }
 }
 
@@ -162,68 +201,89 @@ void DataParallelEngine::BeginMicroBatch(bool last) {
 absl::Status DataParallelEngine::EndMicroBatch() {
   training_pass_ = false;
   if (stage_ >= 2) {
-    Note(worker_.Drain());
+    CompleteAll();
     for (auto& handles : reducing_) handles.clear();
   }
   return status_;
 }
 
 CommWorker::Handle DataParallelEngine::SubmitGather(int b, const float* src, int64_t src_count,
-                                                    float* dst) {
-  return worker_.Submit([this, b, src, src_count, dst]() -> absl::Status {
-    const FlatBucket& k = partition_.buckets()[b];
-    const int64_t padded = k.chunk * ranks_;
-    std::vector<float> in(static_cast<size_t>(k.chunk), 0.0f);
-    if (src_count > 0) std::memcpy(in.data(), src, src_count * kF);
-    int64_t staged = k.chunk;
-    std::vector<float> out;
-    std::span<float> out_span(dst, static_cast<size_t>(k.size()));
-    if (padded != k.size()) {
-      out.assign(static_cast<size_t>(padded), 0.0f);
-      out_span = std::span<float>(out);
-      staged += padded;
-    }
-    memory_->Add(MemoryKind::kCommBuffers, staged * kF);
-    absl::Status s = comm_->AllGather(in, out_span);
-    if (s.ok() && !out.empty()) std::memcpy(dst, out.data(), k.size() * kF);
-    memory_->Sub(MemoryKind::kCommBuffers, staged * kF);
-    return s;
-  });
+                                                    float* device_dst, float* host_dst) {
+  const FlatBucket& k = partition_.buckets()[b];
+  const int64_t padded = k.chunk * ranks_;
+  PendingComm pending;
+  // The input: this rank's chunk as is when it is whole and apart from the
+  // output, else a zero-padded copy (stage 1 gathers from inside the output).
+  const float* in = src;
+  const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  const bool inside_output = device_dst != nullptr && at(src) >= at(device_dst) &&
+                             at(src) < at(device_dst + k.size());
+  if (src_count != k.chunk || inside_output) {
+    kernels::Buffer copy = AllocateFloats(k.chunk);
+    if (src_count > 0) ops_.CopyDeviceToDevice(copy.data(), src, src_count * kF);
+    if (src_count < k.chunk) ops_.Fill(copy.f32() + src_count, k.chunk - src_count, 0.0f);
+    in = copy.f32();
+    pending.comm_bytes += k.chunk * kF;
+    pending.buffers.push_back(std::move(copy));
+  }
+  // The output: the bucket itself when no padding is needed, else staging
+  // that the calling thread copies out.
+  float* out = device_dst;
+  if (padded != k.size() || device_dst == nullptr) {
+    kernels::Buffer staging = AllocateFloats(padded);
+    out = staging.f32();
+    pending.comm_bytes += padded * kF;
+    pending.buffers.push_back(std::move(staging));
+    pending.finish = [this, out, device_dst, host_dst, size = k.size()](bool ok) {
+      if (!ok) return;
+      if (device_dst != nullptr) {
+        ops_.CopyDeviceToDevice(device_dst, out, size * kF);
+      } else {
+        ops_.CopyDeviceToHost(host_dst, out, size * kF);
+      }
+    };
+  }
+  comm::Communicator* comm = comm_;
+  const size_t in_count = static_cast<size_t>(k.chunk), out_count = static_cast<size_t>(padded);
+  return Post([comm, in, in_count, out, out_count]() {
+    return comm->AllGather(std::span<const float>(in, in_count), std::span<float>(out, out_count));
+  }, std::move(pending));
 }
 
 CommWorker::Handle DataParallelEngine::SubmitReduceScatter(int b) {
-  return worker_.Submit([this, b]() -> absl::Status {
+  const FlatBucket& k = partition_.buckets()[b];
+  const int64_t padded = k.chunk * ranks_;
+  PendingComm pending;
+  const float* in = grads_ + k.begin;
+  if (padded != k.size()) {
+    kernels::Buffer copy = AllocateFloats(padded);
+    ops_.CopyDeviceToDevice(copy.data(), grads_ + k.begin, k.size() * kF);
+    ops_.Fill(copy.f32() + k.size(), padded - k.size(), 0.0f);
+    in = copy.f32();
+    pending.comm_bytes += padded * kF;
+    pending.buffers.push_back(std::move(copy));
+  }
+  kernels::Buffer reduced = AllocateFloats(k.chunk);
+  float* out = reduced.f32();
+  pending.comm_bytes += k.chunk * kF;
+  pending.buffers.push_back(std::move(reduced));
+  pending.finish = [this, b, out](bool ok) {
     const FlatBucket& k = partition_.buckets()[b];
-    const int64_t padded = k.chunk * ranks_;
-    std::vector<float> in;
-    std::span<const float> in_span(grads_ + k.begin, static_cast<size_t>(k.size()));
-    int64_t staged = k.chunk;
-    if (padded != k.size()) {
-      in.assign(static_cast<size_t>(padded), 0.0f);
-      std::memcpy(in.data(), grads_ + k.begin, k.size() * kF);
-      in_span = std::span<const float>(in);
-      staged += padded;
-    }
-    std::vector<float> out(static_cast<size_t>(k.chunk));
-    memory_->Add(MemoryKind::kCommBuffers, staged * kF);
-    absl::Status s = comm_->ReduceScatter(in_span, std::span<float>(out));
-    if (s.ok()) {
-      float* acc = grad_shard_.data() + k.shard_offset;
-      for (int64_t i = 0; i < k.chunk; ++i) acc[i] += out[static_cast<size_t>(i)];
-    }
+    if (ok) ops_.Axpy(k.chunk, 1.0f, out, grad_shard_.f32() + k.shard_offset);
     // The bucket's gradient is now in the shard: free it, which also zeroes
     // it for the next micro-batch's accumulation.
-    ReleaseToZero(model_->ops(), grads_ + k.begin, k.size());
-    {
-      std::lock_guard<std::mutex> lock(live_mu_);
-      if (grad_live_[b]) {
-        grad_live_[b] = 0;
-        memory_->Sub(MemoryKind::kGradients, k.size() * kF);
-      }
+    ReleaseToZero(ops_, grads_ + k.begin, k.size());
+    if (grad_live_[b]) {
+      grad_live_[b] = 0;
+      memory_->Sub(MemoryKind::kGradients, k.size() * kF);
     }
-    memory_->Sub(MemoryKind::kCommBuffers, staged * kF);
-    return s;
-  });
+  };
+  comm::Communicator* comm = comm_;
+  const size_t in_count = static_cast<size_t>(padded), out_count = static_cast<size_t>(k.chunk);
+  return Post([comm, in, in_count, out, out_count]() {
+    return comm->ReduceScatter(std::span<const float>(in, in_count),
+                               std::span<float>(out, out_count));
+  }, std::move(pending));
 }
 
 void DataParallelEngine::Acquire(int64_t unit, bool wait) {
@@ -233,14 +293,14 @@ void DataParallelEngine::Acquire(int64_t unit, bool wait) {
       if (holders_[b]++ > 0) continue;
       const FlatBucket& k = partition_.buckets()[b];
       memory_->Add(MemoryKind::kParameters, k.size() * kF);
-      gathering_[b] = SubmitGather(b, param_shard_.data() + k.shard_offset, k.chunk,
+      gathering_[b] = SubmitGather(b, param_shard_.f32() + k.shard_offset, k.chunk,
                                    params_ + k.begin);
     }
   }
   if (!wait) return;
   for (int b : unit_buckets_[unit]) {
     if (gathering_[b]) {
-      Note(worker_.Wait(gathering_[b]));
+      Complete(gathering_[b]);
       gathering_[b] = nullptr;
     }
   }
@@ -252,17 +312,16 @@ void DataParallelEngine::Release(int64_t unit) {
   for (int b : unit_buckets_[unit]) {
     if (--holders_[b] > 0) continue;
     if (gathering_[b]) {
-      Note(worker_.Wait(gathering_[b]));
+      Complete(gathering_[b]);
       gathering_[b] = nullptr;
     }
     const FlatBucket& k = partition_.buckets()[b];
-    ReleaseToZero(model_->ops(), params_ + k.begin, k.size());
+    ReleaseToZero(ops_, params_ + k.begin, k.size());
     memory_->Sub(MemoryKind::kParameters, k.size() * kF);
   }
 }
 
 void DataParallelEngine::MarkGradientsLive(int64_t unit) {
-  std::lock_guard<std::mutex> lock(live_mu_);
   for (int b : partition_.BucketsInUnit(unit)) {
     if (grad_live_[b]) continue;
     grad_live_[b] = 1;
@@ -299,7 +358,9 @@ void DataParallelEngine::AfterUse(int64_t unit, bool backward) {
 void DataParallelEngine::GradientsReady(int64_t unit) {
   const bool reduce = stage_ >= 2 ? training_pass_ : training_pass_ && last_micro_;
   if (!reduce) return;
-  model_->ops().Synchronize();
+  // The collectives read the gradients from another thread (Gloo) or stream
+  // (NCCL orders itself after the compute stream's work when posted).
+  ops_.Synchronize();
   for (int b : partition_.BucketsReadyAt(unit)) {
     const FlatBucket& k = partition_.buckets()[b];
     if (stage_ <= 1) {
@@ -310,7 +371,7 @@ void DataParallelEngine::GradientsReady(int64_t unit) {
     }
   }
   if (stage_ >= 2 && unit + kReduceWindow < static_cast<int64_t>(reducing_.size())) {
-    for (const CommWorker::Handle& h : reducing_[unit + kReduceWindow]) Note(worker_.Wait(h));
+    for (const CommWorker::Handle& h : reducing_[unit + kReduceWindow]) Complete(h);
     reducing_[unit + kReduceWindow].clear();
   }
 }
@@ -318,32 +379,29 @@ void DataParallelEngine::GradientsReady(int64_t unit) {
 absl::StatusOr<double> DataParallelEngine::ReduceAndClip(float* loss, double max_norm) {
   for (auto& w : pending_all_reduce_) Note(w->Wait());
   pending_all_reduce_.clear();
-  Note(worker_.Drain());
+  CompleteAll();
   if (!status_.ok()) return status_;
   double norm = 0.0;
   if (stage_ <= 1) {
-    if (absl::Status s = comm_->AllReduce(std::span<float>(loss, 1)); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostValues(ops_, *comm_, std::span<float>(loss, 1)); !s.ok()) {
+      return s;
+    }
     const std::vector<TensorView> grads = model_->Gradients();
-    if (stage_ == 0) return ClipByGlobalNorm(grads, max_norm);
-    norm = GlobalNorm(grads);
+    if (stage_ == 0) return ClipByGlobalNorm(ops_, grads, max_norm);
+    norm = GlobalNorm(ops_, grads);
   } else {
     double sum = 0.0;
-    for (const AdamWPiece& p : pieces_) {
-      double partial = 0.0;
-      for (int64_t i = 0; i < p.count; ++i) partial += static_cast<double>(p.grad[i]) * p.grad[i];
-      sum += partial;
-    }
+    for (const AdamWPiece& p : pieces_) sum += ops_.SumSquares(p.grad, p.count);
     float both[2] = {*loss, static_cast<float>(sum)};
-    if (absl::Status s = comm_->AllReduce(std::span<float>(both, 2)); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostValues(ops_, *comm_, std::span<float>(both, 2)); !s.ok()) {
+      return s;
+    }
     *loss = both[0];
     norm = std::sqrt(static_cast<double>(both[1]));
   }
   if (max_norm > 0.0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (const AdamWPiece& p : pieces_) {
-      float* g = const_cast<float*>(p.grad);
-      for (int64_t i = 0; i < p.count; ++i) g[i] *= scale;
-    }
+    for (const AdamWPiece& p : pieces_) ops_.Scale(p.count, scale, const_cast<float*>(p.grad));
   }
   return norm;
 }
@@ -352,27 +410,40 @@ absl::Status DataParallelEngine::OptimizerStep(double lr) {
   if (stage_ == 0) return absl::FailedPreconditionError("stage 0 updates with the caller's AdamW");
   optimizer_->Step(pieces_, lr);
   if (stage_ == 3) return absl::OkStatus();  // parameters stay sharded
+  // Two buckets in flight at most: the staging of one gather is freed before
+  // the next-but-one is posted.
   const std::vector<FlatBucket>& buckets = partition_.buckets();
+  CommWorker::Handle previous;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const int64_t lo = partition_.OwnedBegin(buckets[b], rank_);
     const int64_t hi = partition_.OwnedEnd(buckets[b], rank_);
-    SubmitGather(static_cast<int>(b), params_ + lo, hi - lo, params_ + buckets[b].begin);
+    CommWorker::Handle h =
+        SubmitGather(static_cast<int>(b), params_ + lo, hi - lo, params_ + buckets[b].begin);
+    Complete(previous);
+    previous = h;
   }
-  return worker_.Drain();
+  CompleteAll();
+  return status_;
 }
 
 absl::Status DataParallelEngine::GatherParameters(std::vector<float>* out) {
   out->assign(static_cast<size_t>(partition_.total()), 0.0f);
   if (stage_ != 3) {
-    std::memcpy(out->data(), params_, partition_.total() * kF);
+    ops_.CopyDeviceToHost(out->data(), params_, partition_.total() * kF);
     return absl::OkStatus();
   }
+  status_ = absl::OkStatus();
   const std::vector<FlatBucket>& buckets = partition_.buckets();
+  CommWorker::Handle previous;
   for (size_t b = 0; b < buckets.size(); ++b) {
-    SubmitGather(static_cast<int>(b), param_shard_.data() + buckets[b].shard_offset,
-                 buckets[b].chunk, out->data() + buckets[b].begin);
+    CommWorker::Handle h =
+        SubmitGather(static_cast<int>(b), param_shard_.f32() + buckets[b].shard_offset,
+                     buckets[b].chunk, nullptr, out->data() + buckets[b].begin);
+    Complete(previous);
+    previous = h;
   }
-  return worker_.Drain();
+  CompleteAll();
+  return status_;
 }
 
 }  // namespace loom::engine

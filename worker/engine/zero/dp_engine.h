@@ -15,15 +15,29 @@
 //            the model uses it and freed right after, the next unit's gather
 //            prefetched while the current one computes.
 //
-// Reductions and gathers of stages 2 and 3 run on a CommWorker thread in the
-// same order on every rank; stage 0/1 use the communicator's own asynchronous
-// all-reduce. All collectives of a step go to one communicator, the DP group.
-// Memory that the engine materializes and frees is reported to a MemoryTracker.
+// Reductions and gathers of stages 2 and 3 (and stage 1's parameter gather)
+// run on a CommWorker thread in the same order on every rank; stage 0/1 use
+// the communicator's own asynchronous all-reduce. All collectives of a step go
+// to one communicator, the DP group. Memory that the engine materializes and
+// frees is reported to a MemoryTracker.
+//
+// Device memory: every tensor buffer here (the model's flat arrays, the
+// gradient and parameter shards, the optimizer's moments, padded staging for
+// uneven buckets) is the model backend's memory, and the engine touches it
+// only through that backend's ops (Fill, Axpy, Scale, SumSquares, AdamW,
+// CopyDeviceToDevice), all issued on the calling (compute) thread. The
+// CommWorker thread only hands spans to the communicator, as NCCL needs; what
+// must follow a collective (accumulating a reduced chunk into the shard,
+// copying a padded gather out, freeing a bucket's gradient and the staging)
+// runs on the calling thread when it waits for that collective. Host numbers
+// (the loss, the norm's sum of squares) cross the group through a small
+// backend buffer (host_values.h).
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -73,9 +87,11 @@ class DataParallelEngine : public ModelHooks {
 
   // Stage >= 1: the sharded optimizer (moments at OwnedPiece::shard_offset).
   ShardedAdamW* sharded_optimizer() { return optimizer_.get(); }
-  // Stage 3: this rank's parameter shard (at OwnedPiece::shard_offset).
-  float* parameter_shard() { return param_shard_.data(); }
-  // Every parameter, in the flat order, on every rank (collective under ZeRO-3).
+  // Stage 3: this rank's parameter shard (at OwnedPiece::shard_offset), in
+  // the backend's memory.
+  float* parameter_shard() { return param_shard_.f32(); }
+  // Every parameter, in the flat order, on every rank (collective under
+  // ZeRO-3), in host memory whatever the backend.
   absl::Status GatherParameters(std::vector<float>* out);
 
   // ModelHooks.
@@ -90,13 +106,31 @@ class DataParallelEngine : public ModelHooks {
   // ZeRO-3: holds a unit's parameters (gathering buckets nobody holds).
   void Acquire(int64_t unit, bool wait);
   void Release(int64_t unit);
-  // All-gathers bucket b from `chunk` (this rank's chunk) into dst (the
-  // bucket's size); src copied when the task runs.
-  CommWorker::Handle SubmitGather(int b, const float* src, int64_t src_count, float* dst);
+  // All-gathers bucket b: this rank's chunk is src_count floats at src
+  // (backend memory, zero-padded to the chunk), the bucket lands at
+  // device_dst (backend memory) or else host_dst (host memory).
+  CommWorker::Handle SubmitGather(int b, const float* src, int64_t src_count, float* device_dst,
+                                  float* host_dst = nullptr);
   CommWorker::Handle SubmitReduceScatter(int b);
   void MarkGradientsLive(int64_t unit);
+  kernels::Buffer AllocateFloats(int64_t count);
+
+  // A collective on the worker with what the calling thread does after it:
+  // `finish` (given whether it succeeded) and freeing `buffers`.
+  struct PendingComm {
+    CommWorker::Handle handle;
+    std::vector<kernels::Buffer> buffers;
+    std::function<void(bool ok)> finish;
+    int64_t comm_bytes = 0;  // accounted as kCommBuffers until completion
+  };
+  CommWorker::Handle Post(std::function<absl::Status()> collective, PendingComm pending);
+  // Waits for the task and finishes it on this thread (no-op when done).
+  void Complete(const CommWorker::Handle& handle);
+  // Completes everything posted, in order.
+  void CompleteAll();
 
   LlamaModel* model_;
+  kernels::Ops& ops_;  // the model's backend
   comm::Communicator* comm_;
   int stage_;
   int ranks_, rank_;
@@ -107,10 +141,11 @@ class DataParallelEngine : public ModelHooks {
   MemoryTracker* memory_;
   float* params_ = nullptr;  // the model's flat arrays
   float* grads_ = nullptr;
-  std::vector<float> param_shard_;  // stage 3
-  std::vector<float> grad_shard_;   // stages 2, 3
+  kernels::Buffer param_shard_;  // stage 3, backend memory
+  kernels::Buffer grad_shard_;   // stages 2, 3, backend memory
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<AdamWPiece> pieces_;
+  std::deque<PendingComm> pending_;  // posted, not completed; submission order
   CommWorker worker_;
   std::vector<std::unique_ptr<comm::Work>> pending_all_reduce_;
   bool training_pass_ = false;
@@ -127,7 +162,6 @@ class DataParallelEngine : public ModelHooks {
   static constexpr int64_t kReduceWindow = 2;
   std::vector<std::vector<CommWorker::Handle>> reducing_;
   // Stages 2/3: which buckets' model gradients are resident (for accounting).
-  std::mutex live_mu_;
   std::vector<char> grad_live_;
 };
 

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "worker/engine/device_staging.h"
+#include "worker/engine/zero/host_values.h"
 
 namespace loom::engine {
 namespace {
@@ -16,10 +18,48 @@ std::string ShardFileName(const char* kind, int rank) {
   return absl::StrFormat("%s-tp00-pp00-dp%02d.safetensors", kind, rank);
 }
 
-// The files rank `rank` writes. Data pointers are set only for this rank's
-// own files (bases non-null); other ranks' files are described for the index.
+// Host copies of this rank's shards for the writer (the originals on a host
+// backend): the parameter shard (stage 3), the whole parameters (stages 1, 2,
+// rank 0 only) and the moments.
+struct HostShards {
+  std::vector<TensorView> params;
+  float* param_shard = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::unique_ptr<HostStaging> params_staging;
+  std::vector<std::vector<float>> storage;
+};
+
+float* HostCopy(kernels::Ops& ops, float* data, int64_t count, HostShards* shards) {
+  if (HostAddressable(ops) || data == nullptr) return data;
+  std::vector<float>& copy = shards->storage.emplace_back(static_cast<size_t>(count));
+  ops.CopyDeviceToHost(copy.data(), data, count * static_cast<int64_t>(sizeof(float)));
+  return copy.data();
+}
+
+std::unique_ptr<HostShards> StageOwnShards(LlamaModel& model, DataParallelEngine& engine,
+                                           int rank) {
+  auto shards = std::make_unique<HostShards>();
+  kernels::Ops& ops = model.ops();
+  const int64_t n = engine.partition().shard_size();
+  if (engine.zero_stage() == 3) {
+    shards->param_shard = HostCopy(ops, engine.parameter_shard(), n, shards.get());
+  } else if (rank == 0) {
+    shards->params_staging =
+        std::make_unique<HostStaging>(ops, model.Parameters(), /*download=*/true);
+    shards->params = shards->params_staging->host();
+  }
+  ShardedAdamW* opt = engine.sharded_optimizer();
+  shards->exp_avg = HostCopy(ops, opt->exp_avg(), n, shards.get());
+  shards->exp_avg_sq = HostCopy(ops, opt->exp_avg_sq(), n, shards.get());
+  return shards;
+}
+
+// The files rank `rank` writes. Data pointers (host memory) are set only for
+// this rank's own files (`own` non-null); other ranks' files are described
+// for the index.
 std::vector<CheckpointFile> RankFiles(LlamaModel& model, DataParallelEngine& engine, int rank,
-                                      bool own) {
+                                      const HostShards* own) {
   const FlatPartition& part = engine.partition();
   const std::vector<OwnedPiece> pieces = part.OwnedPieces(rank);
   auto sharded = [&](const std::string& file, const std::string& group, const std::string& prefix,
@@ -30,7 +70,7 @@ std::vector<CheckpointFile> RankFiles(LlamaModel& model, DataParallelEngine& eng
       const int64_t local = p.flat_begin - t.offset;
       for (const RectSlice& s : FlatRangeToSlices(t.shape, local, p.count)) {
         const std::string global = prefix + t.name;
-        float* data = own ? base + p.shard_offset + (s.flat_begin - local) : nullptr;
+        float* data = own != nullptr ? base + p.shard_offset + (s.flat_begin - local) : nullptr;
         f.tensors.push_back({absl::StrCat(global, "@", absl::StrJoin(s.offset, ",")), s.shape, data});
         f.slices.push_back({global, t.shape, s.offset});
       }
@@ -40,14 +80,16 @@ std::vector<CheckpointFile> RankFiles(LlamaModel& model, DataParallelEngine& eng
   std::vector<CheckpointFile> files;
   if (engine.zero_stage() == 3) {
     files.push_back(sharded(ShardFileName("model", rank), "model", "",
-                            own ? engine.parameter_shard() : nullptr));
+                            own != nullptr ? own->param_shard : nullptr));
   } else if (rank == 0) {
-    files.push_back({"model-tp00-pp00.safetensors", "model", model.Parameters(), {}});
+    // Rank 0 writes whole tensors; the index needs only their names and shapes.
+    std::vector<TensorView> params = own != nullptr ? own->params : model.Parameters();
+    files.push_back({"model-tp00-pp00.safetensors", "model", std::move(params), {}});
   }
-  ShardedAdamW* opt = engine.sharded_optimizer();
   CheckpointFile m = sharded(ShardFileName("optimizer", rank), "optimizer", "optimizer.exp_avg.",
-                             own ? opt->exp_avg() : nullptr);
-  CheckpointFile v = sharded("", "", "optimizer.exp_avg_sq.", own ? opt->exp_avg_sq() : nullptr);
+                             own != nullptr ? own->exp_avg : nullptr);
+  CheckpointFile v = sharded("", "", "optimizer.exp_avg_sq.",
+                             own != nullptr ? own->exp_avg_sq : nullptr);
   for (size_t i = 0; i < v.tensors.size(); ++i) {
     m.tensors.push_back(v.tensors[i]);
     m.slices.push_back(v.slices[i]);
@@ -80,7 +122,10 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     header[0] = begun.ok() ? 1.0f : 0.0f;
     header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
   }
-  if (absl::Status s = comm.Broadcast(std::span<float>(header, 2), 0); !s.ok()) return s;
+  kernels::Ops& ops = model.ops();
+  if (absl::Status s = BroadcastHostValues(ops, comm, std::span<float>(header, 2), 0); !s.ok()) {
+    return s;
+  }
   if (header[0] != 1.0f) {
     if (rank == 0) return begun.status();
     return absl::InternalError(absl::StrCat("DP rank 0 could not start the checkpoint of step ",
@@ -92,7 +137,9 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
   // 2. Every rank writes its files; the digests travel to rank 0.
   std::vector<float> digests(static_cast<size_t>(ranks * kSlots * kFloatsPerSlot), 0.0f);
   absl::Status write_status;
-  const std::vector<CheckpointFile> mine = RankFiles(model, engine, rank, /*own=*/true);
+  // The writer reads host memory: a device backend's shards are copied down.
+  const std::unique_ptr<HostShards> own = StageOwnShards(model, engine, rank);
+  const std::vector<CheckpointFile> mine = RankFiles(model, engine, rank, own.get());
   for (size_t i = 0; i < mine.size() && write_status.ok(); ++i) {
     absl::StatusOr<FileDigest> d = WriteCheckpointFile(tmp, mine[i]);
     if (!d.ok()) {
@@ -101,7 +148,9 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     }
     EncodeFileDigest(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
   }
-  if (absl::Status s = comm.AllReduce(std::span<float>(digests)); !s.ok()) return s;
+  if (absl::Status s = AllReduceHostValues(ops, comm, std::span<float>(digests)); !s.ok()) {
+    return s;
+  }
 
   // 3. Rank 0 commits when every file arrived, and tells everyone.
   absl::StatusOr<std::string> committed = std::string();
@@ -112,7 +161,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     std::vector<FileDigest> file_digests;
     std::vector<std::string> missing;
     for (int r = 0; r < ranks; ++r) {
-      std::vector<CheckpointFile> files = RankFiles(model, engine, r, /*own=*/r == 0);
+      std::vector<CheckpointFile> files = RankFiles(model, engine, r, r == 0 ? own.get() : nullptr);
       for (size_t i = 0; i < files.size(); ++i) {
         const float* slot = &digests[(r * kSlots + i) * kFloatsPerSlot];
         if (slot[0] != 1.0f) missing.push_back(files[i].name);
@@ -129,7 +178,9 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     }
     ok = committed.ok() ? 1.0f : 0.0f;
   }
-  if (absl::Status s = comm.Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostValues(ops, comm, std::span<float>(&ok, 1), 0); !s.ok()) {
+    return s;
+  }
   if (rank == 0) return committed;
   if (!write_status.ok()) return write_status;
   if (ok != 1.0f) {
@@ -157,6 +208,29 @@ std::vector<FlatSlice> ShardedRestoreTargets(LlamaModel& model, DataParallelEngi
   pieces("optimizer.exp_avg.", engine.sharded_optimizer()->exp_avg());
   pieces("optimizer.exp_avg_sq.", engine.sharded_optimizer()->exp_avg_sq());
   return out;
+}
+
+RestoreStaging::RestoreStaging(kernels::Ops& ops, std::vector<FlatSlice> targets)
+    : ops_(ops), device_(std::move(targets)) {
+  if (HostAddressable(ops)) {
+    host_ = device_;
+    device_.clear();
+    return;
+  }
+  storage_.reserve(device_.size());
+  for (const FlatSlice& t : device_) {
+    std::vector<float>& copy = storage_.emplace_back(static_cast<size_t>(t.count), 0.0f);
+    FlatSlice h = t;
+    h.data = copy.data();
+    host_.push_back(std::move(h));
+  }
+}
+
+void RestoreStaging::Upload() {
+  for (size_t i = 0; i < device_.size(); ++i) {
+    ops_.CopyHostToDevice(device_[i].data, host_[i].data,
+                          device_[i].count * static_cast<int64_t>(sizeof(float)));
+  }
 }
 
 }  // namespace loom::engine

@@ -7,8 +7,15 @@
 //   optimizer-tp00-pp00-dpRR.safetensors     rank RR's exp_avg / exp_avg_sq shard
 // A shard's flat range of a tensor is stored as rectangular slices (keys
 // "<tensor>@<offset>"), each listed in the index with its offset and shape.
+//
+// On a device backend the shards are copied down into host buffers before
+// they are written, and loaded into host buffers that go up only once the
+// whole step has loaded (RestoreStaging); the small control values (the
+// directory's pid, digests, the commit flag) cross the group through backend
+// buffers (host_values.h).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +37,27 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
                                                   comm::Communicator& comm, int64_t keep);
 
 // What this rank loads: whole parameters (stages 1, 2) or its parameter shard
-// (stage 3), and its shard of the moments.
+// (stage 3), and its shard of the moments. Backend memory: load through
+// RestoreStaging.
 std::vector<FlatSlice> ShardedRestoreTargets(LlamaModel& model, DataParallelEngine& engine);
+
+// Host buffers for load targets in backend memory (the targets themselves on
+// a host backend): the loader fills host(), Upload copies them into the
+// backend's targets, which must stay valid until then.
+class RestoreStaging {
+ public:
+  RestoreStaging(kernels::Ops& ops, std::vector<FlatSlice> targets);
+  RestoreStaging(const RestoreStaging&) = delete;
+  RestoreStaging& operator=(const RestoreStaging&) = delete;
+
+  const std::vector<FlatSlice>& host() const { return host_; }
+  void Upload();
+
+ private:
+  kernels::Ops& ops_;
+  std::vector<FlatSlice> device_;
+  std::vector<FlatSlice> host_;
+  std::vector<std::vector<float>> storage_;
+};
 
 }  // namespace loom::engine
