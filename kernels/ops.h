@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 namespace loom::kernels {
@@ -107,6 +108,18 @@ class Ops {
   virtual void Fill(float* x, int64_t n, float value) = 0;
   // Waits until every op issued so far has finished (no-op on CPU).
   virtual void Synchronize() = 0;
+
+  // What a backend with memory of its own (a device's caching allocator)
+  // holds for tensors, in bytes; host backends answer nothing, their memory
+  // being the process's resident set. ResetPeakDeviceMemory starts a new
+  // peak window (the training loop opens one per step).
+  struct DeviceMemoryStats {
+    int64_t allocated_bytes = 0;
+    int64_t peak_allocated_bytes = 0;
+    int64_t reserved_bytes = 0;  // allocated + cached: what the driver gave
+  };
+  virtual std::optional<DeviceMemoryStats> device_memory() const { return std::nullopt; }
+  virtual void ResetPeakDeviceMemory() {}
 
   // ---- Elementwise / reductions ----------------------------------------------
   // y += alpha * x

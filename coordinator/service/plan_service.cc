@@ -100,15 +100,6 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
           "multiple of parallelism.pp=", pp));
     }
   }
-  // The GPU engine keeps parameters, gradients and activations in device
-  // memory, but its DP/TP/PP exchanges still stage through host buffers that
-  // only the CPU path has (worker/engine/ops_selection.h).
-  if (s.resources.device == spec::DeviceKind::kGpu && s.resources.world_size() > 1) {
-    unsupported.push_back(absl::StrCat(
-        "resources.device=gpu with ", s.resources.world_size(),
-        " GPUs (resources.nodes x resources.gpus_per_node) is not supported by this engine yet: "
-        "a GPU job trains on one GPU (nodes: 1, gpus_per_node: 1)"));
-  }
   if (unsupported.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(unsupported, "; "));
 }

@@ -1,5 +1,6 @@
 #include "tests/engine_device/device_emulation_ops.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -87,15 +88,28 @@ kernels::Buffer DeviceEmulationOps::Allocate(int64_t bytes) {
   const uintptr_t tagged = address + kTag;
   std::lock_guard<std::mutex> lock(mu_);
   live_.emplace(tagged, std::move(real));
+  allocated_bytes_ += bytes;
+  peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
   ++counters_.allocations;
   ++counters_.live_allocations;
   return kernels::Buffer(this, reinterpret_cast<void*>(tagged), bytes);
+}
+
+std::optional<kernels::Ops::DeviceMemoryStats> DeviceEmulationOps::device_memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return DeviceMemoryStats{allocated_bytes_, peak_allocated_bytes_, allocated_bytes_};
+}
+
+void DeviceEmulationOps::ResetPeakDeviceMemory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_allocated_bytes_ = allocated_bytes_;
 }
 
 void DeviceEmulationOps::Free(void* data) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(reinterpret_cast<uintptr_t>(data));
   if (it == live_.end()) Die("Free", "data", data, "was not allocated here (or freed twice)");
+  allocated_bytes_ -= it->second.bytes();
   live_.erase(it);  // the inner Buffer returns the memory to the inner backend
   --counters_.live_allocations;
 }

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "kernels/ops.h"
 
@@ -57,6 +58,10 @@ class DeviceEmulationOps final : public kernels::Ops {
   void CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override;
   void Fill(float* x, int64_t n, float value) override;
   void Synchronize() override;
+  // Bytes of the live allocations (the sizes asked for), as a device's
+  // allocator would report them.
+  std::optional<DeviceMemoryStats> device_memory() const override;
+  void ResetPeakDeviceMemory() override;
 
   void Axpy(int64_t n, float alpha, const float* x, float* y) override;
   void Scale(int64_t n, float alpha, float* x) override;
@@ -131,6 +136,8 @@ class DeviceEmulationOps final : public kernels::Ops {
   // Tagged start -> the inner backend's buffer (its size is the buffer's).
   std::map<uintptr_t, kernels::Buffer> live_;
   Counters counters_;
+  int64_t allocated_bytes_ = 0;
+  int64_t peak_allocated_bytes_ = 0;
 };
 
 }  // namespace loom::engine::testing

@@ -147,6 +147,17 @@ TEST_P(DeviceTrainingTest, TrainsBitIdenticalToCpu) {
   EXPECT_GT(clipped, 0);
   EXPECT_EQ(evaluated, 4);
   EXPECT_LT(want.steps.back().loss, want.steps.front().loss - 0.5);
+  // Each step reports the backend's peak device bytes: at least the weights,
+  // gradients and AdamW moments (4 copies of the parameters), which the host
+  // backend does not report at all.
+  int64_t parameter_bytes = 0;
+  for (const TensorView& v : dev->model().Parameters()) parameter_bytes += v.numel() * 4;
+  for (size_t i = 0; i < got.steps.size(); ++i) {
+    EXPECT_EQ(want.steps[i].peak_device_bytes, 0) << "step " << i + 1;
+    EXPECT_GE(got.steps[i].peak_device_bytes, 4 * parameter_bytes) << "step " << i + 1;
+    EXPECT_LE(got.steps[i].peak_device_bytes, ops->device_memory()->allocated_bytes * 4)
+        << "step " << i + 1;
+  }
   const DeviceEmulationOps::Counters c = ops->counters();
   const int64_t tensors = static_cast<int64_t>(dev->model().Parameters().size());
   EXPECT_EQ(c.adamw, kSteps * tensors);

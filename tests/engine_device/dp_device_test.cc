@@ -76,7 +76,9 @@ class DpDeviceTest : public ::testing::TestWithParam<int> {
       // optimizer and the norm through the backend.
       EXPECT_GT(dev[r].forwarded, 0);
       EXPECT_GT(dev[r].counters.sum_squares, 0);
-      if (stage >= 1) EXPECT_GT(dev[r].counters.adamw, 0);
+      if (stage >= 1) {
+        EXPECT_GT(dev[r].counters.adamw, 0);
+      }
     }
   }
 

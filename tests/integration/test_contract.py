@@ -80,9 +80,6 @@ class Contract(unittest.TestCase):
              "data.format=parquet must be one of text | bin"),
             (base.replace("num_kv_heads: 1", "num_kv_head: 1"), "unknown field model.num_kv_head"),
             (base + "extra: 1\n", "unknown field extra"),
-            (base.replace("resources: {device: cpu, ranks: 2}",
-                          "resources: {device: gpu, gpu: h200, nodes: 1, gpus_per_node: 2}"),
-             "resources.device=gpu with 2 GPUs"),
         ]
         for text, message in cases:
             with self.subTest(message=message):

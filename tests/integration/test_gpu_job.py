@@ -1,12 +1,11 @@
-"""A `resources.device: gpu` job through the control plane on a machine
-without a GPU. The agent is given an nvidia-smi on PATH that lists one H200
+"""`resources.device: gpu` jobs through the control plane on a machine
+without a GPU. The agent is given an nvidia-smi on PATH that lists two H200s
 (the only stand-in here: the real tool needs a driver), so everything up to
-the CUDA runtime is real: the agent advertises the GPU, the coordinator places
-the job on it, the agent launches the rank with CUDA_VISIBLE_DEVICES, the
+the CUDA runtime is real: the agent advertises the GPUs, the coordinator
+places one rank per GPU, the agent launches each rank with its device, the
 trainer picks the CUDA backend, fails to open the device, and exits 3 (job
 broken) with a message naming resources.device; the job fails without
-restarts. A job asking for more GPUs than the engine trains on is refused at
-submission."""
+restarts."""
 
 import os
 import stat
@@ -37,7 +36,7 @@ class GpuJob(unittest.TestCase):
         os.makedirs(fake_bin)
         smi = os.path.join(fake_bin, "nvidia-smi")
         with open(smi, "w") as f:
-            f.write("#!/bin/sh\necho 'NVIDIA H200, 143771'\n")
+            f.write("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
         os.chmod(smi, os.stat(smi).st_mode | stat.S_IXUSR)
         env = dict(os.environ, PATH=f"{fake_bin}:{os.environ.get('PATH', '')}")
         cls.cluster.start_agent("gpu-node", "gpu", env=env)
@@ -50,7 +49,7 @@ class GpuJob(unittest.TestCase):
         c = self.cluster
         wait_until(lambda: "gpu-node" in c.loomctl("nodes").stdout, 20, "the GPU node to register")
         nodes = c.loomctl("nodes").stdout
-        self.assertIn("1xgpu", nodes)
+        self.assertIn("2xgpu", nodes)
         self.assertIn("989.5 TF", nodes, "the H200's dense bf16 peak from common/hardware")
 
     def test_gpu_job_reaches_the_cuda_backend_and_fails_cleanly(self):
@@ -68,13 +67,18 @@ class GpuJob(unittest.TestCase):
         self.assertRegex(status, "resources.device=gpu: (cannot open CUDA device 0|"
                                  "this loom-trainer was built without CUDA)")
 
-    def test_more_gpus_than_the_engine_trains_on_are_refused(self):
+    def test_data_parallel_gpu_job_is_placed_one_rank_per_gpu(self):
         c = self.cluster
-        spec = GPU_JOB.replace("gpus_per_node: 1", "gpus_per_node: 2").replace("dp: 1", "dp: 2")
-        result = c.loomctl("submit", c.write_spec("gpu-two", spec), check=False)
-        self.assertNotEqual(result.returncode, 0)
-        self.assertIn("resources.device=gpu with 2 GPUs", result.stderr + result.stdout)
-
+        spec = (GPU_JOB.replace("name: gpu-one", "name: gpu-two")
+                .replace("gpus_per_node: 1", "gpus_per_node: 2").replace("dp: 1", "dp: 2"))
+        job = c.submit(spec, "gpu-two")
+        wait_until(lambda: c.state(job) in ("FAILED", "SUCCEEDED", "CANCELLED"), 120,
+                   "the GPU job to end")
+        status = c.status(job)
+        self.assertEqual(c.state(job), "FAILED", status)
+        self.assertIn("restarts 0", status)
+        self.assertRegex(status, r"rank 0 .* node gpu-node device 0")
+        self.assertRegex(status, r"rank 1 .* node gpu-node device 1")
 
 if __name__ == "__main__":
     unittest.main()

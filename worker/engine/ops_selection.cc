@@ -1,14 +1,11 @@
 #include "worker/engine/ops_selection.h"
 
 #include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8_emulation_ops.h"
-#if defined(LOOM_ENGINE_HAVE_BF16_EMULATION)
 #include "kernels/cpu/bf16_emulation_ops.h"
-#endif
 #if defined(LOOM_ENGINE_HAVE_CUDA)
 #include "kernels/cuda/backend/cuda_ops.h"
 #endif
@@ -72,34 +69,11 @@ absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeOpsForJob(const spec::JobSpec&
       // scaling, emulated on the CPU.
       return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeFp8EmulationOps());
     case spec::Precision::kBf16:
-#if defined(LOOM_ENGINE_HAVE_BF16_EMULATION)
+      // Every GEMM's and attention's operands rounded to bf16, as CudaOps's
+      // bf16 recipe computes them.
       return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeBf16EmulationOps());
-#else
-      // The same refusal as the spec rules (common/spec/job_spec_rules.cc).
-      return absl::InvalidArgumentError(
-          "train.precision=bf16 is not available on resources.device=cpu (use fp32)");
-#endif
   }
   return absl::InvalidArgumentError("train.precision: unknown value");
-}
-
-absl::Status CheckDeviceLayout(const spec::JobSpec& job, bool on_device, int dp, int tp, int pp) {
-  const bool gpu = on_device || job.resources.device == spec::DeviceKind::kGpu;
-  if (!gpu) return absl::OkStatus();
-  // One entry per axis whose exchanges still stage through host memory; an
-  // axis leaves this list when its buffers are backend memory.
-  // "tp" counts only outside a pipeline: the pipeline's TP clipping and
-  // checkpoints are backend memory (training_loop_pipeline.cc), the plain
-  // TP loop's (training_loop.cc) still host.
-  const std::pair<const char*, int> host_staged_axes[] = {{"tp", pp > 1 ? 1 : tp}};
-  for (const auto& [axis, size] : host_staged_axes) {
-    if (size <= 1) continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "resources.device=gpu: parallelism.", axis, "=", size,
-        " is not supported on GPUs yet (its exchange buffers are host memory); this rank has dp=",
-        dp, " tp=", tp, " pp=", pp, ": run on one GPU or with resources.device=cpu"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace loom::engine

@@ -10,6 +10,9 @@ std::string FormatProgressLine(const StepProgress& p) {
       "step %d/%d loss %.4f lr %.2e grad_norm %.3f tokens %d step_s %.3f tok/s %.0f rss %.1fMiB",
       p.step, p.total_steps, p.loss, p.lr, p.grad_norm, p.tokens, p.step_seconds,
       p.tokens_per_second, static_cast<double>(p.peak_rss_bytes) / (1024.0 * 1024.0));
+  if (p.peak_device_bytes > 0) {
+    absl::StrAppendFormat(&line, " device %.1fMiB", static_cast<double>(p.peak_device_bytes) / (1024.0 * 1024.0));
+  }
   if (p.val_loss) absl::StrAppendFormat(&line, " val_loss %.4f", *p.val_loss);
   return line;
 }
@@ -24,7 +27,8 @@ std::string FormatProgressJson(const StepProgress& p) {
                       {"step_seconds", p.step_seconds},
                       {"tokens_per_second", p.tokens_per_second},
                       {"flops_per_token", p.flops_per_token},
-                      {"peak_rss_bytes", p.peak_rss_bytes}};
+                      {"peak_rss_bytes", p.peak_rss_bytes},
+                      {"peak_device_bytes", p.peak_device_bytes}};
   if (p.val_loss) {
     j["val_loss"] = *p.val_loss;
     j["eval_seconds"] = p.eval_seconds;

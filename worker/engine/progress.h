@@ -21,6 +21,9 @@ struct StepProgress {
   std::optional<double> val_loss;  // on evaluation steps
   double eval_seconds = 0;
   int64_t peak_rss_bytes = 0;  // peak resident set of this process
+  // Peak bytes the backend's device allocator held for tensors during this
+  // step; 0 on host backends (their memory is the resident set).
+  int64_t peak_device_bytes = 0;
 };
 
 // "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252 rss 61.2MiB [val_loss 3.9876]"

@@ -123,14 +123,6 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
                                                                    std::shared_ptr<kernels::Ops> ops) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
-  // A device backend trains one rank (before anything is built or loaded).
-  const bool on_device = ops != nullptr && !HostAddressable(*ops);
-  if (absl::Status s = CheckDeviceLayout(resolved, on_device, dp_size,
-                                         tp_comm != nullptr ? tp_comm->size() : 1,
-                                         pp_comm != nullptr ? pp_comm->size() : 1);
-      !s.ok()) {
-    return s;
-  }
   if (absl::Status s = CheckSpec(resolved, dp_rank, dp_size, dp_comm); !s.ok()) return s;
   if (absl::Status s = CheckTensorParallelSpec(resolved, dp_size, tp_comm); !s.ok()) return s;  // [tp]
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, dp_rank, dp_size, dp_comm));
@@ -225,6 +217,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   const float loss_scale = 1.0f / static_cast<float>(total_micro);
 
   memory_.ResetPeaks();
+  ops_->ResetPeakDeviceMemory();
   if (dp_engine_) {
     dp_engine_->BeginStep();
   } else {
@@ -256,7 +249,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
     p.grad_norm = ClipByGlobalNorm(*ops_, model_->Gradients(), t.grad_clip);
   }
   if (tp_comm_ != nullptr) {  // [tp]
-    absl::StatusOr<double> norm = ClipByTpGlobalNorm(model_->Gradients(), t.grad_clip, tp_comm_);
+    absl::StatusOr<double> norm = ClipByTpGlobalNorm(*ops_, model_->Gradients(), t.grad_clip, tp_comm_);
     if (!norm.ok()) return norm.status();
     p.grad_norm = *norm;
   }
@@ -267,9 +260,14 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   } else if (absl::Status s = dp_engine_->OptimizerStep(p.lr); !s.ok()) {
     return s;
   }
+  return FinishStep(std::move(p), step, loss, start);
+}
+
+absl::StatusOr<StepProgress> TrainingLoop::FinishStep(StepProgress p, int64_t step, double loss,
+                                                      std::chrono::steady_clock::time_point start) {
+  const spec::TrainSpec& t = spec_.train;
   step_ = step;
   tokens_ += t.global_batch_size * t.seq_len;
-
   p.step = step;
   p.total_steps = t.steps;
   p.loss = loss;
@@ -287,6 +285,9 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
     p.eval_seconds = SecondsSince(eval_start);
   }
   p.peak_rss_bytes = PeakRssBytes();
+  if (std::optional<kernels::Ops::DeviceMemoryStats> device = ops_->device_memory()) {
+    p.peak_device_bytes = device->peak_allocated_bytes;
+  }
   Phase("running");
   return p;
 }
@@ -361,7 +362,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   // DP rank 0's TP group writes (the DP ranks hold the same values).
   for (TpStaged& t : staged) {
     if (dp_rank_ != 0) break;
-    if (absl::Status s = GatherGlobal(t.local, tp_comm_, &t.global); !s.ok()) return s;
+    if (absl::Status s = GatherGlobal(*ops_, t.local, tp_comm_, &t.global); !s.ok()) return s;
     CheckpointFile& file = t.local.name.rfind("optimizer.", 0) == 0 ? optimizer : model;
     file.tensors.push_back({t.local.name, t.local.GlobalShape(), t.global.data()});
   }
@@ -373,10 +374,16 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   // this is also the barrier.
   float ok = dir.ok() ? 1.0f : 0.0f;
   if (dp_rank_ == 0) {
-    if (absl::Status s = tp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+    if (absl::Status s = BroadcastHostValues(*ops_, *tp_comm_, std::span<float>(&ok, 1), 0);
+        !s.ok()) {
+      return s;
+    }
   }
   if (dp_comm_ != nullptr) {
-    if (absl::Status s = dp_comm_->Broadcast(std::span<float>(&ok, 1), 0); !s.ok()) return s;
+    if (absl::Status s = BroadcastHostValues(*ops_, *dp_comm_, std::span<float>(&ok, 1), 0);
+        !s.ok()) {
+      return s;
+    }
   }
   if (!dir.ok()) return dir;
   if (ok != 1.0f) {
@@ -389,7 +396,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
   if (pipeline_) {  // [pp] this stage's tensors
     out->clear();
-    for (const TensorView& p : stage_->Parameters()) out->insert(out->end(), p.data, p.data + p.numel());
+    DownloadTensors(*ops_, stage_->Parameters(), out);
     return absl::OkStatus();
   }
   if (dp_engine_) return dp_engine_->GatherParameters(out);
@@ -450,11 +457,11 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
   std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
   std::unique_ptr<RestoreStaging> sharded;  // ZeRO: host copies of the shards
-  if (pipeline_ && tp_comm_ == nullptr) {  // [pp] this stage's whole tensors, in place
+  if (pipeline_ && tp_comm_ == nullptr && HostAddressable(*ops_)) {  // [pp] whole tensors, in place
     for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
     }
-  } else if (tp_comm_ != nullptr) {
+  } else if (tp_comm_ != nullptr || pipeline_) {  // [tp] [pp] host globals, sliced up after
     tp_staged = CheckpointState(pipeline_ ? stage_->Parameters() : model_->Parameters());  // [pp]
     for (TpStaged& t : tp_staged) {
       const std::vector<int64_t>& shape = t.local.GlobalShape();
@@ -479,7 +486,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   if (!loaded.ok()) return loaded.status();
   if (staged != nullptr) staged->Upload();
   if (sharded != nullptr) sharded->Upload();
-  for (const TpStaged& t : tp_staged) ScatterGlobal(t.global, t.local);  // [tp]
+  for (const TpStaged& t : tp_staged) ScatterGlobal(*ops_, t.global, t.local);  // [tp] [pp]
   const nlohmann::json& state = loaded->state;
   auto get_int = [&state](const char* key, int64_t fallback) {
     return state.contains(key) && state[key].is_number_integer() ? state[key].get<int64_t>()

@@ -7,6 +7,7 @@
 // exactly as the uninterrupted one would have.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,13 +55,10 @@ class TrainingLoop {
   //
   // ops: the backend to train on; null picks it from the spec
   // (MakeOpsForJob in ops_selection.h: resources.device and train.precision,
-  // CUDA device 0). A backend whose memory is not the host's (device() !=
-  // kCpu) trains only the layouts whose exchanges are backend memory: for
-  // the others Create fails with FAILED_PRECONDITION (CheckDeviceLayout), as
-  // it does for resources.device=gpu. Every access to parameters, gradients,
-  // optimizer states and activations goes through the backend, and with
-  // dp > 1 (any ZeRO stage) dp_comm receives only backend memory, as NCCL
-  // requires (docs/engine.md, "Device memory").
+  // CUDA device 0). Every access to parameters, gradients, optimizer states
+  // and activations goes through the backend, and the dp, tp and pp
+  // communicators receive only backend memory, as NCCL requires
+  // (docs/engine.md, "Device memory").
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
       const spec::JobSpec& spec, int dp_rank = 0, int dp_size = 1,
       comm::Communicator* dp_comm = nullptr, comm::Communicator* tp_comm = nullptr,
@@ -138,6 +136,10 @@ class TrainingLoop {
   // [pp] Pipeline parallelism (training_loop_pipeline.cc).
   absl::Status CreatePipeline();
   absl::StatusOr<StepProgress> PipelineTrainStep();
+  // The end of every step, pipeline or not: counters, the record, the
+  // evaluation when due, this step's memory peaks.
+  absl::StatusOr<StepProgress> FinishStep(StepProgress p, int64_t step, double loss,
+                                          std::chrono::steady_clock::time_point start);
   absl::StatusOr<double> PipelineEvaluate();
   // [pp] Checkpoints: each stage's DP-rank-0, TP-rank-0 writes its chunks'
   // global tensors (gathered over TP) and moments; stage 0 commits the step

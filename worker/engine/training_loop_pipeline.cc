@@ -4,7 +4,6 @@
 // checkpoints hold global tensors written stage by stage under one index.
 // Kept apart from training_loop.cc, which calls in here when a pp group is
 // given.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,10 +25,6 @@
 
 namespace loom::engine {
 namespace {
-
-double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Sums one host float over a group (nothing without one), through a backend
 // buffer: a device communicator takes only backend memory.
@@ -80,6 +75,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   const int64_t step = step_ + 1;
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
   memory_.ResetPeaks();
+  ops_->ResetPeakDeviceMemory();
   stage_->ZeroGradients();
   StepProgress p;
   p.lr = LearningRate(t, step);
@@ -137,29 +133,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
                                             ": the instruction list has no OptimizerStep"));
   }
   memory_.Set(MemoryKind::kActivations, stage_->ActivationBytes());
-  step_ = step;
-  tokens_ += t.global_batch_size * t.seq_len;
-  p.step = step;
-  p.total_steps = t.steps;
-  p.loss = loss;
-  p.tokens = tokens_;
-  p.step_seconds = Seconds(start);
-  p.tokens_per_second = p.step_seconds > 0
-      ? static_cast<double>(t.global_batch_size * t.seq_len) / p.step_seconds : 0.0;
-  p.flops_per_token = flops_per_token_;
-  if (IsEvalStep(step)) {
-    Phase("eval");
-    const auto eval_start = std::chrono::steady_clock::now();
-    absl::StatusOr<double> val = Evaluate();
-    if (!val.ok()) return val.status();
-    p.val_loss = *val;
-    p.eval_seconds = Seconds(eval_start);
-  }
-  struct rusage usage {};
-  p.peak_rss_bytes = getrusage(RUSAGE_SELF, &usage) == 0
-      ? static_cast<int64_t>(usage.ru_maxrss) * 1024 : 0;
-  Phase("running");
-  return p;
+  return FinishStep(std::move(p), step, loss, start);
 }
 
 absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {

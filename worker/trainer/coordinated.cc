@@ -1,6 +1,5 @@
 #include "worker/trainer/coordinated.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -53,7 +52,8 @@ loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
   out.set_tokens(p.tokens);
   out.set_step_seconds(p.step_seconds);
   out.set_tokens_per_second(p.tokens_per_second);
-  out.set_memory_bytes(p.peak_rss_bytes);
+  // A GPU rank's memory is its device's; a CPU rank's, its resident set.
+  out.set_memory_bytes(p.peak_device_bytes > 0 ? p.peak_device_bytes : p.peak_rss_bytes);
   out.set_flops_per_token(p.flops_per_token);
   out.set_lr(p.lr);
   out.set_grad_norm(p.grad_norm);
@@ -120,15 +120,8 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
       absl::Seconds(a.collective_timeout_s() > 0 ? a.collective_timeout_s() : 60);
   const std::string address = a.node_address().empty() ? "127.0.0.1" : a.node_address();
   // The backend comes first: a GPU job's NCCL groups order their work after
-  // its compute stream. What no backend of this build can run is refused
+  // its compute stream, and a backend this build cannot make is refused
   // before any group waits for its peers.
-  const loom::v1::Layout& layout = a.layout();
-  auto size = [](int64_t n) { return static_cast<int>(std::max<int64_t>(1, n)); };
-  if (absl::Status s = engine::CheckDeviceLayout(job, false, size(layout.dp()), size(layout.tp()),
-                                                 size(layout.pp()));
-      !s.ok()) {
-    return s;
-  }
   absl::StatusOr<std::shared_ptr<kernels::Ops>> ops = engine::MakeOpsForJob(job, /*local_device=*/0);
   if (!ops.ok()) return ops.status();
   const bool gpu = job.resources.device == spec::DeviceKind::kGpu;

@@ -81,6 +81,11 @@ class CudaOps final : public Ops {
   AllocatorStats allocator_stats() const { return allocator_->stats(); }
   void EmptyCache();  // synchronizes, then returns cached blocks to the driver
   void ResetPeakMemory() { allocator_->ResetPeaks(); }
+  std::optional<DeviceMemoryStats> device_memory() const override {
+    const AllocatorStats s = allocator_->stats();
+    return DeviceMemoryStats{s.allocated_bytes, s.peak_allocated_bytes, s.reserved_bytes};
+  }
+  void ResetPeakDeviceMemory() override { allocator_->ResetPeaks(); }
   CudaRecipe recipe() const { return options_.recipe; }
   GemmScope gemm_scope() const { return scope_; }
   CudaGemmCounts gemm_counts() const { return gemm_counts_; }
