@@ -13,7 +13,6 @@
 #include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
-#include "worker/engine/zero/host_values.h"
 #include "worker/engine/zero/sharded_checkpoint.h"
 
 namespace loom::engine {
@@ -314,7 +313,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   }
   float total = static_cast<float>(sum);
   if (dp_comm_ != nullptr) {
-    if (absl::Status s = AllReduceHostValues(*ops_, *dp_comm_, std::span<float>(&total, 1));
+    if (absl::Status s = AllReduceHostFloats(*ops_, dp_comm_, &total, 1);
         !s.ok()) {
       return s;
     }
@@ -374,13 +373,13 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   // this is also the barrier.
   float ok = dir.ok() ? 1.0f : 0.0f;
   if (dp_rank_ == 0) {
-    if (absl::Status s = BroadcastHostValues(*ops_, *tp_comm_, std::span<float>(&ok, 1), 0);
+    if (absl::Status s = BroadcastHostFloats(*ops_, tp_comm_, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
   }
   if (dp_comm_ != nullptr) {
-    if (absl::Status s = BroadcastHostValues(*ops_, *dp_comm_, std::span<float>(&ok, 1), 0);
+    if (absl::Status s = BroadcastHostFloats(*ops_, dp_comm_, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
@@ -439,7 +438,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
   if (dp_comm_ != nullptr) {
     // Rank 0 tells everyone whether the commit happened; this is also the barrier.
     float ok = dir.ok() ? 1.0f : 0.0f;
-    if (absl::Status s = BroadcastHostValues(*ops_, *dp_comm_, std::span<float>(&ok, 1), 0);
+    if (absl::Status s = BroadcastHostFloats(*ops_, dp_comm_, &ok, 1, 0);
         !s.ok()) {
       return s;
     }

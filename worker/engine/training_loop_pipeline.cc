@@ -24,15 +24,6 @@
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
-namespace {
-
-// Sums one host float over a group (nothing without one), through a backend
-// buffer: a device communicator takes only backend memory.
-absl::Status SumOver(kernels::Ops& ops, comm::Communicator* group, float* value) {
-  return AllReduceHostFloats(ops, group, value, 1);
-}
-
-}  // namespace
 
 absl::Status TrainingLoop::CreatePipeline() {
   const spec::JobSpec& job = spec_;
@@ -104,14 +95,14 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
       }
     }
     loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-    if (absl::Status s = SumOver(ops, dp_comm_, &loss); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(ops, dp_comm_, &loss, 1); !s.ok()) return s;
     // Only the last stage's is non-zero.
-    if (absl::Status s = SumOver(ops, pp_comm_, &loss); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, &loss, 1); !s.ok()) return s;
     // The whole model's norm: TP shards (replicas counted once), then stages.
     absl::StatusOr<double> local = TpGlobalNorm(ops, stage_->Gradients(), tp_comm_);
     if (!local.ok()) return local.status();
     float squares = static_cast<float>(*local * *local);
-    if (absl::Status s = SumOver(ops, pp_comm_, &squares); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, &squares, 1); !s.ok()) return s;
     const double norm = std::sqrt(static_cast<double>(squares));
     p.grad_norm = norm;
     if (t.grad_clip > 0.0 && norm > t.grad_clip) {
@@ -150,8 +141,8 @@ absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {
     sum += *loss * static_cast<double>(count);
   }
   float total = static_cast<float>(sum);
-  if (absl::Status s = SumOver(stage_->ops(), dp_comm_, &total); !s.ok()) return s;
-  if (absl::Status s = SumOver(stage_->ops(), pp_comm_, &total); !s.ok()) return s;
+  if (absl::Status s = AllReduceHostFloats(stage_->ops(), dp_comm_, &total, 1); !s.ok()) return s;
+  if (absl::Status s = AllReduceHostFloats(stage_->ops(), pp_comm_, &total, 1); !s.ok()) return s;
   return static_cast<double>(total) / static_cast<double>(windows);
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/model/host_floats.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {
@@ -55,12 +56,5 @@ absl::Status GatherGlobal(kernels::Ops& ops, const TensorView& local, comm::Comm
 // Copies this rank's slice of `global` (host) up into local.data (backend).
 void ScatterGlobal(kernels::Ops& ops, const std::vector<float>& global, const TensorView& local);
 
-// Sums (AllReduce) or broadcasts `n` host floats over `group` through a
-// backend buffer, for the loop's scalars (losses, norms, flags): a device
-// communicator accepts only backend memory. Nothing without a group of > 1.
-absl::Status AllReduceHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
-                                 int64_t n);
-absl::Status BroadcastHostFloats(kernels::Ops& ops, comm::Communicator* group, float* values,
-                                 int64_t n, int root);
 
 }  // namespace loom::engine

@@ -9,7 +9,7 @@
 #include "worker/engine/memory/release.h"
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/optim/grad_clip.h"
-#include "worker/engine/zero/host_values.h"
+#include "worker/engine/model/host_floats.h"
 
 namespace loom::engine {
 namespace {
@@ -383,7 +383,7 @@ absl::StatusOr<double> DataParallelEngine::ReduceAndClip(float* loss, double max
   if (!status_.ok()) return status_;
   double norm = 0.0;
   if (stage_ <= 1) {
-    if (absl::Status s = AllReduceHostValues(ops_, *comm_, std::span<float>(loss, 1)); !s.ok()) {
+    if (absl::Status s = AllReduceHostFloats(ops_, comm_, loss, 1); !s.ok()) {
       return s;
     }
     const std::vector<TensorView> grads = model_->Gradients();
@@ -393,7 +393,7 @@ absl::StatusOr<double> DataParallelEngine::ReduceAndClip(float* loss, double max
     double sum = 0.0;
     for (const AdamWPiece& p : pieces_) sum += ops_.SumSquares(p.grad, p.count);
     float both[2] = {*loss, static_cast<float>(sum)};
-    if (absl::Status s = AllReduceHostValues(ops_, *comm_, std::span<float>(both, 2)); !s.ok()) {
+    if (absl::Status s = AllReduceHostFloats(ops_, comm_, both, 2); !s.ok()) {
       return s;
     }
     *loss = both[0];

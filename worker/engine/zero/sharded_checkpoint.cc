@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "worker/engine/device_staging.h"
-#include "worker/engine/zero/host_values.h"
+#include "worker/engine/model/host_floats.h"
 
 namespace loom::engine {
 namespace {
@@ -123,7 +123,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
   }
   kernels::Ops& ops = model.ops();
-  if (absl::Status s = BroadcastHostValues(ops, comm, std::span<float>(header, 2), 0); !s.ok()) {
+  if (absl::Status s = BroadcastHostFloats(ops, &comm, header, 2, 0); !s.ok()) {
     return s;
   }
   if (header[0] != 1.0f) {
@@ -148,7 +148,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     }
     EncodeFileDigest(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
   }
-  if (absl::Status s = AllReduceHostValues(ops, comm, std::span<float>(digests)); !s.ok()) {
+  if (absl::Status s = AllReduceHostFloats(ops, &comm, digests.data(), static_cast<int64_t>(digests.size())); !s.ok()) {
     return s;
   }
 
@@ -178,7 +178,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     }
     ok = committed.ok() ? 1.0f : 0.0f;
   }
-  if (absl::Status s = BroadcastHostValues(ops, comm, std::span<float>(&ok, 1), 0); !s.ok()) {
+  if (absl::Status s = BroadcastHostFloats(ops, &comm, &ok, 1, 0); !s.ok()) {
     return s;
   }
   if (rank == 0) return committed;

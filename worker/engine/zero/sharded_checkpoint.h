@@ -12,7 +12,7 @@
 // they are written, and loaded into host buffers that go up only once the
 // whole step has loaded (RestoreStaging); the small control values (the
 // directory's pid, digests, the commit flag) cross the group through backend
-// buffers (host_values.h).
+// buffers (model/host_floats.h).
 #pragma once
 
 #include <memory>
