@@ -191,7 +191,8 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
          .step_seconds = progress.step_seconds(),
          .tokens_per_second = rank_tokens_per_second,
          .mfu = rank_peak > 0 ? progress.flops_per_token() * rank_tokens_per_second / rank_peak
-                              : 0});
+                              : 0,
+         .memory_bytes = static_cast<double>(progress.memory_bytes())});
   }
   // Rank 0 speaks for the job: its loss is already averaged over DP. A new
   // attempt resumes from a checkpoint, so its steps start over from there.

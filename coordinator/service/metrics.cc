@@ -32,6 +32,9 @@ CoordinatorMetrics::CoordinatorMetrics()
       rank_tokens_per_second_(
           Gauge(*registry_, "loom_rank_tokens_per_second", "Tokens per second seen by a rank")),
       rank_mfu_(Gauge(*registry_, "loom_rank_mfu", "Model FLOPs utilisation of a rank (0-1)")),
+      rank_memory_bytes_(Gauge(*registry_, "loom_rank_memory_bytes",
+                               "Peak memory of a rank's last step: device allocator on a GPU, "
+                               "resident set on a CPU")),
       job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
       job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
       job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),
@@ -91,6 +94,7 @@ void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::s
   rank_step_seconds_.Add(labels).Set(s.step_seconds);
   rank_tokens_per_second_.Add(labels).Set(s.tokens_per_second);
   rank_mfu_.Add(labels).Set(s.mfu);
+  rank_memory_bytes_.Add(labels).Set(s.memory_bytes);
 }
 
 void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,

@@ -23,6 +23,7 @@ struct ProgressSample {
   double step_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;
+  double memory_bytes = 0;  // per rank: a GPU's allocator peak, a CPU rank's resident set
 };
 
 class CoordinatorMetrics {
@@ -60,6 +61,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& rank_step_seconds_;
   prometheus::Family<prometheus::Gauge>& rank_tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& rank_mfu_;
+  prometheus::Family<prometheus::Gauge>& rank_memory_bytes_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
   prometheus::Family<prometheus::Gauge>& job_val_loss_;
