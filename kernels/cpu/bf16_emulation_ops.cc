@@ -46,7 +46,8 @@ void RoundToBf16Dense(const float* x, int64_t rows, int64_t cols, int64_t ld, fl
   RoundInto(x, rows, cols, ld, out, cols);
 }
 
-Bf16EmulationOps::Bf16EmulationOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)) {}
+Bf16EmulationOps::Bf16EmulationOps(std::unique_ptr<Ops> inner)
+    : ForwardingOps(std::move(inner)) {}
 
 GemmScope Bf16EmulationOps::SetGemmScope(GemmScope scope) {
   return std::exchange(scope_, scope);
@@ -56,7 +57,7 @@ void Bf16EmulationOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int
                             int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                             int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0 || k <= 0) {
-    inner_->Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    inner().Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const bool a_t = trans_a == Transpose::kYes, b_t = trans_b == Transpose::kYes;
@@ -65,7 +66,7 @@ void Bf16EmulationOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int
   const int64_t b_rows = b_t ? n : k, b_cols = b_t ? k : n;
   const std::vector<float> ra = Rounded(a, a_rows, a_cols, lda);
   const std::vector<float> rb = Rounded(b, b_rows, b_cols, ldb);
-  inner_->Gemm(trans_a, trans_b, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c,
+  inner().Gemm(trans_a, trans_b, m, n, k, alpha, ra.data(), a_cols, rb.data(), b_cols, beta, c,
                ldc);
   ++rounded_gemms_;
 }
@@ -78,7 +79,7 @@ void Bf16EmulationOps::AttentionForward(const AttentionDims& dims, const float* 
   const std::vector<float> rk = Rounded(k, s.kv_rows, s.kv_cols, dims.k_row_stride);
   const std::vector<float> rv = Rounded(v, s.kv_rows, s.kv_cols, dims.v_row_stride);
   std::vector<float> packed_out(static_cast<size_t>(s.q_rows * s.q_cols));
-  inner_->AttentionForward(PackedDims(dims), rq.data(), rk.data(), rv.data(), packed_out.data(),
+  inner().AttentionForward(PackedDims(dims), rq.data(), rk.data(), rv.data(), packed_out.data(),
                            lse);
   // The GPU kernel writes bf16 and widens it into the caller's tensor.
   RoundInto(packed_out.data(), s.q_rows, s.q_cols, s.q_cols, out, dims.o_row_stride);
@@ -98,7 +99,7 @@ void Bf16EmulationOps::AttentionBackward(const AttentionDims& dims, const float*
   std::vector<float> pdq(static_cast<size_t>(s.q_rows * s.q_cols));
   std::vector<float> pdk(static_cast<size_t>(s.kv_rows * s.kv_cols));
   std::vector<float> pdv(static_cast<size_t>(s.kv_rows * s.kv_cols));
-  inner_->AttentionBackward(PackedDims(dims), rq.data(), rk.data(), rv.data(), ro.data(), lse,
+  inner().AttentionBackward(PackedDims(dims), rq.data(), rk.data(), rv.data(), ro.data(), lse,
                             rdo.data(), pdq.data(), pdk.data(), pdv.data());
   RoundInto(pdq.data(), s.q_rows, s.q_cols, s.q_cols, dq, dims.q_row_stride);
   RoundInto(pdk.data(), s.kv_rows, s.kv_cols, s.kv_cols, dk, dims.k_row_stride);

@@ -18,19 +18,17 @@
 
 #include <memory>
 
-#include "kernels/ops.h"
+#include "kernels/forwarding_ops.h"
 
 namespace loom::kernels::cpu {
 
-class Bf16EmulationOps final : public Ops {
+class Bf16EmulationOps final : public ForwardingOps {
  public:
   // `inner` does the arithmetic (an fp32 backend on host memory, normally
   // CpuOps); buffers are inner's.
   explicit Bf16EmulationOps(std::unique_ptr<Ops> inner);
 
-  DeviceType device() const override { return inner_->device(); }
   const char* name() const override { return "cpu-bf16-emulation"; }
-  int num_threads() const override { return inner_->num_threads(); }
 
   // The scope does not change what this recipe rounds; it is kept so that
   // nested guards restore what they set.
@@ -49,102 +47,7 @@ class Bf16EmulationOps final : public Ops {
                          const float* v, const float* out, const float* lse, const float* d_out,
                          float* dq, float* dk, float* dv) override;
 
-  Buffer Allocate(int64_t bytes) override { return inner_->Allocate(bytes); }
-  void CopyHostToDevice(void* dst, const void* src, int64_t bytes) override {
-    inner_->CopyHostToDevice(dst, src, bytes);
-  }
-  void CopyDeviceToHost(void* dst, const void* src, int64_t bytes) override {
-    inner_->CopyDeviceToHost(dst, src, bytes);
-  }
-  void CopyDeviceToDevice(void* dst, const void* src, int64_t bytes) override {
-    inner_->CopyDeviceToDevice(dst, src, bytes);
-  }
-  void Fill(float* x, int64_t n, float value) override { inner_->Fill(x, n, value); }
-  void Synchronize() override { inner_->Synchronize(); }
-
-  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
-    inner_->Axpy(n, alpha, x, y);
-  }
-  void Scale(int64_t n, float alpha, float* x) override { inner_->Scale(n, alpha, x); }
-  double SumSquares(const float* x, int64_t n) override { return inner_->SumSquares(x, n); }
-
-  void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
-                        int64_t dim, float* out) override {
-    inner_->EmbeddingForward(ids, num_tokens, table, vocab, dim, out);
-  }
-  void EmbeddingBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
-                         int64_t vocab, int64_t dim, float* d_table) override {
-    inner_->EmbeddingBackward(ids, num_tokens, d_out, vocab, dim, d_table);
-  }
-  void RmsNormForward(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
-                      float* y, float* rstd) override {
-    inner_->RmsNormForward(x, weight, rows, dim, eps, y, rstd);
-  }
-  void RmsNormBackward(const float* d_y, const float* x, const float* weight, const float* rstd,
-                       int64_t rows, int64_t dim, float* dx, bool accumulate_dx,
-                       float* d_weight) override {
-    inner_->RmsNormBackward(d_y, x, weight, rstd, rows, dim, dx, accumulate_dx, d_weight);
-  }
-  void RopeForward(float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                   int64_t row_stride, const float* cos, const float* sin,
-                   int64_t position_offset) override {
-    inner_->RopeForward(x, batch, seq, heads, head_dim, row_stride, cos, sin, position_offset);
-  }
-  void RopeBackward(float* dx, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                    int64_t row_stride, const float* cos, const float* sin,
-                    int64_t position_offset) override {
-    inner_->RopeBackward(dx, batch, seq, heads, head_dim, row_stride, cos, sin, position_offset);
-  }
-  void SwiGluForward(int64_t rows, int64_t dim, const float* gate, const float* up,
-                     int64_t in_stride, float* out, int64_t out_stride) override {
-    inner_->SwiGluForward(rows, dim, gate, up, in_stride, out, out_stride);
-  }
-  void SwiGluBackward(int64_t rows, int64_t dim, const float* gate, const float* up,
-                      int64_t in_stride, const float* d_out, int64_t out_stride, float* d_gate,
-                      float* d_up) override {
-    inner_->SwiGluBackward(rows, dim, gate, up, in_stride, d_out, out_stride, d_gate, d_up);
-  }
-  void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
-                           int64_t vocab, float* row_loss) override {
-    inner_->CrossEntropyForward(logits, targets, rows, vocab, row_loss);
-  }
-  void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,
-                                   int64_t vocab, float grad_scale, float* row_loss) override {
-    inner_->CrossEntropyForwardBackward(logits, targets, rows, vocab, grad_scale, row_loss);
-  }
-  void EmbeddingShardForward(const int32_t* ids, int64_t num_tokens, const float* table,
-                             int64_t vocab_offset, int64_t vocab, int64_t dim,
-                             float* out) override {
-    inner_->EmbeddingShardForward(ids, num_tokens, table, vocab_offset, vocab, dim, out);
-  }
-  void EmbeddingShardBackward(const int32_t* ids, int64_t num_tokens, const float* d_out,
-                              int64_t vocab_offset, int64_t vocab, int64_t dim,
-                              float* d_table) override {
-    inner_->EmbeddingShardBackward(ids, num_tokens, d_out, vocab_offset, vocab, dim, d_table);
-  }
-  void CrossEntropyShardStats(const float* logits, const int32_t* targets, int64_t rows,
-                              int64_t vocab_offset, int64_t vocab, float* row_lse,
-                              float* row_target_logit) override {
-    inner_->CrossEntropyShardStats(logits, targets, rows, vocab_offset, vocab, row_lse,
-                                   row_target_logit);
-  }
-  void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
-                                 int64_t vocab_offset, int64_t vocab, const float* row_lse,
-                                 float grad_scale) override {
-    inner_->CrossEntropyShardBackward(logits, targets, rows, vocab_offset, vocab, row_lse,
-                                      grad_scale);
-  }
-  void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
-             float beta1, float beta2, float eps, float weight_decay, int64_t step) override {
-    inner_->AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
-  }
-
- protected:
-  // Never called: Allocate hands out inner's buffers, which return to inner.
-  void Free(void* data) override {}
-
  private:
-  std::unique_ptr<Ops> inner_;
   GemmScope scope_ = GemmScope::kDefault;
   int64_t rounded_gemms_ = 0;
   int64_t rounded_attention_calls_ = 0;

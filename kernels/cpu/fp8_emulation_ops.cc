@@ -26,7 +26,8 @@ Operand Quantize(const float* x, int64_t rows, int64_t cols, int64_t ld, Fp8Grou
 
 }  // namespace
 
-Fp8EmulationOps::Fp8EmulationOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)) {}
+Fp8EmulationOps::Fp8EmulationOps(std::unique_ptr<Ops> inner)
+    : ForwardingOps(std::move(inner)) {}
 
 GemmScope Fp8EmulationOps::SetGemmScope(GemmScope scope) {
   return std::exchange(scope_, scope);
@@ -36,7 +37,7 @@ void Fp8EmulationOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int6
                            float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                            float beta, float* c, int64_t ldc) {
   if (scope_ != GemmScope::kLinear || m <= 0 || n <= 0 || k <= 0) {
-    inner_->Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    inner().Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   const bool a_t = trans_a == Transpose::kYes, b_t = trans_b == Transpose::kYes;
@@ -52,7 +53,7 @@ void Fp8EmulationOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int6
   Fp8Grouping b_grouping = Fp8Grouping::kBlocks;
   if (a_t) b_grouping = b_t ? Fp8Grouping::kRowTiles : Fp8Grouping::kColumnTiles;
   const Operand qb = Quantize(b, b_rows, b_cols, ldb, b_grouping);
-  inner_->Gemm(trans_a, trans_b, m, n, k, alpha, qa.values.data(), qa.ld, qb.values.data(), qb.ld,
+  inner().Gemm(trans_a, trans_b, m, n, k, alpha, qa.values.data(), qa.ld, qb.values.data(), qb.ld,
                beta, c, ldc);
   ++quantized_gemms_;
 }
