@@ -52,6 +52,9 @@ def throughput(a):
         "mfu_vs_bf16_peak": fpt * tok_s / a.bf16_peak if a.bf16_peak > 0 and fpt > 0 else None,
         "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
         "peak_rss_bytes": rows[-1].get("peak_rss_bytes"),
+        # The device allocator's peak over the steps (docs/planner.md compares
+        # it with the planner's memory estimate for this job).
+        "max_memory_bytes": max((r.get("peak_device_bytes", 0) for r in rows), default=0) or None,
     }
     print(json.dumps(out))
     return 0
@@ -73,7 +76,7 @@ def table(a):
     torch_tps = next((r["tokens_per_second"] for r in results
                       if r.get("impl") == "pytorch" and r.get("tokens_per_second")), None)
     print(f"{'run':<16} {'dtype':<5} {'step_s':>8} {'tokens/s':>10} {'MFU':>6} {'MFU@bf16':>8} "
-          f"{'vs torch':>8} {'loss first->last':>17} {'FLOP/token':>10}")
+          f"{'vs torch':>8} {'loss first->last':>17} {'FLOP/token':>10} {'mem GiB':>7}")
     for r in results:
         if r.get("error"):
             print(f"{r.get('label', r.get('impl')):<16} {r.get('precision', ''):<5} ERROR {r['error']}")
@@ -88,7 +91,8 @@ def table(a):
         print(f"{label:<16} {dtype:<5} {fmt(r.get('step_seconds_median'), '8.3f'):>8} "
               f"{fmt(r.get('tokens_per_second'), '10.0f'):>10} {fmt(r.get('mfu'), '6.1%'):>6} "
               f"{fmt(mfu_bf16, '8.1%'):>8} {fmt(ratio, '7.2f') + ('x' if ratio else ''):>8} "
-              f"{fmt(first, '.3f'):>8}->{fmt(last, '.3f'):<8} {fmt(r.get('flops_per_token'), '10.3g'):>10}")
+              f"{fmt(first, '.3f'):>8}->{fmt(last, '.3f'):<8} {fmt(r.get('flops_per_token'), '10.3g'):>10} "
+              f"{fmt(r['max_memory_bytes'] / 2**30 if r.get('max_memory_bytes') else None, '7.1f'):>7}")
     return 0
 
 
