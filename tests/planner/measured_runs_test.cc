@@ -56,11 +56,14 @@ TEST_F(MeasuredRunsTest, ThroughputRankCorrelationFloor) {
 }
 
 // Goal: picked layout within 10% of the cell's best in >= 80% of cells.
-// NOT reached (17 of 26 cells); regression floor. docs/planner.md says why
-// (repeat runs of one configuration differ by more than 10%).
+// NOT reached (17 of 26 cells on the data's MFU column, 19 on measured
+// tokens/s, which is MFU with one FLOP count per cell); regression floors.
+// docs/planner.md says why (repeat runs of one configuration differ by more
+// than 10%; the column counts a tied embedding twice under PP).
 TEST_F(MeasuredRunsTest, PickedLayoutFloor) {
   EXPECT_EQ(playbook_->cells_with_success, 26);
   EXPECT_GE(playbook_->cells_within_10pct, 17) << FormatPlaybookReport(*playbook_, true);
+  EXPECT_GE(playbook_->cells_within_10pct_tok_s, 19) << FormatPlaybookReport(*playbook_, true);
 }
 
 // Goal: held-out vTrain mean absolute error <= 15%. Reached with the

@@ -120,6 +120,7 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
       const Scored* first = nullptr;
       int ok_runs = 0;
       double mfu_sum = 0;
+      double tok_s_sum = 0;
     };
     std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, Config> configs;
     for (const Scored& s : list) {
@@ -134,11 +135,15 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
       if (r.ok) {
         ++cfg.ok_runs;
         cfg.mfu_sum += r.mfu_pct;
+        cfg.tok_s_sum += r.tok_s_gpu;
       }
     }
     const Config* pick = nullptr;
     for (const auto& [unused, cfg] : configs) {
-      if (cfg.ok_runs > 0) cs.best_mfu = std::max(cs.best_mfu, cfg.mfu_sum / cfg.ok_runs);
+      if (cfg.ok_runs > 0) {
+        cs.best_mfu = std::max(cs.best_mfu, cfg.mfu_sum / cfg.ok_runs);
+        cs.best_tok_s = std::max(cs.best_tok_s, cfg.tok_s_sum / cfg.ok_runs);
+      }
       if (cfg.first->pickable && (pick == nullptr || cfg.first->tok_s_gpu > pick->first->tok_s_gpu)) {
         pick = &cfg;
       }
@@ -152,11 +157,14 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
       cs.picked_any = true;
       cs.picked_ok = pick->ok_runs > 0;
       cs.picked_mfu = pick->ok_runs > 0 ? pick->mfu_sum / pick->ok_runs : 0;
+      cs.picked_tok_s = pick->ok_runs > 0 ? pick->tok_s_sum / pick->ok_runs : 0;
     }
     if (cs.succeeded > 0) {
       ++rep.cells_with_success;
       cs.within_10pct = cs.picked_ok && cs.picked_mfu >= 0.9 * cs.best_mfu;
       if (cs.within_10pct) ++rep.cells_within_10pct;
+      cs.within_10pct_tok_s = cs.picked_ok && cs.picked_tok_s >= 0.9 * cs.best_tok_s;
+      if (cs.within_10pct_tok_s) ++rep.cells_within_10pct_tok_s;
     }
     rep.cells.push_back(cs);
   }
@@ -231,23 +239,29 @@ std::string FormatPlaybookReport(const PlaybookReport& r, bool per_cell) {
       "playbook: %d runs\n"
       "  fit-or-not predicted right: %d (%.1f%%); predicted to fit but failed %d, predicted OOM but ran %d\n"
       "  throughput rank correlation per cell (Spearman, %d cells with >= 3 runs): mean %.3f, median %.3f\n"
-      "  picked layout within 10%% of the cell's best measured MFU: %d of %d cells (%.1f%%)\n"
+      "  picked layout within 10%% of the cell's best measured MFU: %d of %d cells (%.1f%%); "
+      "on measured tokens/s (MFU with one FLOP count): %d of %d\n"
       "  succeeded runs: memory |error| %.1f%% of measured, tokens/s |error| %.1f%% (|log| %.3f, "
       "best 75%%: %.3f)\n",
       r.runs, r.correct_fit, 100 * r.fit_accuracy, r.predicted_fit_but_failed,
       r.predicted_oom_but_ran, r.scored_cells, r.mean_spearman, r.median_spearman,
       r.cells_within_10pct, r.cells_with_success, 100 * r.pick_fraction,
+      r.cells_within_10pct_tok_s, r.cells_with_success,
       100 * r.memory_mean_abs_rel_error, 100 * r.throughput_mean_abs_rel_error,
       r.throughput_mean_abs_log_error, r.throughput_trimmed_abs_log_error);
   if (per_cell) {
-    absl::StrAppend(&out, absl::StrFormat("  %-5s %5s %5s %5s %9s %10s %9s %s\n", "model", "nodes", "runs",
-                                          "ok", "spearman", "picked MFU", "best MFU", "within 10%"));
+    absl::StrAppend(&out, absl::StrFormat("  %-5s %5s %5s %5s %9s %10s %9s %10s %12s %10s %s\n",
+                                          "model", "nodes", "runs", "ok", "spearman", "picked MFU",
+                                          "best MFU", "within 10%", "picked tok/s", "best tok/s",
+                                          "within 10%"));
     for (const CellScore& c : r.cells) {
       absl::StrAppend(&out, absl::StrFormat(
-          "  %-5s %5d %5d %5d %9s %10s %9.1f %s\n", c.model, c.nodes, c.runs, c.succeeded,
-          c.scored ? absl::StrFormat("%.3f", c.spearman) : "-",
+          "  %-5s %5d %5d %5d %9s %10s %9.1f %10s %12s %10.0f %s\n", c.model, c.nodes, c.runs,
+          c.succeeded, c.scored ? absl::StrFormat("%.3f", c.spearman) : "-",
           c.picked_any ? absl::StrFormat("%.1f", c.picked_mfu) : "none", c.best_mfu,
-          c.succeeded == 0 ? "-" : (c.within_10pct ? "yes" : "no")));
+          c.succeeded == 0 ? "-" : (c.within_10pct ? "yes" : "no"),
+          c.picked_any ? absl::StrFormat("%.0f", c.picked_tok_s) : "none", c.best_tok_s,
+          c.succeeded == 0 ? "-" : (c.within_10pct_tok_s ? "yes" : "no")));
     }
   }
   return out;

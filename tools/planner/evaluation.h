@@ -25,6 +25,14 @@ struct CellScore {
   double picked_mfu = 0;      // measured MFU (%) of the picked configuration (0 if it crashed)
   double best_mfu = 0;        // the cell's best measured MFU (%), repeated configurations averaged
   bool within_10pct = false;  // picked_mfu >= 0.9 * best_mfu
+  // The same comparison on measured tokens/s per GPU, i.e. on MFU computed
+  // with one FLOP count for every layout of the cell. The data's mfu_pct
+  // counts a tied model's embedding twice when PP splits it from the LM head
+  // (1B and 3B: MFU / tokens/s is 1.167x and 1.094x higher with pp > 1,
+  // exactly the share of the second copy), which favours pipelined layouts.
+  double picked_tok_s = 0;
+  double best_tok_s = 0;
+  bool within_10pct_tok_s = false;
 };
 
 struct PlaybookReport {
@@ -39,6 +47,7 @@ struct PlaybookReport {
   int cells_with_success = 0;
   int cells_within_10pct = 0;
   double pick_fraction = 0;     // cells_within_10pct / cells_with_success
+  int cells_within_10pct_tok_s = 0;  // the same on tokens/s (CellScore)
   double memory_mean_abs_rel_error = 0;  // succeeded runs: |pred - mem_gb| / mem_gb
   double throughput_mean_abs_log_error = 0;  // succeeded runs: |ln(pred / measured)|
   double throughput_mean_abs_rel_error = 0;
