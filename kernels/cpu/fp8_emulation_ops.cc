@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/bf16_emulation_ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8_quantize.h"
 
@@ -26,8 +27,8 @@ Operand Quantize(const float* x, int64_t rows, int64_t cols, int64_t ld, Fp8Grou
 
 }  // namespace
 
-Fp8EmulationOps::Fp8EmulationOps(std::unique_ptr<Ops> inner)
-    : ForwardingOps(std::move(inner)) {}
+Fp8EmulationOps::Fp8EmulationOps(std::unique_ptr<Ops> inner, std::unique_ptr<Ops> quantized_gemm)
+    : ForwardingOps(std::move(inner)), quantized_gemm_(std::move(quantized_gemm)) {}
 
 GemmScope Fp8EmulationOps::SetGemmScope(GemmScope scope) {
   return std::exchange(scope_, scope);
@@ -53,13 +54,15 @@ void Fp8EmulationOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int6
   Fp8Grouping b_grouping = Fp8Grouping::kBlocks;
   if (a_t) b_grouping = b_t ? Fp8Grouping::kRowTiles : Fp8Grouping::kColumnTiles;
   const Operand qb = Quantize(b, b_rows, b_cols, ldb, b_grouping);
-  inner().Gemm(trans_a, trans_b, m, n, k, alpha, qa.values.data(), qa.ld, qb.values.data(), qb.ld,
+  Ops& gemm = quantized_gemm_ != nullptr ? *quantized_gemm_ : inner();
+  gemm.Gemm(trans_a, trans_b, m, n, k, alpha, qa.values.data(), qa.ld, qb.values.data(), qb.ld,
                beta, c, ldc);
   ++quantized_gemms_;
 }
 
 std::unique_ptr<Ops> MakeFp8EmulationOps(int num_threads) {
-  return std::make_unique<Fp8EmulationOps>(MakeCpuOps(num_threads));
+  return std::make_unique<Fp8EmulationOps>(MakeBf16EmulationOps(num_threads),
+                                           MakeCpuOps(num_threads));
 }
 
 }  // namespace loom::kernels::cpu

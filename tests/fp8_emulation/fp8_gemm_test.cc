@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/bf16_emulation_ops.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8_emulation_ops.h"
 #include "kernels/cpu/fp8_quantize.h"
@@ -199,6 +201,26 @@ TEST(Fp8EmulationGemm, DefaultScopeIsPlainFp32) {
             c2.data(), n);
   EXPECT_EQ(c1, c2);
   EXPECT_EQ(fp8.quantized_gemms(), 0);
+}
+
+// The shipped recipe (MakeFp8EmulationOps) runs what is outside the linear
+// scope through the bf16 emulation, as CudaOps' kFp8 runs it in bf16.
+TEST(Fp8EmulationGemm, OutsideTheScopeTheRecipeIsBf16) {
+  const int m = 33, n = 65, k = 129;
+  std::vector<float> a = Random(m * k, 7), b = Random(n * k, 8);
+  std::vector<float> c1(m * n, 0.0f), c2(m * n, 0.0f), c3(m * n, 0.0f);
+  std::unique_ptr<Ops> fp8 = MakeFp8EmulationOps(2);
+  std::unique_ptr<Ops> bf16 = MakeBf16EmulationOps(2);
+  CpuOps fp32(2);
+  fp8->Gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+            c1.data(), n);
+  bf16->Gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+             c2.data(), n);
+  fp32.Gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+            c3.data(), n);
+  EXPECT_EQ(c1, c2);
+  EXPECT_NE(c1, c3);
+  EXPECT_EQ(static_cast<Fp8EmulationOps*>(fp8.get())->quantized_gemms(), 0);
 }
 
 TEST(Fp8EmulationGemm, ScopeGuardsNestAndRestore) {
