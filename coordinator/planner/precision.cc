@@ -22,6 +22,12 @@ std::vector<PrecisionRecipe> BuildTable() {
        "bf16 weights plus their fp8 copy, fp32 accumulation, master and Adam (21 B/param)"},
       {RecipeKind::kFp8DeepSeekV3, "fp8-deepseek-v3", ComputeDtype::kFp8, 1, 0, 4, 4, 4, 4, 2,
        "fp8 weights, fp32 gradients and master, bf16 Adam moments (13 B/param)"},
+      {RecipeKind::kLoomBf16Cast, "loom-bf16-cast", ComputeDtype::kBf16, 4, 4, 0, 0, 8, 4, 4,
+       "fp32 weights, gradients, activations and Adam, bf16 GEMM operands cast per GEMM "
+       "(16 B/param; Loom's engine)"},
+      {RecipeKind::kLoomFp8Cast, "loom-fp8-cast", ComputeDtype::kFp8, 4, 4, 0, 0, 8, 4, 4,
+       "fp32 weights, gradients, activations and Adam, linear GEMMs' operands quantized to e4m3 "
+       "per GEMM (16 B/param; Loom's engine)"},
   };
 }
 
@@ -55,9 +61,9 @@ RecipeKind RecipeForPrecision(spec::Precision precision) {
     case spec::Precision::kFp32:
       return RecipeKind::kFp32;
     case spec::Precision::kBf16:
-      return RecipeKind::kBf16Fp32Accum;
+      return RecipeKind::kLoomBf16Cast;
     case spec::Precision::kFp8:
-      return RecipeKind::kFp8DeepSeekV3;
+      return RecipeKind::kLoomFp8Cast;
   }
   return RecipeKind::kFp32;
 }

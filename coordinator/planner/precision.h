@@ -21,6 +21,11 @@ enum class RecipeKind {
   kBf16Fp32Accum,     // as kBf16, plus an fp32 gradient-accumulation buffer
   kFp8TransformerEngine,  // bf16 weights + cached fp8 copy, fp32 accumulation
   kFp8DeepSeekV3,     // fp8 working weights, fp32 master and grads, bf16 Adam moments
+  // Loom's engine today: fp32 weights (they are the master copy), gradients,
+  // activations and Adam; each GEMM casts its operands to bf16 (or quantizes
+  // the linear layers' to e4m3) on the fly (docs/gpu.md).
+  kLoomBf16Cast,
+  kLoomFp8Cast,
 };
 
 struct PrecisionRecipe {
@@ -45,9 +50,11 @@ struct PrecisionRecipe {
 
 const PrecisionRecipe& Recipe(RecipeKind kind);
 const std::vector<PrecisionRecipe>& AllRecipes();
-// Names: fp32, bf16, bf16-fp32-accum, fp8-te, fp8-deepseek-v3.
+// Names: fp32, bf16, bf16-fp32-accum, fp8-te, fp8-deepseek-v3, loom-bf16-cast,
+// loom-fp8-cast.
 absl::StatusOr<RecipeKind> RecipeByName(std::string_view name);
-// The recipe Loom's engine uses for train.precision.
+// The recipe Loom's engine uses for train.precision (what it stores, not the
+// textbook recipe of the same name: the cast recipes above for bf16 and fp8).
 RecipeKind RecipeForPrecision(spec::Precision precision);
 
 }  // namespace loom::planner

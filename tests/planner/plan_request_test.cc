@@ -75,8 +75,18 @@ TEST(PlanRequestFromJob, GpuPresetAndRecipe) {
   ASSERT_TRUE(req.ok()) << req.status();
   EXPECT_EQ(req->cluster.name, "h200");
   EXPECT_EQ(req->cluster.world_size(), 16);
-  EXPECT_EQ(req->workload.recipe, RecipeKind::kBf16Fp32Accum);
-  EXPECT_DOUBLE_EQ(Recipe(req->workload.recipe).total_bytes(), 20);
+  // What Loom's engine stores for bf16: fp32 states and activations, bf16
+  // only inside each GEMM.
+  EXPECT_EQ(req->workload.recipe, RecipeKind::kLoomBf16Cast);
+  EXPECT_DOUBLE_EQ(Recipe(req->workload.recipe).total_bytes(), 16);
+  EXPECT_DOUBLE_EQ(Recipe(req->workload.recipe).activation_bytes, 4);
+  EXPECT_EQ(Recipe(req->workload.recipe).compute, ComputeDtype::kBf16);
+  job.train.precision = spec::Precision::kFp8;
+  absl::StatusOr<PlanRequest> fp8 = PlanRequestFromJob(job);
+  ASSERT_TRUE(fp8.ok()) << fp8.status();
+  EXPECT_EQ(fp8->workload.recipe, RecipeKind::kLoomFp8Cast);
+  EXPECT_EQ(Recipe(fp8->workload.recipe).compute, ComputeDtype::kFp8);
+  job.train.precision = spec::Precision::kBf16;
 
   job.resources.gpu = "tpu-v9";
   absl::StatusOr<PlanRequest> bad = PlanRequestFromJob(job);
