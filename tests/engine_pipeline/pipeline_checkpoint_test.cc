@@ -9,11 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
 #include "tests/model_tp/tp_test_util.h"
@@ -69,59 +68,40 @@ class PipelineCheckpointTest : public ::testing::Test {
     job.parallelism.tp = l.tp;
     job.parallelism.schedule = l.schedule;
     job.parallelism.virtual_stages = l.virtual_stages;
-    comm::InProcessStore store;
-    using Group = std::vector<std::unique_ptr<comm::Communicator>>;
-    std::map<std::pair<int, int>, Group> tp_groups, dp_groups, pp_groups;
-    for (int p = 0; p < l.pp; ++p)
-      for (int d = 0; d < l.dp; ++d)
-        tp_groups[{p, d}] = comm::testing::MakeGroup(store, l.tp, absl::Seconds(60), "tp");
-    for (int p = 0; p < l.pp; ++p)
-      for (int t = 0; t < l.tp; ++t)
-        dp_groups[{p, t}] = comm::testing::MakeGroup(store, l.dp, absl::Seconds(60), "dp");
-    for (int d = 0; d < l.dp; ++d)
-      for (int t = 0; t < l.tp; ++t)
-        pp_groups[{d, t}] = comm::testing::MakeGroup(store, l.pp, absl::Seconds(60), "pp");
-    std::vector<RankRun> runs(l.pp * l.dp * l.tp);
-    std::vector<std::thread> threads;
-    for (int p = 0; p < l.pp; ++p) {
-      for (int d = 0; d < l.dp; ++d) {
-        for (int t = 0; t < l.tp; ++t) {
-          threads.emplace_back([&, p, d, t] {
-            comm::Communicator* tp_comm = l.tp > 1 ? tp_groups[{p, d}][t].get() : nullptr;
-            comm::Communicator* dp_comm = l.dp > 1 ? dp_groups[{p, t}][d].get() : nullptr;
-            comm::Communicator* pp_comm = l.pp > 1 ? pp_groups[{d, t}][p].get() : nullptr;
-            RankRun& run = runs[(p * l.dp + d) * l.tp + t];
-            absl::StatusOr<std::unique_ptr<TrainingLoop>> created =
-                TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
-            ASSERT_TRUE(created.ok()) << created.status();
-            TrainingLoop& loop = **created;
-            if (!restore_root.empty()) {
-              absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(restore_root);
-              run.restore = loaded.status();
-              if (loaded.ok()) run.restored_step = loaded->step;
-            }
-            while (loop.step() < until) {
-              absl::StatusOr<StepProgress> step = loop.TrainStep();
-              ASSERT_TRUE(step.ok()) << step.status();
-              run.steps.push_back(*step);
-            }
-            if (!save_root.empty()) {
-              absl::StatusOr<std::string> saved = loop.SaveCheckpoint(save_root);
-              ASSERT_TRUE(saved.ok()) << saved.status();
-              run.saved = *saved;
-            }
-            const std::vector<TensorView> params = loop.pipeline_stage() != nullptr
-                ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
-            for (const TensorView& v : params) {
-              std::vector<float> global;
-              ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
-              run.params[v.name] = std::move(global);
-            }
-          });
-        }
+    const comm::testing::MeshGroups mesh(l.pp, l.dp, l.tp);
+    std::vector<RankRun> runs(mesh.size());
+    mesh.RunRanks([&](int p, int d, int t) {
+      comm::Communicator* tp_comm = mesh.Tp(p, d, t);
+      comm::Communicator* dp_comm = mesh.Dp(p, d, t);
+      comm::Communicator* pp_comm = mesh.Pp(p, d, t);
+      RankRun& run = runs[mesh.Rank(p, d, t)];
+      absl::StatusOr<std::unique_ptr<TrainingLoop>> created =
+          TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
+      ASSERT_TRUE(created.ok()) << created.status();
+      TrainingLoop& loop = **created;
+      if (!restore_root.empty()) {
+        absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(restore_root);
+        run.restore = loaded.status();
+        if (loaded.ok()) run.restored_step = loaded->step;
       }
-    }
-    for (std::thread& th : threads) th.join();
+      while (loop.step() < until) {
+        absl::StatusOr<StepProgress> step = loop.TrainStep();
+        ASSERT_TRUE(step.ok()) << step.status();
+        run.steps.push_back(*step);
+      }
+      if (!save_root.empty()) {
+        absl::StatusOr<std::string> saved = loop.SaveCheckpoint(save_root);
+        ASSERT_TRUE(saved.ok()) << saved.status();
+        run.saved = *saved;
+      }
+      const std::vector<TensorView> params = loop.pipeline_stage() != nullptr
+          ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
+      for (const TensorView& v : params) {
+        std::vector<float> global;
+        ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
+        run.params[v.name] = std::move(global);
+      }
+    });
     return runs;
   }
 

@@ -11,14 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "kernels/cpu/bf16_emulation_ops.h"
 #include "kernels/cpu/fp8_emulation_ops.h"
+#include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
 #include "tests/model_tp/tp_test_util.h"
@@ -97,46 +96,27 @@ class PipelineTrainingTest : public ::testing::Test {
     job.parallelism.tp = l.tp;
     job.parallelism.schedule = l.schedule;
     job.parallelism.virtual_stages = l.virtual_stages;
-    comm::InProcessStore store;
-    using Group = std::vector<std::unique_ptr<comm::Communicator>>;
-    std::map<std::pair<int, int>, Group> tp_groups, dp_groups, pp_groups;
-    for (int p = 0; p < l.pp; ++p)
-      for (int d = 0; d < l.dp; ++d)
-        tp_groups[{p, d}] = comm::testing::MakeGroup(store, l.tp, absl::Seconds(60), "tp");
-    for (int p = 0; p < l.pp; ++p)
-      for (int t = 0; t < l.tp; ++t)
-        dp_groups[{p, t}] = comm::testing::MakeGroup(store, l.dp, absl::Seconds(60), "dp");
-    for (int d = 0; d < l.dp; ++d)
-      for (int t = 0; t < l.tp; ++t)
-        pp_groups[{d, t}] = comm::testing::MakeGroup(store, l.pp, absl::Seconds(60), "pp");
-    std::vector<TrainedRun> runs(l.pp * l.dp * l.tp);
-    std::vector<std::thread> threads;
-    for (int p = 0; p < l.pp; ++p) {
-      for (int d = 0; d < l.dp; ++d) {
-        for (int t = 0; t < l.tp; ++t) {
-          threads.emplace_back([&, p, d, t] {
-            comm::Communicator* tp_comm = l.tp > 1 ? tp_groups[{p, d}][t].get() : nullptr;
-            comm::Communicator* dp_comm = l.dp > 1 ? dp_groups[{p, t}][d].get() : nullptr;
-            comm::Communicator* pp_comm = pp_groups[{d, t}][p].get();
-            absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
-                TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
-            ASSERT_TRUE(loop.ok()) << loop.status();
-            TrainedRun& run = runs[(p * l.dp + d) * l.tp + t];
-            run.steps = Train(**loop, steps);
-            ASSERT_NE((*loop)->pipeline_stage(), nullptr);
-            for (const TensorView& v : (*loop)->pipeline_stage()->Parameters()) {
-              std::vector<float> global;
-              ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
-              run.params[v.name] = std::move(global);
-            }
-            run.pp_stats = pp_comm->Stats();
-            run.backend = (*loop)->ops().name();
-            run.reduced_precision_gemms = ReducedPrecisionGemms((*loop)->ops());
-          });
-        }
+    const comm::testing::MeshGroups mesh(l.pp, l.dp, l.tp);
+    std::vector<TrainedRun> runs(mesh.size());
+    mesh.RunRanks([&](int p, int d, int t) {
+      comm::Communicator* tp_comm = mesh.Tp(p, d, t);
+      comm::Communicator* dp_comm = mesh.Dp(p, d, t);
+      comm::Communicator* pp_comm = mesh.Pp(p, d, t);
+      absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
+          TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      TrainedRun& run = runs[mesh.Rank(p, d, t)];
+      run.steps = Train(**loop, steps);
+      ASSERT_NE((*loop)->pipeline_stage(), nullptr);
+      for (const TensorView& v : (*loop)->pipeline_stage()->Parameters()) {
+        std::vector<float> global;
+        ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
+        run.params[v.name] = std::move(global);
       }
-    }
-    for (std::thread& th : threads) th.join();
+      run.pp_stats = pp_comm->Stats();
+      run.backend = (*loop)->ops().name();
+      run.reduced_precision_gemms = ReducedPrecisionGemms((*loop)->ops());
+    });
     return runs;
   }
 

@@ -15,11 +15,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "tests/engine/test_util.h"
@@ -81,38 +80,27 @@ class TpTrainingTest : public ::testing::Test {
     job.parallelism.tp = tp;
     job.parallelism.sequence_parallel = sp;
     job.parallelism.zero_stage = zero_stage;
-    comm::InProcessStore store;
-    std::vector<std::vector<std::unique_ptr<comm::Communicator>>> tp_groups, dp_groups;
-    for (int d = 0; d < dp; ++d)
-      tp_groups.push_back(comm::testing::MakeGroup(store, tp, absl::Seconds(60), "tp"));
-    for (int t = 0; t < tp; ++t)
-      dp_groups.push_back(comm::testing::MakeGroup(store, dp, absl::Seconds(60), "dp"));
-    std::vector<TrainedRun> runs(dp * tp);
-    std::vector<std::thread> threads;
-    for (int d = 0; d < dp; ++d) {
-      for (int t = 0; t < tp; ++t) {
-        threads.emplace_back([&, d, t] {
-          comm::Communicator* tp_comm = tp_groups[d][t].get();
-          comm::Communicator* dp_comm = dp > 1 ? dp_groups[t][d].get() : nullptr;
-          absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
-              TrainingLoop::Create(job, d, dp, dp_comm, tp_comm);
-          ASSERT_TRUE(loop.ok()) << loop.status();
-          TrainedRun& run = runs[d * tp + t];
-          run.steps = Train(**loop);
-          std::vector<float> flat;
-          ASSERT_TRUE((*loop)->GatherParameters(&flat).ok());  // ZeRO: whole local shards
-          int64_t offset = 0;
-          for (TensorView v : (*loop)->model().Parameters()) {
-            v.data = flat.data() + offset;
-            offset += v.numel();
-            std::vector<float> global;
-            ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
-            run.params[v.name] = std::move(global);
-          }
-        });
+    const comm::testing::MeshGroups mesh(1, dp, tp);
+    std::vector<TrainedRun> runs(mesh.size());
+    mesh.RunRanks([&](int, int d, int t) {
+      comm::Communicator* tp_comm = mesh.Tp(0, d, t);
+      comm::Communicator* dp_comm = mesh.Dp(0, d, t);
+      absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
+          TrainingLoop::Create(job, d, dp, dp_comm, tp_comm);
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      TrainedRun& run = runs[mesh.Rank(0, d, t)];
+      run.steps = Train(**loop);
+      std::vector<float> flat;
+      ASSERT_TRUE((*loop)->GatherParameters(&flat).ok());  // ZeRO: whole local shards
+      int64_t offset = 0;
+      for (TensorView v : (*loop)->model().Parameters()) {
+        v.data = flat.data() + offset;
+        offset += v.numel();
+        std::vector<float> global;
+        ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
+        run.params[v.name] = std::move(global);
       }
-    }
-    for (std::thread& th : threads) th.join();
+    });
     return runs;
   }
 

@@ -295,7 +295,6 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   if (!val_data_) {
     return absl::FailedPreconditionError("no validation data (data.val_path is empty)");
   }
-  if (pipeline_) return PipelineEvaluate();  // [pp]
   const spec::TrainSpec& t = spec_.train;
   // Windows are split contiguously over DP ranks; each window's mean loss
   // counts once.
@@ -306,20 +305,28 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   for (int64_t first = begin; first < end; first += t.micro_batch_size) {
     const int64_t count = std::min(t.micro_batch_size, end - first);
     FillValidationWindows(*val_data_, t.seq_len, first, count, &batch_);
-    sum += static_cast<double>(model_->ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
-                                                   batch_.batch, batch_.seq)) *
-           static_cast<double>(count);
-    if (!model_->status().ok()) return model_->status();  // [tp]
+    absl::StatusOr<double> loss = EvaluateBatch();
+    if (!loss.ok()) return loss.status();
+    sum += *loss * static_cast<double>(count);
   }
-  float total = static_cast<float>(sum);
-  if (dp_comm_ != nullptr) {
-    if (absl::Status s = AllReduceHostFloats(*ops_, dp_comm_, &total, 1);
-        !s.ok()) {
-      return s;
-    }
+  // The sum crosses the DP group, and under PP the stages (only the last
+  // one's is not zero), as a float; alone, the double stays as it is.
+  comm::Communicator* pp = pipeline_ ? pp_comm_ : nullptr;
+  if (dp_comm_ != nullptr || pp != nullptr) {
+    float total = static_cast<float>(sum);
+    if (absl::Status s = AllReduceHostFloats(*ops_, dp_comm_, &total, 1); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(*ops_, pp, &total, 1); !s.ok()) return s;
     sum = total;
   }
   return sum / static_cast<double>(windows);
+}
+
+absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
+  if (pipeline_) return pipeline_->ForwardLoss(batch_);  // [pp]
+  const double loss = model_->ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
+                                          batch_.batch, batch_.seq);
+  if (!model_->status().ok()) return model_->status();  // [tp]
+  return loss;
 }
 
 // ---- [tp] Checkpoints under tensor parallelism --------------------------------

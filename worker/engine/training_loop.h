@@ -140,7 +140,9 @@ class TrainingLoop {
   // evaluation when due, this step's memory peaks.
   absl::StatusOr<StepProgress> FinishStep(StepProgress p, int64_t step, double loss,
                                           std::chrono::steady_clock::time_point start);
-  absl::StatusOr<double> PipelineEvaluate();
+  // The mean loss of the validation windows in batch_ (this stage's share
+  // under PP: 0 before the last stage).
+  absl::StatusOr<double> EvaluateBatch();
   // [pp] Checkpoints: each stage's DP-rank-0, TP-rank-0 writes its chunks'
   // global tensors (gathered over TP) and moments; stage 0 commits the step
   // with one index, so it loads under any layout (docs/pipeline.md).

@@ -127,25 +127,6 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   return FinishStep(std::move(p), step, loss, start);
 }
 
-absl::StatusOr<double> TrainingLoop::PipelineEvaluate() {
-  const spec::TrainSpec& t = spec_.train;
-  const int64_t windows = t.eval_windows;
-  const int64_t begin = windows * dp_rank_ / dp_size_;
-  const int64_t end = windows * (dp_rank_ + 1) / dp_size_;
-  double sum = 0.0;
-  for (int64_t first = begin; first < end; first += t.micro_batch_size) {
-    const int64_t count = std::min(t.micro_batch_size, end - first);
-    FillValidationWindows(*val_data_, t.seq_len, first, count, &batch_);
-    absl::StatusOr<double> loss = pipeline_->ForwardLoss(batch_);
-    if (!loss.ok()) return loss.status();
-    sum += *loss * static_cast<double>(count);
-  }
-  float total = static_cast<float>(sum);
-  if (absl::Status s = AllReduceHostFloats(stage_->ops(), dp_comm_, &total, 1); !s.ok()) return s;
-  if (absl::Status s = AllReduceHostFloats(stage_->ops(), pp_comm_, &total, 1); !s.ok()) return s;
-  return static_cast<double>(total) / static_cast<double>(windows);
-}
-
 // ---- Checkpoints ---------------------------------------------------------------
 // Files per stage S: model-tp00-ppSS.safetensors (its chunks' parameters) and
 // optimizer-tp00-ppSS-dp00.safetensors (their AdamW moments), whole global
