@@ -18,27 +18,16 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/common/scratch_dir.h"
 #include "absl/time/time.h"
 #include "worker/agent/process_supervisor.h"
 
 namespace loom::agent::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed by the destructor.
-class TempDir {
+// A fresh directory, removed by the destructor.
+class TempDir : public loom::testing::ScratchDir {
  public:
-  TempDir() {
-    const char* base = getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/loom_agent_test_XXXXXX";
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : loom::testing::ScratchDir("loom_agent_test") {}
 };
 
 inline std::string ReadFile(const std::string& path) {

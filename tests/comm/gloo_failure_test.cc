@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/comm/file_store.h"
 #include "tests/comm/rank_harness.h"
+#include "tests/common/scratch_dir.h"
 
 namespace loom::comm {
 namespace {
@@ -230,9 +231,9 @@ constexpr int kVictim = 2;
 }
 
 TEST(GlooKillTest, SurvivorsOfASigkilledPeerFailWithinTheTimeout) {
-  char tmpl[] = "/tmp/loom_comm_kill_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const loom::testing::ScratchDir scratch("loom_comm_kill");
+  ASSERT_FALSE(scratch.path().empty());
+  const std::string& dir = scratch.path();
   std::vector<pid_t> pids;
   for (int r = 0; r < kProcs; ++r) {
     const pid_t pid = fork();
@@ -272,7 +273,6 @@ TEST(GlooKillTest, SurvivorsOfASigkilledPeerFailWithinTheTimeout) {
     auto message = store.Get(absl::StrCat("result", r), absl::ZeroDuration());
     EXPECT_EQ(exits[r], 0) << "rank " << r << ": " << (message.ok() ? *message : "no result (hung?)");
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -6,17 +6,10 @@
 
 #include "coordinator/jobs/job_states.h"
 #include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
 
 namespace loom::coordinator {
 namespace {
-
-std::string TempDir() {
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("loom-job-store-" + std::to_string(::getpid()) + "-" +
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 loom::v1::Job MakeJob(const std::string& id, loom::v1::JobState state) {
   loom::v1::Job job;
@@ -32,7 +25,8 @@ loom::v1::Job MakeJob(const std::string& id, loom::v1::JobState state) {
 }
 
 TEST(JobStore, SurvivesReopen) {
-  const std::string dir = TempDir();
+  const loom::testing::ScratchDir scratch("loom_job_store");
+  const std::string dir = scratch / "state";  // JobStore::Open makes it
   {
     auto store = JobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
@@ -54,7 +48,6 @@ TEST(JobStore, SurvivesReopen) {
   EXPECT_EQ(*(*store)->MaxSequence(), 2);
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / "loom.db-wal") ||
               std::filesystem::exists(std::filesystem::path(dir) / "loom.db"));
-  std::filesystem::remove_all(dir);
 }
 
 TEST(JobStore, UnwritableStateDirIsNamed) {

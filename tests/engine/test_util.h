@@ -10,26 +10,14 @@
 #include <string>
 
 #include "common/spec/job_spec.h"
+#include "tests/common/scratch_dir.h"
 
 namespace loom::engine::testing {
 
-// A fresh directory under $TEST_TMPDIR or /tmp, removed by the destructor.
-class ScratchDir {
+// A fresh directory, removed by the destructor.
+class ScratchDir : public loom::testing::ScratchDir {
  public:
-  ScratchDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/loom_engine_XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  ScratchDir() : loom::testing::ScratchDir("loom_engine") {}
 };
 
 inline void WriteFile(const std::string& path, const std::string& bytes) {
