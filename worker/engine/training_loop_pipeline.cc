@@ -82,7 +82,6 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
     // DP: sum each chunk's whole gradient array (stage 0 semantics), in
     // backend memory.
     if (dp_comm_ != nullptr) {
-      ops.Synchronize();
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
         std::vector<TensorView> g = stage_->model(c).Gradients();
         if (g.empty()) continue;

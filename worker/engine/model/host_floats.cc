@@ -17,7 +17,6 @@ absl::Status OnBackendFloats(kernels::Ops& ops, float* values, int64_t n, Fn col
   }
   kernels::Buffer staged = ops.AllocateFloats(n);
   ops.CopyHostToDevice(staged.data(), values, n * kFloat);
-  ops.Synchronize();
   absl::Status s = collective(std::span<float>(staged.f32(), static_cast<size_t>(n)));
   if (s.ok()) ops.CopyDeviceToHost(values, staged.data(), n * kFloat);
   return s;

@@ -130,7 +130,6 @@ absl::Status GatherGlobal(kernels::Ops& ops, const TensorView& local, comm::Comm
     });
   }
   if (grouped) {
-    ops.Synchronize();
     if (absl::Status s = tp->AllReduce(std::span<float>(assembled.f32(), static_cast<size_t>(n)));
         !s.ok()) {
       return s;

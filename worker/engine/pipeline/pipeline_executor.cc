@@ -50,8 +50,8 @@ void PipelineExecutor::Release(Tensor t) {
 
 absl::Status PipelineExecutor::Send(int64_t peer, uint32_t tag, Tensor data) {
   if (pp_ == nullptr) return absl::InternalError("pipeline send without a pp group");
-  // The communicator reads backend memory the ops may still be writing.
-  stage_->ops().Synchronize();
+  // No Synchronize: the communicator orders itself after the backend's work
+  // (docs/engine.md, "Device memory").
   auto pending = std::make_unique<PendingSend>();
   pending->data = std::move(data);
   pending->work = pp_->SendAsync(

@@ -358,9 +358,10 @@ void DataParallelEngine::AfterUse(int64_t unit, bool backward) {
 void DataParallelEngine::GradientsReady(int64_t unit) {
   const bool reduce = stage_ >= 2 ? training_pass_ : training_pass_ && last_micro_;
   if (!reduce) return;
-  // The collectives read the gradients from another thread (Gloo) or stream
-  // (NCCL orders itself after the compute stream's work when posted).
-  ops_.Synchronize();
+  // No Synchronize before posting (this runs once per layer in backward): a
+  // communicator orders itself after the backend's work (NCCL waits on an
+  // event of the compute stream when it launches; a CPU backend has finished
+  // each op when it returns).
   for (int b : partition_.BucketsReadyAt(unit)) {
     const FlatBucket& k = partition_.buckets()[b];
     if (stage_ <= 1) {
