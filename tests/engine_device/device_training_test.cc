@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/engine/test_util.h"
 #include "tests/engine_device/device_emulation_ops.h"
+#include "tests/engine_device/expect_bitwise.h"
 #include "worker/engine/export/hf_export.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
@@ -23,6 +24,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::DeviceEmulationOps;
+using testing::ExpectSameBits;
+using testing::ExpectSameSteps;
 using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;
@@ -80,25 +83,6 @@ class DeviceTrainingTest : public ::testing::TestWithParam<bool> {
     EXPECT_TRUE(status.ok()) << status;
     EXPECT_TRUE(loop.GatherParameters(&run.params).ok());
     return run;
-  }
-
-  static void ExpectSameSteps(const std::vector<StepProgress>& got,
-                              const std::vector<StepProgress>& want, size_t want_first) {
-    ASSERT_EQ(got.size() + want_first, want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      const StepProgress& w = want[want_first + i];
-      EXPECT_EQ(got[i].step, w.step);
-      EXPECT_EQ(got[i].loss, w.loss) << "step " << w.step;
-      EXPECT_EQ(got[i].grad_norm, w.grad_norm) << "step " << w.step;
-      EXPECT_EQ(got[i].lr, w.lr) << "step " << w.step;
-      EXPECT_EQ(got[i].tokens, w.tokens) << "step " << w.step;
-      EXPECT_EQ(got[i].val_loss, w.val_loss) << "step " << w.step;
-    }
-  }
-
-  static void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b) {
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
   }
 
   ScratchDir dir_;

@@ -15,11 +15,14 @@
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
 #include "tests/engine_device/dp_device_harness.h"
+#include "tests/engine_device/expect_bitwise.h"
 
 namespace loom::engine {
 namespace {
 
 using testing::DpRankResult;
+using testing::ExpectSameBits;
+using testing::ExpectSameSteps;
 using testing::RunDp;
 
 constexpr int64_t kSteps = 6;
@@ -42,25 +45,6 @@ class DpDeviceTest : public ::testing::TestWithParam<int> {
     job.parallelism.zero_stage = stage;
     job.model.tie_embeddings = stage % 2 == 1;
     return job;
-  }
-
-  static void ExpectSameSteps(const std::vector<StepProgress>& got,
-                              const std::vector<StepProgress>& want, size_t want_first) {
-    ASSERT_EQ(got.size() + want_first, want.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      const StepProgress& w = want[want_first + i];
-      EXPECT_EQ(got[i].step, w.step);
-      EXPECT_EQ(got[i].loss, w.loss) << "step " << w.step;
-      EXPECT_EQ(got[i].grad_norm, w.grad_norm) << "step " << w.step;
-      EXPECT_EQ(got[i].lr, w.lr) << "step " << w.step;
-      EXPECT_EQ(got[i].val_loss, w.val_loss) << "step " << w.step;
-    }
-  }
-
-  static void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b) {
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_FALSE(a.empty());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
   }
 
   // Device against CPU on the same layout, rank by rank, bit for bit.

@@ -71,6 +71,20 @@ Group MakeGroup(comm::InProcessStore& store, const std::vector<kernels::Ops*>& m
   return testing::WrapGroup(std::move(group), ops);
 }
 
+// Each tensor assembled over the TP group into `out` (under its name); on
+// the emulated device the views must be backend memory.
+void GatherTensors(kernels::Ops& ops, const std::vector<TensorView>& views, comm::Communicator* tp,
+                   bool device, TensorMap* out) {
+  for (const TensorView& v : views) {
+    if (device) {
+      ASSERT_TRUE(DeviceEmulationOps::IsDevicePointer(v.data)) << v.name;
+    }
+    std::vector<float> global;
+    ASSERT_TRUE(GatherGlobal(ops, v, tp, &global).ok());
+    (*out)[v.name] = std::move(global);
+  }
+}
+
 void ExpectSameBits(const TensorMap& got, const TensorMap& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (const auto& [name, values] : want) {
@@ -167,14 +181,7 @@ std::vector<TpRun> RunTp(const TpCase& c, bool device) {
                                               kBatch, kSeq));
         ASSERT_TRUE(model.status().ok()) << model.status();
       }
-      for (const TensorView& v : model.Parameters()) {
-        if (device) {
-          ASSERT_TRUE(DeviceEmulationOps::IsDevicePointer(v.data)) << v.name;
-        }
-        std::vector<float> global;
-        ASSERT_TRUE(GatherGlobal(o, v, tp, &global).ok());
-        run.params[v.name] = std::move(global);
-      }
+      GatherTensors(o, model.Parameters(), tp, device, &run.params);
       if (device) {
         run.forwarded = static_cast<testing::DeviceEmulationCommunicator*>(tp)->forwarded();
       }
@@ -313,14 +320,8 @@ class PpDeviceTest : public ::testing::TestWithParam<PpCase> {
             if (stage != nullptr) {
               EXPECT_EQ(&stage->ops(), &o);
             }
-            for (const TensorView& v : stage != nullptr ? stage->Parameters() : (*loop)->model().Parameters()) {
-              if (device) {
-                ASSERT_TRUE(DeviceEmulationOps::IsDevicePointer(v.data)) << v.name;
-              }
-              std::vector<float> global;
-              ASSERT_TRUE(GatherGlobal(o, v, tp, &global).ok());
-              run.params[v.name] = std::move(global);
-            }
+            GatherTensors(o, stage != nullptr ? stage->Parameters() : (*loop)->model().Parameters(),
+                          tp, device, &run.params);
             if (device) {
               for (const TensorView& m : (*loop)->optimizer().States()) {
                 ASSERT_TRUE(DeviceEmulationOps::IsDevicePointer(m.data)) << m.name;
