@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -215,17 +217,23 @@ int Watch(const std::string& id) {
                      loom::client::FormatEvent(job.history(i)).c_str());
       }
       events_seen = std::max<size_t>(events_seen, job.history_size());
-      const loom::v1::JobProgress& p =
-          update.has_progress() ? update.progress() : job.last_progress();
-      if (p.step() > 0 && (p.step() != last_step || p.attempt() != last_attempt)) {
-        last_step = p.step();
-        last_attempt = p.attempt();
+      // Steps: the backlog of a (re)connect, then each new one; (attempt, step)
+      // only grows, so a reconnect's repeats are skipped.
+      std::vector<const loom::v1::JobProgress*> steps;
+      for (const loom::v1::JobProgress& p : update.backlog()) steps.push_back(&p);
+      steps.push_back(update.has_progress() ? &update.progress() : &job.last_progress());
+      for (const loom::v1::JobProgress* p : steps) {
+        if (p->step() <= 0 || std::pair(p->attempt(), p->step()) <= std::pair(last_attempt, last_step)) {
+          continue;
+        }
+        last_step = p->step();
+        last_attempt = p->attempt();
         if (jsonl) {
-          std::printf("%s\n", loom::client::FormatProgressJson(p).c_str());
+          std::printf("%s\n", loom::client::FormatProgressJson(*p).c_str());
         } else if (tty) {
-          std::printf("\r\033[K%s", loom::client::FormatProgressLine(p).c_str());
+          std::printf("\r\033[K%s", loom::client::FormatProgressLine(*p).c_str());
         } else {
-          std::printf("%s\n", loom::client::FormatProgressLine(p).c_str());
+          std::printf("%s\n", loom::client::FormatProgressLine(*p).c_str());
         }
       }
       std::fflush(stdout);

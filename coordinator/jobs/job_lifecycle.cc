@@ -219,6 +219,8 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   p.set_eta_seconds(static_cast<double>(record.spec.train.steps - progress.step()) *
                     progress.step_seconds());
   p.set_time_unix_ms(progress.time_unix_ms());
+  record.steps.push_back(p);
+  if (record.steps.size() > kWatchBacklogSteps) record.steps.pop_front();
   if (metrics_ != nullptr) {
     metrics_->SetJobProgress(job.id(), job.name(),
                              {.step = static_cast<double>(p.step()),

@@ -167,6 +167,7 @@ absl::StatusOr<int64_t> JobManager::Watch(const std::string& id, std::shared_ptr
   JobRecord& record = it->second;
   loom::v1::WatchJobResponse snapshot;
   *snapshot.mutable_job() = record.job;
+  for (const loom::v1::JobProgress& step : record.steps) *snapshot.add_backlog() = step;
   const bool ended = IsTerminal(record.job.state());
   sink->Push(snapshot, ended);
   if (ended) return int64_t{0};

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -55,6 +56,10 @@ enum class FailureKind { kCrash, kHang, kNodeLost, kJobBroken };
 
 class JobManager {
  public:
+  // Step reports each job keeps for watchers that join late (in memory: a
+  // coordinator restart starts the backlog over from the stored last step).
+  static constexpr size_t kWatchBacklogSteps = 10000;
+
   JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store, NodeRegistry* nodes,
              KvStore* kv, CoordinatorMetrics* metrics, LayoutResolver resolver);
 
@@ -66,8 +71,9 @@ class JobManager {
   absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
   std::vector<loom::v1::Job> List() const;
   absl::StatusOr<loom::v1::Job> Cancel(const std::string& id);
-  // Subscribes; the sink immediately receives the snapshot. Returns a handle
-  // for Unwatch. A job already ended gets its snapshot as the last update.
+  // Subscribes; the sink immediately receives the snapshot with the steps
+  // reported so far (up to kWatchBacklogSteps) as its backlog. Returns a
+  // handle for Unwatch. A job already ended gets its snapshot as the last update.
   absl::StatusOr<int64_t> Watch(const std::string& id, std::shared_ptr<WatchSink> sink);
   void Unwatch(const std::string& id, int64_t handle);
 
@@ -102,6 +108,7 @@ class JobManager {
     std::map<std::string, int> node_failures;  // this job's failures per node
     std::unique_ptr<HangDetector> hang;  // of the current attempt
     absl::Time placed_at = absl::InfinitePast();  // of the current attempt (before a restart: past)
+    std::deque<loom::v1::JobProgress> steps;  // every attempt's, oldest first, bounded
   };
 
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)

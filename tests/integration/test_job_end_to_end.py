@@ -38,6 +38,11 @@ class JobEndToEnd(unittest.TestCase):
         self.assertIn("val_loss", steps[2])
         self.assertNotIn("val_loss", steps[0])
         self.assertEqual(c.state(job), "SUCCEEDED")
+        # A watch that joins after the job ended still gets every step, in order.
+        late = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
+                               job, "--format=jsonl"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(late.returncode, 0, late.stderr)
+        self.assertEqual([json.loads(line) for line in late.stdout.splitlines() if line.strip()], steps)
         status = c.status(job)
         self.assertIn("TP(0)-CP(0)-PP(0)-DP(1)-Rank(1)", status)
         # The per-rank and per-job metrics are exported.
