@@ -109,93 +109,98 @@ double MicroBatchesInFlight(const Layout& l, int64_t stage) {
   return 1;
 }
 
-MemoryBreakdown EstimateMemory(const Workload& w, const Layout& l, const PlannerConstants& k) {
+MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const PlannerConstants& k,
+                                    int64_t stage) {
   const PrecisionRecipe& r = Recipe(w.recipe);
   const double shard = static_cast<double>(l.dp) * l.cp;  // ZeRO shards over DP×CP
   const double tokens = static_cast<double>(l.micro_batch_size) * w.seq_len / l.cp;
   const double h = static_cast<double>(w.model.hidden_size);
   const double e = r.activation_bytes;
   const double act_layer = ActivationBytesPerLayer(w, l, k);
+  const StageParams sp = ParamsOnStage(w, l, stage);
+  const double params = sp.layer_params + sp.edge_params;
+  MemoryBreakdown b;
+  b.stage = stage;
+  b.weights = params * r.weight_bytes / (l.zero_stage >= 3 ? shard : 1.0);
+  b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) / (l.zero_stage >= 2 ? shard : 1.0);
+  b.optimizer = params * (r.master_bytes + r.optimizer_bytes) / (l.zero_stage >= 1 ? shard : 1.0);
 
-  MemoryBreakdown worst;
-  const int64_t stages_to_check = l.pp == 1 ? 1 : 2;
-  for (int64_t i = 0; i < stages_to_check; ++i) {
-    const int64_t stage = i == 0 ? 0 : l.pp - 1;
-    const StageParams sp = ParamsOnStage(w, l, stage);
-    const double params = sp.layer_params + sp.edge_params;
-    MemoryBreakdown b;
-    b.stage = stage;
-    b.weights = params * r.weight_bytes / (l.zero_stage >= 3 ? shard : 1.0);
-    b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) / (l.zero_stage >= 2 ? shard : 1.0);
-    b.optimizer = params * (r.master_bytes + r.optimizer_bytes) / (l.zero_stage >= 1 ? shard : 1.0);
+  const double in_flight = MicroBatchesInFlight(l, stage);
+  b.micro_batches_in_flight = static_cast<int64_t>(CeilDiv(in_flight, 1.0));
+  const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
+  double activations = in_flight * layers * act_layer;
+  // Layer-sized working sets: full recompute's backward recomputes one
+  // layer at a time into one; a framework may keep more (evaluation).
+  const double working_sets = l.recompute == spec::Recompute::kFull
+                                  ? std::max(1.0, k.activation_working_sets)
+                                  : k.activation_working_sets;
+  if (working_sets > 0 || k.backward_scratch_layers > 0) {
+    Layout none = l;
+    none.recompute = spec::Recompute::kNone;
+    // Each layer keeps its own input: a working set holds the rest.
+    const double sp_div = l.sequence_parallel ? l.tp : 1;
+    activations += working_sets * (ActivationBytesPerLayer(w, none, k) - tokens * h / sp_div * e);
+    // Gradients of one layer's GEMM outputs (QKV, attention, gate/up and
+    // SwiGLU) and of its input, all tokens: the attention and MLP widths
+    // are this rank's.
+    const ModelShape& m = w.model;
+    const double kv_local =
+        std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
+    const double q_local = static_cast<double>(m.num_heads) * m.head_dim() / l.tp;
+    const double f_local = static_cast<double>(m.ffn_hidden_size) / l.tp;
+    const double mlp = (m.gated_mlp ? 3.0 : 2.0) * f_local;
+    activations +=
+        k.backward_scratch_layers * tokens * (h + 2.0 * q_local + 2.0 * kv_local + mlp) * e;
+  }
+  if (sp.lm_head_rows > 0) {
+    // The final norm's input and the gradient leaving it (rows sharded by
+    // SP), and its output (all tokens, the head's input).
+    const double sp_div = l.sequence_parallel ? l.tp : 1;
+    activations += k.final_norm_buffer_sets * tokens * (2.0 * h / sp_div + h) * e;
+  }
+  b.activations = activations * k.activation_factor;
+  b.logits = tokens * sp.lm_head_rows * k.logits_bytes_per_element;
 
-    const double in_flight = MicroBatchesInFlight(l, stage);
-    b.micro_batches_in_flight = static_cast<int64_t>(CeilDiv(in_flight, 1.0));
-    const int64_t layers = LayersOnStage(w.model.num_layers, l.pp, stage);
-    double activations = in_flight * layers * act_layer;
-    // Layer-sized working sets: full recompute's backward recomputes one
-    // layer at a time into one; a framework may keep more (evaluation).
-    const double working_sets = l.recompute == spec::Recompute::kFull
-                                    ? std::max(1.0, k.activation_working_sets)
-                                    : k.activation_working_sets;
-    if (working_sets > 0 || k.backward_scratch_layers > 0) {
-      Layout none = l;
-      none.recompute = spec::Recompute::kNone;
-      // Each layer keeps its own input: a working set holds the rest.
-      const double sp_div = l.sequence_parallel ? l.tp : 1;
-      activations += working_sets * (ActivationBytesPerLayer(w, none, k) - tokens * h / sp_div * e);
-      // Gradients of one layer's GEMM outputs (QKV, attention, gate/up and
-      // SwiGLU) and of its input, all tokens: the attention and MLP widths
-      // are this rank's.
-      const ModelShape& m = w.model;
-      const double kv_local =
-          std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
-      const double q_local = static_cast<double>(m.num_heads) * m.head_dim() / l.tp;
-      const double f_local = static_cast<double>(m.ffn_hidden_size) / l.tp;
-      const double mlp = (m.gated_mlp ? 3.0 : 2.0) * f_local;
-      activations +=
-          k.backward_scratch_layers * tokens * (h + 2.0 * q_local + 2.0 * kv_local + mlp) * e;
-    }
-    if (sp.lm_head_rows > 0) {
-      // The final norm's input and the gradient leaving it (rows sharded by
-      // SP), and its output (all tokens, the head's input).
-      const double sp_div = l.sequence_parallel ? l.tp : 1;
-      activations += k.final_norm_buffer_sets * tokens * (2.0 * h / sp_div + h) * e;
-    }
-    b.activations = activations * k.activation_factor;
-    b.logits = tokens * sp.lm_head_rows * k.logits_bytes_per_element;
+  const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
+  const double layer_grad = layer * (r.grad_bytes + r.grad_accum_bytes);
+  if (l.zero_stage == 2 && shard > 1) {
+    // Full-size gradients of the layers whose reduce-scatter is pending.
+    b.gradients += k.zero2_unreduced_gradient_layers * layer_grad;
+  }
+  if (l.zero_stage >= 3 && shard > 1) {
+    // Two layers gathered (the current one and the prefetched next), and
+    // the unsharded gradients before their reduce-scatter.
+    b.zero3_gathered =
+        layer * 2.0 * r.weight_bytes + k.zero3_unreduced_gradient_layers * layer_grad;
+    if (sp.lm_head_rows > 0) b.zero3_gathered += sp.lm_head_rows * h * r.weight_bytes;
+  }
 
-    const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
-    const double layer_grad = layer * (r.grad_bytes + r.grad_accum_bytes);
-    if (l.zero_stage == 2 && shard > 1) {
-      // Full-size gradients of the layers whose reduce-scatter is pending.
-      b.gradients += k.zero2_unreduced_gradient_layers * layer_grad;
+  double buffers = 0;
+  if (shard > 1) {
+    buffers += k.dp_bucket_buffers * w.dp_bucket_bytes;
+    if (l.zero_stage >= 1) {
+      // ZeRO-2/3 buckets never cross a layer; ZeRO-1's span the model.
+      const double span = (l.zero_stage >= 2 ? layer : params) * r.grad_reduce_bytes;
+      buffers += k.zero_shard_buffers * std::min(w.dp_bucket_bytes, span) / shard;
     }
-    if (l.zero_stage >= 3 && shard > 1) {
-      // Two layers gathered (the current one and the prefetched next), and
-      // the unsharded gradients before their reduce-scatter.
-      b.zero3_gathered =
-          layer * 2.0 * r.weight_bytes + k.zero3_unreduced_gradient_layers * layer_grad;
-      if (sp.lm_head_rows > 0) b.zero3_gathered += sp.lm_head_rows * h * r.weight_bytes;
-    }
+  }
+  if (l.tp > 1 && (l.sequence_parallel || k.tp_staging_without_sp)) {
+    const double sp_div = l.sequence_parallel ? l.tp : 1;
+    buffers += (k.tp_token_buffers + k.tp_row_buffers / sp_div) * tokens * h * e;
+  }
+  if (l.pp > 1) buffers += 2.0 * tokens * h / (l.sequence_parallel ? l.tp : 1) * e;
+  b.comm_buffers = buffers;
+  b.overhead = k.memory_overhead_bytes;
+  return b;
+}
 
-    double buffers = 0;
-    if (shard > 1) {
-      buffers += k.dp_bucket_buffers * w.dp_bucket_bytes;
-      if (l.zero_stage >= 1) {
-        // ZeRO-2/3 buckets never cross a layer; ZeRO-1's span the model.
-        const double span = (l.zero_stage >= 2 ? layer : params) * r.grad_reduce_bytes;
-        buffers += k.zero_shard_buffers * std::min(w.dp_bucket_bytes, span) / shard;
-      }
-    }
-    if (l.tp > 1 && (l.sequence_parallel || k.tp_staging_without_sp)) {
-      const double sp_div = l.sequence_parallel ? l.tp : 1;
-      buffers += (k.tp_token_buffers + k.tp_row_buffers / sp_div) * tokens * h * e;
-    }
-    if (l.pp > 1) buffers += 2.0 * tokens * h / (l.sequence_parallel ? l.tp : 1) * e;
-    b.comm_buffers = buffers;
-    b.overhead = k.memory_overhead_bytes;
-    if (i == 0 || b.total() > worst.total()) worst = b;
+MemoryBreakdown EstimateMemory(const Workload& w, const Layout& l, const PlannerConstants& k) {
+  // The first stage holds the most micro-batches in flight, the last the LM
+  // head and logits: one of them is the peak.
+  MemoryBreakdown worst = EstimateStageMemory(w, l, k, 0);
+  if (l.pp > 1) {
+    MemoryBreakdown last = EstimateStageMemory(w, l, k, l.pp - 1);
+    if (last.total() > worst.total()) worst = last;
   }
   return worst;
 }

@@ -46,7 +46,11 @@ int64_t LayersOnStage(int64_t num_layers, int64_t pp, int64_t stage);
 // Parameters one rank holds before ZeRO sharding, on its largest stage.
 double MaxParamsPerRank(const Workload& workload, const Layout& layout);
 
+// The peak of one rank: the larger of the first and last pipeline stage's.
 MemoryBreakdown EstimateMemory(const Workload& workload, const Layout& layout,
                                const PlannerConstants& constants);
+// One stage's (0 .. pp-1), e.g. to hold the stage fixed while constants vary.
+MemoryBreakdown EstimateStageMemory(const Workload& workload, const Layout& layout,
+                                    const PlannerConstants& constants, int64_t stage);
 
 }  // namespace loom::planner

@@ -2,7 +2,10 @@
 // Playbook runs (never on vTrain's, which stay held out) and prints them as
 // the body of NanotronConstants().
 //   planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch]
-//                     [--set=NAME=VALUE ...] [--fix=NAME ...]
+//                     [--memory_regression] [--set=NAME=VALUE ...] [--fix=NAME ...]
+// --memory_regression first fits the activation, working-set, logits and
+// overhead constants by least squares on the measured peaks
+// (tools/planner/memory_regression.h); the search then starts from there.
 // --set starts NAME at VALUE; --fix keeps NAME out of the fit.
 // Memory constants minimize wrong fit-or-not predictions (plus a small
 // weight W, default 0.25, on the relative error of the peak of the runs that ran); time
@@ -19,6 +22,7 @@
 #include "coordinator/planner/constants.h"
 #include "tools/planner/constant_table.h"
 #include "tools/planner/evaluation.h"
+#include "tools/planner/memory_regression.h"
 
 namespace lp = loom::planner;
 
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
   int rounds = 8;
   double memory_error_weight = 0.25;
   bool from_scratch = false;
+  bool memory_regression = false;
   std::vector<std::string> sets, fixed;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -73,10 +78,12 @@ int main(int argc, char** argv) {
       fixed.push_back(arg.substr(6));
     } else if (arg == "--from_scratch") {
       from_scratch = true;
+    } else if (arg == "--memory_regression") {
+      memory_regression = true;
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::stoi(arg.substr(9));
     } else {
-      std::fprintf(stderr, "usage: planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch] [--set=NAME=VALUE] [--fix=NAME]\n");
+      std::fprintf(stderr, "usage: planner_calibrate [--data=DIR] [--rounds=N] [--memory_error_weight=W] [--from_scratch] [--memory_regression] [--set=NAME=VALUE] [--fix=NAME]\n");
       return 2;
     }
   }
@@ -104,6 +111,15 @@ int main(int argc, char** argv) {
     return out;
   };
 
+  if (memory_regression) {
+    auto fit = lp::eval::FitMemoryByRegression(runs->playbook, &k);
+    if (!fit.ok()) {
+      std::fprintf(stderr, "planner_calibrate: %s\n", std::string(fit.status().message()).c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "memory regression on %d peaks: mean |error| %.1f%% -> %.1f%%\n", fit->runs,
+                 100 * fit->mean_abs_rel_error_before, 100 * fit->mean_abs_rel_error_after);
+  }
   std::fprintf(stderr, "memory constants:\n");
   const std::vector<Param> memory = free_params(lp::eval::MemoryConstants());
 

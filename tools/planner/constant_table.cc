@@ -13,6 +13,8 @@ const std::vector<ConstantParam>& MemoryConstants() {
       {"memory_overhead_bytes", &K::memory_overhead_bytes, 64e6, 16e9},
       {"activation_factor", &K::activation_factor, 0.5, 4.0},
       {"logits_bytes_per_element", &K::logits_bytes_per_element, 2.0, 24.0},
+      {"activation_working_sets", &K::activation_working_sets, 0.0, 8.0},
+      {"backward_scratch_layers", &K::backward_scratch_layers, 0.0, 8.0},
   };
   return *table;
 }
