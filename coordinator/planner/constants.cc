@@ -80,29 +80,14 @@ PlannerConstants MegatronConstants(PlannerConstants base) {
   return k;
 }
 
-PlannerConstants LoomEngineConstants(PlannerConstants base) {
-  PlannerConstants k = WithNcclLinks(base);
-  // worker/engine/zero/dp_engine.cc: gradients reduce bucket by bucket on a
-  // comm thread while backward still runs; ZeRO-1/2 reduce-scatter.
-  k.dp_overlap = base.dp_overlap;
-  k.zero1_reduce_scatter = true;
-  // TP collectives are issued inside the layer and waited for
-  // (worker/engine/model/tp_collectives.cc); no pipeline engine cost beyond
-  // the send itself.
-  k.tp_overlap = 0.0;
-  k.p2p_latency_s = 0.0;
-  return k;
-}
+namespace {
 
-PlannerConstants DefaultConstants() { return LoomEngineConstants(NanotronConstants()); }
-
-PlannerConstants CpuEngineConstants() {
-  PlannerConstants k = DefaultConstants();
-  // No CUDA context or workspace: what remains is the process, OpenBLAS
-  // buffers and Gloo's pairs (not in the engine's own accounting).
-  k.memory_overhead_bytes = 64.0 * (1 << 20);
-  // Read from the engine's code (worker/engine/model/llama_model.cc, Prepare;
-  // zero/dp_engine.cc), not fitted: every buffer is allocated once, exactly.
+// How Loom's engine lays out its memory, read from its code
+// (worker/engine/model/llama_model.cc, Prepare; zero/dp_engine.cc), not
+// fitted: every buffer is allocated once, exactly, on either backend (CudaOps
+// allocates the same buffers from its caching allocator). Checked against
+// the CPU engine's measured peaks (tests/planner/engine_memory_test.cc).
+PlannerConstants WithLoomEngineMemory(PlannerConstants k) {
   k.activation_factor = 1.0;
   k.logits_bytes_per_element = 4.0;   // fp32 logits; the loss writes its gradient in place
   k.attention_score_bytes = 0.0;      // tiled attention: no score matrix is kept
@@ -121,7 +106,34 @@ PlannerConstants CpuEngineConstants() {
   k.tp_token_buffers = 2.0;           // TP partial sum and gathered input (block_tp)
   k.tp_row_buffers = 1.0;             // the row-sharded residual
   k.tp_staging_without_sp = true;
+  return k;
+}
+
+}  // namespace
+
+PlannerConstants LoomEngineConstants(PlannerConstants base) {
+  PlannerConstants k = WithLoomEngineMemory(WithNcclLinks(base));
+  // worker/engine/zero/dp_engine.cc: gradients reduce bucket by bucket on a
+  // comm thread while backward still runs; ZeRO-1/2 reduce-scatter.
+  k.dp_overlap = base.dp_overlap;
+  k.zero1_reduce_scatter = true;
+  // TP collectives are issued inside the layer and waited for
+  // (worker/engine/model/tp_collectives.cc); no pipeline engine cost beyond
+  // the send itself.
   k.tp_overlap = 0.0;
+  k.p2p_latency_s = 0.0;
+  // memory_overhead_bytes stays the GPU framework's (CUDA context and
+  // workspaces, fitted on nanotron's peaks).
+  return k;
+}
+
+PlannerConstants DefaultConstants() { return LoomEngineConstants(NanotronConstants()); }
+
+PlannerConstants CpuEngineConstants() {
+  PlannerConstants k = DefaultConstants();
+  // No CUDA context or workspace: what remains is the process, OpenBLAS
+  // buffers and Gloo's pairs (not in the engine's own accounting).
+  k.memory_overhead_bytes = 64.0 * (1 << 20);
   k.dp_overlap = 0.0;
   return k;
 }

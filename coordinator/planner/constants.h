@@ -137,17 +137,18 @@ PlannerConstants WithNcclLinks(PlannerConstants base);
 PlannerConstants MegatronConstants(PlannerConstants base = NanotronConstants());
 
 // Loom's own GPU engine (C++, NCCL through worker/comm, gradients reduced
-// in buckets during backward): NCCL's link costs, DP overlapped, compute and
-// memory constants from nanotron's fit. Not yet checked against a measured
-// Loom GPU run.
+// in buckets during backward): NCCL's link costs, DP overlapped, compute
+// constants and the CUDA overhead from nanotron's fit, the memory layout read
+// from the engine's code (as for the CPU engine). Not yet checked against a
+// measured Loom GPU run.
 PlannerConstants LoomEngineConstants(PlannerConstants base = NanotronConstants());
 
 // What the planner uses for GPU jobs: Loom's engine profile.
 PlannerConstants DefaultConstants();
 
 // Loom's own CPU engine (fp32, OpenBLAS, tiled attention that keeps the
-// log-sum-exp, not the scores): memory constants read from the engine's code
-// and checked against the peaks its MemoryTracker measures per layout
+// log-sum-exp, not the scores): the GPU engine's memory layout without the
+// CUDA overhead, checked against the peaks its MemoryTracker measures per layout
 // (tools/planner/data/engine_memory.csv, tests/planner/engine_memory_test.cc).
 PlannerConstants CpuEngineConstants();
 

@@ -205,13 +205,19 @@ TEST(Collectives, LatencyIsPaidPerRingStep) {
               1e-12);
 }
 
-// The profiles share compute and memory and differ in framework costs.
+// The profiles share compute and differ in framework costs; Megatron keeps
+// nanotron's memory fit, Loom's engine its own layout on every backend.
 TEST(Profiles, MegatronAndLoomKeepComputeAndUseNcclLinks) {
   const PlannerConstants n = NanotronConstants();
+  EXPECT_EQ(MegatronConstants(n).activation_factor, n.activation_factor);
+  for (const PlannerConstants& loom : {LoomEngineConstants(n), DefaultConstants()}) {
+    EXPECT_EQ(loom.activation_factor, CpuEngineConstants().activation_factor);
+    EXPECT_EQ(loom.logits_bytes_per_element, CpuEngineConstants().logits_bytes_per_element);
+    EXPECT_EQ(loom.memory_overhead_bytes, n.memory_overhead_bytes);  // the CUDA context's
+  }
   for (const PlannerConstants& k : {MegatronConstants(n), LoomEngineConstants(n), DefaultConstants()}) {
     EXPECT_EQ(k.gemm_peak_efficiency, n.gemm_peak_efficiency);
     EXPECT_EQ(k.layer_overhead_s, n.layer_overhead_s);
-    EXPECT_EQ(k.activation_factor, n.activation_factor);
     EXPECT_EQ(k.collective_launch_s, WithNcclLinks(n).collective_launch_s);
     EXPECT_LT(k.intra_latency_s, n.intra_latency_s);  // NCCL's step, not nanotron's
     EXPECT_EQ(k.p2p_latency_s, 0);
