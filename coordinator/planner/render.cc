@@ -42,7 +42,8 @@ std::string DescribeCandidate(const Candidate& c, double capacity) {
                       m.stage, m.total() / kGiB, capacity / kGiB, m.weights / kGiB, m.gradients / kGiB,
                       m.optimizer / kGiB, m.activations / kGiB, m.micro_batches_in_flight,
                       m.logits / kGiB, m.zero3_gathered / kGiB, m.comm_buffers / kGiB,
-                      m.overhead / kGiB));
+                      m.overhead / kGiB),
+      c.tight ? "  tight: inside the memory headroom; no layout with headroom was found\n" : "");
 }
 
 std::vector<const Rejection*> ClosestRejections(const PlanResult& r, int n) {
@@ -78,11 +79,14 @@ std::string RenderPlanText(const PlanRequest& req, const PlanResult& r, const Re
   std::string out = absl::StrFormat(
       "Plan for %s: %s parameters, seq %d, global batch %d sequences (%s tokens), %s\n"
       "Cluster: %d node(s) x %d %s, %.1f GiB each\n"
-      "Considered %d layouts: %d fit, %d out of memory.\n",
+      "Considered %d layouts: %d fit (%d of them tight: inside the %.0f%% memory headroom), %d out "
+      "of memory.\n",
       w.model.name.empty() ? "the model" : w.model.name, Si(static_cast<double>(w.params.total)),
       w.seq_len, w.global_batch, Si(static_cast<double>(w.global_batch) * w.seq_len),
       Recipe(w.recipe).name, c.nodes, c.devices_per_node, c.name, c.memory_bytes / kGiB,
-      r.layouts_considered, r.ranked.size(), r.rejected.size());
+      r.layouts_considered, r.ranked.size(),
+      std::count_if(r.ranked.begin(), r.ranked.end(), [](const Candidate& x) { return x.tight; }),
+      100 * req.space.memory_headroom, r.rejected.size());
   if (r.ranked.empty()) {
     absl::StrAppend(&out, "\nNo layout fits in memory. Closest:\n");
   } else {
@@ -94,11 +98,12 @@ std::string RenderPlanText(const PlanRequest& req, const PlanResult& r, const Re
                                       "tokens/s", "MFU", "bubble", "mem GiB"));
       for (int i = 1; i <= shown; ++i) {
         const Candidate& cand = r.ranked[i];
-        absl::StrAppend(&out, absl::StrFormat("  %-3d %-52s %10s %12s %6.1f%% %6.1f%% %9.1f\n", i + 1,
+        absl::StrAppend(&out, absl::StrFormat("  %-3d %-52s %10s %12s %6.1f%% %6.1f%% %9.1f%s\n", i + 1,
                                               CompactLayout(cand.layout), Seconds(cand.time.total),
                                               Si(cand.time.tokens_per_second), 100 * cand.time.mfu,
                                               100 * cand.time.bubble_fraction,
-                                              cand.memory.total() / kGiB));
+                                              cand.memory.total() / kGiB,
+                                              cand.tight ? " tight" : ""));
       }
     }
     if (o.rejections > 0 && !r.rejected.empty()) {
@@ -159,7 +164,8 @@ nlohmann::json StepTimeToJson(const StepTime& t) {
 nlohmann::json CandidateToJson(const Candidate& c) {
   return {{"layout", LayoutToJson(c.layout)},
           {"memory", MemoryToJson(c.memory)},
-          {"time", StepTimeToJson(c.time)}};
+          {"time", StepTimeToJson(c.time)},
+          {"tight", c.tight}};
 }
 
 nlohmann::json PlanToJson(const PlanRequest& req, const PlanResult& r, const RenderOptions& o) {
@@ -178,6 +184,7 @@ nlohmann::json PlanToJson(const PlanRequest& req, const PlanResult& r, const Ren
                   {"peak_flops", c.PeakFlops(Recipe(w.recipe).compute)}};
   j["layouts_considered"] = r.layouts_considered;
   j["fit"] = r.ranked.size();
+  j["memory_headroom"] = req.space.memory_headroom;
   j["out_of_memory"] = r.rejected.size();
   j["best"] = r.ranked.empty() ? nlohmann::json(nullptr) : CandidateToJson(r.ranked.front());
   j["runners_up"] = nlohmann::json::array();

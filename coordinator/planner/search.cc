@@ -233,13 +233,16 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
       result.rejected.push_back(Rejection{l, cand.memory, c.memory_bytes});
       continue;
     }
+    cand.tight = cand.memory.total() > (1.0 - req.space.memory_headroom) * c.memory_bytes;
     cand.time = EstimateStepTime(w, l, c, req.constants);
     result.ranked.push_back(std::move(cand));
   }
-  // Ties (equal predicted time) go to the smaller memory footprint, then to
-  // enumeration order, so the answer is deterministic.
+  // Layouts with headroom first; ties (equal predicted time) go to the
+  // smaller memory footprint, then to enumeration order, so the answer is
+  // deterministic.
   std::stable_sort(result.ranked.begin(), result.ranked.end(),
                    [](const Candidate& a, const Candidate& b) {
+                     if (a.tight != b.tight) return !a.tight;
                      if (a.time.total != b.time.total) return a.time.total < b.time.total;
                      return a.memory.total() < b.memory.total();
                    });

@@ -34,6 +34,12 @@ struct SearchSpace {
   // Let pipeline stages hold unequal numbers of layers (nanotron does,
   // Loom's engine does not).
   bool allow_uneven_stages = false;
+  // Share of device memory the search prefers to leave free: a layout
+  // predicted above (1 - memory_headroom) of it is "tight" and ranks after
+  // every layout that is not (what no model counts: allocator fragmentation,
+  // library workspaces). In the playbook, runs predicted above 75% of the
+  // device crashed 2.6-5x as often as the rest (docs/planner.md).
+  double memory_headroom = 0.10;
 };
 
 struct PlanRequest {
@@ -47,6 +53,7 @@ struct Candidate {
   Layout layout;
   MemoryBreakdown memory;
   StepTime time;
+  bool tight = false;  // fits, but inside the memory headroom
 };
 
 struct Rejection {
@@ -58,7 +65,7 @@ struct Rejection {
 };
 
 struct PlanResult {
-  std::vector<Candidate> ranked;   // fastest first
+  std::vector<Candidate> ranked;   // fastest first, tight ones after the rest
   std::vector<Rejection> rejected; // did not fit, in enumeration order
   int64_t layouts_considered = 0;
 };

@@ -130,14 +130,49 @@ TEST(Plan, RejectsOutOfMemoryAndRanksTheRest) {
   ASSERT_FALSE(r->ranked.empty());
   ASSERT_FALSE(r->rejected.empty());
   EXPECT_EQ(r->layouts_considered, static_cast<int64_t>(r->ranked.size() + r->rejected.size()));
+  // Layouts with memory headroom first, then the tight ones; fastest first
+  // within each.
   for (size_t i = 1; i < r->ranked.size(); ++i) {
-    EXPECT_LE(r->ranked[i - 1].time.total, r->ranked[i].time.total);
+    const Candidate& a = r->ranked[i - 1];
+    const Candidate& b = r->ranked[i];
+    EXPECT_TRUE(!a.tight || b.tight) << i;
+    if (a.tight == b.tight) EXPECT_LE(a.time.total, b.time.total) << i;
   }
-  for (const Candidate& c : r->ranked) EXPECT_LE(c.memory.total(), req.cluster.memory_bytes);
+  const double headroom = req.space.memory_headroom * req.cluster.memory_bytes;
+  for (const Candidate& c : r->ranked) {
+    EXPECT_LE(c.memory.total(), req.cluster.memory_bytes);
+    EXPECT_EQ(c.tight, c.memory.total() > req.cluster.memory_bytes - headroom);
+  }
   for (const Rejection& x : r->rejected) {
     EXPECT_GT(x.memory.total(), req.cluster.memory_bytes);
     EXPECT_NE(x.Reason().find("out of memory"), std::string::npos);
   }
+}
+
+// A layout that fits only inside the headroom is chosen only when no layout
+// with headroom exists, even when it is predicted faster.
+TEST(Plan, PrefersHeadroomOverSpeed) {
+  PlanRequest req;
+  req.workload = Model();
+  req.cluster = H100(1);
+  req.space.memory_headroom = 0;
+  absl::StatusOr<PlanResult> no_headroom = PlanLayouts(req);
+  ASSERT_TRUE(no_headroom.ok()) << no_headroom.status();
+  const Candidate fastest = no_headroom->ranked.front();
+  EXPECT_FALSE(fastest.tight);
+  // A headroom that just makes the fastest layout tight.
+  req.space.memory_headroom = 1.0 - fastest.memory.total() / req.cluster.memory_bytes + 1e-9;
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_TRUE(r.ok());
+  ASSERT_FALSE(r->ranked.front().tight) << "the case needs a smaller layout";
+  EXPECT_LT(r->ranked.front().memory.total(), fastest.memory.total());
+  EXPECT_GT(r->ranked.front().time.total, fastest.time.total);
+  // Everything tight: the fastest layout is the answer again.
+  req.space.memory_headroom = 1.0;
+  absl::StatusOr<PlanResult> all_tight = PlanLayouts(req);
+  ASSERT_TRUE(all_tight.ok());
+  EXPECT_TRUE(all_tight->ranked.front().tight);
+  EXPECT_EQ(all_tight->ranked.front().time.total, fastest.time.total);
 }
 
 TEST(Plan, TooBigForTheClusterMeansNothingFits) {

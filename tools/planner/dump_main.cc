@@ -38,18 +38,19 @@ int main(int argc, char** argv) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   std::printf("set,model,nodes,dp,tp,pp,mbs,gas,zero,ok,measured_tok_s_gpu,measured_mem_gb,measured_s,"
               "pred_mem_gib,weights,gradients,optimizer,activations,logits,buffers,"
-              "pred_s,compute,tp_comm,pp_comm,bubble,dp_comm,optimizer_s,pred_tok_s_gpu\n");
+              "pred_s,compute,tp_comm,pp_comm,bubble,dp_comm,optimizer_s,pred_tok_s_gpu,pred_mem_stage0_gib\n");
   auto line = [&](const char* set, const std::string& model, int64_t nodes, const lp::Workload& w,
                   const lp::Layout& l, const lp::ClusterSpec& c, bool ok, double tok, double mem,
                   double secs) {
     const lp::MemoryBreakdown m = lp::EstimateMemory(w, l, k);
     const lp::StepTime t = lp::EstimateStepTime(w, l, c, k);
-    std::printf("%s,%s,%ld,%ld,%ld,%ld,%ld,%ld,%d,%d,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g\n",
+    const double first_stage = lp::EstimateStageMemory(w, l, k, 0).total();
+    std::printf("%s,%s,%ld,%ld,%ld,%ld,%ld,%ld,%d,%d,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g,%g\n",
                 set, model.c_str(), nodes, l.dp, l.tp, l.pp, l.micro_batch_size, l.grad_accum,
                 l.zero_stage, ok ? 1 : 0, tok, mem, secs, m.total() / kGiB, m.weights / kGiB,
                 m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, m.logits / kGiB,
                 m.comm_buffers / kGiB, t.total, t.compute, t.tp_comm, t.pp_comm, t.bubble,
-                t.dp_comm, t.optimizer, t.tokens_per_second_per_device);
+                t.dp_comm, t.optimizer, t.tokens_per_second_per_device, first_stage / kGiB);
   };
   for (const auto& r : runs->playbook) {
     const double secs = r.ok ? r.dp * r.mbs * r.gas * 4096.0 / (r.tok_s_gpu * r.nodes * 8) : 0;

@@ -62,7 +62,7 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
   struct Scored {
     const PlaybookRun* run;
     bool fits;
-    bool pickable;  // fits with the headroom the planner keeps
+    bool pickable;  // fits with the headroom the planner prefers
     double tok_s_gpu;
   };
   std::map<std::pair<int, int64_t>, std::vector<Scored>> cells;
@@ -85,7 +85,8 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
     if (!fits && run.ok) ++rep.predicted_oom_but_ran;
     if (run.ok) {
       ++succeeded;
-      mem_err += std::abs(mem.total() / kGiB - run.mem_gb) / run.mem_gb;
+      const double measured_stage = EstimateStageMemory(w, l, k, kPlaybookMeasuredStage).total();
+      mem_err += std::abs(measured_stage / kGiB - run.mem_gb) / run.mem_gb;
       const double le = std::abs(std::log(t.tokens_per_second_per_device / run.tok_s_gpu));
       log_err += le;
       log_errors.push_back(le);
@@ -138,15 +139,19 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
         cfg.tok_s_sum += r.tok_s_gpu;
       }
     }
+    // As the search ranks: configurations with headroom first, then the
+    // tight ones, fastest first within each.
     const Config* pick = nullptr;
+    auto ahead = [](const Config& a, const Config& b) {
+      if (a.first->pickable != b.first->pickable) return a.first->pickable;
+      return a.first->tok_s_gpu > b.first->tok_s_gpu;
+    };
     for (const auto& [unused, cfg] : configs) {
       if (cfg.ok_runs > 0) {
         cs.best_mfu = std::max(cs.best_mfu, cfg.mfu_sum / cfg.ok_runs);
         cs.best_tok_s = std::max(cs.best_tok_s, cfg.tok_s_sum / cfg.ok_runs);
       }
-      if (cfg.first->pickable && (pick == nullptr || cfg.first->tok_s_gpu > pick->first->tok_s_gpu)) {
-        pick = &cfg;
-      }
+      if (cfg.first->fits && (pick == nullptr || ahead(cfg, *pick))) pick = &cfg;
     }
     if (pred.size() >= 3) {
       cs.scored = true;

@@ -76,10 +76,12 @@ struct VtrainReport {
   double tp_mean_signed_rel_error = 0, pp_mean_signed_rel_error = 0;
 };
 
-// `headroom`: the fraction of device memory the planner leaves free when it
-// picks a layout (SearchSpace::memory_headroom); fit-or-not uses all of it.
+// `headroom`: the share of device memory the planner prefers to leave free
+// when it picks a layout (SearchSpace::memory_headroom: a tight configuration
+// is picked only when none has headroom); fit-or-not uses all of it.
 PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
-                                const PlannerConstants& constants, double headroom = 0.1);
+                                const PlannerConstants& constants,
+                                double headroom = SearchSpace{}.memory_headroom);
 VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerConstants& constants);
 
 // Spearman rank correlation (average ranks for ties); 0 when undefined.

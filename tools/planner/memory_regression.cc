@@ -20,12 +20,13 @@ struct Sample {
   double weight;           // 1 / measured peak: relative error
 };
 
-// One run's features: its peak stage's memory with the fitted terms switched
-// off, then each switched on at unit size.
+// One run's features: the memory of its first pipeline stage (where the
+// playbook's peak was measured, measured_runs.h) with the fitted terms
+// switched off, then each switched on at unit size.
 Sample Features(const PlaybookRun& run, const PlannerConstants& k) {
   const Workload w = PlaybookWorkload(run);
   const Layout l = PlaybookLayout(run);
-  const int64_t stage = EstimateMemory(w, l, k).stage;
+  const int64_t stage = kPlaybookMeasuredStage;
   PlannerConstants unit = k;
   unit.activation_factor = 1.0;
   unit.activation_working_sets = 0.0;
@@ -76,7 +77,9 @@ double MeanAbsRelError(const std::vector<PlaybookRun>& runs, const PlannerConsta
   int n = 0;
   for (const PlaybookRun& run : runs) {
     if (!run.ok || !(run.mem_gb > 0)) continue;
-    const double predicted = EstimateMemory(PlaybookWorkload(run), PlaybookLayout(run), k).total();
+    const double predicted =
+        EstimateStageMemory(PlaybookWorkload(run), PlaybookLayout(run), k, kPlaybookMeasuredStage)
+            .total();
     sum += std::abs(predicted / kGiB - run.mem_gb) / run.mem_gb;
     ++n;
   }

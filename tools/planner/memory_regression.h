@@ -6,8 +6,8 @@
 //   + activation_factor · activation_working_sets · (one layer's working set)
 //   + logits_bytes_per_element · (logit elements) + memory_overhead_bytes,
 // each run weighted by 1 / its peak (relative error). Linear in the four
-// coefficients, so the fit is exact, not a search; the pipeline stage taken
-// as the peak is the one the current constants pick.
+// coefficients, so the fit is exact, not a search. The peak compared is the
+// first pipeline stage's, where the playbook measured it (measured_runs.h).
 #pragma once
 
 #include <vector>

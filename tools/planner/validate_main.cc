@@ -15,7 +15,7 @@
 int main(int argc, char** argv) {
   std::string dir = LOOM_SHARED_DATA_DIR;
   bool cells = false;
-  double headroom = 0.1;
+  double headroom = loom::planner::SearchSpace{}.memory_headroom;
   loom::planner::PlannerConstants k = loom::planner::NanotronConstants();
   std::string vtrain_profile = "megatron";
   for (int i = 1; i < argc; ++i) {
