@@ -111,10 +111,13 @@ absl::StatusOr<MemoryRegression> FitMemoryByRegression(const std::vector<Playboo
                         "%d coefficients",
                         out.runs, kTerms));
   }
+  static constexpr const char* kNames[kTerms] = {"activation_factor", "working-set bytes",
+                                                  "logits_bytes_per_element",
+                                                  "memory_overhead_bytes"};
   for (int i = 0; i < kTerms; ++i) {
     if (!(c[i] >= 0)) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "memory regression: coefficient %d came out %g (must be >= 0); constants kept", i, c[i]));
+          "memory regression: %s came out %g (must be >= 0); constants kept", kNames[i], c[i]));
     }
   }
   out.mean_abs_rel_error_before = MeanAbsRelError(runs, k);
