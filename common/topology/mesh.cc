@@ -19,37 +19,28 @@ const char* AxisName(Axis axis) {
   return "?";
 }
 
-int64_t MeshShape::Size(Axis axis) const {
+namespace {
+
+// The field of a shape or coordinate that holds `axis` (both name them alike).
+template <typename PerAxis>
+auto& AxisField(PerAxis& x, Axis axis) {
   switch (axis) {
-    case Axis::kPp: return pp;
-    case Axis::kDp: return dp;
-    case Axis::kEp: return ep;
-    case Axis::kCp: return cp;
-    case Axis::kTp: return tp;
+    case Axis::kPp: return x.pp;
+    case Axis::kDp: return x.dp;
+    case Axis::kEp: return x.ep;
+    case Axis::kCp: return x.cp;
+    case Axis::kTp: break;
   }
-  return 0;
+  return x.tp;
 }
 
-int64_t MeshCoord::Get(Axis axis) const {
-  switch (axis) {
-    case Axis::kPp: return pp;
-    case Axis::kDp: return dp;
-    case Axis::kEp: return ep;
-    case Axis::kCp: return cp;
-    case Axis::kTp: return tp;
-  }
-  return 0;
-}
+}  // namespace
 
-void MeshCoord::Set(Axis axis, int64_t value) {
-  switch (axis) {
-    case Axis::kPp: pp = value; break;
-    case Axis::kDp: dp = value; break;
-    case Axis::kEp: ep = value; break;
-    case Axis::kCp: cp = value; break;
-    case Axis::kTp: tp = value; break;
-  }
-}
+int64_t MeshShape::Size(Axis axis) const { return AxisField(*this, axis); }
+
+int64_t MeshCoord::Get(Axis axis) const { return AxisField(*this, axis); }
+
+void MeshCoord::Set(Axis axis, int64_t value) { AxisField(*this, axis) = value; }
 
 AxisSet::AxisSet(std::initializer_list<Axis> axes) {
   for (Axis a : axes) bits_ |= 1u << static_cast<int>(a);

@@ -45,6 +45,14 @@ inline std::string SyntheticText(int64_t bytes, uint64_t seed) {
   return out;
 }
 
+// train.txt (20 kB) and val.txt (2 kB) of SyntheticText in `dir` (a ScratchDir
+// or a path): the corpus of the tiny jobs.
+template <typename Dir>
+void WriteTinyCorpus(const Dir& dir) {
+  WriteFile(dir / "train.txt", SyntheticText(20000, 1));
+  WriteFile(dir / "val.txt", SyntheticText(2000, 2));
+}
+
 // hidden 32, 2 layers, 4 heads over 2 kv heads, seq 16: milliseconds per step.
 inline spec::JobSpec TinyJob(const std::string& train_path, const std::string& val_path) {
   spec::JobSpec job;

@@ -23,8 +23,7 @@ using testing::WriteFile;
 class TrainingLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
   spec::JobSpec Job() { return testing::TinyJob(dir_ / "train.txt", dir_ / "val.txt"); }
 

@@ -41,8 +41,7 @@ struct Trained {
 class DeviceTrainingTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   // Tiny Llama, 4 micro-batches per step, clipping on, evaluation every 5

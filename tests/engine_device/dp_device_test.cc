@@ -31,8 +31,7 @@ constexpr double kGradClip = 0.05;  // small enough to clip on most steps
 class DpDeviceTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   // Two micro-batches per rank at dp2 (accumulation), clipping, evaluation

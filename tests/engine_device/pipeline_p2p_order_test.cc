@@ -90,8 +90,7 @@ struct Case {
 class PipelineP2pOrderTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
   testing::ScratchDir dir_;
 };

@@ -242,8 +242,7 @@ struct PpRun {
 class PpDeviceTest : public ::testing::TestWithParam<PpCase> {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   spec::JobSpec Job() const {

@@ -51,8 +51,7 @@ struct RankRun {
 class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   spec::JobSpec Job() const {

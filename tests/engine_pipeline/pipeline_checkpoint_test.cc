@@ -15,6 +15,7 @@
 #include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine_pipeline/pipeline_layout.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/checkpoint/checkpoint_reader.h"
@@ -28,11 +29,7 @@ constexpr int kSteps = 10;
 constexpr int kSaveAt = 5;
 constexpr double kTolerance = 1e-5;
 
-struct Layout {
-  int pp = 1, dp = 1, tp = 1;
-  spec::Schedule schedule = spec::Schedule::k1F1B;
-  int virtual_stages = 1;
-};
+using Layout = testing::PipelineLayout;
 
 struct RankRun {
   absl::Status restore = absl::OkStatus();
@@ -45,8 +42,7 @@ struct RankRun {
 class PipelineCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   spec::JobSpec Job() const {
@@ -63,11 +59,7 @@ class PipelineCheckpointTest : public ::testing::Test {
   // `save_root` (when given).
   std::vector<RankRun> Run(spec::JobSpec job, const Layout& l, const std::string& restore_root,
                            int64_t until, const std::string& save_root) {
-    job.parallelism.pp = l.pp;
-    job.parallelism.dp = l.dp;
-    job.parallelism.tp = l.tp;
-    job.parallelism.schedule = l.schedule;
-    job.parallelism.virtual_stages = l.virtual_stages;
+    l.ApplyTo(&job);
     const comm::testing::MeshGroups mesh(l.pp, l.dp, l.tp);
     std::vector<RankRun> runs(mesh.size());
     mesh.RunRanks([&](int p, int d, int t) {

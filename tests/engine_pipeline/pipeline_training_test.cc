@@ -20,6 +20,7 @@
 #include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine_pipeline/pipeline_layout.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/tp_tensors.h"
@@ -45,17 +46,12 @@ int64_t ReducedPrecisionGemms(kernels::Ops& ops) {
   return 0;
 }
 
-struct Layout {
-  int pp = 1, dp = 1, tp = 1;
-  spec::Schedule schedule = spec::Schedule::k1F1B;
-  int virtual_stages = 1;
-};
+using Layout = testing::PipelineLayout;
 
 class PipelineTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   spec::JobSpec Job(bool validation = true) const {
@@ -91,11 +87,7 @@ class PipelineTrainingTest : public ::testing::Test {
   // One TrainedRun per global rank; params hold that rank's stage's tensors,
   // assembled over its TP group.
   std::vector<TrainedRun> RunLayout(spec::JobSpec job, const Layout& l, int64_t steps) {
-    job.parallelism.pp = l.pp;
-    job.parallelism.dp = l.dp;
-    job.parallelism.tp = l.tp;
-    job.parallelism.schedule = l.schedule;
-    job.parallelism.virtual_stages = l.virtual_stages;
+    l.ApplyTo(&job);
     const comm::testing::MeshGroups mesh(l.pp, l.dp, l.tp);
     std::vector<TrainedRun> runs(mesh.size());
     mesh.RunRanks([&](int p, int d, int t) {

@@ -52,15 +52,20 @@ class GpuJob(unittest.TestCase):
         self.assertIn("2xgpu", nodes)
         self.assertIn("989.5 TF", nodes, "the H200's dense bf16 peak from common/hardware")
 
-    def test_gpu_job_reaches_the_cuda_backend_and_fails_cleanly(self):
+    def run_to_failure(self, spec, name):
+        """Submits, waits for the end; the job must fail without spending a
+        restart (exit 3: the job itself cannot run here). Returns its status."""
         c = self.cluster
-        job = c.submit(GPU_JOB, "gpu-one")
+        job = c.submit(spec, name)
         wait_until(lambda: c.state(job) in ("FAILED", "SUCCEEDED", "CANCELLED"), 120,
                    "the GPU job to end")
         status = c.status(job)
         self.assertEqual(c.state(job), "FAILED", status)
-        # Exit 3 means the job itself cannot run here: no restart is spent.
         self.assertIn("restarts 0", status)
+        return status
+
+    def test_gpu_job_reaches_the_cuda_backend_and_fails_cleanly(self):
+        status = self.run_to_failure(GPU_JOB, "gpu-one")
         self.assertIn("exited with code 3", status)
         # The failure quotes the rank's log: placed on the GPU, the CUDA backend refused.
         self.assertIn("on node gpu-node device 0", status)
@@ -68,15 +73,9 @@ class GpuJob(unittest.TestCase):
                                  "this loom-trainer was built without CUDA)")
 
     def test_data_parallel_gpu_job_is_placed_one_rank_per_gpu(self):
-        c = self.cluster
         spec = (GPU_JOB.replace("name: gpu-one", "name: gpu-two")
                 .replace("gpus_per_node: 1", "gpus_per_node: 2").replace("dp: 1", "dp: 2"))
-        job = c.submit(spec, "gpu-two")
-        wait_until(lambda: c.state(job) in ("FAILED", "SUCCEEDED", "CANCELLED"), 120,
-                   "the GPU job to end")
-        status = c.status(job)
-        self.assertEqual(c.state(job), "FAILED", status)
-        self.assertIn("restarts 0", status)
+        status = self.run_to_failure(spec, "gpu-two")
         self.assertRegex(status, r"rank 0 .* node gpu-node device 0")
         self.assertRegex(status, r"rank 1 .* node gpu-node device 1")
 

@@ -41,8 +41,7 @@ struct TrainedRun {
 class TpTrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
-    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(2000, 2));
+    testing::WriteTinyCorpus(dir_);
   }
 
   spec::JobSpec Job(int64_t kv_heads) const {

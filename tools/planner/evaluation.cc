@@ -85,7 +85,9 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
     if (!fits && run.ok) ++rep.predicted_oom_but_ran;
     if (run.ok) {
       ++succeeded;
-      const double measured_stage = EstimateStageMemory(w, l, k, kPlaybookMeasuredStage).total();
+      const double measured_stage = mem.stage == kPlaybookMeasuredStage
+                                        ? mem.total()
+                                        : EstimateStageMemory(w, l, k, kPlaybookMeasuredStage).total();
       mem_err += std::abs(measured_stage / kGiB - run.mem_gb) / run.mem_gb;
       const double le = std::abs(std::log(t.tokens_per_second_per_device / run.tok_s_gpu));
       log_err += le;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "coordinator/planner/memory_model.h"
+#include "tools/planner/evaluation.h"
 
 namespace loom::planner::eval {
 namespace {
@@ -72,20 +73,6 @@ bool Solve(std::array<Row, kTerms> a, Row b, Row* c) {
   return true;
 }
 
-double MeanAbsRelError(const std::vector<PlaybookRun>& runs, const PlannerConstants& k) {
-  double sum = 0;
-  int n = 0;
-  for (const PlaybookRun& run : runs) {
-    if (!run.ok || !(run.mem_gb > 0)) continue;
-    const double predicted =
-        EstimateStageMemory(PlaybookWorkload(run), PlaybookLayout(run), k, kPlaybookMeasuredStage)
-            .total();
-    sum += std::abs(predicted / kGiB - run.mem_gb) / run.mem_gb;
-    ++n;
-  }
-  return n ? sum / n : 0;
-}
-
 }  // namespace
 
 absl::StatusOr<MemoryRegression> FitMemoryByRegression(const std::vector<PlaybookRun>& runs,
@@ -120,13 +107,13 @@ absl::StatusOr<MemoryRegression> FitMemoryByRegression(const std::vector<Playboo
           "memory regression: %s came out %g (must be >= 0); constants kept", kNames[i], c[i]));
     }
   }
-  out.mean_abs_rel_error_before = MeanAbsRelError(runs, k);
+  out.mean_abs_rel_error_before = EvaluatePlaybook(runs, *constants).memory_mean_abs_rel_error;
   constants->activation_factor = c[0];
   constants->activation_working_sets = c[0] > 0 ? c[1] / c[0] : 0.0;  // the factor scales the sets too
   constants->backward_scratch_layers = 0.0;  // a working set already covers one layer's scratch
   constants->logits_bytes_per_element = c[2];
   constants->memory_overhead_bytes = c[3];
-  out.mean_abs_rel_error_after = MeanAbsRelError(runs, PlaybookConstants(*constants));
+  out.mean_abs_rel_error_after = EvaluatePlaybook(runs, *constants).memory_mean_abs_rel_error;
   return out;
 }
 
