@@ -109,6 +109,23 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
         std::accumulate(log_errors.begin(), log_errors.begin() + keep, 0.0) / keep;
   }
 
+  std::vector<double> centered;
+  for (const auto& [unused, list] : cells) {
+    std::vector<double> residuals;
+    for (const Scored& s : list) {
+      if (s.run->ok) residuals.push_back(std::log(s.tok_s_gpu / s.run->tok_s_gpu));
+    }
+    if (residuals.empty()) continue;
+    const double median = Median(residuals);
+    for (double r : residuals) centered.push_back(std::abs(r - median));
+  }
+  if (!centered.empty()) {
+    std::sort(centered.begin(), centered.end());
+    const size_t keep = std::max<size_t>(1, centered.size() * 3 / 4);
+    rep.throughput_cell_centered_abs_log_error =
+        std::accumulate(centered.begin(), centered.begin() + keep, 0.0) / keep;
+  }
+
   std::vector<double> spearmans;
   for (auto& [key, list] : cells) {
     CellScore cs;
@@ -144,6 +161,7 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
     // As the search ranks: configurations with headroom first, then the
     // tight ones, fastest first within each.
     const Config* pick = nullptr;
+    const Config* pick_measured = nullptr;  // among the configurations that ran
     auto ahead = [](const Config& a, const Config& b) {
       if (a.first->pickable != b.first->pickable) return a.first->pickable;
       return a.first->tok_s_gpu > b.first->tok_s_gpu;
@@ -154,6 +172,9 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
         cs.best_tok_s = std::max(cs.best_tok_s, cfg.tok_s_sum / cfg.ok_runs);
       }
       if (cfg.first->fits && (pick == nullptr || ahead(cfg, *pick))) pick = &cfg;
+      if (cfg.first->fits && cfg.ok_runs > 0 && (pick_measured == nullptr || ahead(cfg, *pick_measured))) {
+        pick_measured = &cfg;
+      }
     }
     if (pred.size() >= 3) {
       cs.scored = true;
@@ -172,6 +193,11 @@ PlaybookReport EvaluatePlaybook(const std::vector<PlaybookRun>& runs,
       if (cs.within_10pct) ++rep.cells_within_10pct;
       cs.within_10pct_tok_s = cs.picked_ok && cs.picked_tok_s >= 0.9 * cs.best_tok_s;
       if (cs.within_10pct_tok_s) ++rep.cells_within_10pct_tok_s;
+      if (pick_measured != nullptr) {
+        const double n = pick_measured->ok_runs;
+        if (pick_measured->mfu_sum / n >= 0.9 * cs.best_mfu) ++rep.measured_only_within_10pct;
+        if (pick_measured->tok_s_sum / n >= 0.9 * cs.best_tok_s) ++rep.measured_only_within_10pct_tok_s;
+      }
     }
     rep.cells.push_back(cs);
   }
@@ -248,14 +274,17 @@ std::string FormatPlaybookReport(const PlaybookReport& r, bool per_cell) {
       "  throughput rank correlation per cell (Spearman, %d cells with >= 3 runs): mean %.3f, median %.3f\n"
       "  picked layout within 10%% of the cell's best measured MFU: %d of %d cells (%.1f%%); "
       "on measured tokens/s (MFU with one FLOP count): %d of %d\n"
+      "  picked among the configurations that ran: %d of %d on MFU, %d of %d on tokens/s\n"
       "  succeeded runs: memory |error| %.1f%% of measured, tokens/s |error| %.1f%% (|log| %.3f, "
-      "best 75%%: %.3f)\n",
+      "best 75%%: %.3f; centered on each cell: %.3f)\n",
       r.runs, r.correct_fit, 100 * r.fit_accuracy, r.predicted_fit_but_failed,
       r.predicted_oom_but_ran, r.scored_cells, r.mean_spearman, r.median_spearman,
       r.cells_within_10pct, r.cells_with_success, 100 * r.pick_fraction,
-      r.cells_within_10pct_tok_s, r.cells_with_success,
+      r.cells_within_10pct_tok_s, r.cells_with_success, r.measured_only_within_10pct,
+      r.cells_with_success, r.measured_only_within_10pct_tok_s, r.cells_with_success,
       100 * r.memory_mean_abs_rel_error, 100 * r.throughput_mean_abs_rel_error,
-      r.throughput_mean_abs_log_error, r.throughput_trimmed_abs_log_error);
+      r.throughput_mean_abs_log_error, r.throughput_trimmed_abs_log_error,
+      r.throughput_cell_centered_abs_log_error);
   if (per_cell) {
     absl::StrAppend(&out, absl::StrFormat("  %-5s %5s %5s %5s %9s %10s %9s %10s %12s %10s %s\n",
                                           "model", "nodes", "runs", "ok", "spearman", "picked MFU",

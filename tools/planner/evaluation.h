@@ -48,12 +48,21 @@ struct PlaybookReport {
   int cells_within_10pct = 0;
   double pick_fraction = 0;     // cells_within_10pct / cells_with_success
   int cells_within_10pct_tok_s = 0;  // the same on tokens/s (CellScore)
+  // The same two counts when the planner picks only among the configurations
+  // that ran (have a measured MFU); crashes are scored by fit-or-not.
+  int measured_only_within_10pct = 0;
+  int measured_only_within_10pct_tok_s = 0;
   double memory_mean_abs_rel_error = 0;  // succeeded runs: |pred - mem_gb| / mem_gb
   double throughput_mean_abs_log_error = 0;  // succeeded runs: |ln(pred / measured)|
   double throughput_mean_abs_rel_error = 0;
   // The mean over the 75% of succeeded runs predicted best: robust to the
   // runs that were pathologically slow for reasons outside any layout model.
   double throughput_trimmed_abs_log_error = 0;
+  // The same trimmed mean after subtracting each (model, nodes) cell's median
+  // log error: only how runs compare inside a cell counts, which is all the
+  // planner ranks on; a cell's common offset (that allocation's network, its
+  // day) does not.
+  double throughput_cell_centered_abs_log_error = 0;
   std::vector<CellScore> cells;
 };
 
