@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/engine/thread_communicator.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -33,17 +34,6 @@ class TrainingLoopTest : public ::testing::Test {
     return loop.ok() ? std::move(*loop) : nullptr;
   }
 
-  static std::vector<StepProgress> Train(TrainingLoop& loop, int64_t until) {
-    std::vector<StepProgress> out;
-    while (loop.step() < until) {
-      auto p = loop.TrainStep();
-      EXPECT_TRUE(p.ok()) << p.status();
-      if (!p.ok()) break;
-      out.push_back(*p);
-    }
-    return out;
-  }
-
   ScratchDir dir_;
 };
 
@@ -51,7 +41,7 @@ TEST_F(TrainingLoopTest, ProgressRecordsAndLearning) {
   spec::JobSpec job = Job();
   auto loop = Make(job);
   ASSERT_NE(loop, nullptr);
-  const auto steps = Train(*loop, 20);
+  const auto steps = testing::TrainUntil(*loop, 20);
   ASSERT_EQ(steps.size(), 20u);
   for (const StepProgress& p : steps) {
     EXPECT_EQ(p.total_steps, 20);
@@ -83,7 +73,7 @@ TEST_F(TrainingLoopTest, FlopsPerToken) {
 TEST_F(TrainingLoopTest, SameSeedSameLossesBitForBit) {
   auto a = Make(Job());
   auto b = Make(Job());
-  const auto la = Train(*a, 8), lb = Train(*b, 8);
+  const auto la = testing::TrainUntil(*a, 8), lb = testing::TrainUntil(*b, 8);
   for (size_t i = 0; i < la.size(); ++i) {
     EXPECT_EQ(la[i].loss, lb[i].loss);
     EXPECT_EQ(la[i].grad_norm, lb[i].grad_norm);
@@ -91,16 +81,16 @@ TEST_F(TrainingLoopTest, SameSeedSameLossesBitForBit) {
   spec::JobSpec other = Job();
   other.train.seed = 8;
   auto c = Make(other);
-  EXPECT_NE(Train(*c, 1)[0].loss, la[0].loss);
+  EXPECT_NE(testing::TrainUntil(*c, 1)[0].loss, la[0].loss);
 }
 
 TEST_F(TrainingLoopTest, ResumeIsBitIdentical) {
   const std::string root = dir_ / "ckpt";
   auto straight = Make(Job());
-  const auto all = Train(*straight, 20);
+  const auto all = testing::TrainUntil(*straight, 20);
   {
     auto first = Make(Job());
-    Train(*first, 10);
+    testing::TrainUntil(*first, 10);
     auto saved = first->SaveCheckpoint(root);
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
@@ -109,7 +99,7 @@ TEST_F(TrainingLoopTest, ResumeIsBitIdentical) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 10);
   EXPECT_EQ(second->step(), 10);
-  const auto rest = Train(*second, 20);
+  const auto rest = testing::TrainUntil(*second, 20);
   ASSERT_EQ(rest.size(), 10u);
   for (size_t i = 0; i < rest.size(); ++i) {
     const StepProgress& want = all[10 + i];
@@ -129,7 +119,7 @@ TEST_F(TrainingLoopTest, AccumulationMatchesOneBigMicroBatch) {
   spec::JobSpec small = Job(), big = Job();
   big.train.micro_batch_size = 8;
   auto a = Make(small), b = Make(big);
-  const auto la = Train(*a, 3), lb = Train(*b, 3);
+  const auto la = testing::TrainUntil(*a, 3), lb = testing::TrainUntil(*b, 3);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_NEAR(la[i].loss, lb[i].loss, 1e-5 * lb[i].loss);
     EXPECT_NEAR(la[i].grad_norm, lb[i].grad_norm, 1e-4 * lb[i].grad_norm);
@@ -139,7 +129,7 @@ TEST_F(TrainingLoopTest, AccumulationMatchesOneBigMicroBatch) {
 TEST_F(TrainingLoopTest, DataParallelMatchesSingleRank) {
   const spec::JobSpec job = Job();
   auto single = Make(job);
-  const auto want = Train(*single, 4);
+  const auto want = testing::TrainUntil(*single, 4);
   auto group = std::make_shared<testing::ThreadGroup>(2);
   std::vector<std::vector<StepProgress>> got(2);
   std::vector<std::vector<float>> params(2);
@@ -149,7 +139,7 @@ TEST_F(TrainingLoopTest, DataParallelMatchesSingleRank) {
       testing::ThreadCommunicator comm(group, rank);
       auto loop = TrainingLoop::Create(job, rank, 2, &comm);
       ASSERT_TRUE(loop.ok()) << loop.status();
-      got[rank] = Train(**loop, 4);
+      got[rank] = testing::TrainUntil(**loop, 4);
       auto saved = (*loop)->SaveCheckpoint(dir_ / "dp_ckpt");  // rank 0 writes, all wait
       ASSERT_TRUE(saved.ok()) << saved.status();
       EXPECT_EQ(saved->empty(), rank != 0);
@@ -173,7 +163,7 @@ TEST_F(TrainingLoopTest, DataParallelMatchesSingleRank) {
 TEST_F(TrainingLoopTest, EvaluateFollowsTheDocumentedWindows) {
   auto loop = Make(Job());
   ASSERT_NE(loop, nullptr);
-  Train(*loop, 2);
+  testing::TrainUntil(*loop, 2);
   auto val = loop->Evaluate();
   ASSERT_TRUE(val.ok()) << val.status();
   // Recomputed from the file: window i = bytes [16 i, 16 i + 16], one at a time.

@@ -20,6 +20,7 @@
 #include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/engine_pipeline/pipeline_layout.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
@@ -63,23 +64,12 @@ class PipelineTrainingTest : public ::testing::Test {
     return job;
   }
 
-  static std::vector<StepProgress> Train(TrainingLoop& loop, int64_t steps) {
-    std::vector<StepProgress> out;
-    while (loop.step() < steps) {
-      absl::StatusOr<StepProgress> p = loop.TrainStep();
-      EXPECT_TRUE(p.ok()) << p.status();
-      if (!p.ok()) break;
-      out.push_back(*p);
-    }
-    return out;
-  }
-
   TrainedRun RunSingle(const spec::JobSpec& job) {
     absl::StatusOr<std::unique_ptr<TrainingLoop>> loop = TrainingLoop::Create(job);
     TrainedRun run;
     EXPECT_TRUE(loop.ok()) << loop.status();
     if (!loop.ok()) return run;
-    run.steps = Train(**loop, job.train.steps);
+    run.steps = testing::TrainUntil(**loop, job.train.steps);
     run.params = testing::ToMap((*loop)->model().Parameters());
     return run;
   }
@@ -98,7 +88,7 @@ class PipelineTrainingTest : public ::testing::Test {
           TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
       ASSERT_TRUE(loop.ok()) << loop.status();
       TrainedRun& run = runs[mesh.Rank(p, d, t)];
-      run.steps = Train(**loop, steps);
+      run.steps = testing::TrainUntil(**loop, steps);
       ASSERT_NE((*loop)->pipeline_stage(), nullptr);
       for (const TensorView& v : (*loop)->pipeline_stage()->Parameters()) {
         std::vector<float> global;

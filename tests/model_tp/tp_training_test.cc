@@ -22,6 +22,7 @@
 #include "tests/comm/rank_harness.h"
 #include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/tp_tensors.h"
@@ -52,23 +53,12 @@ class TpTrainingTest : public ::testing::Test {
     return job;
   }
 
-  static std::vector<StepProgress> Train(TrainingLoop& loop) {
-    std::vector<StepProgress> steps;
-    while (!loop.done()) {
-      absl::StatusOr<StepProgress> p = loop.TrainStep();
-      EXPECT_TRUE(p.ok()) << p.status();
-      if (!p.ok()) break;
-      steps.push_back(*p);
-    }
-    return steps;
-  }
-
   TrainedRun RunSingle(const spec::JobSpec& job) {
     absl::StatusOr<std::unique_ptr<TrainingLoop>> loop = TrainingLoop::Create(job);
     TrainedRun run;
     EXPECT_TRUE(loop.ok()) << loop.status();
     if (!loop.ok()) return run;
-    run.steps = Train(**loop);
+    run.steps = testing::TrainToEnd(**loop);
     run.params = testing::ToMap((*loop)->model().Parameters());
     return run;
   }
@@ -88,7 +78,7 @@ class TpTrainingTest : public ::testing::Test {
           TrainingLoop::Create(job, d, dp, dp_comm, tp_comm);
       ASSERT_TRUE(loop.ok()) << loop.status();
       TrainedRun& run = runs[mesh.Rank(0, d, t)];
-      run.steps = Train(**loop);
+      run.steps = testing::TrainToEnd(**loop);
       std::vector<float> flat;
       ASSERT_TRUE((*loop)->GatherParameters(&flat).ok());  // ZeRO: whole local shards
       int64_t offset = 0;
@@ -178,7 +168,7 @@ TEST_F(TpTrainingTest, CheckpointsMoveBetweenTpAndOneProcess) {
     absl::StatusOr<LoadedCheckpoint> loaded = (*loop)->RestoreNewest(tp_root);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     EXPECT_EQ(loaded->step, 5);
-    const std::vector<StepProgress> rest = Train(**loop);
+    const std::vector<StepProgress> rest = testing::TrainToEnd(**loop);
     ASSERT_EQ(rest.size(), 5u);
     for (size_t i = 0; i < rest.size(); ++i) {
       EXPECT_NEAR(rest[i].loss, straight.steps[5 + i].loss, kTolerance * straight.steps[5 + i].loss);
@@ -203,7 +193,7 @@ TEST_F(TpTrainingTest, CheckpointsMoveBetweenTpAndOneProcess) {
       ASSERT_TRUE(loop.ok()) << loop.status();
       absl::StatusOr<LoadedCheckpoint> loaded = (*loop)->RestoreNewest(single_root);
       ASSERT_TRUE(loaded.ok()) << loaded.status();
-      rest[rank] = Train(**loop);
+      rest[rank] = testing::TrainToEnd(**loop);
       shards[rank] = testing::Snapshot((*loop)->model().Parameters());
     });
   }
