@@ -1,13 +1,16 @@
 // Runs a training loop to a step, collecting each step's progress record:
-// the engine tests' one way to train a few steps and compare the records.
+// the engine tests' one way to train a few steps and compare the records,
+// directly or through RunTraining (checkpoints and resume).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "worker/engine/training_loop.h"
+#include "worker/engine/training_run.h"
 
 namespace loom::engine::testing {
 
@@ -27,6 +30,32 @@ inline std::vector<StepProgress> TrainUntil(TrainingLoop& loop, int64_t until) {
 // Steps to the end of the job's train.steps.
 inline std::vector<StepProgress> TrainToEnd(TrainingLoop& loop) {
   return TrainUntil(loop, loop.spec().train.steps);
+}
+
+// What a run trained: its steps' records and the parameters it ended with
+// (GatherParameters: this rank's stage's and shard's tensors).
+struct TrainedSteps {
+  std::vector<StepProgress> steps;
+  std::vector<float> params;
+};
+
+// RunTraining with checkpoints under `root` (resuming from the newest there;
+// empty: none) up to `stop_after` (0: the end), as a worker's rank runs it.
+inline TrainedSteps RunCheckpointed(TrainingLoop& loop, const std::string& root,
+                                    int64_t stop_after = 0) {
+  TrainedSteps run;
+  RunOptions options;
+  options.checkpoint_root = root;
+  options.stop_after_step = stop_after;
+  options.on_step = [&run](const StepProgress& p) {
+    run.steps.push_back(p);
+    return absl::OkStatus();
+  };
+  const absl::Status status = RunTraining(loop, options);
+  EXPECT_TRUE(status.ok()) << status;
+  const absl::Status gathered = loop.GatherParameters(&run.params);
+  EXPECT_TRUE(gathered.ok()) << gathered;
+  return run;
 }
 
 }  // namespace loom::engine::testing

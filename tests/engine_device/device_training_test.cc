@@ -13,11 +13,11 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/engine_device/device_emulation_ops.h"
 #include "tests/engine_device/expect_bitwise.h"
 #include "worker/engine/export/hf_export.h"
 #include "worker/engine/training_loop.h"
-#include "worker/engine/training_run.h"
 
 namespace loom::engine {
 namespace {
@@ -32,11 +32,6 @@ using testing::WriteFile;
 
 constexpr int64_t kSteps = 20;
 constexpr double kGradClip = 0.5;
-
-struct Trained {
-  std::vector<StepProgress> steps;
-  std::vector<float> params;
-};
 
 class DeviceTrainingTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -67,23 +62,6 @@ class DeviceTrainingTest : public ::testing::TestWithParam<bool> {
     return loop.ok() ? std::move(*loop) : nullptr;
   }
 
-  // RunTraining with checkpoints under root (resuming from it), up to
-  // stop_after (0: the end); the progress of the steps it trained.
-  static Trained Train(TrainingLoop& loop, const std::string& root, int64_t stop_after = 0) {
-    Trained run;
-    RunOptions options;
-    options.checkpoint_root = root;
-    options.stop_after_step = stop_after;
-    options.on_step = [&run](const StepProgress& p) {
-      run.steps.push_back(p);
-      return absl::OkStatus();
-    };
-    const absl::Status status = RunTraining(loop, options);
-    EXPECT_TRUE(status.ok()) << status;
-    EXPECT_TRUE(loop.GatherParameters(&run.params).ok());
-    return run;
-  }
-
   ScratchDir dir_;
 };
 
@@ -91,7 +69,7 @@ TEST_P(DeviceTrainingTest, TrainsBitIdenticalToCpu) {
   auto cpu = Make(nullptr);
   ASSERT_NE(cpu, nullptr);
   EXPECT_STREQ(cpu->ops().name(), "cpu");
-  const Trained want = Train(*cpu, "");
+  const testing::TrainedSteps want = testing::RunCheckpointed(*cpu, "");
 
   std::shared_ptr<DeviceEmulationOps> ops = DeviceOps();
   auto dev = Make(ops);
@@ -103,7 +81,7 @@ TEST_P(DeviceTrainingTest, TrainsBitIdenticalToCpu) {
   for (const TensorView& m : dev->optimizer().States()) {
     ASSERT_TRUE(DeviceEmulationOps::IsDevicePointer(m.data)) << m.name;
   }
-  const Trained got = Train(*dev, "");
+  const testing::TrainedSteps got = testing::RunCheckpointed(*dev, "");
 
   ASSERT_EQ(want.steps.size(), static_cast<size_t>(kSteps));
   ExpectSameSteps(got.steps, want.steps, 0);
@@ -154,13 +132,14 @@ TEST_P(DeviceTrainingTest, CheckpointResumeAndExportOnDevice) {
   const std::string cpu_root = dir_ / "cpu_ckpt", dev_root = dir_ / "dev_ckpt";
   auto cpu = Make(nullptr);
   ASSERT_NE(cpu, nullptr);
-  const Trained straight = Train(*cpu, cpu_root);  // saves steps 10 and 20
+  const testing::TrainedSteps straight = testing::RunCheckpointed(*cpu, cpu_root);  // saves steps 10 and 20
   ASSERT_EQ(straight.steps.size(), static_cast<size_t>(kSteps));
 
   {  // Steps 1..10 on the device, saved at 10 (staged through host copies).
     auto first = Make(DeviceOps());
     ASSERT_NE(first, nullptr);
-    const Trained part = Train(*first, dev_root, /*stop_after=*/10);
+    const testing::TrainedSteps part =
+        testing::RunCheckpointed(*first, dev_root, /*stop_after=*/10);
     ASSERT_EQ(part.steps.size(), 10u);
     for (size_t i = 0; i < part.steps.size(); ++i) {
       EXPECT_EQ(part.steps[i].loss, straight.steps[i].loss) << "step " << i + 1;
@@ -178,7 +157,7 @@ TEST_P(DeviceTrainingTest, CheckpointResumeAndExportOnDevice) {
   std::shared_ptr<DeviceEmulationOps> ops = DeviceOps();
   auto second = Make(ops);
   ASSERT_NE(second, nullptr);
-  const Trained rest = Train(*second, dev_root);
+  const testing::TrainedSteps rest = testing::RunCheckpointed(*second, dev_root);
   EXPECT_EQ(second->step(), kSteps);
   ExpectSameSteps(rest.steps, straight.steps, 10);
   ExpectSameBits(rest.params, straight.params);

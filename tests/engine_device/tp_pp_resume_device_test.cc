@@ -23,11 +23,11 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/engine_device/device_emulation_communicator.h"
 #include "tests/engine_device/device_emulation_ops.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/training_loop.h"
-#include "worker/engine/training_run.h"
 
 namespace loom::engine {
 namespace {
@@ -41,11 +41,6 @@ struct Case {
   spec::Schedule schedule;
   int virtual_stages;
   bool sp;
-};
-
-struct RankRun {
-  std::vector<StepProgress> steps;
-  std::vector<float> params;  // GatherParameters: this rank's (stage's, shard's) tensors
 };
 
 class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
@@ -73,7 +68,7 @@ class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
 
   // RunTraining on every rank (stage-major, tp fastest) with checkpoints
   // under root, resuming from it, up to stop_after (0: the end).
-  std::vector<RankRun> Train(bool device, const std::string& root, int64_t stop_after) {
+  std::vector<testing::TrainedSteps> Train(bool device, const std::string& root, int64_t stop_after) {
     const Case& c = GetParam();
     const spec::JobSpec job = Job();
     const int n = c.pp * c.tp;
@@ -105,7 +100,7 @@ class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
       for (int p = 0; p < c.pp; ++p) ranks.push_back(p * c.tp + t);
       pp_groups[t] = make_group(ranks, "pp");
     }
-    std::vector<RankRun> runs(n);
+    std::vector<testing::TrainedSteps> runs(n);
     std::vector<std::thread> threads;
     for (int p = 0; p < c.pp; ++p) {
       for (int t = 0; t < c.tp; ++t) {
@@ -115,17 +110,7 @@ class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
           absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
               TrainingLoop::Create(job, 0, 1, nullptr, tp, pp, ops[p * c.tp + t]);
           ASSERT_TRUE(loop.ok()) << loop.status();
-          RankRun& run = runs[p * c.tp + t];
-          RunOptions options;
-          options.checkpoint_root = root;
-          options.stop_after_step = stop_after;
-          options.on_step = [&run](const StepProgress& s) {
-            run.steps.push_back(s);
-            return absl::OkStatus();
-          };
-          const absl::Status status = RunTraining(**loop, options);
-          ASSERT_TRUE(status.ok()) << status;
-          ASSERT_TRUE((*loop)->GatherParameters(&run.params).ok());
+          runs[p * c.tp + t] = testing::RunCheckpointed(**loop, root, stop_after);
         });
       }
     }
@@ -138,8 +123,8 @@ class TpPpResumeDeviceTest : public ::testing::TestWithParam<Case> {
 
 TEST_P(TpPpResumeDeviceTest, TrainsAndResumesBitIdenticalToCpu) {
   const std::string cpu_root = dir_ / "cpu", dev_root = dir_ / "dev";
-  const std::vector<RankRun> straight = Train(/*device=*/false, cpu_root, 0);
-  const std::vector<RankRun> first = Train(/*device=*/true, dev_root, 3);
+  const std::vector<testing::TrainedSteps> straight = Train(/*device=*/false, cpu_root, 0);
+  const std::vector<testing::TrainedSteps> first = Train(/*device=*/true, dev_root, 3);
   // The device's step-3 checkpoint is the CPU's, byte for byte.
   int files = 0;
   for (const auto& e : std::filesystem::directory_iterator(cpu_root + "/step_00000003")) {
@@ -150,7 +135,7 @@ TEST_P(TpPpResumeDeviceTest, TrainsAndResumesBitIdenticalToCpu) {
     ++files;
   }
   EXPECT_GE(files, 2);
-  const std::vector<RankRun> rest = Train(/*device=*/true, dev_root, 0);
+  const std::vector<testing::TrainedSteps> rest = Train(/*device=*/true, dev_root, 0);
   ASSERT_EQ(straight.size(), rest.size());
   for (size_t r = 0; r < straight.size(); ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));

@@ -219,11 +219,11 @@ VtrainReport EvaluateVtrain(const std::vector<VtrainRun>& runs, const PlannerCon
   for (const VtrainRun& run : runs) {
     const StepTime t = EstimateStepTime(VtrainWorkload(run), VtrainLayout(run), VtrainCluster(run), k);
     const double measured = run.iteration_ms / 1e3;
-    const double err = std::abs(t.total - measured) / measured;
-    signed_err += (t.total - measured) / measured;
+    const double signed_one = (t.total - measured) / measured;
+    const double err = std::abs(signed_one);
+    signed_err += signed_one;
     errors.push_back(err);
     (run.multi ? multi : single) += err;
-    const double signed_one = (t.total - measured) / measured;
     if (run.tp > 1) {
       ++rep.tp_runs;
       rep.tp_mean_abs_rel_error += err;
