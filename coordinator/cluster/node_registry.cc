@@ -33,11 +33,12 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
 }
 
 bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
-                                  std::shared_ptr<NodeChannel> channel, absl::Time now) {
+                                  std::shared_ptr<NodeChannel> channel, absl::Time now,
+                                  absl::Duration alive) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(registration.node_id());
   if (it != nodes_.end() && it->second.info.live && it->second.channel != nullptr &&
-      it->second.channel != channel) {
+      it->second.channel != channel && now - it->second.info.last_seen < alive) {
     return false;
   }
   RegisterLocked(registration, std::move(channel), now);

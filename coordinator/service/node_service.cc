@@ -104,7 +104,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         }
         if (absl::Status s = auth::AuthorizeRegister(*caller_, node_id); !s.ok()) return s;
         if (node_id_.empty() &&
-            !nodes_->RegisterIfFree(message.register_(), channel_, absl::Now())) {
+            !nodes_->RegisterIfFree(message.register_(), channel_, absl::Now(),
+                                    2 * heartbeat_interval_)) {
           return absl::PermissionDeniedError(absl::StrCat(
               "node ", node_id, " already has a live session; a second one is refused"));
         }
