@@ -214,6 +214,12 @@ class AdversarialIdentity(unittest.TestCase):
                     job_id=self.job, attempt=attempt, rank=rank, exit_code=exit_code,
                     log_tail="forged by node-y"))
         session.send(heartbeat=node_pb2.Heartbeat(seq=1))
+        # A second registration on the same stream is answered after every
+        # message before it was handled: the forged exits have been seen.
+        session.send(register=register("node-y"))
+        self.assertEqual(next(session.replies).registered.node_id, "node-y")
+        self.assertIn(f"job {self.job}: ignored an exit of rank 0 from node node-y",
+                      self.cluster.log("coordinator.log"))
         self.assert_victim_untouched()
         self.assertNotIn("forged", self.victim().failure_reason)
         session.close()
