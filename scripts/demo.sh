@@ -3,8 +3,19 @@
 # node agent with two CPU ranks on loopback, submits a ~10M-parameter Llama
 # that trains data-parallel on the license texts under /usr/share/common-licenses,
 # watches it to the end, and stops every process it started.
+#
+#   ./scripts/demo.sh          run the demo, then stop the coordinator and agent
+#   ./scripts/demo.sh --keep   leave them running afterwards (to look at metrics,
+#                              loomctl or the logs) and print how to stop them
 set -euo pipefail
 cd "$(dirname "$0")/.."
+keep=false
+for arg in "$@"; do
+  case "$arg" in
+    --keep) keep=true ;;
+    *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
+  esac
+done
 root=$(pwd)
 ./scripts/build.sh
 bin=$root/build/bin
@@ -33,6 +44,7 @@ ctl() { "$bin/loomctl" --coordinator="$address" --tls_dir="$certs/admin" "$@"; }
 
 pids=()
 cleanup() {
+  if $keep; then return; fi
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
@@ -68,7 +80,15 @@ PY
 )
 val=$(ctl status "$id" | sed -n 's/.*val \([0-9.]*\).*/\1/p' | tail -1)
 echo "== validation loss ${val:-?} nats/byte against the text's byte (unigram) entropy of $entropy nats"
-echo "== metrics: curl -s http://127.0.0.1:$metrics_port/metrics | grep ^loom_job"
+echo "== the job's metrics as the coordinator exports them (http://127.0.0.1:$metrics_port/metrics):"
 curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E '^loom_job_(mfu|tokens_per_second|loss)' || true
 echo "== logs: $run/coordinator.log $run/worker.log $run/worker/jobs/$id/"
+if $keep; then
+  echo "== still running (--keep): coordinator $address (pid ${pids[0]}), agent (pid ${pids[1]})"
+  echo "   curl -s http://127.0.0.1:$metrics_port/metrics | grep ^loom_"
+  echo "   $bin/loomctl --coordinator=$address list"
+  echo "   stop them with: kill ${pids[*]}"
+else
+  echo "== coordinator and agent stopped (run with --keep to leave them up)"
+fi
 exit $status

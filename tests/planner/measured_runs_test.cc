@@ -1,4 +1,4 @@
-// The planner against measured runs (../shared/data). Goals from the issue
+// The planner against measured runs (tools/planner/data). Goals from the issue
 // are asserted where the planner reaches them; where it does not, the value
 // reached is asserted as a regression floor (docs/planner.md says which).
 #include <filesystem>
@@ -15,12 +15,12 @@ namespace {
 class MeasuredRunsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = LOOM_SHARED_DATA_DIR;
+    const std::string dir = LOOM_MEASURED_RUNS_DIR;
     absl::StatusOr<MeasuredRuns> r = LoadRuns(dir);
     if (!r.ok()) {
       error_ = new std::string(std::string(r.status().message()) +
-                               " — the measured runs are part of the project's contract; looked in " +
-                               dir + " (shared/data beside the clone)");
+                               " — the measured runs are committed under tools/planner/data; looked in " +
+                               dir + " (LOOM_MEASURED_RUNS_DIR)");
       return;
     }
     runs_ = new MeasuredRuns(std::move(*r));

@@ -63,7 +63,7 @@ double CoordinateSearch(lp::PlannerConstants* k, const std::vector<Param>& param
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = LOOM_SHARED_DATA_DIR;
+  std::string dir = LOOM_MEASURED_RUNS_DIR;
   int rounds = 8;
   double memory_error_weight = 0.25;
   bool from_scratch = false;

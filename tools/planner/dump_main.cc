@@ -13,7 +13,7 @@
 namespace lp = loom::planner;
 
 int main(int argc, char** argv) {
-  std::string dir = LOOM_SHARED_DATA_DIR;
+  std::string dir = LOOM_MEASURED_RUNS_DIR;
   lp::PlannerConstants base = lp::NanotronConstants();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -1,5 +1,5 @@
 // The measured training runs the planner is calibrated and validated on
-// (../shared/data): the Ultra-Scale Playbook's nanotron runs on H100 nodes
+// (tools/planner/data, described in its README): the Ultra-Scale Playbook's nanotron runs on H100 nodes
 // and vTrain's Megatron-LM runs on A100 nodes. Parsing is pure; LoadRuns
 // reads the directory.
 #pragma once

@@ -13,7 +13,7 @@
 #include "tools/planner/evaluation.h"
 
 int main(int argc, char** argv) {
-  std::string dir = LOOM_SHARED_DATA_DIR;
+  std::string dir = LOOM_MEASURED_RUNS_DIR;
   bool cells = false;
   double headroom = loom::planner::SearchSpace{}.memory_headroom;
   loom::planner::PlannerConstants k = loom::planner::NanotronConstants();
