@@ -86,7 +86,7 @@ echo "== logs: $run/coordinator.log $run/worker.log $run/worker/jobs/$id/"
 if $keep; then
   echo "== still running (--keep): coordinator $address (pid ${pids[0]}), agent (pid ${pids[1]})"
   echo "   curl -s http://127.0.0.1:$metrics_port/metrics | grep ^loom_"
-  echo "   $bin/loomctl --coordinator=$address list"
+  echo "   $bin/loomctl --coordinator=$address --tls_dir=$certs/admin list"
   echo "   stop them with: kill ${pids[*]}"
 else
   echo "== coordinator and agent stopped (run with --keep to leave them up)"
