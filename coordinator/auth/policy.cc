@@ -60,6 +60,8 @@ absl::Status AuthorizeMethod(const Identity& caller, const std::string& method) 
   return Denied(caller, absl::StrCat("call ", method));
 }
 
+bool HasRule(const std::string& method) { return Rules().count(method) > 0; }
+
 bool MaySeeJob(const Identity& caller, const std::string& owner) {
   if (caller.role == Role::kInsecure || caller.role == Role::kAdmin) return true;
   return caller.role == Role::kUser && !owner.empty() && caller.name == owner;

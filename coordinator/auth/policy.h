@@ -16,6 +16,9 @@ namespace loom::coordinator::auth {
 // Unknown methods are refused.
 absl::Status AuthorizeMethod(const Identity& caller, const std::string& method);
 
+// Whether method has a rule at all (every Loom RPC must; a test walks the protos).
+bool HasRule(const std::string& method);
+
 // The caller acts on a job owned by owner: its owner or an admin.
 absl::Status AuthorizeJob(const Identity& caller, const std::string& job_id,
                           const std::string& owner);
