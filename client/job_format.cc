@@ -61,6 +61,7 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
   std::string out;
   absl::StrAppend(&out, "job:       ", job.id(), " (", job.name(), ")\n");
   absl::StrAppend(&out, "state:     ", StateName(job.state()), "\n");
+  if (!job.owner().empty()) absl::StrAppend(&out, "owner:     ", job.owner(), "\n");
   absl::StrAppend(&out, "attempt:   ", job.attempt(), " (restarts ", job.restarts(), ": crash ",
                   job.crash_restarts(), ", hang ", job.hang_restarts(), ", lost node ",
                   job.node_restarts(), ")\n");

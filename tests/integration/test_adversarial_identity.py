@@ -122,6 +122,7 @@ class AdversarialIdentity(unittest.TestCase):
         # The owner and the admin see it.
         self.assertIn(self.job, self.cluster.loomctl("list", identity="user-alice").stdout)
         self.assertIn(self.job, self.cluster.loomctl("list", identity="admin").stdout)
+        self.assertIn("owner:     alice", self.cluster.status(self.job, identity="user-alice"))
         self.assert_victim_untouched()
 
     def test_callers_without_a_credential_are_unauthenticated(self):
