@@ -76,6 +76,11 @@ class RankManagerTest : public ::testing::Test {
     RankManagerOptions options;
     options.work_dir = dir_.path() + "/work";
     options.coordinator = "127.0.0.1:7000";
+    // The agent's own TLS settings go to every trainer, as flags.
+    options.coordinator_tls = {.insecure = false,
+                               .ca_path = "/certs/ca.crt",
+                               .cert_path = "/certs/tls.crt",
+                               .key_path = "/certs/tls.key"};
     options.trainer_path = path;
     options.threads_per_rank = 3;
     options.default_grace = absl::Seconds(30);
@@ -114,7 +119,8 @@ TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
 
   std::string log = ReadFile(rank_dir + "/log.txt");
   EXPECT_NE(log.find("args: --coordinator=127.0.0.1:7000 --assignment=" + rank_dir +
-                     "/assignment.pb --work_dir=" + rank_dir + "\n"),
+                     "/assignment.pb --work_dir=" + rank_dir +
+                     " --tls_ca=/certs/ca.crt --tls_cert=/certs/tls.crt --tls_key=/certs/tls.key\n"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("threads 3 3\n"), std::string::npos) << log;
