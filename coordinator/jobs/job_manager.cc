@@ -2,8 +2,11 @@
 // progress, exits, restarts) is in job_lifecycle.cc.
 #include "coordinator/jobs/job_manager.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/spec/job_spec_rules.h"
@@ -22,6 +25,27 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+// The number in "job-000042"; 0 when there is none.
+int64_t SequenceOf(const std::string& id) {
+  int64_t sequence = 0;
+  const size_t dash = id.find_last_of('-');
+  if (dash == std::string::npos || !absl::SimpleAtoi(id.substr(dash + 1), &sequence)) return 0;
+  return sequence;
+}
+
+// What ListJobs shows of a job: everything but the parts that grow with the
+// spec, the ranks and the restarts (GetJob has those).
+Job Summary(const Job& job) {
+  Job summary = job;
+  summary.clear_spec_yaml();
+  summary.clear_resolved_spec_yaml();
+  summary.clear_placement();
+  summary.clear_history();
+  summary.clear_store_namespace();
+  if (job.history_size() > 0) *summary.add_history() = job.history(job.history_size() - 1);
+  return summary;
+}
+
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store,
@@ -32,7 +56,17 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       nodes_(nodes),
       kv_(kv),
       metrics_(metrics),
-      resolver_(std::move(resolver)) {}
+      resolver_(std::move(resolver)) {
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  scheduler_.join();
+}
 
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<Job>> jobs = store_->LoadAll();
@@ -48,6 +82,12 @@ absl::Status JobManager::Recover() {
     if (!spec.ok()) return spec.status();
     record.spec = *spec;
     record.ranks.resize(job.placement_size());
+    record.sequence = SequenceOf(job.id());
+    for (const auto& p : job.placement()) record.peak_flops += p.peak_flops();
+    // Ranks of a live attempt may still meet in its namespace.
+    if (HoldsDevices(job.state()) && !job.store_namespace().empty()) {
+      kv_->OpenNamespace(job.store_namespace());
+    }
     record.job = std::move(job);
     if (HoldsDevices(record.job.state())) {
       // Ranks may still be running: watch them for hangs from now on, and give
@@ -74,12 +114,33 @@ std::string JobManager::NewJobIdLocked() {
 absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
                                        const std::string& source_name,
                                        const std::string& base_dir) {
+  // Bounded before anything is parsed or echoed: the spec and its name are
+  // kept with the job and copied into every reply that shows it.
+  if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec_yaml is ", spec_yaml.size(), " bytes; a job spec may be at most ",
+        options_.max_spec_bytes, " bytes (--max_spec_bytes)"));
+  }
+  if (source_name.size() > 1024 || base_dir.size() > 4096) {
+    return absl::InvalidArgumentError(
+        "source_name must be at most 1024 bytes and base_dir at most 4096 bytes");
+  }
   const std::string source = source_name.empty() ? "job spec" : source_name;
   absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpecYaml(spec_yaml, source);
   if (!parsed.ok()) return parsed.status();
   spec::JobSpec spec = *std::move(parsed);
   if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  // A job larger than the cluster could ever hold would wait at the head of
+  // the queue forever and block every job behind it.
+  if (spec.resources.world_size() > options_.max_job_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", spec.resources.device == spec::DeviceKind::kCpu
+                          ? "resources.ranks"
+                          : "resources.nodes x resources.gpus_per_node",
+        "=", spec.resources.world_size(), " must be at most ", options_.max_job_ranks,
+        " (the most ranks this cluster gives one job, --max_job_ranks)"));
   }
   if (absl::Status s = resolver_(spec); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
@@ -116,6 +177,7 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
     return s;
   }
   const std::string id = job.id();
+  record.sequence = SequenceOf(id);
   order_.push_back(id);
   auto [it, inserted] = jobs_.emplace(id, std::move(record));
   UpdateJobGaugesLocked();
@@ -129,14 +191,97 @@ absl::StatusOr<Job> JobManager::Get(const std::string& id) const {
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
   }
-  return it->second.job;
+  Job job = it->second.job;
+  job.clear_store_namespace();  // only the attempt's ranks are told it
+  return job;
 }
 
-std::vector<Job> JobManager::List() const {
+Job JobManager::WatchView(const Job& job) {
+  Job view = job;
+  view.clear_spec_yaml();
+  view.clear_resolved_spec_yaml();
+  view.clear_placement();
+  view.clear_store_namespace();
+  return view;
+}
+
+void JobManager::SweepRetentionLocked(absl::Time now) {
+  if (now - last_retention_sweep_ < absl::Seconds(10)) return;
+  last_retention_sweep_ = now;
+  const int64_t cutoff = absl::ToUnixMillis(now - options_.finished_job_retention);
+  std::vector<std::string> expired;
+  for (const std::string& id : order_) {
+    const Job& job = jobs_.at(id).job;
+    if (IsTerminal(job.state()) && job.updated_unix_ms() < cutoff) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    if (absl::Status s = store_->Delete(id); !s.ok()) {
+      std::fprintf(stderr, "job %s: could not delete after its retention: %s\n", id.c_str(),
+                   std::string(s.message()).c_str());
+      continue;
+    }
+    ForgetLocked(id);
+  }
+}
+
+absl::StatusOr<JobPage> JobManager::List(int32_t page_size, const std::string& page_token) const {
+  if (page_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size=", page_size, " must not be negative"));
+  }
+  const int32_t size = page_size == 0 ? options_.default_page_size
+                                      : std::min(page_size, options_.max_page_size);
+  int64_t after = 0;  // the sequence of the last job of the previous page
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
+    return absl::InvalidArgumentError(
+        "page_token is not one this coordinator gave (use next_page_token of the previous page)");
+  }
   absl::MutexLock lock(&mu_);
-  std::vector<Job> jobs;
-  for (const std::string& id : order_) jobs.push_back(jobs_.at(id).job);
-  return jobs;
+  JobPage page;
+  // order_ is sorted by sequence: start after the token by binary search.
+  auto it = std::upper_bound(order_.begin(), order_.end(), after,
+                             [this](int64_t value, const std::string& id)
+                                 ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return value < jobs_.at(id).sequence;
+                                 });
+  for (; it != order_.end() && static_cast<int32_t>(page.jobs.size()) < size; ++it) {
+    page.jobs.push_back(Summary(jobs_.at(*it).job));
+  }
+  if (it != order_.end() && !page.jobs.empty()) {
+    page.next_page_token = absl::StrCat(jobs_.at(*std::prev(it)).sequence);
+  }
+  return page;
+}
+
+absl::Status JobManager::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+  }
+  if (!IsTerminal(it->second.job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " is ", loom::v1::JobState_Name(it->second.job.state()),
+        "; only a job that has ended can be deleted (loomctl cancel ", id, " first)"));
+  }
+  if (absl::Status s = store_->Delete(id); !s.ok()) return s;
+  ForgetLocked(id);
+  return absl::OkStatus();
+}
+
+void JobManager::ForgetLocked(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  DropJobMetricsLocked(it->second);
+  jobs_.erase(it);
+  order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
+  UpdateJobGaugesLocked();
+}
+
+void JobManager::DropJobMetricsLocked(const JobRecord& record) {
+  if (metrics_ == nullptr) return;
+  metrics_->RemoveJob(record.job.id(), record.job.name(),
+                      std::max<int>(record.job.placement_size(),
+                                    static_cast<int>(record.ranks.size())));
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
@@ -166,7 +311,7 @@ absl::StatusOr<int64_t> JobManager::Watch(const std::string& id, std::shared_ptr
   }
   JobRecord& record = it->second;
   loom::v1::WatchJobResponse snapshot;
-  *snapshot.mutable_job() = record.job;
+  *snapshot.mutable_job() = WatchView(record.job);
   for (const loom::v1::JobProgress& step : record.steps) *snapshot.add_backlog() = step;
   const bool ended = IsTerminal(record.job.state());
   sink->Push(snapshot, ended);
@@ -193,11 +338,13 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
   event->set_attempt(job.attempt());
   event->set_message(message);
   if (to == JobState::FAILED) job.set_failure_reason(message);
+  // An ended job's series leave the scrape (its history stays in GetJob).
+  if (IsTerminal(to)) DropJobMetricsLocked(record);
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
                loom::v1::JobState_Name(to).c_str(), job.attempt(), message.c_str());
   PersistLocked(record);
   loom::v1::WatchJobResponse update;
-  *update.mutable_job() = job;
+  *update.mutable_job() = WatchView(job);
   *update.mutable_event() = *event;
   NotifyLocked(record, update);
   UpdateJobGaugesLocked();

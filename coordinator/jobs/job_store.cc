@@ -39,7 +39,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
                           "CREATE TABLE IF NOT EXISTS jobs ("
                           " id TEXT PRIMARY KEY, seq INTEGER NOT NULL, name TEXT NOT NULL,"
                           " state TEXT NOT NULL, attempt INTEGER NOT NULL,"
-                          " updated_unix_ms INTEGER NOT NULL, job BLOB NOT NULL);"}) {
+                          " updated_unix_ms INTEGER NOT NULL, job BLOB NOT NULL);",
+                          // The largest sequence ever used, so a deleted job's id is never
+                          // given again.
+                          "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY,"
+                          " value INTEGER NOT NULL);"}) {
     if (absl::Status s = store->Exec(sql); !s.ok()) return s;
   }
   return store;
@@ -107,11 +111,44 @@ absl::StatusOr<std::vector<loom::v1::Job>> JobStore::LoadAll() {
   return jobs;
 }
 
+absl::Status JobStore::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  const char* sql =
+      "BEGIN;"
+      "INSERT INTO meta (key, value) SELECT 'max_seq', COALESCE(MAX(seq), 0) FROM jobs WHERE true"
+      " ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value);"
+      "DELETE FROM jobs WHERE id = ?;"
+      "COMMIT;";
+  // Three statements around one bound parameter: run them one by one.
+  const char* tail = sql;
+  while (tail != nullptr && *tail != '\0') {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db_, tail, -1, &stmt, &tail) != SQLITE_OK) {
+      Exec("ROLLBACK;").IgnoreError();
+      return SqlError(db_, path_, "prepare delete");
+    }
+    if (stmt == nullptr) break;
+    if (sqlite3_bind_parameter_count(stmt) > 0) {
+      sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+    }
+    const int rc = sqlite3_step(stmt);
+    sqlite3_finalize(stmt);
+    if (rc != SQLITE_DONE) {
+      absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
+      Exec("ROLLBACK;").IgnoreError();
+      return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> JobStore::MaxSequence() {
   absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq), 0) FROM jobs;", -1, &stmt, nullptr) !=
-      SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT MAX(COALESCE((SELECT MAX(seq) FROM jobs), 0),"
+                         " COALESCE((SELECT value FROM meta WHERE key = 'max_seq'), 0));",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, path_, "prepare max");
   }
   int64_t max = 0;

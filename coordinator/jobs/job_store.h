@@ -26,6 +26,8 @@ class JobStore {
   // Insert or replace; durable when it returns OK.
   absl::Status Put(const loom::v1::Job& job);
   absl::StatusOr<std::vector<loom::v1::Job>> LoadAll();
+  // Removes a job; its id is still counted by MaxSequence, so never reused.
+  absl::Status Delete(const std::string& id);
   // The largest numeric job id suffix seen, so new ids continue after a restart.
   absl::StatusOr<int64_t> MaxSequence();
 

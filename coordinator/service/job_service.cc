@@ -1,10 +1,11 @@
 #include "coordinator/service/job_service.h"
 
-#include <deque>
+#include <optional>
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
 #include "coordinator/service/status_convert.h"
+#include "coordinator/service/watch_queue.h"
 
 namespace loom::coordinator {
 namespace {
@@ -63,7 +64,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   void Enqueue(const WatchJobResponse& update, bool last) {
     absl::MutexLock lock(&mu_);
     if (finishing_) return;
-    queue_.push_back(update);
+    if (!queue_.Push(update)) {
+      FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                "this watcher reads too slowly; watch again to resume"));
+      return;
+    }
     if (last) last_queued_ = true;
     if (!writing_) WriteNextLocked();
   }
@@ -97,12 +102,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
  private:
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
-    if (queue_.empty()) {
+    std::optional<WatchJobResponse> next = queue_.Pop();
+    if (!next) {
       if (last_queued_) FinishLocked(grpc::Status::OK);
       return;
     }
-    current_ = std::move(queue_.front());
-    queue_.pop_front();
+    current_ = *std::move(next);
     writing_ = true;
     StartWrite(&current_);
   }
@@ -118,7 +123,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   std::shared_ptr<Relay> relay_;
   absl::Mutex mu_;
   int64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
+  WatchQueue queue_ ABSL_GUARDED_BY(mu_);
   WatchJobResponse current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool last_queued_ ABSL_GUARDED_BY(mu_) = false;
@@ -162,10 +167,30 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
                                                    const loom::v1::ListJobsRequest* request,
                                                    loom::v1::ListJobsResponse* response) {
-  for (auto& job : jobs_->List()) *response->add_jobs() = std::move(job);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<JobPage> page = jobs_->List(request->page_size(), request->page_token());
+  if (!page.ok()) {
+    reactor->Finish(ToGrpc(page.status()));
+    return reactor;
+  }
+  for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::DeleteJobRequest* request,
+                                                    loom::v1::DeleteJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(jobs_->Delete(request->id())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(
+    grpc::CallbackServerContext* context, const loom::v1::UncordonNodeRequest* request,
+    loom::v1::Node* response) {
+  return Reply(context, jobs_->Uncordon(request->node_id()), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,

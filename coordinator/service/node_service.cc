@@ -56,7 +56,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       FinishLocked(grpc::Status::OK);
       return;
     }
-    Handle(incoming_);
+    if (!Handle(incoming_)) return;
     StartRead(&incoming_);
   }
 
@@ -81,9 +81,17 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   }
 
  private:
-  void Handle(const NodeMessage& message) {
+  // False when the session was refused and reads no more.
+  bool Handle(const NodeMessage& message) {
     switch (message.kind_case()) {
       case NodeMessage::kRegister: {
+        if (absl::Status s = CheckRegistration(message.register_(), service_->node_limits());
+            !s.ok()) {
+          std::fprintf(stderr, "a node session was refused: %s\n", std::string(s.message()).c_str());
+          absl::MutexLock lock(&mu_);
+          FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message())));
+          return false;
+        }
         node_id_ = message.register_().node_id();
         nodes_->Register(message.register_(), channel_, absl::Now());
         std::fprintf(stderr, "node %s: registered (%s, %d devices)\n", node_id_.c_str(),
@@ -102,7 +110,13 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       }
       case NodeMessage::kHeartbeat:
         if (!node_id_.empty()) {
-          nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
+          if (nodes_->Heartbeat(node_id_, channel_.get(), message.heartbeat(), absl::Now())) {
+            std::fprintf(stderr, "node %s: heartbeat on its session after it was lost; live again\n",
+                         node_id_.c_str());
+            service_->UpdateNodeGauges();
+            jobs_->OnNodeRevived(node_id_, {message.heartbeat().running().begin(),
+                                            message.heartbeat().running().end()});
+          }
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
         break;
@@ -112,6 +126,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       default:
         break;
     }
+    return true;
   }
 
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "absl/time/time.h"
+#include "coordinator/cluster/node_limits.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
 #include "loom/v1/node.grpc.pb.h"
@@ -23,12 +24,16 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
 
   // Publishes live nodes and devices to the metrics.
   void UpdateNodeGauges();
+  // What a registration may claim (docs/limits.md); set before serving.
+  void SetNodeLimits(const NodeLimits& limits) { limits_ = limits; }
+  const NodeLimits& node_limits() const { return limits_; }
 
  private:
   NodeRegistry* nodes_;
   JobManager* jobs_;
   CoordinatorMetrics* metrics_;
   absl::Duration heartbeat_interval_;
+  NodeLimits limits_;
 };
 
 }  // namespace loom::coordinator

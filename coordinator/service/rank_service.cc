@@ -42,7 +42,9 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreSet(grpc::CallbackServerContext*
                                                     loom::v1::StoreSetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   grpc::Status status = RequireKey(request->store_namespace(), request->key());
-  if (status.ok()) kv_->Set(request->store_namespace(), request->key(), request->value());
+  if (status.ok()) {
+    status = ToGrpc(kv_->Set(request->store_namespace(), request->key(), request->value()));
+  }
   reactor->Finish(status);
   return reactor;
 }
@@ -78,7 +80,13 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   grpc::Status status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) {
-    response->set_value(kv_->Add(request->store_namespace(), request->key(), request->delta()));
+    absl::StatusOr<int64_t> value =
+        kv_->Add(request->store_namespace(), request->key(), request->delta());
+    if (value.ok()) {
+      response->set_value(*value);
+    } else {
+      status = ToGrpc(value.status());
+    }
   }
   reactor->Finish(status);
   return reactor;
