@@ -44,6 +44,8 @@ ABSL_FLAG(int64_t, max_job_ranks, 16384,
           "most ranks one job may ask for (what this cluster could ever give one job)");
 ABSL_FLAG(double, job_retention_s, 7 * 24 * 3600.0,
           "finished jobs are deleted this long after they end");
+ABSL_FLAG(double, job_metrics_grace_s, 60.0,
+          "a job's metric series are removed this long after it ends");
 ABSL_FLAG(double, cordon_expiry_s, 3600.0,
           "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
@@ -85,8 +87,10 @@ int main(int argc, char** argv) {
     loom::cli::UsageError(
         "--max_spec_bytes, --max_job_ranks, --max_node_devices and --store_max_* must be positive");
   }
-  if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0) {
-    loom::cli::UsageError("--job_retention_s and --cordon_expiry_s must not be negative");
+  if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0 ||
+      absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
+    loom::cli::UsageError(
+        "--job_retention_s, --job_metrics_grace_s and --cordon_expiry_s must not be negative");
   }
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
+  options.job_metrics_grace = absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s));
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));

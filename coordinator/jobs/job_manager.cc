@@ -211,7 +211,12 @@ void JobManager::SweepRetentionLocked(absl::Time now) {
   const int64_t cutoff = absl::ToUnixMillis(now - options_.finished_job_retention);
   std::vector<std::string> expired;
   for (const std::string& id : order_) {
-    const Job& job = jobs_.at(id).job;
+    JobRecord& record = jobs_.at(id);
+    if (now >= record.drop_metrics_at) {
+      DropJobMetricsLocked(record);
+      record.drop_metrics_at = absl::InfiniteFuture();
+    }
+    const Job& job = record.job;
     if (IsTerminal(job.state()) && job.updated_unix_ms() < cutoff) expired.push_back(id);
   }
   for (const std::string& id : expired) {
@@ -338,8 +343,9 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
   event->set_attempt(job.attempt());
   event->set_message(message);
   if (to == JobState::FAILED) job.set_failure_reason(message);
-  // An ended job's series leave the scrape (its history stays in GetJob).
-  if (IsTerminal(to)) DropJobMetricsLocked(record);
+  // An ended job's series leave the scrape after a grace (its history stays
+  // in GetJob), so series do not pile up over jobs.
+  if (IsTerminal(to)) record.drop_metrics_at = absl::Now() + options_.job_metrics_grace;
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
                loom::v1::JobState_Name(to).c_str(), job.attempt(), message.c_str());
   PersistLocked(record);

@@ -60,6 +60,9 @@ struct JobManagerOptions {
   int64_t max_launch_bytes = 16 * 1024 * 1024;
   // Finished jobs are forgotten (memory and store) this long after they end.
   absl::Duration finished_job_retention = absl::Hours(24 * 7);
+  // A job's metric series are removed this long after it ends: long enough
+  // for a few scrapes to see its final values.
+  absl::Duration job_metrics_grace = absl::Seconds(60);
   // Pages of ListJobs.
   int32_t default_page_size = 100;
   int32_t max_page_size = 1000;
@@ -150,6 +153,7 @@ class JobManager {
     std::deque<loom::v1::JobProgress> steps;  // every attempt's, oldest first, bounded
     int64_t sequence = 0;  // the number in the job's id: ListJobs pages by it
     double peak_flops = 0;  // sum over the current placement (for MFU)
+    absl::Time drop_metrics_at = absl::InfiniteFuture();  // set when the job ends
   };
   // What the scheduler copies out under the lock to place one job without it.
   struct PlacementSnapshot;
@@ -158,7 +162,8 @@ class JobManager {
   // What watchers receive of a job: no specs, placement or namespace, which
   // grow with the job and which no watcher reads.
   static loom::v1::Job WatchView(const loom::v1::Job& job);
-  // Forgets finished jobs older than the retention (at most every 10 s).
+  // Removes the metric series of jobs ended more than job_metrics_grace ago
+  // and forgets jobs ended more than the retention ago (at most every 10 s).
   void SweepRetentionLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

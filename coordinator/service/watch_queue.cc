@@ -13,7 +13,8 @@ bool Coalescable(const loom::v1::WatchJobResponse& update) {
 }  // namespace
 
 bool WatchQueue::Push(loom::v1::WatchJobResponse update) {
-  if (Coalescable(update) && !updates_.empty() && Coalescable(updates_.back())) {
+  if (!updates_.empty() && updates_.size() >= lossless_ && Coalescable(update) &&
+      Coalescable(updates_.back())) {
     updates_.back() = std::move(update);
     return true;
   }

@@ -31,15 +31,22 @@ loom::v1::WatchJobResponse Event(const std::string& message) {
   return update;
 }
 
-TEST(WatchQueue, ProgressThatNoOneReadCoalescesIntoTheNewest) {
-  WatchQueue queue;
+TEST(WatchQueue, AReaderThatKeepsUpLosesNothing) {
+  WatchQueue queue(256, 64);
+  for (int step = 1; step <= 64; ++step) ASSERT_TRUE(queue.Push(Progress(step)));
+  for (int step = 1; step <= 64; ++step) EXPECT_EQ(queue.Pop()->progress().step(), step);
+}
+
+TEST(WatchQueue, ProgressThatNoOneReadsCoalescesIntoTheNewest) {
+  WatchQueue queue(256, 64);
   for (int step = 1; step <= 100000; ++step) ASSERT_TRUE(queue.Push(Progress(step)));
-  EXPECT_EQ(queue.size(), 1u);
+  ASSERT_EQ(queue.size(), 64u);
+  for (int step = 1; step <= 63; ++step) EXPECT_EQ(queue.Pop()->progress().step(), step);
   EXPECT_EQ(queue.Pop()->progress().step(), 100000);
 }
 
 TEST(WatchQueue, EventsAreKeptInOrderBetweenCoalescedProgress) {
-  WatchQueue queue;
+  WatchQueue queue(256, 0);
   queue.Push(Progress(1));
   queue.Push(Progress(2));
   queue.Push(Event("restarting"));
@@ -53,7 +60,7 @@ TEST(WatchQueue, EventsAreKeptInOrderBetweenCoalescedProgress) {
 }
 
 TEST(WatchQueue, TheSnapshotWithItsBacklogIsNeverReplaced) {
-  WatchQueue queue;
+  WatchQueue queue(256, 0);
   loom::v1::WatchJobResponse snapshot = Progress(7);
   snapshot.add_backlog()->set_step(7);
   queue.Push(snapshot);
@@ -63,7 +70,7 @@ TEST(WatchQueue, TheSnapshotWithItsBacklogIsNeverReplaced) {
 }
 
 TEST(WatchQueue, TooManyEventsRefuseInsteadOfGrowing) {
-  WatchQueue queue(4);
+  WatchQueue queue(4, 0);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(queue.Push(Event("e")));
   EXPECT_FALSE(queue.Push(Event("one too many")));
   EXPECT_EQ(queue.size(), 4u);
