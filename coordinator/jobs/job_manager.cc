@@ -58,9 +58,15 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       metrics_(metrics),
       resolver_(std::move(resolver)) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
+  admission_ = std::thread([this] { AdmissionLoop(); });
 }
 
 JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&admission_mu_);
+    admission_stopping_ = true;
+  }
+  admission_.join();  // answers what was queued first
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -109,80 +115,6 @@ absl::Status JobManager::Recover() {
 
 std::string JobManager::NewJobIdLocked() {
   return absl::StrFormat("job-%06d", next_sequence_++);
-}
-
-absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
-                                       const std::string& source_name,
-                                       const std::string& base_dir) {
-  // Bounded before anything is parsed or echoed: the spec and its name are
-  // kept with the job and copied into every reply that shows it.
-  if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec_yaml is ", spec_yaml.size(), " bytes; a job spec may be at most ",
-        options_.max_spec_bytes, " bytes (--max_spec_bytes)"));
-  }
-  if (source_name.size() > 1024 || base_dir.size() > 4096) {
-    return absl::InvalidArgumentError(
-        "source_name must be at most 1024 bytes and base_dir at most 4096 bytes");
-  }
-  const std::string source = source_name.empty() ? "job spec" : source_name;
-  absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpecYaml(spec_yaml, source);
-  if (!parsed.ok()) return parsed.status();
-  spec::JobSpec spec = *std::move(parsed);
-  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
-  }
-  // A job larger than the cluster could ever hold would wait at the head of
-  // the queue forever and block every job behind it.
-  if (spec.resources.world_size() > options_.max_job_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": ", spec.resources.device == spec::DeviceKind::kCpu
-                          ? "resources.ranks"
-                          : "resources.nodes x resources.gpus_per_node",
-        "=", spec.resources.world_size(), " must be at most ", options_.max_job_ranks,
-        " (the most ranks this cluster gives one job, --max_job_ranks)"));
-  }
-  if (absl::Status s = resolver_(spec); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
-  }
-  // The planner's choice must obey the same rules as a user's.
-  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
-  }
-
-  absl::MutexLock lock(&mu_);
-  JobRecord record;
-  record.spec = spec;
-  Job& job = record.job;
-  job.set_id(NewJobIdLocked());
-  job.set_name(spec.name);
-  job.set_state(JobState::PENDING);
-  job.set_spec_yaml(spec_yaml);
-  job.set_resolved_spec_yaml(spec::ToYaml(spec));
-  *job.mutable_layout() = LayoutOf(spec);
-  job.set_base_dir(base_dir.empty() ? options_.state_dir : base_dir);
-  job.set_created_unix_ms(NowMs());
-  job.set_updated_unix_ms(job.created_unix_ms());
-  job.mutable_last_progress()->set_total_steps(spec.train.steps);
-  loom::v1::JobEvent* event = job.add_history();
-  event->set_time_unix_ms(job.created_unix_ms());
-  event->set_state(JobState::PENDING);
-  event->set_message(absl::StrCat("accepted: ", spec.resources.world_size(), " ranks, layout dp=",
-                                  job.layout().dp(), " tp=", job.layout().tp(), " pp=",
-                                  job.layout().pp()));
-  // Durable before the caller hears OK; nothing is kept if the write fails.
-  if (absl::Status s = store_->Put(job); !s.ok()) {
-    --next_sequence_;
-    return s;
-  }
-  const std::string id = job.id();
-  record.sequence = SequenceOf(id);
-  order_.push_back(id);
-  auto [it, inserted] = jobs_.emplace(id, std::move(record));
-  UpdateJobGaugesLocked();
-  ScheduleLocked();
-  return it->second.job;
 }
 
 absl::StatusOr<Job> JobManager::Get(const std::string& id) const {

@@ -63,6 +63,8 @@ struct JobManagerOptions {
   // A job's metric series are removed this long after it ends: long enough
   // for a few scrapes to see its final values.
   absl::Duration job_metrics_grace = absl::Seconds(60);
+  // Submissions waiting for the admission thread beyond this are refused.
+  int64_t max_queued_submissions = 4096;
   // Pages of ListJobs.
   int32_t default_page_size = 100;
   int32_t max_page_size = 1000;
@@ -93,6 +95,13 @@ class JobManager {
   // Loads every stored job (after a coordinator restart).
   absl::Status Recover();
 
+  using SubmitCallback = std::function<void(absl::StatusOr<loom::v1::Job>)>;
+  // Queues a submission for the admission thread, which checks it, stores it
+  // durably and then calls done (on that thread, without any lock held).
+  // RESOURCE_EXHAUSTED at once when too many submissions wait.
+  void SubmitAsync(std::string spec_yaml, std::string source_name, std::string base_dir,
+                   SubmitCallback done);
+  // SubmitAsync, waiting for the answer (tests, in-process callers).
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
                                        const std::string& base_dir);
   absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
@@ -158,6 +167,20 @@ class JobManager {
   // What the scheduler copies out under the lock to place one job without it.
   struct PlacementSnapshot;
   struct PlacementResult;
+  struct Admission {
+    std::string spec_yaml;
+    std::string source_name;
+    std::string base_dir;
+    SubmitCallback done;
+  };
+
+  // The checks of a submission that need no state (size, parse, rules,
+  // limits, layout, memory); the spec with its layout resolved.
+  absl::StatusOr<spec::JobSpec> CheckSubmission(const std::string& spec_yaml,
+                                                const std::string& source_name,
+                                                const std::string& base_dir) const;
+  void AdmissionLoop();
+  void AdmitBatch(std::vector<Admission>& batch);
 
   // What watchers receive of a job: no specs, placement or namespace, which
   // grow with the job and which no watcher reads.
@@ -220,7 +243,12 @@ class JobManager {
   int64_t requests_handled_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> outbox_ ABSL_GUARDED_BY(mu_);
   absl::Time last_retention_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::thread scheduler_;  // last: starts after every member above exists
+  absl::Mutex admission_mu_;
+  std::deque<Admission> admissions_ ABSL_GUARDED_BY(admission_mu_);
+  bool admission_stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Last: they start after every member above exists.
+  std::thread scheduler_;
+  std::thread admission_;
 };
 
 }  // namespace loom::coordinator

@@ -63,6 +63,26 @@ absl::Status JobStore::Exec(const char* sql) {
 
 absl::Status JobStore::Put(const loom::v1::Job& job) {
   absl::MutexLock lock(&mu_);
+  return PutLocked(job);
+}
+
+absl::Status JobStore::PutAll(const std::vector<const loom::v1::Job*>& jobs) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  for (const loom::v1::Job* job : jobs) {
+    if (absl::Status s = PutLocked(*job); !s.ok()) {
+      Exec("ROLLBACK;").IgnoreError();
+      return s;
+    }
+  }
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutLocked(const loom::v1::Job& job) {
   const std::string blob = job.SerializeAsString();
   const int64_t seq = std::atoll(job.id().substr(job.id().find_last_of('-') + 1).c_str());
   sqlite3_stmt* stmt = nullptr;

@@ -25,6 +25,8 @@ class JobStore {
 
   // Insert or replace; durable when it returns OK.
   absl::Status Put(const loom::v1::Job& job);
+  // Put of several jobs in one transaction (one sync to disk): all or none.
+  absl::Status PutAll(const std::vector<const loom::v1::Job*>& jobs);
   absl::StatusOr<std::vector<loom::v1::Job>> LoadAll();
   // Removes a job; its id is still counted by MaxSequence, so never reused.
   absl::Status Delete(const std::string& id);
@@ -34,6 +36,7 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const char* sql);
+  absl::Status PutLocked(const loom::v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_;

@@ -140,15 +140,18 @@ void Relay::Push(const WatchJobResponse& update, bool last) {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::SubmitJobRequest* request,
                                                     loom::v1::SubmitJobResponse* response) {
-  absl::StatusOr<loom::v1::Job> job =
-      jobs_->Submit(request->spec_yaml(), request->source_name(), request->base_dir());
+  // Admission (parse, plan, a durable write) runs on the manager's admission
+  // thread; this reaction only queues it.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (job.ok()) {
-    *response->mutable_job() = *std::move(job);
-    reactor->Finish(grpc::Status::OK);
-  } else {
-    reactor->Finish(ToGrpc(job.status()));
-  }
+  jobs_->SubmitAsync(request->spec_yaml(), request->source_name(), request->base_dir(),
+                     [reactor, response](absl::StatusOr<loom::v1::Job> job) {
+                       if (job.ok()) {
+                         *response->mutable_job() = *std::move(job);
+                         reactor->Finish(grpc::Status::OK);
+                       } else {
+                         reactor->Finish(ToGrpc(job.status()));
+                       }
+                     });
   return reactor;
 }
 

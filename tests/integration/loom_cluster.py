@@ -189,6 +189,20 @@ class Cluster:
             return f.read()
 
     # -- client ------------------------------------------------------------
+    def channel(self):
+        """A gRPC channel to the coordinator. Tests get their channels here, so
+        that how the coordinator is reached (TLS, credentials) is decided once."""
+        import grpc
+        return grpc.insecure_channel(self.address)
+
+    def coordinator_rss_bytes(self):
+        """The coordinator's resident set (VmRSS of /proc/PID/status)."""
+        with open(f"/proc/{self.coordinator.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
     def loomctl(self, *args, check=True, timeout=60):
         result = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={self.address}", *args],
                                 capture_output=True, text=True, timeout=timeout, cwd=self.dir)
