@@ -90,8 +90,12 @@ absl::Status JobManager::Recover() {
     record.ranks.resize(job.placement_size());
     record.sequence = SequenceOf(job.id());
     for (const auto& p : job.placement()) record.peak_flops += p.peak_flops();
-    // Ranks of a live attempt may still meet in its namespace.
-    if (HoldsDevices(job.state()) && !job.store_namespace().empty()) {
+    // Ranks of a live attempt may still meet in its namespace (a job stored
+    // before namespaces had random names uses the readable one).
+    if (HoldsDevices(job.state()) && job.attempt() > 0) {
+      if (job.store_namespace().empty()) {
+        job.set_store_namespace(StoreNamespace(job.id(), job.attempt()));
+      }
       kv_->OpenNamespace(job.store_namespace());
     }
     record.job = std::move(job);

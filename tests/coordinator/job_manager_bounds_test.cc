@@ -225,5 +225,40 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
   EXPECT_TRUE(jobs_->Get(waiting->id()).ok());  // not ended: kept
 }
 
+TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMovedOn) {
+  Start();
+  auto node = AddNode("node-a", 2);
+  auto job = jobs_->Submit(kSpec, "job.yaml", "");
+  jobs_->WaitForScheduler();
+  ASSERT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
+  const size_t launches = node->messages().size();
+
+  // Lost for silence: its ranks are given up and the reason says why.
+  ASSERT_EQ(nodes_.ExpireSilent(absl::Now() + absl::Minutes(1), absl::Seconds(3)).size(), 1u);
+  jobs_->OnNodeLost("node-a", "no heartbeat for 3s");
+  auto lost = jobs_->Get(job->id());
+  EXPECT_EQ(lost->state(), JobState::RESTARTING);
+  EXPECT_THAT(lost->last_diagnosis(), HasSubstr("node node-a was lost (no heartbeat for 3s)"));
+  jobs_->WaitForScheduler();
+  EXPECT_EQ(node->messages().size(), launches);  // a lost node is sent nothing
+
+  // Its session speaks again, still running attempt 1's ranks.
+  loom::v1::Heartbeat heartbeat;
+  for (int rank = 0; rank < 2; ++rank) {
+    loom::v1::RunningRank* r = heartbeat.add_running();
+    r->set_job_id(job->id());
+    r->set_attempt(1);
+    r->set_rank(rank);
+  }
+  ASSERT_TRUE(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()));
+  jobs_->OnNodeRevived("node-a", {heartbeat.running().begin(), heartbeat.running().end()});
+  jobs_->WaitForScheduler();
+  const auto messages = node->messages();
+  ASSERT_GT(messages.size(), launches);
+  ASSERT_TRUE(messages[launches].has_kill());
+  EXPECT_EQ(messages[launches].kill().job_id(), job->id());
+  EXPECT_EQ(messages[launches].kill().attempt(), 1);
+}
+
 }  // namespace
 }  // namespace loom::coordinator
