@@ -1,18 +1,16 @@
-// The life of a placed job: placement onto free devices, launch, progress
-// aggregation, rank exits, lost nodes, restarts within the budget.
+// The life of a placed job: progress aggregation, rank exits, lost and
+// revived nodes, restarts within the budget. Placement and launch are in
+// job_scheduler.cc, admission in job_admission.cc.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/rank_peak.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/service/metrics.h"
-#include "common/topology/placement.h"
 
 namespace loom::coordinator {
 
@@ -306,9 +304,10 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
 
 void JobManager::CheckHealth(absl::Time now) {
   std::set<std::string> missing;  // nodes that did not come back after a restart
+  std::vector<std::string> expired;  // jobs past their retention, gone from memory
   {
     absl::MutexLock lock(&mu_);
-    SweepRetentionLocked(now);
+    expired = SweepEndedJobsLocked(now);
     bool reschedule = false;
     for (const std::string& id : order_) {
       JobRecord& record = jobs_.at(id);
@@ -346,6 +345,11 @@ void JobManager::CheckHealth(absl::Time now) {
     std::fprintf(stderr, "node %s: did not reconnect after the coordinator restarted; lost\n",
                  node.c_str());
     OnNodeLost(node, "it did not reconnect after the coordinator restarted");
+  }
+  // Outside the lock: one transaction however many expired.
+  if (absl::Status s = store_->Delete(expired); !s.ok()) {
+    std::fprintf(stderr, "could not delete %zu jobs past their retention: %s\n", expired.size(),
+                 std::string(s.message()).c_str());
   }
 }
 

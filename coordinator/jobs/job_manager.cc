@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -141,8 +142,8 @@ Job JobManager::WatchView(const Job& job) {
   return view;
 }
 
-void JobManager::SweepRetentionLocked(absl::Time now) {
-  if (now - last_retention_sweep_ < absl::Seconds(10)) return;
+std::vector<std::string> JobManager::SweepEndedJobsLocked(absl::Time now) {
+  if (now - last_retention_sweep_ < absl::Seconds(10)) return {};
   last_retention_sweep_ = now;
   const int64_t cutoff = absl::ToUnixMillis(now - options_.finished_job_retention);
   std::vector<std::string> expired;
@@ -155,14 +156,8 @@ void JobManager::SweepRetentionLocked(absl::Time now) {
     const Job& job = record.job;
     if (IsTerminal(job.state()) && job.updated_unix_ms() < cutoff) expired.push_back(id);
   }
-  for (const std::string& id : expired) {
-    if (absl::Status s = store_->Delete(id); !s.ok()) {
-      std::fprintf(stderr, "job %s: could not delete after its retention: %s\n", id.c_str(),
-                   std::string(s.message()).c_str());
-      continue;
-    }
-    ForgetLocked(id);
-  }
+  ForgetLocked(expired);
+  return expired;
 }
 
 absl::StatusOr<JobPage> JobManager::List(int32_t page_size, const std::string& page_token) const {
@@ -194,27 +189,39 @@ absl::StatusOr<JobPage> JobManager::List(int32_t page_size, const std::string& p
 }
 
 absl::Status JobManager::Delete(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+    }
+    if (!IsTerminal(it->second.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", loom::v1::JobState_Name(it->second.job.state()),
+          "; only a job that has ended can be deleted (loomctl cancel ", id, " first)"));
+    }
+  }
+  // An ended job never changes again, so the write needs no lock.
+  if (absl::Status s = store_->Delete({id}); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
-  }
-  if (!IsTerminal(it->second.job.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " is ", loom::v1::JobState_Name(it->second.job.state()),
-        "; only a job that has ended can be deleted (loomctl cancel ", id, " first)"));
-  }
-  if (absl::Status s = store_->Delete(id); !s.ok()) return s;
-  ForgetLocked(id);
+  ForgetLocked({id});
   return absl::OkStatus();
 }
 
-void JobManager::ForgetLocked(const std::string& id) {
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return;
-  DropJobMetricsLocked(it->second);
-  jobs_.erase(it);
-  order_.erase(std::remove(order_.begin(), order_.end(), id), order_.end());
+void JobManager::ForgetLocked(const std::vector<std::string>& ids) {
+  if (ids.empty()) return;
+  const std::set<std::string> gone(ids.begin(), ids.end());
+  for (const std::string& id : ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    DropJobMetricsLocked(it->second);
+    jobs_.erase(it);
+  }
+  // One pass, however many go.
+  order_.erase(std::remove_if(order_.begin(), order_.end(),
+                              [&gone](const std::string& id) { return gone.count(id) > 0; }),
+               order_.end());
   UpdateJobGaugesLocked();
 }
 

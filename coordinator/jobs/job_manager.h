@@ -187,7 +187,9 @@ class JobManager {
   static loom::v1::Job WatchView(const loom::v1::Job& job);
   // Removes the metric series of jobs ended more than job_metrics_grace ago
   // and forgets jobs ended more than the retention ago (at most every 10 s).
-  void SweepRetentionLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the jobs forgotten; the caller deletes them from the store
+  // after unlocking.
+  std::vector<std::string> SweepEndedJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -211,7 +213,7 @@ class JobManager {
   void QueueSendLocked(const std::string& node_id, loom::v1::CoordinatorMessage message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushOutbox();
-  void ForgetLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetLocked(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobMetricsLocked(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rank failed (exit, signal, lost node): restart within budget, or fail.
   void HandleFailureLocked(JobRecord& record, FailureKind kind, const std::string& reason,

@@ -131,34 +131,35 @@ absl::StatusOr<std::vector<loom::v1::Job>> JobStore::LoadAll() {
   return jobs;
 }
 
-absl::Status JobStore::Delete(const std::string& id) {
+absl::Status JobStore::Delete(const std::vector<std::string>& ids) {
   absl::MutexLock lock(&mu_);
-  const char* sql =
-      "BEGIN;"
-      "INSERT INTO meta (key, value) SELECT 'max_seq', COALESCE(MAX(seq), 0) FROM jobs WHERE true"
-      " ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value);"
-      "DELETE FROM jobs WHERE id = ?;"
-      "COMMIT;";
-  // Three statements around one bound parameter: run them one by one.
-  const char* tail = sql;
-  while (tail != nullptr && *tail != '\0') {
-    sqlite3_stmt* stmt = nullptr;
-    if (sqlite3_prepare_v2(db_, tail, -1, &stmt, &tail) != SQLITE_OK) {
-      Exec("ROLLBACK;").IgnoreError();
-      return SqlError(db_, path_, "prepare delete");
-    }
-    if (stmt == nullptr) break;
-    if (sqlite3_bind_parameter_count(stmt) > 0) {
-      sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
-    }
-    const int rc = sqlite3_step(stmt);
-    sqlite3_finalize(stmt);
-    if (rc != SQLITE_DONE) {
-      absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
-      Exec("ROLLBACK;").IgnoreError();
-      return status;
-    }
+  if (ids.empty()) return absl::OkStatus();
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  auto fail = [this](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  };
+  if (absl::Status s = Exec(
+          "INSERT INTO meta (key, value) SELECT 'max_seq', COALESCE(MAX(seq), 0) FROM jobs WHERE true"
+          " ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value);");
+      !s.ok()) {
+    return fail(s);
   }
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?;", -1, &stmt, nullptr) != SQLITE_OK) {
+    return fail(SqlError(db_, path_, "prepare delete"));
+  }
+  for (const std::string& id : ids) {
+    sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(stmt) != SQLITE_DONE) {
+      absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
+      sqlite3_finalize(stmt);
+      return fail(status);
+    }
+    sqlite3_reset(stmt);
+  }
+  sqlite3_finalize(stmt);
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) return fail(s);
   return absl::OkStatus();
 }
 

@@ -28,8 +28,9 @@ class JobStore {
   // Put of several jobs in one transaction (one sync to disk): all or none.
   absl::Status PutAll(const std::vector<const loom::v1::Job*>& jobs);
   absl::StatusOr<std::vector<loom::v1::Job>> LoadAll();
-  // Removes a job; its id is still counted by MaxSequence, so never reused.
-  absl::Status Delete(const std::string& id);
+  // Removes jobs in one transaction; their ids are still counted by
+  // MaxSequence, so never given again.
+  absl::Status Delete(const std::vector<std::string>& ids);
   // The largest numeric job id suffix seen, so new ids continue after a restart.
   absl::StatusOr<int64_t> MaxSequence();
 
