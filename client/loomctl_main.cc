@@ -44,7 +44,7 @@ using loom::v1::JobService;
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
     "[--format=json] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
-    "export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
+    "delete ID | uncordon NODE | export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
     "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
 
 int Fail(const std::string& message, int code = 1) {
@@ -178,13 +178,43 @@ int Sweep() {
   return 0;
 }
 
+// Every job, page by page (the coordinator answers at most a page per call).
 int List() {
-  loom::v1::ListJobsResponse response;
+  auto stub = Stub();
+  std::vector<loom::v1::Job> jobs;
+  loom::v1::ListJobsRequest request;
+  request.set_page_size(1000);
+  do {
+    loom::v1::ListJobsResponse response;
+    auto context = loom::rpc::UnaryContext();
+    grpc::Status status = stub->ListJobs(context.get(), request, &response);
+    if (!status.ok()) return RpcFail(status);
+    jobs.insert(jobs.end(), response.jobs().begin(), response.jobs().end());
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  std::printf("%s", loom::client::FormatJobTable(jobs).c_str());
+  return 0;
+}
+
+int Delete(const std::string& id) {
+  loom::v1::DeleteJobRequest request;
+  request.set_id(id);
+  loom::v1::DeleteJobResponse response;
   auto context = loom::rpc::UnaryContext();
-  grpc::Status status = Stub()->ListJobs(context.get(), {}, &response);
+  grpc::Status status = Stub()->DeleteJob(context.get(), request, &response);
   if (!status.ok()) return RpcFail(status);
-  std::printf("%s", loom::client::FormatJobTable({response.jobs().begin(), response.jobs().end()})
-                        .c_str());
+  std::printf("%s deleted\n", id.c_str());
+  return 0;
+}
+
+int Uncordon(const std::string& node_id) {
+  loom::v1::UncordonNodeRequest request;
+  request.set_node_id(node_id);
+  loom::v1::Node node;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status = Stub()->UncordonNode(context.get(), request, &node);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s uncordoned\n", node.node_id().c_str());
   return 0;
 }
 
@@ -366,6 +396,8 @@ int main(int argc, char** argv) {
   if (command == "status") return Status(one_argument("a job ID"));
   if (command == "watch") return Watch(one_argument("a job ID"));
   if (command == "cancel") return Cancel(one_argument("a job ID"));
+  if (command == "delete") return Delete(one_argument("a job ID"));
+  if (command == "uncordon") return Uncordon(one_argument("a node id"));
   if (command == "export") return Export(args);
   if (command == "whoami") return WhoAmI();
   if (command == "token") return Token(args);

@@ -46,6 +46,21 @@ ABSL_FLAG(double, first_step_allowance_s, 120.0,
 ABSL_FLAG(bool, reflection, false, "serve gRPC reflection (shows the whole API to any caller)");
 ABSL_FLAG(double, recovery_grace_s, 10.0,
           "after a restart, how long nodes that ran ranks get to reconnect before they are lost");
+// Bounds on what clients and nodes may make the coordinator hold (docs/limits.md).
+ABSL_FLAG(int64_t, max_spec_bytes, 256 * 1024, "largest job spec SubmitJob accepts, in bytes");
+ABSL_FLAG(int64_t, max_job_ranks, 16384,
+          "most ranks one job may ask for (what this cluster could ever give one job)");
+ABSL_FLAG(double, job_retention_s, 7 * 24 * 3600.0,
+          "finished jobs are deleted this long after they end");
+ABSL_FLAG(double, job_metrics_grace_s, 60.0,
+          "a job's metric series are removed this long after it ends");
+ABSL_FLAG(double, cordon_expiry_s, 3600.0,
+          "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
+ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
+ABSL_FLAG(int64_t, store_max_keys, 65536, "keys per rendezvous namespace");
+ABSL_FLAG(int64_t, store_max_value_bytes, 1 << 20, "bytes per rendezvous value");
+ABSL_FLAG(int64_t, store_max_namespace_bytes, int64_t{64} << 20,
+          "bytes (keys and values) per rendezvous namespace");
 
 namespace {
 
@@ -94,6 +109,18 @@ int main(int argc, char** argv) {
       loom::rpc::ServerCredentials(*tls);
   if (!server_credentials.ok()) loom::cli::UsageError(std::string(server_credentials.status().message()));
   loom::rpc::WarnIfInsecure(*tls, "loom-coordinator");
+  if (absl::GetFlag(FLAGS_max_spec_bytes) <= 0 || absl::GetFlag(FLAGS_max_job_ranks) <= 0 ||
+      absl::GetFlag(FLAGS_max_node_devices) <= 0 || absl::GetFlag(FLAGS_store_max_keys) <= 0 ||
+      absl::GetFlag(FLAGS_store_max_value_bytes) <= 0 ||
+      absl::GetFlag(FLAGS_store_max_namespace_bytes) <= 0) {
+    loom::cli::UsageError(
+        "--max_spec_bytes, --max_job_ranks, --max_node_devices and --store_max_* must be positive");
+  }
+  if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0 ||
+      absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
+    loom::cli::UsageError(
+        "--job_retention_s, --job_metrics_grace_s and --cordon_expiry_s must not be negative");
+  }
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
@@ -118,7 +145,9 @@ int main(int argc, char** argv) {
                                rank_tokens.has_value() ? &*rank_tokens : nullptr);
 
   NodeRegistry nodes;
-  KvStore kv;
+  KvStore kv({.max_keys = absl::GetFlag(FLAGS_store_max_keys),
+              .max_value_bytes = absl::GetFlag(FLAGS_store_max_value_bytes),
+              .max_namespace_bytes = absl::GetFlag(FLAGS_store_max_namespace_bytes)});
   JobManagerOptions options{.state_dir = state_dir,
                             .kill_grace_seconds = absl::GetFlag(FLAGS_kill_grace_s),
                             .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s),
@@ -134,6 +163,11 @@ int main(int argc, char** argv) {
                                  .store_namespace = a.store_namespace()});
     };
   }
+  options.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
+  options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
+  options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
+  options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
+  options.job_metrics_grace = absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s));
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
@@ -145,6 +179,7 @@ int main(int argc, char** argv) {
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
+  node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -184,14 +219,23 @@ int main(int argc, char** argv) {
   // Liveness: a node that stops sending heartbeats is lost even if its TCP
   // connection lingers. Hangs and restart backoffs are checked on the same tick.
   const absl::Duration node_timeout = absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s));
+  const absl::Duration cordon_expiry = absl::Seconds(absl::GetFlag(FLAGS_cordon_expiry_s));
   std::thread liveness([&] {
     while (!shutdown.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       jobs.CheckHealth(absl::Now());
       for (const std::string& node : nodes.ExpireSilent(absl::Now(), node_timeout)) {
         std::fprintf(stderr, "node %s: no heartbeat for %s; node lost\n", node.c_str(),
                      absl::FormatDuration(node_timeout).c_str());
-        jobs.OnNodeLost(node);
+        jobs.OnNodeLost(node, absl::StrCat("no heartbeat for ",
+                                           absl::FormatDuration(node_timeout)));
         node_service.UpdateNodeGauges();
+      }
+      if (cordon_expiry > absl::ZeroDuration()) {
+        for (const std::string& node : nodes.ExpireCordons(absl::Now(), cordon_expiry)) {
+          std::fprintf(stderr, "node %s: cordon expired after %s\n", node.c_str(),
+                       absl::FormatDuration(cordon_expiry).c_str());
+          jobs.Schedule();
+        }
       }
     }
   });

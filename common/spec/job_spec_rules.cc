@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/job_spec_limits.h"
 
 namespace loom::spec {
 namespace {
@@ -38,6 +39,11 @@ std::string Axis(const char* name, int64_t v) { return absl::StrCat("parallelism
 }  // namespace
 
 std::vector<std::string> CheckJobSpec(const JobSpec& s) {
+  // Sizes above their bounds are reported alone: the rules below multiply
+  // fields, which is only safe once every field is bounded.
+  if (std::vector<std::string> too_large = CheckJobSpecLimits(s); !too_large.empty()) {
+    return too_large;
+  }
   Checker c;
   c.Require(ValidName(s.name), "name", "'" + s.name + "'",
             "must be 1-63 characters of letters, digits, '-', '_' or '.'");

@@ -1,5 +1,7 @@
 #include "coordinator/cluster/node_registry.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace loom::coordinator {
 
 void NodeRegistry::Register(const loom::v1::RegisterNode& registration,
@@ -45,13 +47,17 @@ bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
   return true;
 }
 
-void NodeRegistry::Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat,
-                             absl::Time now) {
+bool NodeRegistry::Heartbeat(const std::string& node_id, const NodeChannel* channel,
+                             const loom::v1::Heartbeat& heartbeat, absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return;
-  it->second.info.last_seen = now;
-  it->second.info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
+  if (it == nodes_.end() || it->second.channel.get() != channel) return false;
+  NodeInfo& info = it->second.info;
+  info.last_seen = now;
+  info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
+  if (info.live) return false;
+  info.live = true;
+  return true;
 }
 
 bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* channel) {
@@ -69,8 +75,8 @@ std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Durati
   std::vector<std::string> lost;
   for (auto& [id, entry] : nodes_) {
     if (entry.info.live && now - entry.info.last_seen > timeout) {
+      // The channel stays: a heartbeat on this same session revives the node.
       entry.info.live = false;
-      entry.channel.reset();
       lost.push_back(id);
     }
   }
@@ -113,14 +119,47 @@ std::vector<NodeInfo> NodeRegistry::AllNodes() const {
   return all;
 }
 
-bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason) {
+bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason, absl::Time now) {
   absl::MutexLock lock(&mu_);
   NodeInfo& info = nodes_[node_id].info;
   info.node_id = node_id;
   if (info.cordoned) return false;
   info.cordoned = true;
   info.cordon_reason = reason;
+  info.cordoned_at = now;
   return true;
+}
+
+absl::Status NodeRegistry::Uncordon(const std::string& node_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not known (loomctl nodes lists them)"));
+  }
+  NodeInfo& info = it->second.info;
+  if (!info.cordoned) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", node_id, " is not cordoned"));
+  }
+  info.cordoned = false;
+  info.cordon_reason.clear();
+  info.cordoned_at = absl::InfinitePast();
+  return absl::OkStatus();
+}
+
+std::vector<std::string> NodeRegistry::ExpireCordons(absl::Time now, absl::Duration ttl) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> lifted;
+  for (auto& [id, entry] : nodes_) {
+    NodeInfo& info = entry.info;
+    if (info.cordoned && now - info.cordoned_at >= ttl) {
+      info.cordoned = false;
+      info.cordon_reason.clear();
+      info.cordoned_at = absl::InfinitePast();
+      lifted.push_back(id);
+    }
+  }
+  return lifted;
 }
 
 }  // namespace loom::coordinator

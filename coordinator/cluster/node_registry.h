@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "loom/v1/node.pb.h"
@@ -36,6 +37,7 @@ struct NodeInfo {
   bool live = false;
   bool cordoned = false;
   std::string cordon_reason;
+  absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;
   std::vector<loom::v1::RunningRank> running;
 };
@@ -51,7 +53,12 @@ class NodeRegistry {
                       std::shared_ptr<NodeChannel> channel, absl::Time now, absl::Duration alive);
   void Register(const loom::v1::RegisterNode& registration, std::shared_ptr<NodeChannel> channel,
                 absl::Time now);
-  void Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat, absl::Time now);
+  // A heartbeat on the node's current session. Returns true when it revives
+  // a node that was lost for silence while that session stayed open (the
+  // coordinator had stalled, or the network had); a stale session's
+  // heartbeat changes nothing.
+  bool Heartbeat(const std::string& node_id, const NodeChannel* channel,
+                 const loom::v1::Heartbeat& heartbeat, absl::Time now);
   // The session ended. Only the channel that is still current marks the node
   // lost, so a stale session closing after a reconnect changes nothing.
   // Returns true when the node went from live to lost.
@@ -64,7 +71,13 @@ class NodeRegistry {
   std::vector<NodeInfo> LiveNodes() const;
   std::vector<NodeInfo> AllNodes() const;
   // Marks a node unfit for new ranks; returns true if it was not cordoned yet.
-  bool Cordon(const std::string& node_id, const std::string& reason);
+  bool Cordon(const std::string& node_id, const std::string& reason,
+              absl::Time now = absl::Now());
+  // Lifts a cordon: NOT_FOUND for an unknown node, FAILED_PRECONDITION when
+  // the node is not cordoned.
+  absl::Status Uncordon(const std::string& node_id);
+  // Lifts the cordons older than ttl; returns the nodes uncordoned.
+  std::vector<std::string> ExpireCordons(absl::Time now, absl::Duration ttl);
 
  private:
   void RegisterLocked(const loom::v1::RegisterNode& registration,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/topology/mesh.h"
@@ -13,6 +14,13 @@ namespace loom::coordinator {
 
 std::string StoreNamespace(const std::string& job_id, int32_t attempt) {
   return absl::StrCat(job_id, "/attempt-", attempt);
+}
+
+std::string NewStoreNamespace(const std::string& job_id, int32_t attempt) {
+  std::random_device random;  // the kernel's generator, not a seeded PRNG
+  std::string suffix;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&suffix, absl::Hex(random(), absl::kZeroPad8));
+  return absl::StrCat(StoreNamespace(job_id, attempt), "-", suffix);
 }
 
 namespace {
@@ -100,7 +108,9 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     AddGroup(a, "model", groups->model);
     a.set_node_id(placement.slots[rank].node_id);
     a.set_local_device(static_cast<int32_t>(placement.slots[rank].local_device));
-    a.set_store_namespace(StoreNamespace(context.job_id, context.attempt));
+    a.set_store_namespace(context.store_namespace.empty()
+                              ? StoreNamespace(context.job_id, context.attempt)
+                              : context.store_namespace);
     a.set_place(*place);
     if (stages.has_value()) {  // [pp] ascending over the stage's chunks
       std::vector<int64_t> layers;

@@ -22,9 +22,16 @@ struct AttemptContext {
   std::string checkpoint_dir;  // absolute
   std::string data_dir;        // where relative data paths resolve
   double collective_timeout_s = 60;
+  // The attempt's rendezvous namespace; empty: StoreNamespace(job_id, attempt).
+  std::string store_namespace;
 };
 
+// The readable part of an attempt's rendezvous namespace: "job-000007/attempt-3".
 std::string StoreNamespace(const std::string& job_id, int32_t attempt);
+// StoreNamespace plus 128 random bits, so that no one can read or write a
+// namespace without having been told its name (it travels only in the
+// attempt's assignments).
+std::string NewStoreNamespace(const std::string& job_id, int32_t attempt);
 
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     const spec::JobSpec& spec, const topology::Placement& placement, const AttemptContext& context,

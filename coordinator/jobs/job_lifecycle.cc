@@ -1,5 +1,6 @@
-// The life of a placed job: placement onto free devices, launch, progress
-// aggregation, rank exits, lost nodes, restarts within the budget.
+// The life of a placed job: progress aggregation, rank exits, lost and
+// revived nodes, restarts within the budget. Placement and launch are in
+// job_scheduler.cc, admission in job_admission.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,10 +11,8 @@
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/rank_peak.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/service/metrics.h"
-#include "common/topology/placement.h"
 
 namespace loom::coordinator {
 
@@ -21,13 +20,6 @@ using loom::v1::Job;
 using loom::v1::JobState;
 
 namespace {
-
-std::string ResolvePath(const std::string& base, const std::string& path) {
-  if (path.empty()) return path;
-  std::filesystem::path p(path);
-  if (p.is_absolute()) return p.lexically_normal().string();
-  return (std::filesystem::path(base) / p).lexically_normal().string();
-}
 
 std::string DescribeExit(const loom::v1::RankExited& exit) {
   if (exit.signal() != 0) return absl::StrCat("was killed by signal ", exit.signal());
@@ -41,116 +33,6 @@ std::string DescribeExit(const loom::v1::RankExited& exit) {
 }
 
 }  // namespace
-
-void JobManager::Schedule() {
-  absl::MutexLock lock(&mu_);
-  ScheduleLocked();
-}
-
-void JobManager::ScheduleLocked() {
-  // First come, first served: a job that does not fit blocks the ones behind
-  // it, so a large job is not starved by a stream of small ones.
-  for (const std::string& id : order_) {
-    JobRecord& record = jobs_.at(id);
-    const JobState state = record.job.state();
-    const bool restart_ready =
-        state == JobState::RESTARTING &&
-        absl::ToUnixMillis(absl::Now()) >= record.job.not_before_unix_ms() &&
-        std::all_of(record.ranks.begin(), record.ranks.end(), [](const RankState& r) {
-          return r.exited;
-        });
-    if (state != JobState::PENDING && !restart_ready) continue;
-    if (!TryPlaceLocked(record)) return;
-  }
-}
-
-bool JobManager::TryPlaceLocked(JobRecord& record) {
-  const spec::JobSpec& spec = record.spec;
-  const std::string kind = spec::DeviceKindName(spec.resources.device);
-  topology::PlacementRequest request;
-  request.shape = MeshShapeOf(spec);
-  for (const auto& [node, failures] : record.node_failures) request.avoid.insert(node);
-  std::map<std::string, NodeInfo> live;
-  for (const NodeInfo& node : nodes_->LiveNodes()) {
-    if (node.device_kind != kind) continue;
-    // A cordoned node is used only when nothing else can hold the job, so a
-    // small cluster still runs (and a job that fails everywhere still reaches
-    // its budget) while healthy nodes are preferred.
-    if (node.cordoned) request.avoid.insert(node.node_id);
-    // Free device indices: those not taken by other jobs' placements.
-    std::vector<bool> taken(node.device_count, false);
-    for (const auto& [id, other] : jobs_) {
-      if (!HoldsDevices(other.job.state()) || &other == &record) continue;
-      for (const auto& p : other.job.placement()) {
-        if (p.node_id() == node.node_id && p.local_device() < node.device_count) {
-          taken[p.local_device()] = true;
-        }
-      }
-    }
-    topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {}};
-    for (int32_t d = 0; d < node.device_count; ++d) {
-      if (!taken[d]) devices.device_ids.push_back(d);
-    }
-    devices.free_devices = static_cast<int64_t>(devices.device_ids.size());
-    if (devices.free_devices == 0) continue;
-    request.nodes.push_back(devices);
-    live[node.node_id] = node;
-  }
-  absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
-  if (!placement.ok()) return false;  // waits for devices
-
-  Job& job = record.job;
-  const int32_t attempt = job.attempt() + 1;
-  AttemptContext context;
-  context.job_id = job.id();
-  context.attempt = attempt;
-  context.resolved_spec_yaml = job.resolved_spec_yaml();
-  context.checkpoint_dir = ResolvePath(job.base_dir(), spec.checkpoint.dir);
-  context.data_dir = job.base_dir();
-  context.collective_timeout_s = options_.collective_timeout_s;
-  std::map<std::string, std::string> addresses;
-  for (const auto& [id, node] : live) addresses[id] = node.address;
-  absl::StatusOr<std::vector<loom::v1::RankAssignment>> assignments =
-      BuildAssignments(spec, *placement, context, addresses);
-  if (!assignments.ok()) {
-    TransitionLocked(record, JobState::FAILED,
-                     absl::StrCat("cannot build rank assignments: ", assignments.status().message()));
-    return true;
-  }
-
-  job.set_attempt(attempt);
-  job.clear_placement();
-  record.ranks.assign(assignments->size(), RankState{});
-  for (const auto& a : *assignments) {
-    loom::v1::RankPlacement* p = job.add_placement();
-    p->set_rank(a.rank());
-    p->set_node_id(a.node_id());
-    p->set_local_device(a.local_device());
-    p->set_place(a.place());
-    p->set_peak_flops(RankPeakFlops(live[a.node_id()], spec.train.precision));
-  }
-  std::string nodes_text;
-  for (const auto& use : placement->nodes) {
-    absl::StrAppend(&nodes_text, nodes_text.empty() ? "" : ", ", use.node_id, " (ranks ",
-                    use.first_rank, "-", use.first_rank + use.num_ranks - 1, ")");
-  }
-  record.placed_at = absl::Now();
-  std::vector<std::string> places;
-  for (const auto& p : job.placement()) places.push_back(p.place());
-  HangPolicy policy = options_.hang_policy;
-  policy.fixed_timeout = absl::Seconds(spec.fault_tolerance.hang_timeout_s);
-  record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
-  TransitionLocked(record, JobState::STARTING,
-                   absl::StrCat("attempt ", attempt, " placed on ", nodes_text));
-  for (auto& a : *assignments) {
-    if (options_.rank_token_issuer) a.set_rank_token(options_.rank_token_issuer(a));
-    loom::v1::CoordinatorMessage message;
-    *message.mutable_launch()->mutable_assignment() = std::move(a);
-    const std::string node = message.launch().assignment().node_id();
-    nodes_->Send(node, message);
-  }
-  return true;
-}
 
 void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   absl::MutexLock lock(&mu_);
@@ -178,8 +60,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (progress.phase() != "step" || progress.step() <= 0) return;
 
   const double world = static_cast<double>(record.ranks.size());
-  double peak = 0;
-  for (const auto& placed : job.placement()) peak += placed.peak_flops();
+  const double peak = record.peak_flops;  // summed once at placement
   const double mfu =
       peak > 0 ? progress.flops_per_token() * progress.tokens_per_second() / peak : 0;
   if (metrics_ != nullptr) {
@@ -234,7 +115,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
     if (p.has_val_loss()) metrics_->SetJobValLoss(job.id(), job.name(), p.val_loss());
   }
   loom::v1::WatchJobResponse update;
-  *update.mutable_job() = job;
+  *update.mutable_job() = WatchView(job);
   *update.mutable_progress() = p;
   NotifyLocked(record, update);
   // Progress is soft state; persisting it at most once a second keeps the
@@ -292,7 +173,7 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   HandleFailureLocked(record, kind, reason, node_id);
 }
 
-void JobManager::OnNodeLost(const std::string& node_id) {
+void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) {
   absl::MutexLock lock(&mu_);
   for (const std::string& id : order_) {
     JobRecord& record = jobs_.at(id);
@@ -314,7 +195,7 @@ void JobManager::OnNodeLost(const std::string& node_id) {
       continue;
     }
     HandleFailureLocked(record, FailureKind::kNodeLost,
-                        absl::StrCat("node ", node_id, " was lost (its agent's session ended)"),
+                        absl::StrCat("node ", node_id, " was lost (", why, ")"),
                         node_id);
   }
   ScheduleLocked();
@@ -432,8 +313,10 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
 
 void JobManager::CheckHealth(absl::Time now) {
   std::set<std::string> missing;  // nodes that did not come back after a restart
+  std::vector<std::string> expired;  // jobs past their retention, gone from memory
   {
     absl::MutexLock lock(&mu_);
+    expired = SweepEndedJobsLocked(now);
     bool reschedule = false;
     for (const std::string& id : order_) {
       JobRecord& record = jobs_.at(id);
@@ -470,8 +353,23 @@ void JobManager::CheckHealth(absl::Time now) {
   for (const std::string& node : missing) {
     std::fprintf(stderr, "node %s: did not reconnect after the coordinator restarted; lost\n",
                  node.c_str());
-    OnNodeLost(node);
+    OnNodeLost(node, "it did not reconnect after the coordinator restarted");
   }
+  // Outside the lock: one transaction however many expired.
+  if (absl::Status s = store_->Delete(expired); !s.ok()) {
+    std::fprintf(stderr, "could not delete %zu jobs past their retention: %s\n", expired.size(),
+                 std::string(s.message()).c_str());
+  }
+}
+
+absl::StatusOr<loom::v1::Node> JobManager::Uncordon(const std::string& node_id) {
+  if (absl::Status s = nodes_->Uncordon(node_id); !s.ok()) return s;
+  std::fprintf(stderr, "node %s: uncordoned\n", node_id.c_str());
+  Schedule();
+  for (loom::v1::Node& node : ListNodes()) {
+    if (node.node_id() == node_id) return node;
+  }
+  return absl::NotFoundError(absl::StrCat("node ", node_id, " is not known"));
 }
 
 std::vector<loom::v1::Node> JobManager::ListNodes() const {
@@ -506,12 +404,38 @@ void JobManager::KillRanksLocked(JobRecord& record) {
     message.mutable_kill()->set_job_id(record.job.id());
     message.mutable_kill()->set_attempt(record.job.attempt());
     message.mutable_kill()->set_grace_seconds(options_.kill_grace_seconds);
-    nodes_->Send(node, message);
+    QueueSendLocked(node, std::move(message));
   }
 }
 
 void JobManager::FinishAttemptLocked(JobRecord& record) {
-  kv_->DropNamespace(StoreNamespace(record.job.id(), record.job.attempt()));
+  if (!record.job.store_namespace().empty()) kv_->DropNamespace(record.job.store_namespace());
+  record.job.clear_store_namespace();
+}
+
+void JobManager::OnNodeRevived(const std::string& node_id,
+                               const std::vector<loom::v1::RunningRank>& running) {
+  absl::MutexLock lock(&mu_);
+  // While the node was lost its ranks were given up and their attempts moved
+  // on; whatever of them still runs there holds devices no one accounts for.
+  std::set<std::pair<std::string, int32_t>> stale;
+  for (const loom::v1::RunningRank& r : running) {
+    auto it = jobs_.find(r.job_id());
+    const bool current = it != jobs_.end() && HoldsDevices(it->second.job.state()) &&
+                         it->second.job.attempt() == r.attempt() &&
+                         r.rank() >= 0 && r.rank() < it->second.job.placement_size() &&
+                         it->second.job.placement(r.rank()).node_id() == node_id &&
+                         !it->second.ranks[r.rank()].exited;
+    if (!current) stale.insert({r.job_id(), r.attempt()});
+  }
+  for (const auto& [job_id, attempt] : stale) {
+    loom::v1::CoordinatorMessage message;
+    message.mutable_kill()->set_job_id(job_id);
+    message.mutable_kill()->set_attempt(attempt);
+    message.mutable_kill()->set_grace_seconds(options_.kill_grace_seconds);
+    QueueSendLocked(node_id, std::move(message));
+  }
+  ScheduleLocked();
 }
 
 }  // namespace loom::coordinator

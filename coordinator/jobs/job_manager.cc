@@ -2,8 +2,12 @@
 // progress, exits, restarts) is in job_lifecycle.cc.
 #include "coordinator/jobs/job_manager.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/spec/job_spec_rules.h"
@@ -22,6 +26,27 @@ namespace {
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
+// The number in "job-000042"; 0 when there is none.
+int64_t SequenceOf(const std::string& id) {
+  int64_t sequence = 0;
+  const size_t dash = id.find_last_of('-');
+  if (dash == std::string::npos || !absl::SimpleAtoi(id.substr(dash + 1), &sequence)) return 0;
+  return sequence;
+}
+
+// What ListJobs shows of a job: everything but the parts that grow with the
+// spec, the ranks and the restarts (GetJob has those).
+Job Summary(const Job& job) {
+  Job summary = job;
+  summary.clear_spec_yaml();
+  summary.clear_resolved_spec_yaml();
+  summary.clear_placement();
+  summary.clear_history();
+  summary.clear_store_namespace();
+  if (job.history_size() > 0) *summary.add_history() = job.history(job.history_size() - 1);
+  return summary;
+}
+
 }  // namespace
 
 JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store,
@@ -32,7 +57,23 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       nodes_(nodes),
       kv_(kv),
       metrics_(metrics),
-      resolver_(std::move(resolver)) {}
+      resolver_(std::move(resolver)) {
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
+  admission_ = std::thread([this] { AdmissionLoop(); });
+}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&admission_mu_);
+    admission_stopping_ = true;
+  }
+  admission_.join();  // answers what was queued first
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  scheduler_.join();
+}
 
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<Job>> jobs = store_->LoadAll();
@@ -48,6 +89,16 @@ absl::Status JobManager::Recover() {
     if (!spec.ok()) return spec.status();
     record.spec = *spec;
     record.ranks.resize(job.placement_size());
+    record.sequence = SequenceOf(job.id());
+    for (const auto& p : job.placement()) record.peak_flops += p.peak_flops();
+    // Ranks of a live attempt may still meet in its namespace (a job stored
+    // before namespaces had random names uses the readable one).
+    if (HoldsDevices(job.state()) && job.attempt() > 0) {
+      if (job.store_namespace().empty()) {
+        job.set_store_namespace(StoreNamespace(job.id(), job.attempt()));
+      }
+      kv_->OpenNamespace(job.store_namespace());
+    }
     record.job = std::move(job);
     if (HoldsDevices(record.job.state())) {
       // Ranks may still be running: watch them for hangs from now on, and give
@@ -71,74 +122,117 @@ std::string JobManager::NewJobIdLocked() {
   return absl::StrFormat("job-%06d", next_sequence_++);
 }
 
-absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
-                                       const std::string& source_name,
-                                       const std::string& base_dir,
-                                       const std::string& owner) {
-  const std::string source = source_name.empty() ? "job spec" : source_name;
-  absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpecYaml(spec_yaml, source);
-  if (!parsed.ok()) return parsed.status();
-  spec::JobSpec spec = *std::move(parsed);
-  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
-  }
-  if (absl::Status s = resolver_(spec); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
-  }
-  // The planner's choice must obey the same rules as a user's.
-  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
-  }
-
-  absl::MutexLock lock(&mu_);
-  JobRecord record;
-  record.spec = spec;
-  Job& job = record.job;
-  job.set_id(NewJobIdLocked());
-  job.set_name(spec.name);
-  job.set_owner(owner);
-  job.set_state(JobState::PENDING);
-  job.set_spec_yaml(spec_yaml);
-  job.set_resolved_spec_yaml(spec::ToYaml(spec));
-  *job.mutable_layout() = LayoutOf(spec);
-  job.set_base_dir(base_dir.empty() ? options_.state_dir : base_dir);
-  job.set_created_unix_ms(NowMs());
-  job.set_updated_unix_ms(job.created_unix_ms());
-  job.mutable_last_progress()->set_total_steps(spec.train.steps);
-  loom::v1::JobEvent* event = job.add_history();
-  event->set_time_unix_ms(job.created_unix_ms());
-  event->set_state(JobState::PENDING);
-  event->set_message(absl::StrCat("accepted: ", spec.resources.world_size(), " ranks, layout dp=",
-                                  job.layout().dp(), " tp=", job.layout().tp(), " pp=",
-                                  job.layout().pp()));
-  // Durable before the caller hears OK; nothing is kept if the write fails.
-  if (absl::Status s = store_->Put(job); !s.ok()) {
-    --next_sequence_;
-    return s;
-  }
-  const std::string id = job.id();
-  order_.push_back(id);
-  auto [it, inserted] = jobs_.emplace(id, std::move(record));
-  UpdateJobGaugesLocked();
-  ScheduleLocked();
-  return it->second.job;
-}
-
 absl::StatusOr<Job> JobManager::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
   }
-  return it->second.job;
+  Job job = it->second.job;
+  job.clear_store_namespace();  // only the attempt's ranks are told it
+  return job;
 }
 
-std::vector<Job> JobManager::List() const {
+Job JobManager::WatchView(const Job& job) {
+  Job view = job;
+  view.clear_spec_yaml();
+  view.clear_resolved_spec_yaml();
+  view.clear_placement();
+  view.clear_store_namespace();
+  return view;
+}
+
+std::vector<std::string> JobManager::SweepEndedJobsLocked(absl::Time now) {
+  if (now - last_retention_sweep_ < absl::Seconds(10)) return {};
+  last_retention_sweep_ = now;
+  const int64_t cutoff = absl::ToUnixMillis(now - options_.finished_job_retention);
+  std::vector<std::string> expired;
+  for (const std::string& id : order_) {
+    JobRecord& record = jobs_.at(id);
+    if (now >= record.drop_metrics_at) {
+      DropJobMetricsLocked(record);
+      record.drop_metrics_at = absl::InfiniteFuture();
+    }
+    const Job& job = record.job;
+    if (IsTerminal(job.state()) && job.updated_unix_ms() < cutoff) expired.push_back(id);
+  }
+  ForgetLocked(expired);
+  return expired;
+}
+
+absl::StatusOr<JobPage> JobManager::List(int32_t page_size, const std::string& page_token,
+                                         const std::function<bool(const Job&)>& visible) const {
+  if (page_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size=", page_size, " must not be negative"));
+  }
+  const int32_t size = page_size == 0 ? options_.default_page_size
+                                      : std::min(page_size, options_.max_page_size);
+  int64_t after = 0;  // the sequence of the last job of the previous page
+  if (!page_token.empty() && (!absl::SimpleAtoi(page_token, &after) || after < 0)) {
+    return absl::InvalidArgumentError(
+        "page_token is not one this coordinator gave (use next_page_token of the previous page)");
+  }
   absl::MutexLock lock(&mu_);
-  std::vector<Job> jobs;
-  for (const std::string& id : order_) jobs.push_back(jobs_.at(id).job);
-  return jobs;
+  JobPage page;
+  // order_ is sorted by sequence: start after the token by binary search.
+  auto it = std::upper_bound(order_.begin(), order_.end(), after,
+                             [this](int64_t value, const std::string& id)
+                                 ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return value < jobs_.at(id).sequence;
+                                 });
+  for (; it != order_.end() && static_cast<int32_t>(page.jobs.size()) < size; ++it) {
+    const Job& job = jobs_.at(*it).job;
+    if (visible && !visible(job)) continue;
+    page.jobs.push_back(Summary(job));
+  }
+  if (it != order_.end() && !page.jobs.empty()) {
+    page.next_page_token = absl::StrCat(jobs_.at(*std::prev(it)).sequence);
+  }
+  return page;
+}
+
+absl::Status JobManager::Delete(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+    }
+    if (!IsTerminal(it->second.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " is ", loom::v1::JobState_Name(it->second.job.state()),
+          "; only a job that has ended can be deleted (loomctl cancel ", id, " first)"));
+    }
+  }
+  // An ended job never changes again, so the write needs no lock.
+  if (absl::Status s = store_->Delete({id}); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  ForgetLocked({id});
+  return absl::OkStatus();
+}
+
+void JobManager::ForgetLocked(const std::vector<std::string>& ids) {
+  if (ids.empty()) return;
+  const std::set<std::string> gone(ids.begin(), ids.end());
+  for (const std::string& id : ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    DropJobMetricsLocked(it->second);
+    jobs_.erase(it);
+  }
+  // One pass, however many go.
+  order_.erase(std::remove_if(order_.begin(), order_.end(),
+                              [&gone](const std::string& id) { return gone.count(id) > 0; }),
+               order_.end());
+  UpdateJobGaugesLocked();
+}
+
+void JobManager::DropJobMetricsLocked(const JobRecord& record) {
+  if (metrics_ == nullptr) return;
+  metrics_->RemoveJob(record.job.id(), record.job.name(),
+                      std::max<int>(record.job.placement_size(),
+                                    static_cast<int>(record.ranks.size())));
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
@@ -168,7 +262,7 @@ absl::StatusOr<int64_t> JobManager::Watch(const std::string& id, std::shared_ptr
   }
   JobRecord& record = it->second;
   loom::v1::WatchJobResponse snapshot;
-  *snapshot.mutable_job() = record.job;
+  *snapshot.mutable_job() = WatchView(record.job);
   for (const loom::v1::JobProgress& step : record.steps) *snapshot.add_backlog() = step;
   const bool ended = IsTerminal(record.job.state());
   sink->Push(snapshot, ended);
@@ -195,11 +289,14 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
   event->set_attempt(job.attempt());
   event->set_message(message);
   if (to == JobState::FAILED) job.set_failure_reason(message);
+  // An ended job's series leave the scrape after a grace (its history stays
+  // in GetJob), so series do not pile up over jobs.
+  if (IsTerminal(to)) record.drop_metrics_at = absl::Now() + options_.job_metrics_grace;
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
                loom::v1::JobState_Name(to).c_str(), job.attempt(), message.c_str());
   PersistLocked(record);
   loom::v1::WatchJobResponse update;
-  *update.mutable_job() = job;
+  *update.mutable_job() = WatchView(job);
   *update.mutable_event() = *event;
   NotifyLocked(record, update);
   UpdateJobGaugesLocked();

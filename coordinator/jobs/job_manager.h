@@ -11,6 +11,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +54,29 @@ struct JobManagerOptions {
   // Issues each rank's bearer token (RankAssignment.rank_token) from its
   // assignment; empty: ranks get none (--insecure, tests).
   std::function<std::string(const loom::v1::RankAssignment&)> rank_token_issuer;
+  // Admission bounds (docs/limits.md): the YAML's size and the most ranks one
+  // job may ask for (what this cluster could ever give it).
+  int64_t max_spec_bytes = 256 * 1024;
+  int64_t max_job_ranks = 16384;
+  // A launch message larger than this is never sent (the transport would drop
+  // the session); the job fails instead.
+  int64_t max_launch_bytes = 16 * 1024 * 1024;
+  // Finished jobs are forgotten (memory and store) this long after they end.
+  absl::Duration finished_job_retention = absl::Hours(24 * 7);
+  // A job's metric series are removed this long after it ends: long enough
+  // for a few scrapes to see its final values.
+  absl::Duration job_metrics_grace = absl::Seconds(60);
+  // Submissions waiting for the admission thread beyond this are refused.
+  int64_t max_queued_submissions = 4096;
+  // Pages of ListJobs.
+  int32_t default_page_size = 100;
+  int32_t max_page_size = 1000;
+};
+
+// One page of jobs, oldest first; next_page_token is empty on the last page.
+struct JobPage {
+  std::vector<loom::v1::Job> jobs;
+  std::string next_page_token;
 };
 
 // Why an attempt ended early; each kind has its own restart budget.
@@ -65,16 +90,34 @@ class JobManager {
 
   JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store, NodeRegistry* nodes,
              KvStore* kv, CoordinatorMetrics* metrics, LayoutResolver resolver);
+  // Stops the scheduler thread.
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
 
   // Loads every stored job (after a coordinator restart).
   absl::Status Recover();
 
-  // owner: the caller's identity name (Job.owner).
+  using SubmitCallback = std::function<void(absl::StatusOr<loom::v1::Job>)>;
+  // Queues a submission for the admission thread, which checks it, stores it
+  // durably and then calls done (on that thread, without any lock held).
+  // RESOURCE_EXHAUSTED at once when too many submissions wait. owner: the
+  // caller's identity name (Job.owner).
+  void SubmitAsync(std::string spec_yaml, std::string source_name, std::string base_dir,
+                   std::string owner, SubmitCallback done);
+  // SubmitAsync, waiting for the answer (tests, in-process callers).
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
                                        const std::string& base_dir, const std::string& owner);
   absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
-  std::vector<loom::v1::Job> List() const;
+  // A page of jobs without their specs, placements and histories (GetJob
+  // has them): a reply stays small however many jobs or ranks there are.
+  // visible, when given, filters the jobs (a caller sees only its own).
+  absl::StatusOr<JobPage> List(int32_t page_size = 0, const std::string& page_token = "",
+                               const std::function<bool(const loom::v1::Job&)>& visible = {}) const;
   absl::StatusOr<loom::v1::Job> Cancel(const std::string& id);
+  // Forgets a job that has ended (memory, store, metrics); FAILED_PRECONDITION
+  // while it still runs.
+  absl::Status Delete(const std::string& id);
   // Subscribes; the sink immediately receives the snapshot with the steps
   // reported so far (up to kWatchBacklogSteps) as its backlog. Returns a
   // handle for Unwatch. A job already ended gets its snapshot as the last update.
@@ -83,20 +126,30 @@ class JobManager {
 
   // Events from nodes and ranks.
   void OnNodeRegistered(const loom::v1::RegisterNode& registration);
-  void OnNodeLost(const std::string& node_id);
+  void OnNodeLost(const std::string& node_id,
+                  const std::string& why = "its agent's session ended");
+  // A lost node's session spoke again (a heartbeat after a stall): it is live
+  // once more; ranks it still runs from attempts that moved on are killed.
+  void OnNodeRevived(const std::string& node_id,
+                     const std::vector<loom::v1::RunningRank>& running);
   void OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat);
   // Ignored unless node_id runs that rank in the job's current attempt.
   void OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit);
   void OnRankProgress(const loom::v1::RankProgress& progress);
 
-  // Places pending jobs on free devices; called after every event that may
-  // free or add devices.
+  // Asks the scheduler thread to place pending jobs on free devices; called
+  // after every event that may free or add devices. Returns at once.
   void Schedule();
+  // Blocks until every scheduling request and message queued before the call
+  // has been handled (tests).
+  void WaitForScheduler();
   // Periodic: hung jobs, restart backoffs that expired, nodes that did not
   // come back after a coordinator restart.
   void CheckHealth(absl::Time now);
   // Every node known, with cordons and devices in use.
   std::vector<loom::v1::Node> ListNodes() const;
+  // Lifts a node's cordon (NOT_FOUND, FAILED_PRECONDITION) and reschedules.
+  absl::StatusOr<loom::v1::Node> Uncordon(const std::string& node_id);
 
  private:
   struct RankState {
@@ -114,15 +167,62 @@ class JobManager {
     std::unique_ptr<HangDetector> hang;  // of the current attempt
     absl::Time placed_at = absl::InfinitePast();  // of the current attempt (before a restart: past)
     std::deque<loom::v1::JobProgress> steps;  // every attempt's, oldest first, bounded
+    int64_t sequence = 0;  // the number in the job's id: ListJobs pages by it
+    double peak_flops = 0;  // sum over the current placement (for MFU)
+    absl::Time drop_metrics_at = absl::InfiniteFuture();  // set when the job ends
+  };
+  // What the scheduler copies out under the lock to place one job without it.
+  struct PlacementSnapshot;
+  struct PlacementResult;
+  struct Admission {
+    std::string spec_yaml;
+    std::string source_name;
+    std::string base_dir;
+    std::string owner;
+    SubmitCallback done;
   };
 
+  // The checks of a submission that need no state (size, parse, rules,
+  // limits, layout, memory); the spec with its layout resolved.
+  absl::StatusOr<spec::JobSpec> CheckSubmission(const std::string& spec_yaml,
+                                                const std::string& source_name,
+                                                const std::string& base_dir) const;
+  void AdmissionLoop();
+  void AdmitBatch(std::vector<Admission>& batch);
+
+  // What watchers receive of a job: no specs, placement or namespace, which
+  // grow with the job and which no watcher reads.
+  static loom::v1::Job WatchView(const loom::v1::Job& job);
+  // Removes the metric series of jobs ended more than job_metrics_grace ago
+  // and forgets jobs ended more than the retention ago (at most every 10 s).
+  // Returns the jobs forgotten; the caller deletes them from the store
+  // after unlocking.
+  std::vector<std::string> SweepEndedJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyLocked(JobRecord& record, const loom::v1::WatchJobResponse& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the scheduler thread; placement itself never runs under mu_.
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool TryPlaceLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SchedulerLoop();
+  // Places pending jobs first come, first served, until one does not fit.
+  void RunSchedulingPass();
+  // The first job waiting for placement, copied with the devices taken by
+  // every other job; false when none waits.
+  bool SnapshotNextLocked(PlacementSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PlacementResult Place(const PlacementSnapshot& snapshot) const;
+  // Records a placement computed without the lock, unless the job or its
+  // nodes changed meanwhile (then false: the pass starts over).
+  bool CommitLocked(const PlacementSnapshot& snapshot, PlacementResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Messages to agents are queued under mu_ and sent by the scheduler thread
+  // after it unlocks, in the order they were queued.
+  void QueueSendLocked(const std::string& node_id, loom::v1::CoordinatorMessage message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushOutbox();
+  void ForgetLocked(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropJobMetricsLocked(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rank failed (exit, signal, lost node): restart within budget, or fail.
   void HandleFailureLocked(JobRecord& record, FailureKind kind, const std::string& reason,
                            const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,6 +246,19 @@ class JobManager {
   absl::Time recovered_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Nodes that (re)registered and whose ranks are checked at their next heartbeat.
   std::map<std::string, absl::Time> unconfirmed_ ABSL_GUARDED_BY(mu_);
+
+  bool schedule_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t requests_queued_ ABSL_GUARDED_BY(mu_) = 0;   // for WaitForScheduler
+  int64_t requests_handled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> outbox_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_retention_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Mutex admission_mu_;
+  std::deque<Admission> admissions_ ABSL_GUARDED_BY(admission_mu_);
+  bool admission_stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Last: they start after every member above exists.
+  std::thread scheduler_;
+  std::thread admission_;
 };
 
 }  // namespace loom::coordinator

@@ -39,7 +39,11 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
                           "CREATE TABLE IF NOT EXISTS jobs ("
                           " id TEXT PRIMARY KEY, seq INTEGER NOT NULL, name TEXT NOT NULL,"
                           " state TEXT NOT NULL, attempt INTEGER NOT NULL,"
-                          " updated_unix_ms INTEGER NOT NULL, job BLOB NOT NULL);"}) {
+                          " updated_unix_ms INTEGER NOT NULL, job BLOB NOT NULL);",
+                          // The largest sequence ever used, so a deleted job's id is never
+                          // given again.
+                          "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY,"
+                          " value INTEGER NOT NULL);"}) {
     if (absl::Status s = store->Exec(sql); !s.ok()) return s;
   }
   return store;
@@ -59,6 +63,26 @@ absl::Status JobStore::Exec(const char* sql) {
 
 absl::Status JobStore::Put(const loom::v1::Job& job) {
   absl::MutexLock lock(&mu_);
+  return PutLocked(job);
+}
+
+absl::Status JobStore::PutAll(const std::vector<const loom::v1::Job*>& jobs) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  for (const loom::v1::Job* job : jobs) {
+    if (absl::Status s = PutLocked(*job); !s.ok()) {
+      Exec("ROLLBACK;").IgnoreError();
+      return s;
+    }
+  }
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::PutLocked(const loom::v1::Job& job) {
   const std::string blob = job.SerializeAsString();
   const int64_t seq = std::atoll(job.id().substr(job.id().find_last_of('-') + 1).c_str());
   sqlite3_stmt* stmt = nullptr;
@@ -107,11 +131,45 @@ absl::StatusOr<std::vector<loom::v1::Job>> JobStore::LoadAll() {
   return jobs;
 }
 
+absl::Status JobStore::Delete(const std::vector<std::string>& ids) {
+  absl::MutexLock lock(&mu_);
+  if (ids.empty()) return absl::OkStatus();
+  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  auto fail = [this](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  };
+  if (absl::Status s = Exec(
+          "INSERT INTO meta (key, value) SELECT 'max_seq', COALESCE(MAX(seq), 0) FROM jobs WHERE true"
+          " ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value);");
+      !s.ok()) {
+    return fail(s);
+  }
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?;", -1, &stmt, nullptr) != SQLITE_OK) {
+    return fail(SqlError(db_, path_, "prepare delete"));
+  }
+  for (const std::string& id : ids) {
+    sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(stmt) != SQLITE_DONE) {
+      absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
+      sqlite3_finalize(stmt);
+      return fail(status);
+    }
+    sqlite3_reset(stmt);
+  }
+  sqlite3_finalize(stmt);
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) return fail(s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> JobStore::MaxSequence() {
   absl::MutexLock lock(&mu_);
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "SELECT COALESCE(MAX(seq), 0) FROM jobs;", -1, &stmt, nullptr) !=
-      SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT MAX(COALESCE((SELECT MAX(seq) FROM jobs), 0),"
+                         " COALESCE((SELECT value FROM meta WHERE key = 'max_seq'), 0));",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
     return SqlError(db_, path_, "prepare max");
   }
   int64_t max = 0;

@@ -25,13 +25,19 @@ class JobStore {
 
   // Insert or replace; durable when it returns OK.
   absl::Status Put(const loom::v1::Job& job);
+  // Put of several jobs in one transaction (one sync to disk): all or none.
+  absl::Status PutAll(const std::vector<const loom::v1::Job*>& jobs);
   absl::StatusOr<std::vector<loom::v1::Job>> LoadAll();
+  // Removes jobs in one transaction; their ids are still counted by
+  // MaxSequence, so never given again.
+  absl::Status Delete(const std::vector<std::string>& ids);
   // The largest numeric job id suffix seen, so new ids continue after a restart.
   absl::StatusOr<int64_t> MaxSequence();
 
  private:
   explicit JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const char* sql);
+  absl::Status PutLocked(const loom::v1::Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* db_;

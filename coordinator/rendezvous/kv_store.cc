@@ -4,11 +4,12 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace loom::coordinator {
 
-KvStore::KvStore() : timer_([this] { TimerLoop(); }) {}
+KvStore::KvStore(KvQuotas quotas) : quotas_(quotas), timer_([this] { TimerLoop(); }) {}
 
 KvStore::~KvStore() {
   {
@@ -18,8 +19,57 @@ KvStore::~KvStore() {
   timer_.join();
 }
 
+void KvStore::OpenNamespace(const std::string& ns) {
+  absl::MutexLock lock(&mu_);
+  namespaces_[ns];
+}
+
+absl::StatusOr<KvStore::Namespace*> KvStore::FindLocked(const std::string& ns) {
+  auto it = namespaces_.find(ns);
+  if (it == namespaces_.end()) {
+    // The name is not echoed: it may be a guess at someone else's.
+    return absl::NotFoundError(
+        "store_namespace is not the namespace of a live attempt (it is delivered in the rank's "
+        "assignment)");
+  }
+  return &it->second;
+}
+
+absl::Status KvStore::CheckQuotaLocked(const Namespace& space, const std::string& ns,
+                                       const std::string& key, size_t value_bytes) const {
+  if (static_cast<int64_t>(key.size()) > quotas_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key is ", key.size(),
+                                                   " bytes; rendezvous keys are at most ",
+                                                   quotas_.max_key_bytes));
+  }
+  if (static_cast<int64_t>(value_bytes) > quotas_.max_value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("value is ", value_bytes,
+                                                     " bytes; rendezvous values are at most ",
+                                                     quotas_.max_value_bytes));
+  }
+  auto it = space.values.find(key);
+  const int64_t old_bytes =
+      it == space.values.end() ? 0 : static_cast<int64_t>(key.size() + it->second.size());
+  if (it == space.values.end() &&
+      static_cast<int64_t>(space.values.size()) >= quotas_.max_keys) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous namespace ", ns, " already holds ", space.values.size(), " keys (at most ",
+        quotas_.max_keys, ")"));
+  }
+  const int64_t after = space.bytes - old_bytes + static_cast<int64_t>(key.size() + value_bytes);
+  if (after > quotas_.max_namespace_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous namespace ", ns, " would hold ", after, " bytes (at most ",
+        quotas_.max_namespace_bytes, ")"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<KvStore::GetCallback> KvStore::StoreLocked(Namespace& space, const std::string& key,
                                                       std::string value) {
+  auto old = space.values.find(key);
+  if (old != space.values.end()) space.bytes -= static_cast<int64_t>(key.size() + old->second.size());
+  space.bytes += static_cast<int64_t>(key.size() + value.size());
   space.values[key] = std::move(value);
   std::vector<GetCallback> ready;
   for (auto it = space.waiters.begin(); it != space.waiters.end();) {
@@ -33,37 +83,47 @@ std::vector<KvStore::GetCallback> KvStore::StoreLocked(Namespace& space, const s
   return ready;
 }
 
-void KvStore::Set(const std::string& ns, const std::string& key, std::string value) {
+absl::Status KvStore::Set(const std::string& ns, const std::string& key, std::string value) {
   std::vector<GetCallback> ready;
   {
     absl::MutexLock lock(&mu_);
-    ready = StoreLocked(namespaces_[ns], key, value);
+    absl::StatusOr<Namespace*> space = FindLocked(ns);
+    if (!space.ok()) return space.status();
+    if (absl::Status s = CheckQuotaLocked(**space, ns, key, value.size()); !s.ok()) return s;
+    ready = StoreLocked(**space, key, value);
   }
   // Callbacks run outside the lock: they complete RPCs.
   for (auto& done : ready) done(value);
+  return absl::OkStatus();
 }
 
 void KvStore::GetAsync(const std::string& ns, const std::string& key, absl::Time deadline,
                        GetCallback done) {
-  std::optional<std::string> found;
+  absl::StatusOr<std::string> result = absl::DeadlineExceededError(
+      absl::StrCat("rendezvous key ", key, " not set in ", ns));
   {
     absl::MutexLock lock(&mu_);
-    Namespace& space = namespaces_[ns];
-    auto it = space.values.find(key);
-    if (it == space.values.end()) {
-      if (absl::Now() < deadline) {
-        space.waiters.push_back({key, deadline, std::move(done)});
-        return;
-      }
+    absl::StatusOr<Namespace*> found = FindLocked(ns);
+    if (!found.ok()) {
+      result = found.status();
     } else {
-      found = it->second;
+      Namespace& space = **found;
+      auto it = space.values.find(key);
+      if (it != space.values.end()) {
+        result = it->second;
+      } else if (absl::Now() < deadline) {
+        if (static_cast<int64_t>(space.waiters.size()) < quotas_.max_waiters) {
+          space.waiters.push_back({key, deadline, std::move(done)});
+          return;
+        }
+        result = absl::ResourceExhaustedError(
+            absl::StrCat("rendezvous namespace ", ns, " already has ", space.waiters.size(),
+                         " waiting gets (at most ", quotas_.max_waiters, ")"));
+      }
     }
   }
-  if (found) {
-    done(*std::move(found));
-    return;
-  }
-  done(absl::DeadlineExceededError(absl::StrCat("rendezvous key ", key, " not set in ", ns)));
+  // Outside the lock: done completes an RPC.
+  done(std::move(result));
 }
 
 absl::StatusOr<std::string> KvStore::Get(const std::string& ns, const std::string& key,
@@ -81,15 +141,27 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& ns, const std::strin
   return result;
 }
 
-int64_t KvStore::Add(const std::string& ns, const std::string& key, int64_t delta) {
+absl::StatusOr<int64_t> KvStore::Add(const std::string& ns, const std::string& key,
+                                     int64_t delta) {
   int64_t value = delta;
   std::vector<GetCallback> ready;
   {
     absl::MutexLock lock(&mu_);
-    Namespace& space = namespaces_[ns];
+    absl::StatusOr<Namespace*> found = FindLocked(ns);
+    if (!found.ok()) return found.status();
+    Namespace& space = **found;
     auto it = space.values.find(key);
-    if (it != space.values.end()) value += std::stoll(it->second);
-    ready = StoreLocked(space, key, std::to_string(value));
+    if (it != space.values.end()) {
+      int64_t old = 0;
+      if (!absl::SimpleAtoi(it->second, &old)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rendezvous key ", key, " holds a value that is not a number"));
+      }
+      value = old + delta;
+    }
+    const std::string text = std::to_string(value);
+    if (absl::Status s = CheckQuotaLocked(space, ns, key, text.size()); !s.ok()) return s;
+    ready = StoreLocked(space, key, text);
   }
   for (auto& done : ready) done(std::to_string(value));
   return value;

@@ -1,6 +1,10 @@
 // The rendezvous key-value store: one namespace per job attempt, so a new
 // attempt never sees the keys of the one before it. Gets that wait complete
 // asynchronously (a callback), so a waiting rank holds no server thread.
+// Namespaces exist only while their attempt is live (the scheduler opens one
+// when it places an attempt and drops it when the attempt ends): a request
+// into any other name is NOT_FOUND, so nothing can be stored for an attempt
+// that does not exist yet. Each namespace has quotas (docs/limits.md).
 #pragma once
 
 #include <cstdint>
@@ -17,16 +21,28 @@
 
 namespace loom::coordinator {
 
+struct KvQuotas {
+  int64_t max_keys = 65536;                       // per namespace
+  int64_t max_key_bytes = 1024;
+  int64_t max_value_bytes = 1 << 20;              // 1 MiB
+  int64_t max_namespace_bytes = int64_t{64} << 20;  // keys and values, 64 MiB
+  int64_t max_waiters = 65536;                    // gets waiting in one namespace
+};
+
 class KvStore {
  public:
   using GetCallback = std::function<void(absl::StatusOr<std::string>)>;
 
-  KvStore();
+  explicit KvStore(KvQuotas quotas = {});
   ~KvStore();
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  void Set(const std::string& ns, const std::string& key, std::string value);
+  // Creates an empty namespace (a no-op if it exists).
+  void OpenNamespace(const std::string& ns);
+  // NOT_FOUND for a namespace that is not open, RESOURCE_EXHAUSTED naming the
+  // quota a write would break.
+  absl::Status Set(const std::string& ns, const std::string& key, std::string value);
   // Calls done with the value once the key exists, or DEADLINE_EXCEEDED at
   // deadline. done may run on the caller's thread, a Set caller's thread, or
   // the store's timer thread; it must not call back into the store.
@@ -35,7 +51,7 @@ class KvStore {
   // Blocking form of GetAsync, for tests and in-process users.
   absl::StatusOr<std::string> Get(const std::string& ns, const std::string& key,
                                   absl::Duration timeout);
-  int64_t Add(const std::string& ns, const std::string& key, int64_t delta);
+  absl::StatusOr<int64_t> Add(const std::string& ns, const std::string& key, int64_t delta);
   // Drops a namespace (an attempt that ended); its waiters get CANCELLED.
   void DropNamespace(const std::string& ns);
   size_t NamespaceCount() const;
@@ -49,13 +65,21 @@ class KvStore {
   struct Namespace {
     std::map<std::string, std::string> values;
     std::vector<Waiter> waiters;
+    int64_t bytes = 0;  // keys and values
   };
+  // The namespace, or NOT_FOUND naming it.
+  absl::StatusOr<Namespace*> FindLocked(const std::string& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when storing value under key keeps the namespace within its quotas.
+  absl::Status CheckQuotaLocked(const Namespace& space, const std::string& ns,
+                                const std::string& key, size_t value_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores the value and takes the waiters it satisfies; the caller runs them
   // after releasing mu_.
   std::vector<GetCallback> StoreLocked(Namespace& space, const std::string& key, std::string value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
+  const KvQuotas quotas_;
   mutable absl::Mutex mu_;
   std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

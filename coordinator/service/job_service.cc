@@ -1,12 +1,13 @@
 #include "coordinator/service/job_service.h"
 
-#include <deque>
+#include <optional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/auth/policy.h"
 #include "coordinator/service/status_convert.h"
+#include "coordinator/service/watch_queue.h"
 
 namespace loom::coordinator {
 namespace {
@@ -82,7 +83,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   void Enqueue(const WatchJobResponse& update, bool last) {
     absl::MutexLock lock(&mu_);
     if (finishing_) return;
-    queue_.push_back(update);
+    if (!queue_.Push(update)) {
+      FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                "this watcher reads too slowly; watch again to resume"));
+      return;
+    }
     if (last) last_queued_ = true;
     if (!writing_) WriteNextLocked();
   }
@@ -116,12 +121,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
  private:
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finishing_) return;
-    if (queue_.empty()) {
+    std::optional<WatchJobResponse> next = queue_.Pop();
+    if (!next) {
       if (last_queued_) FinishLocked(grpc::Status::OK);
       return;
     }
-    current_ = std::move(queue_.front());
-    queue_.pop_front();
+    current_ = *std::move(next);
     writing_ = true;
     StartWrite(&current_);
   }
@@ -137,7 +142,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   std::shared_ptr<Relay> relay_;
   absl::Mutex mu_;
   int64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<WatchJobResponse> queue_ ABSL_GUARDED_BY(mu_);
+  WatchQueue queue_ ABSL_GUARDED_BY(mu_);
   WatchJobResponse current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool last_queued_ ABSL_GUARDED_BY(mu_) = false;
@@ -164,15 +169,18 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "SubmitJob"));
   if (!caller.ok()) return Refuse(context, caller.status());
-  absl::StatusOr<loom::v1::Job> job = jobs_->Submit(request->spec_yaml(), request->source_name(),
-                                                    request->base_dir(), caller->name);
+  // Admission (parse, plan, a durable write) runs on the manager's admission
+  // thread; this reaction only queues it.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (job.ok()) {
-    *response->mutable_job() = *std::move(job);
-    reactor->Finish(grpc::Status::OK);
-  } else {
-    reactor->Finish(ToGrpc(job.status()));
-  }
+  jobs_->SubmitAsync(request->spec_yaml(), request->source_name(), request->base_dir(),
+                     caller->name, [reactor, response](absl::StatusOr<loom::v1::Job> job) {
+                       if (job.ok()) {
+                         *response->mutable_job() = *std::move(job);
+                         reactor->Finish(grpc::Status::OK);
+                       } else {
+                         reactor->Finish(ToGrpc(job.status()));
+                       }
+                     });
   return reactor;
 }
 
@@ -206,12 +214,40 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListJobs"));
   if (!caller.ok()) return Refuse(context, caller.status());
-  for (auto& job : jobs_->List()) {
-    if (auth::MaySeeJob(*caller, job.owner())) *response->add_jobs() = std::move(job);
-  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const auth::Identity identity = *caller;
+  absl::StatusOr<JobPage> page =
+      jobs_->List(request->page_size(), request->page_token(),
+                  [&identity](const loom::v1::Job& job) { return auth::MaySeeJob(identity, job.owner()); });
+  if (!page.ok()) {
+    reactor->Finish(ToGrpc(page.status()));
+    return reactor;
+  }
+  for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
+  response->set_next_page_token(page->next_page_token);
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* context,
+                                                    const loom::v1::DeleteJobRequest* request,
+                                                    loom::v1::DeleteJobResponse* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "DeleteJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  if (absl::Status s = AuthorizeJob(*caller, request->id()); !s.ok()) return Refuse(context, s);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(jobs_->Delete(request->id())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(
+    grpc::CallbackServerContext* context, const loom::v1::UncordonNodeRequest* request,
+    loom::v1::Node* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "UncordonNode"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  return Reply(context, jobs_->Uncordon(request->node_id()), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,

@@ -38,6 +38,12 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
+                                      const loom::v1::DeleteJobRequest* request,
+                                      loom::v1::DeleteJobResponse* response) override;
+  grpc::ServerUnaryReactor* UncordonNode(grpc::CallbackServerContext* context,
+                                         const loom::v1::UncordonNodeRequest* request,
+                                         loom::v1::Node* response) override;
   grpc::ServerWriteReactor<loom::v1::WatchJobResponse>* WatchJob(
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
 

@@ -120,4 +120,45 @@ void CoordinatorMetrics::CountRestart(const std::string& job_id, const std::stri
   job_restarts_.Add({{"job", job_id}, {"job_name", job_name}}).Increment();
 }
 
+namespace {
+
+template <typename T>
+void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels));
+}
+
+}  // namespace
+
+void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string& job_name,
+                                   int ranks) {
+  absl::MutexLock lock(&mu_);
+  const prometheus::Labels job = {{"job", job_id}, {"job_name", job_name}};
+  for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_}) {
+    RemoveSeries(*family, job);
+  }
+  RemoveSeries(job_restarts_, job);
+  for (int rank = 0; rank < ranks; ++rank) {
+    const prometheus::Labels labels = {
+        {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
+    for (auto* family : {&rank_step_, &rank_loss_, &rank_step_seconds_, &rank_tokens_per_second_,
+                         &rank_mfu_, &rank_memory_bytes_}) {
+      RemoveSeries(*family, labels);
+    }
+  }
+}
+
+size_t CoordinatorMetrics::JobSeriesCount() {
+  absl::MutexLock lock(&mu_);
+  size_t count = 0;
+  for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &rank_step_, &rank_loss_,
+                       &rank_step_seconds_, &rank_tokens_per_second_, &rank_mfu_,
+                       &rank_memory_bytes_}) {
+    for (const auto& metric : family->Collect()) count += metric.metric.size();
+  }
+  for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();
+  return count;
+}
+
 }  // namespace loom::coordinator

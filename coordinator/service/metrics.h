@@ -40,6 +40,11 @@ class CoordinatorMetrics {
                       const ProgressSample& sample, double tokens);
   void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
   void CountRestart(const std::string& job_id, const std::string& job_name);
+  // Removes every series of a job and of its ranks 0..ranks-1: a job that
+  // ended adds nothing to the scrape, so series do not pile up over jobs.
+  void RemoveJob(const std::string& job_id, const std::string& job_name, int ranks);
+  // Series currently exported by the per-job and per-rank families (tests).
+  size_t JobSeriesCount();
 
   // The port actually bound (for listen ports of 0), or 0.
   int port() const { return port_; }

@@ -99,6 +99,11 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
     switch (message.kind_case()) {
       case NodeMessage::kRegister: {
         const std::string& node_id = message.register_().node_id();
+        if (absl::Status s = CheckRegistration(message.register_(), service_->node_limits());
+            !s.ok()) {
+          std::fprintf(stderr, "a node session was refused: %s\n", std::string(s.message()).c_str());
+          return s;
+        }
         if (!node_id_.empty() && node_id != node_id_) {
           return absl::PermissionDeniedError("a session registers one node id");
         }
@@ -127,7 +132,13 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       }
       case NodeMessage::kHeartbeat:
         if (!node_id_.empty()) {
-          nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
+          if (nodes_->Heartbeat(node_id_, channel_.get(), message.heartbeat(), absl::Now())) {
+            std::fprintf(stderr, "node %s: heartbeat on its session after it was lost; live again\n",
+                         node_id_.c_str());
+            service_->UpdateNodeGauges();
+            jobs_->OnNodeRevived(node_id_, {message.heartbeat().running().begin(),
+                                            message.heartbeat().running().end()});
+          }
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
         return absl::OkStatus();

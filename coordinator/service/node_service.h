@@ -6,6 +6,7 @@
 #pragma once
 
 #include "absl/time/time.h"
+#include "coordinator/cluster/node_limits.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
@@ -30,6 +31,9 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
 
   // Publishes live nodes and devices to the metrics.
   void UpdateNodeGauges();
+  // What a registration may claim (docs/limits.md); set before serving.
+  void SetNodeLimits(const NodeLimits& limits) { limits_ = limits; }
+  const NodeLimits& node_limits() const { return limits_; }
 
  private:
   NodeRegistry* nodes_;
@@ -37,6 +41,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   CoordinatorMetrics* metrics_;
   absl::Duration heartbeat_interval_;
   const CallerAuth* auth_;
+  NodeLimits limits_;
 };
 
 }  // namespace loom::coordinator

@@ -1,5 +1,7 @@
 #include "coordinator/service/plan_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/job_spec_rules.h"
@@ -104,8 +106,40 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
   return absl::InvalidArgumentError(absl::StrJoin(unsupported, "; "));
 }
 
+// A layout the user gave in full is not searched, but it must still fit: a
+// rank that runs out of memory fails only after the job was placed, started
+// and restarted through its whole budget.
+absl::Status CheckGivenLayoutFits(const spec::JobSpec& spec) {
+  absl::StatusOr<planner::PlanRequest> request = planner::PlanRequestFromJob(spec);
+  if (!request.ok()) return request.status();
+  const spec::ParallelismSpec& p = spec.parallelism;
+  planner::Layout layout;
+  layout.dp = *p.dp;
+  layout.tp = *p.tp;
+  layout.pp = *p.pp;
+  layout.cp = *p.cp;
+  layout.ep = *p.ep;
+  layout.zero_stage = static_cast<int>(*p.zero_stage);
+  layout.micro_batch_size = spec.train.micro_batch_size;
+  const int64_t per_step = std::max<int64_t>(1, layout.dp * layout.micro_batch_size);
+  layout.grad_accum = std::max<int64_t>(1, spec.train.global_batch_size / per_step);
+  layout.schedule = p.schedule;
+  layout.virtual_stages = p.virtual_stages;
+  layout.sequence_parallel = p.sequence_parallel;
+  layout.recompute = p.recompute;
+  const planner::Candidate candidate = planner::EvaluateLayout(
+      request->workload, request->cluster, request->constants, layout);
+  if (candidate.memory.total() <= request->cluster.memory_bytes) return absl::OkStatus();
+  const planner::Rejection rejection{layout, candidate.memory, request->cluster.memory_bytes};
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the layout given in parallelism does not fit in memory: ", rejection.Reason(),
+                   " (loomctl plan shows layouts that fit)"));
+}
+
 absl::Status ResolveLayout(spec::JobSpec& spec) {
-  if (!AllAxesGiven(spec.parallelism)) {
+  if (AllAxesGiven(spec.parallelism)) {
+    if (absl::Status s = CheckGivenLayoutFits(spec); !s.ok()) return s;
+  } else {
     auto searched = Search(spec, /*restrict_to_engine=*/true);
     if (!searched.ok()) return searched.status();
     const planner::PlanResult& result = searched->second;

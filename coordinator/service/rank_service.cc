@@ -69,7 +69,9 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreSet(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   grpc::Status status = ToGrpc(AdmitStore(*context, "StoreSet", request->store_namespace()));
   if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
-  if (status.ok()) kv_->Set(request->store_namespace(), request->key(), request->value());
+  if (status.ok()) {
+    status = ToGrpc(kv_->Set(request->store_namespace(), request->key(), request->value()));
+  }
   reactor->Finish(status);
   return reactor;
 }
@@ -107,7 +109,13 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
   grpc::Status status = ToGrpc(AdmitStore(*context, "StoreAdd", request->store_namespace()));
   if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) {
-    response->set_value(kv_->Add(request->store_namespace(), request->key(), request->delta()));
+    absl::StatusOr<int64_t> value =
+        kv_->Add(request->store_namespace(), request->key(), request->delta());
+    if (value.ok()) {
+      response->set_value(*value);
+    } else {
+      status = ToGrpc(value.status());
+    }
   }
   reactor->Finish(status);
   return reactor;

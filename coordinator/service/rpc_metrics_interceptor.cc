@@ -1,6 +1,13 @@
 #include "coordinator/service/rpc_metrics_interceptor.h"
 
+#include <set>
 #include <string>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
+#include "loom/v1/job.pb.h"
+#include "loom/v1/node.pb.h"
+#include "loom/v1/rank.pb.h"
 
 #include "coordinator/service/metrics.h"
 
@@ -12,7 +19,7 @@ using grpc::experimental::InterceptionHookPoints;
 class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcMetricsInterceptor(grpc::experimental::ServerRpcInfo* info, CoordinatorMetrics* metrics)
-      : method_(info->method() ? info->method() : "unknown"), metrics_(metrics) {}
+      : method_(RpcMethodLabel(info->method() ? info->method() : "")), metrics_(metrics) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
@@ -31,6 +38,29 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
 grpc::experimental::Interceptor* RpcMetricsInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
   return new RpcMetricsInterceptor(info, metrics_);
+}
+
+// A method's label: its full name when it is one of the services this
+// coordinator serves, else "other". A label value a client chooses would add a
+// series per made-up name.
+std::string RpcMethodLabel(const std::string& method) {
+  static const std::set<std::string>* const known = [] {
+    auto* names = new std::set<std::string>{"/grpc.health.v1.Health/Check",
+                                            "/grpc.health.v1.Health/Watch"};
+    const google::protobuf::DescriptorPool* pool =
+        google::protobuf::DescriptorPool::generated_pool();
+    for (const char* service :
+         {"loom.v1.JobService", "loom.v1.NodeService", "loom.v1.RankService",
+          "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}) {
+      const google::protobuf::ServiceDescriptor* descriptor = pool->FindServiceByName(service);
+      if (descriptor == nullptr) continue;
+      for (int i = 0; i < descriptor->method_count(); ++i) {
+        names->insert(absl::StrCat("/", service, "/", descriptor->method(i)->name()));
+      }
+    }
+    return names;
+  }();
+  return known->count(method) > 0 ? method : "other";
 }
 
 const char* StatusCodeName(grpc::StatusCode code) {

@@ -2,6 +2,8 @@
 // (loom_rpcs_total), including calls rejected before a handler runs.
 #pragma once
 
+#include <string>
+
 #include "grpcpp/support/server_interceptor.h"
 
 namespace loom::coordinator {
@@ -21,5 +23,8 @@ class RpcMetricsInterceptorFactory final
 
 // "OK", "INVALID_ARGUMENT", ...
 const char* StatusCodeName(grpc::StatusCode code);
+// The method label of loom_rpcs_total: the full method name for the methods
+// this coordinator serves (Loom's services, health, reflection), else "other".
+std::string RpcMethodLabel(const std::string& method);
 
 }  // namespace loom::coordinator

@@ -50,6 +50,27 @@ TEST(JobStore, SurvivesReopen) {
               std::filesystem::exists(std::filesystem::path(dir) / "loom.db"));
 }
 
+TEST(JobStore, DeletedJobsAreGoneButTheirSequenceIsNeverReused) {
+  const loom::testing::ScratchDir scratch("loom_job_store_delete");
+  const std::string dir = scratch / "state";
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (const char* id : {"job-000001", "job-000002", "job-000003"}) {
+      ASSERT_TRUE((*store)->Put(MakeJob(id, loom::v1::SUCCEEDED)).ok());
+    }
+    ASSERT_TRUE((*store)->Delete({"job-000002", "job-000003"}).ok());
+    ASSERT_TRUE((*store)->Delete({}).ok());
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  auto jobs = (*store)->LoadAll();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].id(), "job-000001");
+  EXPECT_EQ(*(*store)->MaxSequence(), 3);
+}
+
 TEST(JobStore, UnwritableStateDirIsNamed) {
   auto store = JobStore::Open("/proc/loom-cannot-exist/state");
   ASSERT_FALSE(store.ok());

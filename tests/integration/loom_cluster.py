@@ -241,6 +241,14 @@ class Cluster:
             return f.read()
 
     # -- client ------------------------------------------------------------
+    def coordinator_rss_bytes(self):
+        """The coordinator's resident set (VmRSS of /proc/PID/status)."""
+        with open(f"/proc/{self.coordinator.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
     def loomctl_argv(self, *args, identity="admin"):
         """loomctl's command line as identity (a certificate directory, see
         tls_dir), or with only the CA (for a bearer token) when identity is None."""

@@ -1,0 +1,187 @@
+// Admission: SubmitJob requests are checked (parse, rules, limits, layout,
+// memory) and persisted on the manager's admission thread, never on a gRPC
+// reaction thread and never under the job mutex. Requests that wait together
+// are written in one SQLite transaction (one fsync for the batch), and each
+// caller hears OK only once its job is durable.
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_rules.h"
+#include "common/spec/job_spec_yaml.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/layout_proto.h"
+
+namespace loom::coordinator {
+
+using loom::v1::Job;
+using loom::v1::JobState;
+
+absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
+                                       const std::string& source_name,
+                                       const std::string& base_dir,
+                                       const std::string& owner) {
+  absl::Mutex done_mu;
+  bool finished = false;
+  absl::StatusOr<Job> result;
+  SubmitAsync(spec_yaml, source_name, base_dir, owner, [&](absl::StatusOr<Job> job) {
+    absl::MutexLock lock(&done_mu);
+    result = std::move(job);
+    finished = true;
+  });
+  absl::MutexLock lock(&done_mu);
+  done_mu.Await(absl::Condition(&finished));
+  return result;
+}
+
+void JobManager::SubmitAsync(std::string spec_yaml, std::string source_name, std::string base_dir,
+                             std::string owner, SubmitCallback done) {
+  {
+    absl::MutexLock lock(&admission_mu_);
+    if (!admission_stopping_ &&
+        static_cast<int64_t>(admissions_.size()) < options_.max_queued_submissions) {
+      admissions_.push_back(Admission{std::move(spec_yaml), std::move(source_name),
+                                      std::move(base_dir), std::move(owner), std::move(done)});
+      return;
+    }
+  }
+  done(absl::ResourceExhaustedError(absl::StrCat(
+      "the coordinator already has ", options_.max_queued_submissions,
+      " submissions waiting to be admitted; retry later")));
+}
+
+absl::StatusOr<spec::JobSpec> JobManager::CheckSubmission(const std::string& spec_yaml,
+                                                          const std::string& source_name,
+                                                          const std::string& base_dir) const {
+  // Bounded before anything is parsed or echoed: the spec and its name are
+  // kept with the job and copied into every reply that shows it.
+  if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec_yaml is ", spec_yaml.size(), " bytes; a job spec may be at most ",
+        options_.max_spec_bytes, " bytes (--max_spec_bytes)"));
+  }
+  if (source_name.size() > 1024 || base_dir.size() > 4096) {
+    return absl::InvalidArgumentError(
+        "source_name must be at most 1024 bytes and base_dir at most 4096 bytes");
+  }
+  const std::string source = source_name.empty() ? "job spec" : source_name;
+  absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpecYaml(spec_yaml, source);
+  if (!parsed.ok()) return parsed.status();
+  spec::JobSpec spec = *std::move(parsed);
+  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  // A job larger than the cluster could ever hold would wait at the head of
+  // the queue forever and block every job behind it.
+  if (spec.resources.world_size() > options_.max_job_ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", spec.resources.device == spec::DeviceKind::kCpu
+                          ? "resources.ranks"
+                          : "resources.nodes x resources.gpus_per_node",
+        "=", spec.resources.world_size(), " must be at most ", options_.max_job_ranks,
+        " (the most ranks this cluster gives one job, --max_job_ranks)"));
+  }
+  if (absl::Status s = resolver_(spec); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  }
+  // The planner's choice must obey the same rules as a user's.
+  if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
+  }
+
+  return spec;
+}
+
+void JobManager::AdmissionLoop() {
+  while (true) {
+    std::vector<Admission> batch;
+    {
+      absl::MutexLock lock(&admission_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+        return !admissions_.empty() || admission_stopping_;
+      };
+      admission_mu_.Await(absl::Condition(&ready));
+      if (admissions_.empty()) return;  // stopping, nothing left
+      // One transaction for what waits now, bounded so that the first caller
+      // of a burst is not kept waiting for the last.
+      while (!admissions_.empty() && batch.size() < 256) {
+        batch.push_back(std::move(admissions_.front()));
+        admissions_.pop_front();
+      }
+    }
+    AdmitBatch(batch);
+  }
+}
+
+void JobManager::AdmitBatch(std::vector<Admission>& batch) {
+  std::vector<absl::StatusOr<spec::JobSpec>> checked;
+  checked.reserve(batch.size());
+  for (const Admission& a : batch) {
+    checked.push_back(CheckSubmission(a.spec_yaml, a.source_name, a.base_dir));
+  }
+  std::vector<JobRecord> records;
+  std::vector<size_t> admitted;  // indices into batch
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!checked[i].ok()) continue;
+      const spec::JobSpec& spec = *checked[i];
+      JobRecord& record = records.emplace_back();
+      record.spec = spec;
+      Job& job = record.job;
+      job.set_id(NewJobIdLocked());
+      record.sequence = next_sequence_ - 1;
+      job.set_name(spec.name);
+      job.set_owner(batch[i].owner);
+      job.set_state(JobState::PENDING);
+      job.set_spec_yaml(batch[i].spec_yaml);
+      job.set_resolved_spec_yaml(spec::ToYaml(spec));
+      *job.mutable_layout() = LayoutOf(spec);
+      job.set_base_dir(batch[i].base_dir.empty() ? options_.state_dir : batch[i].base_dir);
+      job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+      job.set_updated_unix_ms(job.created_unix_ms());
+      job.mutable_last_progress()->set_total_steps(spec.train.steps);
+      loom::v1::JobEvent* event = job.add_history();
+      event->set_time_unix_ms(job.created_unix_ms());
+      event->set_state(JobState::PENDING);
+      event->set_message(absl::StrCat("accepted: ", spec.resources.world_size(),
+                                      " ranks, layout dp=", job.layout().dp(), " tp=",
+                                      job.layout().tp(), " pp=", job.layout().pp()));
+      admitted.push_back(i);
+    }
+  }
+  // Durable before any caller hears OK; nothing is kept if the write fails
+  // (the ids it took stay unused).
+  absl::Status stored = absl::OkStatus();
+  if (!records.empty()) {
+    std::vector<const Job*> jobs;
+    for (const JobRecord& r : records) jobs.push_back(&r.job);
+    stored = store_->PutAll(jobs);
+  }
+  std::vector<Job> replies;
+  if (stored.ok() && !records.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (JobRecord& record : records) {
+      const std::string id = record.job.id();
+      replies.push_back(record.job);
+      order_.push_back(id);  // only this thread adds jobs, in id order
+      jobs_.emplace(id, std::move(record));
+    }
+    UpdateJobGaugesLocked();
+    ScheduleLocked();
+  }
+  // Callers are answered outside every lock: done completes an RPC.
+  size_t next_admitted = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!checked[i].ok()) {
+      batch[i].done(checked[i].status());
+    } else if (!stored.ok()) {
+      batch[i].done(stored);
+    } else {
+      batch[i].done(std::move(replies[next_admitted++]));
+    }
+  }
+}
+
+}  // namespace loom::coordinator

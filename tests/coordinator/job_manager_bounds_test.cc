@@ -1,0 +1,264 @@
+// Bounded admission and state in the JobManager: every oversized request is
+// refused naming its field, placement and sending happen on the scheduler
+// thread, a launch above the transport limit fails the job without blaming
+// its node, ListJobs pages without specs, ended jobs can be deleted and are
+// forgotten after their retention, and job ids are never reused.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/rendezvous/kv_store.h"
+#include "coordinator/service/plan_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
+
+namespace loom::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using loom::v1::JobState;
+
+constexpr char kSpec[] = R"(
+name: small
+model: {vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, ffn_hidden_size: 64,
+        max_seq_len: 32}
+train: {steps: 5, global_batch_size: 4, micro_batch_size: 2, seq_len: 16, eval_interval: 0}
+data: {train_path: corpus.txt}
+parallelism: {dp: 2, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}
+resources: {device: cpu, ranks: 2}
+)";
+
+class RecordingChannel final : public NodeChannel {
+ public:
+  void Send(const loom::v1::CoordinatorMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    messages_.push_back(message);
+  }
+  std::vector<loom::v1::CoordinatorMessage> messages() {
+    absl::MutexLock lock(&mu_);
+    return messages_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<loom::v1::CoordinatorMessage> messages_;
+};
+
+class JobManagerBounds : public ::testing::Test {
+ protected:
+  void Start(JobManagerOptions options = {}) {
+    jobs_.reset();
+    options.state_dir = scratch_ / "state";
+    auto store = JobStore::Open(options.state_dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
+                                         ResolveLayout);
+    ASSERT_TRUE(jobs_->Recover().ok());
+  }
+  std::shared_ptr<RecordingChannel> AddNode(const std::string& id, int devices) {
+    auto channel = std::make_shared<RecordingChannel>();
+    loom::v1::RegisterNode r;
+    r.set_node_id(id);
+    r.set_address("127.0.0.1");
+    loom::v1::Device* d = r.add_devices();
+    d->set_kind("cpu");
+    d->set_count(devices);
+    d->set_peak_flops(1e11);
+    nodes_.Register(r, channel, absl::Now());
+    return channel;
+  }
+
+  const loom::testing::ScratchDir scratch_{"loom_job_manager_bounds"};
+  NodeRegistry nodes_;
+  KvStore kv_;
+  std::unique_ptr<JobManager> jobs_;
+};
+
+TEST_F(JobManagerBounds, OversizedSubmissionsAreRefusedNamingTheField) {
+  JobManagerOptions options;
+  options.max_job_ranks = 64;
+  Start(options);
+  const std::string huge = std::string(kSpec) + "# " + std::string(300 * 1024, 'x') + "\n";
+  auto too_big = jobs_->Submit(huge, "job.yaml", "");
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("at most 262144 bytes"));
+
+  auto layers = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"num_layers: 2", "num_layers: 1000000000"}}),
+                              "job.yaml", "");
+  EXPECT_EQ(layers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(layers.status().message()), HasSubstr("model.num_layers=1000000000"));
+
+  auto ranks = jobs_->Submit(
+      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1000000000"}, {"dp: 2, ", ""}}), "job.yaml",
+      "");
+  EXPECT_EQ(ranks.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ranks.status().message()), HasSubstr("resources.ranks=1000000000"));
+
+  auto cluster = jobs_->Submit(
+      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 128"}, {"dp: 2, ", ""}}), "job.yaml", "");
+  EXPECT_EQ(cluster.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cluster.status().message()),
+              HasSubstr("resources.ranks=128 must be at most 64"));
+  EXPECT_TRUE(jobs_->List()->jobs.empty());
+}
+
+TEST_F(JobManagerBounds, AGivenLayoutMustFitInMemory) {
+  Start();
+  auto job = jobs_->Submit(
+      absl::StrReplaceAll(kSpec, {{"hidden_size: 32", "hidden_size: 65536"},
+                                  {"num_layers: 2", "num_layers: 4000"},
+                                  {"num_heads: 2", "num_heads: 512"},
+                                  {"ffn_hidden_size: 64", "ffn_hidden_size: 262144"}}),
+      "job.yaml", "");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(job.status().message()), HasSubstr("does not fit in memory"));
+}
+
+TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) {
+  Start();
+  auto node = AddNode("node-a", 4);
+  auto first = jobs_->Submit(kSpec, "job.yaml", "");
+  auto second = jobs_->Submit(kSpec, "job.yaml", "");
+  ASSERT_TRUE(first.ok() && second.ok());
+  jobs_->WaitForScheduler();
+  EXPECT_EQ(jobs_->Get(first->id())->state(), JobState::STARTING);
+  EXPECT_EQ(jobs_->Get(second->id())->state(), JobState::STARTING);
+  std::vector<std::string> namespaces;
+  for (const auto& m : node->messages()) {
+    ASSERT_TRUE(m.has_launch());
+    namespaces.push_back(m.launch().assignment().store_namespace());
+  }
+  ASSERT_EQ(namespaces.size(), 4u);
+  EXPECT_THAT(namespaces[0], ::testing::StartsWith(first->id() + "/attempt-1-"));
+  EXPECT_GE(namespaces[0].size(), first->id().size() + 11 + 32);
+  EXPECT_NE(namespaces[0], namespaces[2]);
+  // Open while the attempt lives, gone when it ends.
+  EXPECT_TRUE(kv_.Set(namespaces[0], "k", "v").ok());
+  EXPECT_EQ(kv_.Set(StoreNamespace(first->id(), 1), "k", "v").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs_->Get(first->id())->store_namespace().empty());  // never shown
+  ASSERT_TRUE(jobs_->Cancel(first->id()).ok());
+  EXPECT_EQ(kv_.Set(namespaces[0], "k", "v").code(), absl::StatusCode::kNotFound);
+  jobs_->WaitForScheduler();
+  // The cancel's kill went out after the launches, in order.
+  const auto messages = node->messages();
+  ASSERT_EQ(messages.size(), 5u);
+  EXPECT_TRUE(messages.back().has_kill());
+}
+
+TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
+  JobManagerOptions options;
+  options.max_launch_bytes = 200;
+  Start(options);
+  auto node = AddNode("node-a", 2);
+  auto job = jobs_->Submit(kSpec, "job.yaml", "");
+  ASSERT_TRUE(job.ok());
+  jobs_->WaitForScheduler();
+  auto after = jobs_->Get(job->id());
+  EXPECT_EQ(after->state(), JobState::FAILED);
+  EXPECT_THAT(after->failure_reason(), HasSubstr("above the transport limit of 200 bytes"));
+  EXPECT_TRUE(node->messages().empty());
+  EXPECT_FALSE(nodes_.Get("node-a")->cordoned);
+}
+
+TEST_F(JobManagerBounds, ListJobsPagesWithoutSpecs) {
+  Start();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 25; ++i) ids.push_back(jobs_->Submit(kSpec, "job.yaml", "")->id());
+  std::vector<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    auto page = jobs_->List(10, token);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    for (const auto& job : page->jobs) {
+      seen.push_back(job.id());
+      EXPECT_TRUE(job.spec_yaml().empty());
+      EXPECT_TRUE(job.resolved_spec_yaml().empty());
+      EXPECT_LE(job.history_size(), 1);
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(seen, ids);
+  EXPECT_EQ(jobs_->List(0)->jobs.size(), 25u);
+  EXPECT_EQ(jobs_->List(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs_->List(10, "not-a-token").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(jobs_->Get(ids[0])->spec_yaml().empty());  // status shows it
+}
+
+TEST_F(JobManagerBounds, EndedJobsCanBeDeletedAndTheirIdsAreNeverReused) {
+  Start();
+  auto a = jobs_->Submit(kSpec, "job.yaml", "");
+  auto b = jobs_->Submit(kSpec, "job.yaml", "");
+  EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(jobs_->Cancel(b->id()).ok());
+  ASSERT_TRUE(jobs_->Delete(b->id()).ok());
+  EXPECT_EQ(jobs_->Get(b->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kNotFound);
+  Start();  // a coordinator restart on the same state
+  EXPECT_EQ(jobs_->List()->jobs.size(), 1u);
+  auto c = jobs_->Submit(kSpec, "job.yaml", "");
+  EXPECT_NE(c->id(), b->id());
+  EXPECT_GT(c->id(), b->id());
+}
+
+TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
+  JobManagerOptions options;
+  options.finished_job_retention = absl::Minutes(5);
+  Start(options);
+  auto ended = jobs_->Submit(kSpec, "job.yaml", "");
+  auto waiting = jobs_->Submit(kSpec, "job.yaml", "");
+  ASSERT_TRUE(jobs_->Cancel(ended->id()).ok());
+  jobs_->CheckHealth(absl::Now() + absl::Minutes(4));
+  EXPECT_TRUE(jobs_->Get(ended->id()).ok());
+  Start(options);  // the sweep's clock starts over with the process
+  jobs_->CheckHealth(absl::Now() + absl::Minutes(6));
+  EXPECT_EQ(jobs_->Get(ended->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs_->Get(waiting->id()).ok());  // not ended: kept
+}
+
+TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMovedOn) {
+  Start();
+  auto node = AddNode("node-a", 2);
+  auto job = jobs_->Submit(kSpec, "job.yaml", "");
+  jobs_->WaitForScheduler();
+  ASSERT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
+  const size_t launches = node->messages().size();
+
+  // Lost for silence: its ranks are given up and the reason says why.
+  ASSERT_EQ(nodes_.ExpireSilent(absl::Now() + absl::Minutes(1), absl::Seconds(3)).size(), 1u);
+  jobs_->OnNodeLost("node-a", "no heartbeat for 3s");
+  auto lost = jobs_->Get(job->id());
+  EXPECT_EQ(lost->state(), JobState::RESTARTING);
+  EXPECT_THAT(lost->last_diagnosis(), HasSubstr("node node-a was lost (no heartbeat for 3s)"));
+  jobs_->WaitForScheduler();
+  EXPECT_EQ(node->messages().size(), launches);  // a lost node is sent nothing
+
+  // Its session speaks again, still running attempt 1's ranks.
+  loom::v1::Heartbeat heartbeat;
+  for (int rank = 0; rank < 2; ++rank) {
+    loom::v1::RunningRank* r = heartbeat.add_running();
+    r->set_job_id(job->id());
+    r->set_attempt(1);
+    r->set_rank(rank);
+  }
+  ASSERT_TRUE(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()));
+  jobs_->OnNodeRevived("node-a", {heartbeat.running().begin(), heartbeat.running().end()});
+  jobs_->WaitForScheduler();
+  const auto messages = node->messages();
+  ASSERT_GT(messages.size(), launches);
+  ASSERT_TRUE(messages[launches].has_kill());
+  EXPECT_EQ(messages[launches].kill().job_id(), job->id());
+  EXPECT_EQ(messages[launches].kill().attempt(), 1);
+}
+
+}  // namespace
+}  // namespace loom::coordinator
