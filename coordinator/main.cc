@@ -3,6 +3,7 @@
 // --listen, Prometheus metrics on --metrics_listen, and keeps jobs in SQLite
 // under --state_dir.
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli/parse_flags.h"
+#include "common/confine/path_rules.h"
 #include "common/rpc/rpc_settings.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
@@ -29,6 +31,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port of the Prometheus endpoint (empty: no metrics endpoint)");
 ABSL_FLAG(std::string, state_dir, "", "directory of the durable job store (required)");
+ABSL_FLAG(std::string, data_roots, "",
+          "comma-separated directories jobs may read data from; relative data paths resolve "
+          "beneath the first (default: <state_dir>/data)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "directory holding every job's checkpoints as <root>/<owner>/<job_id>/ "
+          "(default: <state_dir>/checkpoints)");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
 ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
 ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
@@ -58,12 +66,28 @@ int main(int argc, char** argv) {
   using namespace loom::coordinator;
   const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
       argc, argv,
-      "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR");
+      "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
+      "[--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
   if (absl::GetFlag(FLAGS_heartbeat_interval_s) <= 0 || absl::GetFlag(FLAGS_node_timeout_s) <= 0) {
     loom::cli::UsageError("--heartbeat_interval_s and --node_timeout_s must be positive");
+  }
+
+  std::error_code cwd_error;
+  const std::string cwd = std::filesystem::current_path(cwd_error).string();
+  FileRoots roots;
+  if (const std::string flag = absl::GetFlag(FLAGS_data_roots); !flag.empty()) {
+    absl::StatusOr<std::vector<std::string>> parsed =
+        loom::confine::ParseRoots(flag, cwd, "data_roots");
+    if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
+    roots.data_roots = *parsed;
+  }
+  if (const std::string flag = absl::GetFlag(FLAGS_checkpoint_root); !flag.empty()) {
+    absl::StatusOr<std::string> parsed = loom::confine::NormalizeRoot(flag, cwd, "checkpoint_root");
+    if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
+    roots.checkpoint_root = *parsed;
   }
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
@@ -79,6 +103,10 @@ int main(int argc, char** argv) {
                             .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s),
                             .recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s)),
                             .hang_policy = {}};
+  options.roots = roots;
+  absl::StatusOr<std::string> prefix = LoadOrCreateJobIdPrefix(state_dir);
+  if (!prefix.ok()) return Fail(std::string(prefix.status().message()));
+  options.job_id_prefix = *prefix;
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));

@@ -86,8 +86,9 @@ absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,
     }
     path = absl::StrCat(path, "/", name);
     const bool last = i + 1 == components.size();
-    if (mkdirat(dir.get(), name.c_str(), 0700) == 0) {
-      if (owner.uid != static_cast<uid_t>(-1) &&
+    const bool handed = owner.uid != static_cast<uid_t>(-1);
+    if (mkdirat(dir.get(), name.c_str(), handed && !last ? 0711 : 0700) == 0) {
+      if (handed && last &&
           fchownat(dir.get(), name.c_str(), owner.uid, owner.gid, AT_SYMLINK_NOFOLLOW) != 0) {
         return absl::PermissionDeniedError(
             absl::StrCat("cannot hand directory '", path, "' to the rank user: ", strerror(errno)));

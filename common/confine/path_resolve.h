@@ -29,7 +29,9 @@ struct FileOwner {
 
 // Walks `components` below the existing directory `base` with openat(2) and
 // O_NOFOLLOW (a symlink anywhere on the way is refused), creating missing
-// directories with mode 0700 owned by `owner`. With fresh_last the last
+// directories with mode 0700. The last one is handed to `owner` when one is
+// given; the ones above it then get 0711, so that owner can reach it without
+// listing or writing them. With fresh_last the last
 // component must not exist yet (ALREADY_EXISTS otherwise). Each component
 // must be a safe name (IsSafeName). Returns base/components....
 absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,

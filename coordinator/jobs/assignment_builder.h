@@ -19,9 +19,12 @@ struct AttemptContext {
   std::string job_id;
   int32_t attempt = 1;
   std::string resolved_spec_yaml;
-  std::string checkpoint_dir;  // absolute
-  std::string data_dir;        // where relative data paths resolve
+  std::string checkpoint_dir;  // <checkpoint_root>/<owner>/<job_id>; empty: no checkpoints
+  std::string data_dir;        // the first data root
   double collective_timeout_s = 60;
+  std::string owner;
+  std::string resume_from_job;  // checkpoint.resume_from, and its directory
+  std::string resume_from_dir;
 };
 
 std::string StoreNamespace(const std::string& job_id, int32_t attempt);

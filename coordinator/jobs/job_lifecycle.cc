@@ -2,9 +2,9 @@
 // aggregation, rank exits, lost nodes, restarts within the budget.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/confine/path_rules.h"
 #include "common/exit_codes.h"
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/jobs/assignment_builder.h"
@@ -20,13 +20,6 @@ using loom::v1::Job;
 using loom::v1::JobState;
 
 namespace {
-
-std::string ResolvePath(const std::string& base, const std::string& path) {
-  if (path.empty()) return path;
-  std::filesystem::path p(path);
-  if (p.is_absolute()) return p.lexically_normal().string();
-  return (std::filesystem::path(base) / p).lexically_normal().string();
-}
 
 std::string DescribeExit(const loom::v1::RankExited& exit) {
   if (exit.signal() != 0) return absl::StrCat("was killed by signal ", exit.signal());
@@ -104,8 +97,17 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
   context.job_id = job.id();
   context.attempt = attempt;
   context.resolved_spec_yaml = job.resolved_spec_yaml();
-  context.checkpoint_dir = ResolvePath(job.base_dir(), spec.checkpoint.dir);
-  context.data_dir = job.base_dir();
+  context.checkpoint_dir = job.checkpoint_dir();
+  context.data_dir = options_.roots.data_roots.front();
+  context.owner = job.owner();
+  if (!spec.checkpoint.resume_from.empty()) {
+    absl::StatusOr<std::string> from = confine::JobCheckpointDir(
+        options_.roots.checkpoint_root, job.owner(), spec.checkpoint.resume_from);
+    if (from.ok()) {
+      context.resume_from_job = spec.checkpoint.resume_from;
+      context.resume_from_dir = *from;
+    }
+  }
   context.collective_timeout_s = options_.collective_timeout_s;
   std::map<std::string, std::string> addresses;
   for (const auto& [id, node] : live) addresses[id] = node.address;

@@ -27,7 +27,7 @@ int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store,
                        NodeRegistry* nodes, KvStore* kv, CoordinatorMetrics* metrics,
                        LayoutResolver resolver)
-    : options_(std::move(options)),
+    : options_(WithDefaultRoots(std::move(options))),
       store_(std::move(store)),
       nodes_(nodes),
       kv_(kv),
@@ -67,8 +67,17 @@ absl::Status JobManager::Recover() {
   return absl::OkStatus();
 }
 
+JobManagerOptions JobManager::WithDefaultRoots(JobManagerOptions options) {
+  if (options.roots.data_roots.empty()) options.roots.data_roots = {options.state_dir + "/data"};
+  if (options.roots.checkpoint_root.empty()) {
+    options.roots.checkpoint_root = options.state_dir + "/checkpoints";
+  }
+  return options;
+}
+
 std::string JobManager::NewJobIdLocked() {
-  return absl::StrFormat("job-%06d", next_sequence_++);
+  if (options_.job_id_prefix.empty()) return absl::StrFormat("job-%06d", next_sequence_++);
+  return absl::StrFormat("job-%s-%06d", options_.job_id_prefix, next_sequence_++);
 }
 
 absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
@@ -89,6 +98,11 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
   }
+  // Paths only beneath the configured roots; the client's base_dir is not used.
+  (void)base_dir;
+  if (absl::Status s = ConfineSpecPaths(spec, options_.roots); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  }
 
   absl::MutexLock lock(&mu_);
   JobRecord record;
@@ -100,7 +114,26 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
   job.set_spec_yaml(spec_yaml);
   job.set_resolved_spec_yaml(spec::ToYaml(spec));
   *job.mutable_layout() = LayoutOf(spec);
-  job.set_base_dir(base_dir.empty() ? options_.state_dir : base_dir);
+  job.set_base_dir(options_.roots.data_roots.front());
+  // job.owner() is set above this line once callers have identities; until
+  // then every job belongs to "default".
+  absl::StatusOr<std::string> checkpoint_dir =
+      CheckpointDirOf(spec, options_.roots, job.owner(), job.id());
+  if (!checkpoint_dir.ok()) {
+    --next_sequence_;
+    return checkpoint_dir.status();
+  }
+  job.set_checkpoint_dir(*checkpoint_dir);
+  if (const std::string& from = spec.checkpoint.resume_from; !from.empty()) {
+    // The same answer for a job that does not exist and another owner's, so
+    // that nobody learns which ids exist.
+    auto it = jobs_.find(from);
+    if (it == jobs_.end() || it->second.job.owner() != job.owner()) {
+      --next_sequence_;
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": checkpoint.resume_from='", from, "' is not one of your jobs"));
+    }
+  }
   job.set_created_unix_ms(NowMs());
   job.set_updated_unix_ms(job.created_unix_ms());
   job.mutable_last_progress()->set_total_steps(spec.train.steps);

@@ -19,6 +19,7 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/health/hang_detector.h"
+#include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "loom/v1/job.pb.h"
@@ -49,6 +50,12 @@ struct JobManagerOptions {
   // to reconnect before they count as lost.
   absl::Duration recovery_grace = absl::Seconds(10);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  // Where jobs may read data and keep checkpoints (--data_roots,
+  // --checkpoint_root); empty data_roots: <state_dir>/data, empty
+  // checkpoint_root: <state_dir>/checkpoints.
+  FileRoots roots;
+  // Job ids are job-<prefix>-<sequence>; empty prefix: job-<sequence>.
+  std::string job_id_prefix;
 };
 
 // Why an attempt ended early; each kind has its own restart budget.
@@ -66,6 +73,8 @@ class JobManager {
   // Loads every stored job (after a coordinator restart).
   absl::Status Recover();
 
+  // base_dir (the client's spec directory) is not trusted and not used:
+  // relative data paths resolve beneath the first data root.
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
                                        const std::string& base_dir);
   absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
@@ -125,6 +134,8 @@ class JobManager {
   void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewJobIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static JobManagerOptions WithDefaultRoots(JobManagerOptions options);
 
   const JobManagerOptions options_;
   std::unique_ptr<JobStore> store_;
