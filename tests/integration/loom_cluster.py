@@ -108,7 +108,13 @@ class Cluster:
         self.coordinator = None
         self.agents = {}
         self.processes = []
-        write_corpus(os.path.join(self.dir, "data"))
+        # Confinement: jobs read data only beneath data_root (relative spec
+        # paths such as data/train.txt resolve there) and keep checkpoints in
+        # checkpoint_root/<owner>/<job_id>; the coordinator and every agent
+        # get the same roots, as on a cluster with a shared file system.
+        self.data_root = os.path.join(self.dir, "inputs")
+        self.checkpoint_root = os.path.join(self.dir, "checkpoints")
+        write_corpus(os.path.join(self.data_root, "data"))
 
     # -- processes ---------------------------------------------------------
     def _spawn(self, args, log_name, env=None):
@@ -122,16 +128,21 @@ class Cluster:
         self.coordinator = self._spawn(
             [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
              f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
-             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2", *extra],
+             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
+             *self.root_flags(), *extra],
             "coordinator.log")
         wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,
                    "the coordinator to answer")
         return self.coordinator
 
-    def start_agent(self, name="node-a", devices="cpu:2", env=None):
+    def root_flags(self):
+        return [f"--data_roots={self.data_root}", f"--checkpoint_root={self.checkpoint_root}"]
+
+    def start_agent(self, name="node-a", devices="cpu:2", env=None, extra=()):
         work = os.path.join(self.dir, name)
         proc = self._spawn([os.path.join(BIN, "loom-worker"), f"--coordinator={self.address}",
-                            f"--devices={devices}", f"--work_dir={work}", f"--node_id={name}"],
+                            f"--devices={devices}", f"--work_dir={work}", f"--node_id={name}",
+                            *self.root_flags(), *extra],
                            f"{name}.log", env)
         self.agents[name] = proc
         return proc
@@ -197,6 +208,17 @@ class Cluster:
                                  f"{result.stdout}\n{result.stderr}")
         return result
 
+    def channel(self, identity="admin", token=None):
+        """A gRPC channel to the coordinator (tests never open their own)."""
+        import grpc  # only the tests that speak gRPC need python3-grpcio
+        del identity, token  # plaintext on this branch; the TLS harness uses them
+        return grpc.insecure_channel(self.address)
+
+    def wait_state(self, job_id, states, timeout=120):
+        """Waits until the job is in one of states and returns that state."""
+        wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
+        return self.state(job_id)
+
     def write_spec(self, name, text):
         path = os.path.join(self.dir, f"{name}.yaml")
         with open(path, "w") as f:
@@ -208,6 +230,13 @@ class Cluster:
 
     def status(self, job_id):
         return self.loomctl("status", job_id).stdout
+
+    def checkpoint_dir(self, job_id):
+        """Where the job's checkpoints live: checkpoint_root/<owner>/<job_id>."""
+        for line in self.status(job_id).splitlines():
+            if line.startswith("checkpoints:"):
+                return line.split(None, 1)[1].strip()
+        return None
 
     def state(self, job_id):
         for line in self.status(job_id).splitlines():
