@@ -4,6 +4,7 @@
 #include "worker/agent/rank_manager.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -292,6 +293,35 @@ TEST_F(RankConfinementTest, DataAndCheckpointsAreRewrittenForThisNode) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   ASSERT_EQ(stat(ranks.RankDir("job-7", 1, 0).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
+  if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
+  RankManagerOptions options = Confined();
+  options = WithTrainer("echo \"uid=$(id -u)\"; test -r assignment.pb && echo readable; "
+                        "test -w . && echo writable");
+  options.roots.data_roots = {data_};
+  options.roots.checkpoint_root = dir_.path() + "/ckpt";
+  options.run_as = {65534, 65534};
+  options.roots.rank_owner = options.run_as;
+  chmod(dir_.path().c_str(), 0755);  // the stand-in trainer lives here
+  RankManager ranks(options, reports_.Sink());
+  loom::v1::RankAssignment a = WithSpec(Assignment("job-9", 1, 0), "name: t\ncheckpoint: {dir: c}\n");
+  a.set_checkpoint_dir("x");
+  ASSERT_TRUE(ranks.Launch(a).ok());
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("job-9", 1, 0);
+  ASSERT_TRUE(exited.has_value());
+  const std::string log = ReadFile(exited->log_path());
+  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n"), std::string::npos) << log;
+  struct stat st;
+  ASSERT_EQ(stat(ranks.RankDir("job-9", 1, 0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  ASSERT_EQ(stat((dir_.path() + "/ckpt/default/job-9").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir_.path() + "/work/jobs/job-9").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);  // above the rank's own directory: the agent's, traverse only
+  EXPECT_EQ(st.st_mode & 0777, 0711u);
 }
 
 TEST_F(RankConfinementTest, AReusedRankDirectoryWithAPlantedSymlinkIsRefused) {
