@@ -65,6 +65,11 @@ class AdversarialFiles(unittest.TestCase):
                     out[os.path.relpath(path, root)] = zlib.crc32(f.read())
         return out
 
+    @staticmethod
+    def read(path):
+        with open(path) as f:
+            return f.read()
+
     def submit(self, spec, base_dir=""):
         return self.jobs.SubmitJob(job_pb2.SubmitJobRequest(spec_yaml=spec, source_name="job.yaml",
                                                             base_dir=base_dir), timeout=10)
@@ -103,7 +108,7 @@ class AdversarialFiles(unittest.TestCase):
         c = self.cluster
         link = os.path.join(c.data_root, "data", "innocent.bin")
         os.symlink(self.secret, link)
-        spec = tiny_job(name="bin-thief", steps=2, ranks=1).replace(
+        spec = tiny_job(name="bin-thief", steps=2, ranks=1, eval_interval=0).replace(
             "data/train.txt, val_path: data/val.txt, format: text",
             "data/innocent.bin, format: bin")
         job = c.submit(spec, "bin-thief")
@@ -117,7 +122,7 @@ class AdversarialFiles(unittest.TestCase):
         c = self.cluster
         with open(os.path.join(c.data_root, "data", "bad.bin"), "wb") as f:
             f.write(SECRET + b"\0" * 1020)
-        spec = tiny_job(name="bad-bin", steps=2, ranks=1).replace(
+        spec = tiny_job(name="bad-bin", steps=2, ranks=1, eval_interval=0).replace(
             "data/train.txt, val_path: data/val.txt, format: text", "data/bad.bin, format: bin")
         job = c.submit(spec, "bad-bin")
         self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
@@ -165,7 +170,7 @@ class AdversarialFiles(unittest.TestCase):
     # -- rank directories and job ids ------------------------------------------
     def test_job_ids_are_unique_to_the_state_directory(self):
         c = self.cluster
-        prefix = open(os.path.join(c.state_dir, "job_id_prefix")).read().strip()
+        prefix = self.read(os.path.join(c.state_dir, "job_id_prefix")).strip()
         self.assertRegex(self.victim, rf"^job-{prefix}-\d{{6}}$")
         other = Cluster("adversarial-files-other")
         try:
@@ -182,7 +187,7 @@ class AdversarialFiles(unittest.TestCase):
             f.write("precious")
         # The next job id is guessable by someone who can read the state
         # directory; the agent still never reuses a rank directory.
-        prefix = open(os.path.join(c.state_dir, "job_id_prefix")).read().strip()
+        prefix = self.read(os.path.join(c.state_dir, "job_id_prefix")).strip()
         latest = max(int(j.id.rsplit("-", 1)[1]) for j in
                      self.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs)
         upcoming = f"job-{prefix}-{latest + 1:06d}"
