@@ -188,9 +188,8 @@ class AdversarialFiles(unittest.TestCase):
         # The next job id is guessable by someone who can read the state
         # directory; the agent still never reuses a rank directory.
         prefix = self.read(os.path.join(c.state_dir, "job_id_prefix")).strip()
-        latest = max(int(j.id.rsplit("-", 1)[1]) for j in
-                     self.jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=10).jobs)
-        upcoming = f"job-{prefix}-{latest + 1:06d}"
+        probe = c.submit(tiny_job(name="probe", steps=1, ranks=1, eval_interval=0), "probe")
+        upcoming = f"job-{prefix}-{int(probe.rsplit('-', 1)[1]) + 1:06d}"
         rank_dir = os.path.join(c.dir, "node-a", "jobs", upcoming, "attempt_1", "rank_0")
         os.makedirs(rank_dir)
         os.symlink(victim_file, os.path.join(rank_dir, "log.txt"))
