@@ -66,6 +66,9 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
                   job.crash_restarts(), ", hang ", job.hang_restarts(), ", lost node ",
                   job.node_restarts(), ")\n");
   absl::StrAppend(&out, "layout:    ", LayoutText(job.layout()), "\n");
+  if (!job.checkpoint_dir().empty()) {
+    absl::StrAppend(&out, "checkpoints: ", job.checkpoint_dir(), "\n");
+  }
   const auto& p = job.last_progress();
   if (p.step() > 0) absl::StrAppend(&out, "progress:  ", FormatProgressLine(p), "\n");
   if (!job.failure_reason().empty()) absl::StrAppend(&out, "failure:   ", job.failure_reason(), "\n");

@@ -4,6 +4,7 @@
 // plaintext only with --insecure), Prometheus metrics on --metrics_listen,
 // and keeps jobs, user-token hashes and the rank-token key under --state_dir.
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli/parse_flags.h"
+#include "common/confine/path_rules.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
 #include "coordinator/auth/rank_token.h"
@@ -36,6 +38,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port of the Prometheus endpoint (empty: no metrics endpoint)");
 ABSL_FLAG(std::string, state_dir, "", "directory of the durable job store (required)");
+ABSL_FLAG(std::string, data_roots, "",
+          "comma-separated directories jobs may read data from; relative data paths resolve "
+          "beneath the first (default: <state_dir>/data)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "directory holding every job's checkpoints as <root>/<owner>/<job_id>/ "
+          "(default: <state_dir>/checkpoints)");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
 ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
 ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
@@ -95,7 +103,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
       argc, argv,
       "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
-      "(--tls_dir=DIR | --insecure) [--reflection]");
+      "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
@@ -120,6 +128,21 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     loom::cli::UsageError(
         "--job_retention_s, --job_metrics_grace_s and --cordon_expiry_s must not be negative");
+  }
+
+  std::error_code cwd_error;
+  const std::string cwd = std::filesystem::current_path(cwd_error).string();
+  FileRoots roots;
+  if (const std::string flag = absl::GetFlag(FLAGS_data_roots); !flag.empty()) {
+    absl::StatusOr<std::vector<std::string>> parsed =
+        loom::confine::ParseRoots(flag, cwd, "data_roots");
+    if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
+    roots.data_roots = *parsed;
+  }
+  if (const std::string flag = absl::GetFlag(FLAGS_checkpoint_root); !flag.empty()) {
+    absl::StatusOr<std::string> parsed = loom::confine::NormalizeRoot(flag, cwd, "checkpoint_root");
+    if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
+    roots.checkpoint_root = *parsed;
   }
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
@@ -168,6 +191,10 @@ int main(int argc, char** argv) {
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
   options.job_metrics_grace = absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s));
+  options.roots = roots;
+  absl::StatusOr<std::string> prefix = LoadOrCreateJobIdPrefix(state_dir);
+  if (!prefix.ok()) return Fail(std::string(prefix.status().message()));
+  options.job_id_prefix = *prefix;
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));

@@ -21,14 +21,18 @@ root=$(pwd)
 bin=$root/build/bin
 run=$root/demo-run
 rm -rf "$run"
-mkdir -p "$run/state" "$run/worker" "$run/data"
+# Jobs read data only beneath $inputs (the spec's data/train.txt resolves
+# there) and keep checkpoints in $run/checkpoints/<owner>/<job_id>/.
+inputs=$run/inputs
+data=$inputs/data
+mkdir -p "$run/state" "$run/worker" "$data"
 
 # Data: every license text, the last 10% held out for validation.
-cat /usr/share/common-licenses/* > "$run/data/all.txt"
-total=$(stat -c %s "$run/data/all.txt")
+cat /usr/share/common-licenses/* > "$data/all.txt"
+total=$(stat -c %s "$data/all.txt")
 train=$((total * 9 / 10))
-head -c "$train" "$run/data/all.txt" > "$run/data/train.txt"
-tail -c +"$((train + 1))" "$run/data/all.txt" > "$run/data/val.txt"
+head -c "$train" "$data/all.txt" > "$data/train.txt"
+tail -c +"$((train + 1))" "$data/all.txt" > "$data/val.txt"
 cp examples/demo.yaml "$run/job.yaml"
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -51,10 +55,12 @@ cleanup() {
 trap cleanup EXIT
 
 "$bin/loom-coordinator" --listen="$address" --metrics_listen="127.0.0.1:$metrics_port" \
-  --state_dir="$run/state" --tls_dir="$certs/coordinator" > "$run/coordinator.log" 2>&1 &
+  --state_dir="$run/state" --tls_dir="$certs/coordinator" \
+  --data_roots="$inputs" --checkpoint_root="$run/checkpoints" > "$run/coordinator.log" 2>&1 &
 pids+=($!)
 "$bin/loom-worker" --coordinator="$address" --devices=cpu:2 --work_dir="$run/worker" \
-  --tls_dir="$certs/node-demo-node" > "$run/worker.log" 2>&1 &
+  --tls_dir="$certs/node-demo-node" \
+  --data_roots="$inputs" --checkpoint_root="$run/checkpoints" > "$run/worker.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 50); do
@@ -71,7 +77,7 @@ ctl watch "$id" || status=$?
 echo
 ctl status "$id"
 
-entropy=$(/usr/bin/python3 - "$run/data/val.txt" <<'PY'
+entropy=$(/usr/bin/python3 - "$data/val.txt" <<'PY'
 import math, sys, collections
 data = open(sys.argv[1], 'rb').read()
 counts = collections.Counter(data)

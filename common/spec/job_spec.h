@@ -87,6 +87,9 @@ struct CheckpointSpec {
   std::string dir;        // empty: no checkpoints
   int64_t interval = 0;   // steps between checkpoints; 0: only the final one
   int64_t keep = 2;
+  // A job of the same owner whose newest checkpoint this job starts from when
+  // it has none of its own (coordinated jobs; read, never written). Empty: none.
+  std::string resume_from;
 };
 
 // Restart budgets are per failure kind: a crash (a rank exited or was

@@ -202,7 +202,10 @@ Section ResourcesFields(ResourcesSpec& r) {
 }
 
 Section CheckpointFields(CheckpointSpec& c) {
-  return {{"dir", String(&c.dir)}, {"interval", Int(&c.interval)}, {"keep", Int(&c.keep)}};
+  return {{"dir", String(&c.dir)},
+          {"interval", Int(&c.interval)},
+          {"keep", Int(&c.keep)},
+          {"resume_from", String(&c.resume_from)}};
 }
 
 Section FaultToleranceFields(FaultToleranceSpec& f) {
@@ -354,6 +357,9 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
   out << YAML::Key << "interval" << YAML::Value << s.checkpoint.interval;
   out << YAML::Key << "keep" << YAML::Value << s.checkpoint.keep;
+  if (!s.checkpoint.resume_from.empty()) {
+    out << YAML::Key << "resume_from" << YAML::Value << s.checkpoint.resume_from;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "fault_tolerance" << YAML::Value << YAML::BeginMap;

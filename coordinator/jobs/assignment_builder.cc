@@ -128,6 +128,9 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     }
     a.set_checkpoint_dir(context.checkpoint_dir);
     a.set_data_dir(context.data_dir);
+    a.set_owner(context.owner);
+    a.set_resume_from_job(context.resume_from_job);
+    a.set_resume_from_dir(context.resume_from_dir);
     a.set_collective_timeout_s(context.collective_timeout_s);
     auto address = node_addresses.find(a.node_id());
     a.set_node_address(address == node_addresses.end() || address->second.empty() ? "127.0.0.1"

@@ -19,11 +19,14 @@ struct AttemptContext {
   std::string job_id;
   int32_t attempt = 1;
   std::string resolved_spec_yaml;
-  std::string checkpoint_dir;  // absolute
-  std::string data_dir;        // where relative data paths resolve
+  std::string checkpoint_dir;  // <checkpoint_root>/<owner>/<job_id>; empty: no checkpoints
+  std::string data_dir;        // the first data root
   double collective_timeout_s = 60;
   // The attempt's rendezvous namespace; empty: StoreNamespace(job_id, attempt).
   std::string store_namespace;
+  std::string owner;
+  std::string resume_from_job;  // checkpoint.resume_from, and its directory
+  std::string resume_from_dir;
 };
 
 // The readable part of an attempt's rendezvous namespace: "job-000007/attempt-3".

@@ -89,8 +89,29 @@ absl::StatusOr<spec::JobSpec> JobManager::CheckSubmission(const std::string& spe
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
   }
+  // Paths only beneath the configured roots; the client's base_dir is not used.
+  if (absl::Status s = ConfineSpecPaths(spec, options_.roots); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  }
 
   return spec;
+}
+
+absl::Status JobManager::AssignCheckpointDirLocked(const spec::JobSpec& spec, Job& job) const {
+  absl::StatusOr<std::string> checkpoint_dir =
+      CheckpointDirOf(spec, options_.roots, job.owner(), job.id());
+  if (!checkpoint_dir.ok()) return checkpoint_dir.status();
+  job.set_checkpoint_dir(*checkpoint_dir);
+  if (const std::string& from = spec.checkpoint.resume_from; !from.empty()) {
+    // The same answer for a job that does not exist and another owner's, so
+    // that nobody learns which ids exist.
+    auto it = jobs_.find(from);
+    if (it == jobs_.end() || it->second.job.owner() != job.owner()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint.resume_from='", from, "' is not one of your jobs"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void JobManager::AdmissionLoop() {
@@ -138,7 +159,16 @@ void JobManager::AdmitBatch(std::vector<Admission>& batch) {
       job.set_spec_yaml(batch[i].spec_yaml);
       job.set_resolved_spec_yaml(spec::ToYaml(spec));
       *job.mutable_layout() = LayoutOf(spec);
-      job.set_base_dir(batch[i].base_dir.empty() ? options_.state_dir : batch[i].base_dir);
+      job.set_base_dir(options_.roots.data_roots.front());
+      absl::Status paths = AssignCheckpointDirLocked(spec, job);
+      if (!paths.ok()) {
+        const std::string source =
+            batch[i].source_name.empty() ? "job spec" : batch[i].source_name;
+        checked[i] = absl::Status(paths.code(), absl::StrCat(source, ": ", paths.message()));
+        records.pop_back();
+        --next_sequence_;  // the id just taken is the newest: give it back
+        continue;
+      }
       job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
       job.set_updated_unix_ms(job.created_unix_ms());
       job.mutable_last_progress()->set_total_steps(spec.train.steps);

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"

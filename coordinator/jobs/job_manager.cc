@@ -52,7 +52,7 @@ Job Summary(const Job& job) {
 JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> store,
                        NodeRegistry* nodes, KvStore* kv, CoordinatorMetrics* metrics,
                        LayoutResolver resolver)
-    : options_(std::move(options)),
+    : options_(WithDefaultRoots(std::move(options))),
       store_(std::move(store)),
       nodes_(nodes),
       kv_(kv),
@@ -118,8 +118,17 @@ absl::Status JobManager::Recover() {
   return absl::OkStatus();
 }
 
+JobManagerOptions JobManager::WithDefaultRoots(JobManagerOptions options) {
+  if (options.roots.data_roots.empty()) options.roots.data_roots = {options.state_dir + "/data"};
+  if (options.roots.checkpoint_root.empty()) {
+    options.roots.checkpoint_root = options.state_dir + "/checkpoints";
+  }
+  return options;
+}
+
 std::string JobManager::NewJobIdLocked() {
-  return absl::StrFormat("job-%06d", next_sequence_++);
+  if (options_.job_id_prefix.empty()) return absl::StrFormat("job-%06d", next_sequence_++);
+  return absl::StrFormat("job-%s-%06d", options_.job_id_prefix, next_sequence_++);
 }
 
 absl::StatusOr<Job> JobManager::Get(const std::string& id) const {

@@ -21,6 +21,7 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/health/hang_detector.h"
+#include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "loom/v1/job.pb.h"
@@ -77,6 +78,12 @@ struct JobManagerOptions {
 struct JobPage {
   std::vector<loom::v1::Job> jobs;
   std::string next_page_token;
+  // Where jobs may read data and keep checkpoints (--data_roots,
+  // --checkpoint_root); empty data_roots: <state_dir>/data, empty
+  // checkpoint_root: <state_dir>/checkpoints.
+  FileRoots roots;
+  // Job ids are job-<prefix>-<sequence>; empty prefix: job-<sequence>.
+  std::string job_id_prefix;
 };
 
 // Why an attempt ended early; each kind has its own restart budget.
@@ -105,6 +112,8 @@ class JobManager {
   // caller's identity name (Job.owner).
   void SubmitAsync(std::string spec_yaml, std::string source_name, std::string base_dir,
                    std::string owner, SubmitCallback done);
+  // base_dir (the client's spec directory) is not trusted and not used:
+  // relative data paths resolve beneath the first data root.
   // SubmitAsync, waiting for the answer (tests, in-process callers).
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
                                        const std::string& base_dir, const std::string& owner);
@@ -187,6 +196,10 @@ class JobManager {
   absl::StatusOr<spec::JobSpec> CheckSubmission(const std::string& spec_yaml,
                                                 const std::string& source_name,
                                                 const std::string& base_dir) const;
+  // The job's checkpoint directory from its owner and id, and the check that
+  // checkpoint.resume_from names one of the owner's jobs.
+  absl::Status AssignCheckpointDirLocked(const spec::JobSpec& spec, loom::v1::Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdmissionLoop();
   void AdmitBatch(std::vector<Admission>& batch);
 
@@ -230,6 +243,8 @@ class JobManager {
   void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewJobIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static JobManagerOptions WithDefaultRoots(JobManagerOptions options);
 
   const JobManagerOptions options_;
   std::unique_ptr<JobStore> store_;

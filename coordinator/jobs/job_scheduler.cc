@@ -5,13 +5,13 @@
 // only if nothing it read has changed, and sends after unlocking. A large
 // job's placement therefore never stalls other RPCs, heartbeats included.
 #include <algorithm>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/jobs/rank_peak.h"
+#include "common/confine/path_rules.h"
 #include "common/topology/placement.h"
 #include "coordinator/jobs/layout_proto.h"
 
@@ -20,24 +20,14 @@ namespace loom::coordinator {
 using loom::v1::Job;
 using loom::v1::JobState;
 
-namespace {
-
-std::string ResolvePath(const std::string& base, const std::string& path) {
-  if (path.empty()) return path;
-  std::filesystem::path p(path);
-  if (p.is_absolute()) return p.lexically_normal().string();
-  return (std::filesystem::path(base) / p).lexically_normal().string();
-}
-
-}  // namespace
-
 struct JobManager::PlacementSnapshot {
   std::string job_id;
   JobState state = JobState::PENDING;
   int32_t attempt = 0;  // before this placement
   spec::JobSpec spec;
   std::string resolved_spec_yaml;
-  std::string base_dir;
+  std::string owner;
+  std::string checkpoint_dir;  // Job.checkpoint_dir: <checkpoint_root>/<owner>/<id>
   std::set<std::string> avoid;                         // nodes that failed this job
   std::map<std::string, std::set<int32_t>> taken;      // devices other jobs hold, by node
 };
@@ -155,7 +145,8 @@ bool JobManager::SnapshotNextLocked(PlacementSnapshot& snapshot) {
   snapshot.attempt = next->job.attempt();
   snapshot.spec = next->spec;
   snapshot.resolved_spec_yaml = next->job.resolved_spec_yaml();
-  snapshot.base_dir = next->job.base_dir();
+  snapshot.owner = next->job.owner();
+  snapshot.checkpoint_dir = next->job.checkpoint_dir();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
   for (const auto& [id, other] : jobs_) {
     if (!HoldsDevices(other.job.state()) || &other == next) continue;
@@ -200,8 +191,17 @@ JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot)
   context.job_id = snapshot.job_id;
   context.attempt = attempt;
   context.resolved_spec_yaml = snapshot.resolved_spec_yaml;
-  context.checkpoint_dir = ResolvePath(snapshot.base_dir, spec.checkpoint.dir);
-  context.data_dir = snapshot.base_dir;
+  context.checkpoint_dir = snapshot.checkpoint_dir;
+  context.data_dir = options_.roots.data_roots.front();
+  context.owner = snapshot.owner;
+  if (!spec.checkpoint.resume_from.empty()) {
+    absl::StatusOr<std::string> from = confine::JobCheckpointDir(
+        options_.roots.checkpoint_root, snapshot.owner, spec.checkpoint.resume_from);
+    if (from.ok()) {
+      context.resume_from_job = spec.checkpoint.resume_from;
+      context.resume_from_dir = *from;
+    }
+  }
   context.collective_timeout_s = options_.collective_timeout_s;
   context.store_namespace = NewStoreNamespace(snapshot.job_id, attempt);
   std::map<std::string, std::string> addresses;

@@ -23,6 +23,26 @@ TEST(AgentConfigTest, ParsesTheContractFlagsWithDefaults) {
   EXPECT_EQ(config->node_id, DeriveNodeId(HostName(), "/tmp/agent"));
 }
 
+TEST(AgentConfigTest, ConfinementRootsDefaultUnderTheWorkDir) {
+  absl::StatusOr<AgentConfig> config =
+      ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data_roots, std::vector<std::string>{"/w/data"});
+  EXPECT_EQ(config->checkpoint_root, "/w/checkpoints");
+  EXPECT_EQ(config->run_as_user, "");
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                                  "--data_roots=/srv/a/,/srv/b", "--checkpoint_root=/ck",
+                                  "--run_as_user=loom"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data_roots, (std::vector<std::string>{"/srv/a", "/srv/b"}));
+  EXPECT_EQ(config->checkpoint_root, "/ck");
+  EXPECT_EQ(config->run_as_user, "loom");
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                                  "--data_roots=/srv/../etc"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("--data_roots"), absl::string_view::npos);
+}
+
 TEST(AgentConfigTest, OptionalFlags) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
       {"--coordinator=coord:1", "--devices=gpu", "--work_dir=/w", "--node_id=n7",

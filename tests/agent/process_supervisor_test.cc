@@ -4,7 +4,10 @@
 #include "worker/agent/process_supervisor.h"
 
 #include <signal.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "gtest/gtest.h"
@@ -46,6 +49,37 @@ TEST_F(ProcessSupervisorTest, ReportsExitCode) {
   EXPECT_EQ(exit->signal, 0);
   EXPECT_EQ(DescribeExit(*exit), "exit code 3");
   EXPECT_TRUE(supervisor.Running().empty());
+}
+
+TEST_F(ProcessSupervisorTest, AnExistingLogOrAPlantedSymlinkIsRefused) {
+  ProcessSupervisor supervisor;
+  const std::string target = dir_.path() + "/victim.txt";
+  {
+    std::ofstream(target) << "keep";
+  }
+  std::filesystem::create_symlink(target, dir_.path() + "/log.txt");
+  absl::StatusOr<pid_t> pid =
+      supervisor.Launch(Shell("echo overwritten", dir_.path() + "/log.txt"), exits_.Callback());
+  EXPECT_FALSE(pid.ok());
+  EXPECT_EQ(ReadFile(target), "keep");
+  EXPECT_FALSE(supervisor.Launch(Shell("exit 0", target), exits_.Callback()).ok());
+  EXPECT_EQ(ReadFile(target), "keep");
+}
+
+TEST_F(ProcessSupervisorTest, ChildRunsAsTheGivenUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
+  ProcessSupervisor supervisor;
+  const std::string log = dir_.path() + "/log.txt";
+  ProcessSpec spec = Shell("echo \"uid=$(id -u) gid=$(id -g) groups=$(id -G)\"", log);
+  spec.uid = 65534;
+  spec.gid = 65534;
+  absl::StatusOr<pid_t> pid = supervisor.Launch(spec, exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  std::optional<ProcessExit> exit = exits_.Wait(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_NE(ReadFile(log).find("uid=65534 gid=65534 groups=65534\n"), std::string::npos)
+      << ReadFile(log);
 }
 
 TEST_F(ProcessSupervisorTest, ReportsTheSignalThatEndedTheChild) {

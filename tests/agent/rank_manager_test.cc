@@ -4,6 +4,7 @@
 #include "worker/agent/rank_manager.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -236,6 +237,107 @@ TEST_F(RankManagerTest, JobIdThatIsNotADirectoryNameIsRefused) {
   EXPECT_EQ(reports_.size(), 4u);
   EXPECT_FALSE(std::filesystem::exists(dir_.path() + "/escape"));
   EXPECT_TRUE(ValidateJobId("tiny-llama.20240101_7").ok());
+}
+
+// Confinement at launch: this node's roots decide, whatever the coordinator sent.
+class RankConfinementTest : public RankManagerTest {
+ protected:
+  RankManagerOptions Confined() {
+    RankManagerOptions options = WithTrainer("exit 0");
+    data_ = dir_.path() + "/data";
+    outside_ = dir_.path() + "/outside";
+    std::filesystem::create_directories(data_);
+    std::filesystem::create_directories(outside_);
+    std::ofstream(data_ + "/train.txt") << "hello";
+    std::ofstream(outside_ + "/secret.bin") << "SECRETBYTES";
+    options.roots.data_roots = {data_};
+    options.roots.checkpoint_root = dir_.path() + "/ckpt";
+    return options;
+  }
+  static loom::v1::RankAssignment WithSpec(loom::v1::RankAssignment a, const std::string& yaml) {
+    a.set_spec_yaml(yaml);
+    return a;
+  }
+  std::string data_, outside_;
+};
+
+TEST_F(RankConfinementTest, DataOutsideTheRootsIsAJobBrokenExitWithoutTheFileBytes) {
+  RankManager ranks(Confined(), reports_.Sink());
+  std::filesystem::create_symlink(outside_ + "/secret.bin", data_ + "/link.bin");
+  const std::pair<const char*, std::string> cases[] = {
+      {"abs", "data: {train_path: " + outside_ + "/secret.bin}\n"},
+      {"dots", "data: {train_path: ../outside/secret.bin}\n"},
+      {"link", "data: {train_path: " + data_ + "/link.bin}\n"}};
+  for (const auto& [job, yaml] : cases) {
+    EXPECT_FALSE(ranks.Launch(WithSpec(Assignment(job, 1, 0), "name: t\n" + yaml)).ok()) << job;
+    std::optional<loom::v1::RankExited> exited = reports_.Wait(job, 1, 0);
+    ASSERT_TRUE(exited.has_value()) << job;
+    EXPECT_EQ(exited->exit_code(), 3) << job;  // job broken: no restart helps
+    EXPECT_NE(exited->log_tail().find("data.train_path"), std::string::npos) << exited->log_tail();
+    EXPECT_EQ(exited->log_tail().find("SECRET"), std::string::npos) << exited->log_tail();
+  }
+}
+
+TEST_F(RankConfinementTest, DataAndCheckpointsAreRewrittenForThisNode) {
+  RankManager ranks(Confined(), reports_.Sink());
+  loom::v1::RankAssignment a = WithSpec(Assignment("job-7", 1, 0),
+                                        "name: t\ndata: {train_path: train.txt}\n"
+                                        "checkpoint: {dir: c}\n");
+  a.set_owner("alice");
+  a.set_checkpoint_dir("/somewhere/else/victim");  // what a coordinator sent; not trusted
+  ASSERT_TRUE(ranks.Launch(a).ok());
+  ASSERT_TRUE(reports_.Wait("job-7", 1, 0).has_value());
+  loom::v1::RankAssignment written;
+  std::ifstream in(ranks.RankDir("job-7", 1, 0) + "/assignment.pb", std::ios::binary);
+  ASSERT_TRUE(written.ParseFromIstream(&in));
+  EXPECT_EQ(written.checkpoint_dir(), dir_.path() + "/ckpt/alice/job-7");
+  EXPECT_NE(written.spec_yaml().find(std::filesystem::canonical(data_ + "/train.txt").string()),
+            std::string::npos)
+      << written.spec_yaml();
+  struct stat st;
+  ASSERT_EQ(stat(written.checkpoint_dir().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat(ranks.RankDir("job-7", 1, 0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
+  if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
+  RankManagerOptions options = Confined();
+  options = WithTrainer("echo \"uid=$(id -u)\"; test -r assignment.pb && echo readable; "
+                        "test -w . && echo writable");
+  options.roots.data_roots = {data_};
+  options.roots.checkpoint_root = dir_.path() + "/ckpt";
+  options.run_as = {65534, 65534};
+  options.roots.rank_owner = options.run_as;
+  chmod(dir_.path().c_str(), 0755);  // the stand-in trainer lives here
+  RankManager ranks(options, reports_.Sink());
+  loom::v1::RankAssignment a = WithSpec(Assignment("job-9", 1, 0), "name: t\ncheckpoint: {dir: c}\n");
+  a.set_checkpoint_dir("x");
+  ASSERT_TRUE(ranks.Launch(a).ok());
+  std::optional<loom::v1::RankExited> exited = reports_.Wait("job-9", 1, 0);
+  ASSERT_TRUE(exited.has_value());
+  const std::string log = ReadFile(exited->log_path());
+  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n"), std::string::npos) << log;
+  struct stat st;
+  ASSERT_EQ(stat(ranks.RankDir("job-9", 1, 0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  ASSERT_EQ(stat((dir_.path() + "/ckpt/default/job-9").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 65534u);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((dir_.path() + "/work/jobs/job-9").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);  // above the rank's own directory: the agent's, traverse only
+  EXPECT_EQ(st.st_mode & 0777, 0711u);
+}
+
+TEST_F(RankConfinementTest, AReusedRankDirectoryWithAPlantedSymlinkIsRefused) {
+  RankManager ranks(Confined(), reports_.Sink());
+  const std::string dir = ranks.RankDir("job-8", 1, 0);
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_symlink(outside_ + "/secret.bin", dir + "/log.txt");
+  EXPECT_FALSE(ranks.Launch(Assignment("job-8", 1, 0)).ok());
+  ASSERT_TRUE(reports_.Wait("job-8", 1, 0).has_value());
+  EXPECT_EQ(ReadFile(outside_ + "/secret.bin"), "SECRETBYTES");  // neither truncated nor appended
 }
 
 }  // namespace

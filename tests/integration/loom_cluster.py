@@ -119,7 +119,13 @@ class Cluster:
         self.processes = []
         self.certs = os.path.join(self.dir, "certs")
         self.make_certs()
-        write_corpus(os.path.join(self.dir, "data"))
+        # Confinement: jobs read data only beneath data_root (relative spec
+        # paths such as data/train.txt resolve there) and keep checkpoints in
+        # checkpoint_root/<owner>/<job_id>; the coordinator and every agent
+        # get the same roots, as on a cluster with a shared file system.
+        self.data_root = os.path.join(self.dir, "inputs")
+        self.checkpoint_root = os.path.join(self.dir, "checkpoints")
+        write_corpus(os.path.join(self.data_root, "data"))
 
     # -- identities ------------------------------------------------------------
     def make_certs(self, nodes=()):
@@ -173,17 +179,20 @@ class Cluster:
             [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
              f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
              "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
-             f"--tls_dir={self.tls_dir('coordinator')}", *extra],
+             f"--tls_dir={self.tls_dir('coordinator')}", *self.root_flags(), *extra],
             "coordinator.log")
         wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,
                    "the coordinator to answer")
         return self.coordinator
 
-    def start_agent(self, name="node-a", devices="cpu:2", env=None):
+    def root_flags(self):
+        return [f"--data_roots={self.data_root}", f"--checkpoint_root={self.checkpoint_root}"]
+
+    def start_agent(self, name="node-a", devices="cpu:2", env=None, extra=()):
         work = os.path.join(self.dir, name)
         proc = self._spawn([os.path.join(BIN, "loom-worker"), f"--coordinator={self.address}",
                             f"--devices={devices}", f"--work_dir={work}",
-                            f"--tls_dir={self.tls_dir(name)}"],
+                            f"--tls_dir={self.tls_dir(name)}", *self.root_flags(), *extra],
                            f"{name}.log", env)
         self.agents[name] = proc
         return proc
@@ -271,6 +280,11 @@ class Cluster:
                                  f"{result.stdout}\n{result.stderr}")
         return result
 
+    def wait_state(self, job_id, states, timeout=120):
+        """Waits until the job is in one of states and returns that state."""
+        wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
+        return self.state(job_id)
+
     def write_spec(self, name, text):
         path = os.path.join(self.dir, f"{name}.yaml")
         with open(path, "w") as f:
@@ -283,6 +297,13 @@ class Cluster:
 
     def status(self, job_id, identity="admin"):
         return self.loomctl("status", job_id, identity=identity).stdout
+
+    def checkpoint_dir(self, job_id, identity="admin"):
+        """Where the job's checkpoints live: checkpoint_root/<owner>/<job_id>."""
+        for line in self.status(job_id, identity).splitlines():
+            if line.startswith("checkpoints:"):
+                return line.split(None, 1)[1].strip()
+        return None
 
     def state(self, job_id, identity="admin"):
         for line in self.status(job_id, identity).splitlines():

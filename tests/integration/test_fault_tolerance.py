@@ -223,7 +223,7 @@ class FaultTolerance(unittest.TestCase):
                     second = watch.losses(2)
                     # Step 8's commit never completed: attempt 2 resumed after step 4.
                     self.assertEqual(min(second), 5, f"{point}: {sorted(second)}")
-                    ckpt = os.path.join(c.dir, f"checkpoints-commit-{point}")
+                    ckpt = c.checkpoint_dir(job)
                     self.assertTrue(os.path.isdir(os.path.join(ckpt, "step_00000008")))
                     self.assertTrue(os.path.isdir(os.path.join(ckpt, "step_00000010")))
                 finally:

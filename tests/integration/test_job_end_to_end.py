@@ -56,7 +56,11 @@ class JobEndToEnd(unittest.TestCase):
             self.assertTrue(os.path.exists(log), log)
         # The final checkpoint exports to the Hugging Face layout.
         out = os.path.join(c.dir, "hf")
-        c.loomctl("export", "--format=hf", os.path.join(c.dir, "checkpoints"), out)
+        ckpt = c.checkpoint_dir(job)
+        # <checkpoint_root>/<owner>/<job_id>, whoever the owner is.
+        self.assertEqual(os.path.dirname(os.path.dirname(ckpt)), c.checkpoint_root)
+        self.assertEqual(os.path.basename(ckpt), job)
+        c.loomctl("export", "--format=hf", ckpt, out)
         with open(os.path.join(out, "config.json")) as f:
             config = json.load(f)
         self.assertEqual(config["num_key_value_heads"], 1)

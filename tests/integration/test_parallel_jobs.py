@@ -21,7 +21,7 @@ data: {{train_path: data/train.txt, format: text}}
 parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: 1, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
               schedule: {schedule}, virtual_stages: {v}}}
 resources: {{device: cpu, ranks: {ranks}}}
-checkpoint: {{dir: "{ckpt}", interval: 5, keep: 2}}
+checkpoint: {{dir: "{ckpt}", interval: 5, keep: 2{resume}}}
 fault_tolerance: {{max_restarts: 0}}
 """
 
@@ -38,12 +38,15 @@ class ParallelJobs(unittest.TestCase):
         cls.cluster.stop()
 
     def losses(self, name, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", v=1,
-               precision="fp32", steps=10, ckpt=None):
+               precision="fp32", steps=10, ckpt=None, resume_from=None):
         c = self.cluster
         spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, zero=zero, sp=str(sp).lower(),
                            schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp,
-                           ckpt=ckpt or f"ckpt-{name}").replace("steps: 10,", f"steps: {steps},")
+                           ckpt=ckpt or f"ckpt-{name}",
+                           resume=f", resume_from: {resume_from}" if resume_from else ""
+                           ).replace("steps: 10,", f"steps: {steps},")
         job = c.submit(spec, name)
+        self.last_job = job
         watch = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"), capture_output=True, text=True, timeout=300)
         self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
         steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
@@ -68,11 +71,14 @@ class ParallelJobs(unittest.TestCase):
 
     def test_checkpoint_from_dp2_tp2_resumes_at_tp2_pp2(self):
         reference = self.losses("uninterrupted")
-        first = self.losses("first", dp=2, tp=2, ckpt="ckpt-shared")
+        first = self.losses("first", dp=2, tp=2)
+        first_job = self.last_job
         self.assertEqual(sorted(first), list(range(1, 11)))
         # Keep only the step-5 checkpoint, as if the first job had stopped there.
-        shutil.rmtree(os.path.join(self.cluster.dir, "ckpt-shared", "step_00000010"))
-        second = self.losses("second-half", tp=2, pp=2, ckpt="ckpt-shared")
+        shutil.rmtree(os.path.join(self.cluster.checkpoint_dir(first_job), "step_00000010"))
+        # A new job has a checkpoint directory of its own; it starts from the
+        # first job's (same owner) through checkpoint.resume_from.
+        second = self.losses("second-half", tp=2, pp=2, resume_from=first_job)
         self.assertEqual(sorted(second), list(range(6, 11)), "resumed after the step-5 checkpoint")
         for step, loss in second.items():
             self.assertLessEqual(abs(loss - reference[step]), 1e-5 * abs(reference[step]), step)

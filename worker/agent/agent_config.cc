@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/tls_flags.h"
+#include "common/confine/path_rules.h"
 
 ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator's gRPC endpoint");
 ABSL_FLAG(std::string, devices, "", "cpu:N (N CPU ranks) or gpu (the GPUs nvidia-smi lists)");
@@ -20,13 +21,21 @@ ABSL_FLAG(std::string, node_id, "", "node id (default: host name and a hash of w
 ABSL_FLAG(std::string, address, "127.0.0.1", "address this node's ranks listen on");
 ABSL_FLAG(std::string, trainer, "", "loom-trainer executable (default: next to loom-worker)");
 ABSL_FLAG(double, kill_grace_s, 5, "seconds between SIGTERM and SIGKILL when killing ranks");
+ABSL_FLAG(std::string, data_roots, "",
+          "comma-separated directories ranks may read data from (default: <work_dir>/data)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "directory of job checkpoints, <root>/<owner>/<job_id>/ (default: "
+          "<work_dir>/checkpoints)");
+ABSL_FLAG(std::string, run_as_user, "",
+          "run every rank as this unprivileged user (the agent must run as root)");
 
 namespace loom::agent {
 namespace {
 
-constexpr const char* kFlagNames[] = {"coordinator", "devices",  "work_dir", "node_id",
-                                      "address",     "trainer",  "kill_grace_s", "tls_dir",
-                                      "tls_ca",      "tls_cert", "tls_key",  "insecure"};
+constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir",        "node_id",
+                                      "address",      "trainer",    "kill_grace_s",    "tls_dir",
+                                      "tls_ca",       "tls_cert",   "tls_key",         "insecure",
+                                      "data_roots",   "checkpoint_root", "run_as_user"};
 
 absl::Status ValidateHostPort(const std::string& value) {
   size_t colon = value.rfind(':');
@@ -121,6 +130,19 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     // Trainers start in their own directories: pass them absolute paths.
     if (!path->empty()) *path = std::filesystem::absolute(*path, error).lexically_normal().string();
   }
+  const std::string cwd = std::filesystem::current_path(error).string();
+  const std::string data_roots = absl::GetFlag(FLAGS_data_roots);
+  absl::StatusOr<std::vector<std::string>> roots = confine::ParseRoots(
+      data_roots.empty() ? config.work_dir + "/data" : data_roots, cwd, "data_roots");
+  if (!roots.ok()) return roots.status();
+  config.data_roots = *roots;
+  const std::string checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  absl::StatusOr<std::string> root = confine::NormalizeRoot(
+      checkpoint_root.empty() ? config.work_dir + "/checkpoints" : checkpoint_root, cwd,
+      "checkpoint_root");
+  if (!root.ok()) return root.status();
+  config.checkpoint_root = *root;
+  config.run_as_user = absl::GetFlag(FLAGS_run_as_user);
   config.node_id = absl::GetFlag(FLAGS_node_id);
   if (!config.tls.insecure) {
     absl::StatusOr<std::string> name = rpc::CertificateCommonName(config.tls.cert_path);

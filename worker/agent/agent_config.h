@@ -15,7 +15,8 @@ namespace loom::agent {
 inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
-    "[--kill_grace_s=SECONDS]";
+    "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
+    "[--run_as_user=USER]";
 
 struct AgentConfig {
   bool help = false;
@@ -29,6 +30,12 @@ struct AgentConfig {
   std::string address;
   std::string trainer;   // absolute; empty: next to this executable
   double kill_grace_s = 5;
+  // Confinement (docs/agent.md, "Files and confinement"): ranks read data
+  // only beneath data_roots (default <work_dir>/data) and keep checkpoints in
+  // <checkpoint_root>/<owner>/<job_id> (default root <work_dir>/checkpoints).
+  std::vector<std::string> data_roots;  // absolute, normalised
+  std::string checkpoint_root;          // absolute, normalised
+  std::string run_as_user;              // empty: ranks run as the agent's user
 };
 
 // args excludes the program name. Every flag not given takes its default.

@@ -1,6 +1,7 @@
 // loom-worker: the node agent. Registers this node's devices with the
 // coordinator, keeps its session, and runs one loom-trainer per assigned rank.
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "worker/agent/agent_config.h"
 #include "worker/agent/device_probe.h"
 #include "worker/agent/node_session.h"
@@ -102,7 +104,44 @@ int Main(int argc, char** argv) {
             DescribeDevice(d).c_str());
   }
 
+  // --run_as_user: ranks run unprivileged. Only root can switch users; an
+  // agent that is not root runs its ranks as itself and says so.
+  loom::confine::FileOwner run_as;
+  if (!config.run_as_user.empty()) {
+    struct passwd entry;
+    struct passwd* found = nullptr;
+    std::vector<char> buffer(16384);
+    if (getpwnam_r(config.run_as_user.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 ||
+        found == nullptr) {
+      fprintf(stderr, "loom-worker: --run_as_user=%s: no such user; %s\n",
+              config.run_as_user.c_str(), kAgentUsage);
+      return 2;
+    }
+    if (found->pw_uid == 0) {
+      fprintf(stderr, "loom-worker: --run_as_user=%s is root; name an unprivileged user\n",
+              config.run_as_user.c_str());
+      return 2;
+    }
+    if (geteuid() != 0) {
+      fprintf(stderr,
+              "loom-worker: warning: --run_as_user=%s ignored: the agent is not root, so ranks "
+              "run as the agent's own user\n",
+              config.run_as_user.c_str());
+    } else {
+      run_as.uid = found->pw_uid;
+      run_as.gid = found->pw_gid;
+    }
+  }
+  for (const std::string& root : config.data_roots) {
+    std::filesystem::create_directories(root, error);
+  }
+  std::filesystem::create_directories(config.checkpoint_root, error);
+
   RankManagerOptions rank_options;
+  rank_options.roots.data_roots = config.data_roots;
+  rank_options.roots.checkpoint_root = config.checkpoint_root;
+  rank_options.roots.rank_owner = run_as;
+  rank_options.run_as = run_as;
   rank_options.work_dir = config.work_dir;
   rank_options.coordinator = config.coordinator;
   rank_options.coordinator_tls = config.tls;
@@ -142,9 +181,13 @@ int Main(int argc, char** argv) {
     session.Shutdown(absl::Seconds(1));
   });
 
-  fprintf(stderr, "loom-worker: node %s, coordinator %s, work dir %s, trainer %s\n",
+  fprintf(stderr,
+          "loom-worker: node %s, coordinator %s, work dir %s, trainer %s, data roots %s, "
+          "checkpoint root %s%s%s\n",
           config.node_id.c_str(), config.coordinator.c_str(), config.work_dir.c_str(),
-          trainer.c_str());
+          trainer.c_str(), absl::StrJoin(config.data_roots, ",").c_str(),
+          config.checkpoint_root.c_str(), run_as.uid != static_cast<uid_t>(-1) ? ", ranks as " : "",
+          run_as.uid != static_cast<uid_t>(-1) ? config.run_as_user.c_str() : "");
   session.Run();
   signal_thread.join();
   session_ptr.store(nullptr);

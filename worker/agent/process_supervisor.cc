@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
@@ -78,7 +79,7 @@ const char* ErrnoName(int error) {
 
 // Runs in the child between fork and exec.
 [[noreturn]] void RunChild(pid_t parent, int log_fd, char* const* argv, char* const* envp,
-                           const char* working_dir) {
+                           const char* working_dir, uid_t uid, gid_t gid) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The parent may have died before prctl took effect; then nobody would
@@ -104,6 +105,13 @@ const char* ErrnoName(int error) {
   // Sockets and files of the agent (gRPC, other ranks' logs) stay behind.
   close_range(3, ~0U, 0);
 
+  // Privileges go before anything of the job's is touched; a failure to drop
+  // them is a failed launch, never a rank run as the agent's user.
+  if (uid != static_cast<uid_t>(-1)) {
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+      ChildFail("cannot switch to the rank user of", argv[0], errno);
+    }
+  }
   if (working_dir[0] != '\0' && chdir(working_dir) != 0) {
     ChildFail("cannot enter working directory", working_dir, errno);
   }
@@ -292,7 +300,10 @@ absl::StatusOr<pid_t> ProcessSupervisor::Spawn(const ProcessSpec& spec, ExitCall
         absl::StrCat("cannot execute '", spec.argv[0], "': ", strerror(errno)));
   }
   const std::string log_path = spec.log_path.empty() ? "/dev/null" : spec.log_path;
-  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int log_fd = spec.log_path.empty()
+                   ? open(log_path.c_str(), O_WRONLY | O_CLOEXEC)
+                   : open(log_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                          0600);
   if (log_fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot open log file '", log_path, "': ", strerror(errno)));
@@ -311,7 +322,10 @@ absl::StatusOr<pid_t> ProcessSupervisor::Spawn(const ProcessSpec& spec, ExitCall
     close(log_fd);
     return absl::ResourceExhaustedError(absl::StrCat("fork failed: ", strerror(error)));
   }
-  if (pid == 0) RunChild(parent, log_fd, argv.data(), envp.data(), spec.working_dir.c_str());
+  if (pid == 0) {
+    RunChild(parent, log_fd, argv.data(), envp.data(), spec.working_dir.c_str(), spec.uid,
+             spec.gid);
+  }
 
   close(log_fd);
   // Also set here so that a kill sent right after Launch returns reaches the

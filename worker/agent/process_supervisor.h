@@ -38,10 +38,16 @@ struct ProcessSpec {
   std::vector<std::string> argv;
   // Set (or replaced) in the child's copy of this process's environment.
   std::vector<std::pair<std::string, std::string>> env;
-  // stdout and stderr go here (truncated at start); empty: /dev/null.
+  // stdout and stderr go here: a new file (O_CREAT | O_EXCL | O_NOFOLLOW,
+  // mode 0600), so an existing file or a planted symlink is refused rather
+  // than truncated or followed; empty: /dev/null.
   std::string log_path;
   // The child's working directory; empty keeps this process's.
   std::string working_dir;
+  // Run the child as this user and group (setgroups, setgid, setuid before
+  // exec); -1: as this process.
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
 };
 
 struct ProcessExit {

@@ -1,10 +1,14 @@
 #include "worker/agent/rank_manager.h"
 
-#include <cctype>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/confine/path_resolve.h"
+#include "common/confine/path_rules.h"
+#include "common/exit_codes.h"
 #include "worker/agent/log_tail.h"
 
 namespace loom::agent {
@@ -12,13 +16,9 @@ namespace loom::agent {
 namespace fs = std::filesystem;
 
 absl::Status ValidateJobId(const std::string& job_id) {
-  bool ok = !job_id.empty() && job_id.size() <= 200 && job_id != "." && job_id != "..";
-  for (char c : job_id) {
-    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  }
-  if (ok) return absl::OkStatus();
+  if (confine::IsSafeName(job_id)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "assignment.job_id='", job_id,
+      "assignment.job_id='", confine::Printable(job_id),
       "' must be 1-200 letters, digits, '.', '_' or '-' (it names a directory)"));
 }
 
@@ -32,20 +32,26 @@ std::string RankManager::RankDir(const std::string& job_id, int attempt, int ran
 }
 
 void RankManager::ReportLaunchFailure(const loom::v1::RankAssignment& assignment,
-                                      const std::string& log_path, const std::string& reason) {
+                                      const std::string& log_path, const std::string& reason,
+                                      int exit_code) {
   std::string line = absl::StrCat("loom-worker: cannot start rank ", assignment.rank(), " of job ",
                                   assignment.job_id(), " attempt ", assignment.attempt(), ": ",
                                   reason);
   fprintf(stderr, "%s\n", line.c_str());
   if (!log_path.empty()) {
-    std::ofstream log(log_path, std::ios::app);
-    log << line << "\n";
+    // Never through a symlink: the log lives in the rank's fresh directory.
+    int fd = open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      const std::string text = line + "\n";
+      (void)!write(fd, text.data(), text.size());
+      close(fd);
+    }
   }
   loom::v1::RankExited exited;
   exited.set_job_id(assignment.job_id());
   exited.set_attempt(assignment.attempt());
   exited.set_rank(assignment.rank());
-  exited.set_exit_code(kLaunchFailedExitCode);
+  exited.set_exit_code(exit_code);
   exited.set_log_path(log_path);
   exited.set_log_tail(line);
   sink_(std::move(exited));
@@ -78,28 +84,45 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
     }
     ranks_[key] = Rank{0, log_path};
   }
-  auto fail = [&](const std::string& reason) {
+  bool dir_made = false;
+  auto fail = [&](const std::string& reason, int exit_code = kLaunchFailedExitCode) {
     {
       absl::MutexLock lock(&mu_);
       ranks_.erase(key);
     }
-    std::error_code exists_error;
-    ReportLaunchFailure(assignment, fs::exists(dir, exists_error) ? log_path : "", reason);
+    ReportLaunchFailure(assignment, dir_made ? log_path : "", reason, exit_code);
     return absl::FailedPreconditionError(reason);
   };
 
+  // This node's own confinement: a job that names files outside its roots
+  // cannot run anywhere here, so it is not worth a restart.
+  loom::v1::RankAssignment confined = assignment;
+  if (absl::Status s = ConfineAssignment(confined, options_.roots); !s.ok()) {
+    return fail(std::string(s.message()), kExitJobBroken);
+  }
+
   std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) return fail(absl::StrCat("cannot create directory '", dir, "': ", error.message()));
+  fs::create_directories(options_.work_dir, error);
+  absl::StatusOr<std::string> made = confine::MakeDirsBeneath(
+      options_.work_dir,
+      {"jobs", assignment.job_id(), absl::StrCat("attempt_", assignment.attempt()),
+       absl::StrCat("rank_", assignment.rank())},
+      /*fresh_last=*/true, options_.run_as);
+  if (!made.ok()) return fail(std::string(made.status().message()));
+  dir_made = true;
   const std::string assignment_path = dir + "/assignment.pb";
   {
     // Written whole, then renamed, so a trainer never reads half a file.
     const std::string temp_path = assignment_path + ".tmp";
-    std::ofstream out(temp_path, std::ios::binary | std::ios::trunc);
-    if (!out || !assignment.SerializeToOstream(&out) || !out.flush()) {
-      return fail(absl::StrCat("cannot write '", temp_path, "'"));
+    absl::StatusOr<int> fd = confine::CreateNewFile(temp_path, 0600);
+    if (!fd.ok()) return fail(std::string(fd.status().message()));
+    const std::string bytes = confined.SerializeAsString();
+    bool written = write(*fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+    if (options_.run_as.uid != static_cast<uid_t>(-1)) {
+      written = written && fchown(*fd, options_.run_as.uid, options_.run_as.gid) == 0;
     }
-    out.close();
+    close(*fd);
+    if (!written) return fail(absl::StrCat("cannot write '", temp_path, "'"));
     fs::rename(temp_path, assignment_path, error);
     if (error) return fail(absl::StrCat("cannot write '", assignment_path, "': ", error.message()));
   }
@@ -119,6 +142,8 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   }
   spec.log_path = log_path;
   spec.working_dir = dir;
+  spec.uid = options_.run_as.uid;
+  spec.gid = options_.run_as.gid;
 
   loom::v1::RankExited exited_template;
   exited_template.set_job_id(assignment.job_id());

@@ -5,6 +5,11 @@
 // Directory layout under the work dir, one per rank of a job attempt:
 //   <work_dir>/jobs/<job_id>/attempt_<n>/rank_<r>/assignment.pb   (binary RankAssignment)
 //   <work_dir>/jobs/<job_id>/attempt_<n>/rank_<r>/log.txt         (trainer stdout+stderr)
+// Each rank directory is created fresh (mode 0700, never reused: a launch
+// whose directory exists is refused) through O_NOFOLLOW opens, and its files
+// are created with O_EXCL | O_NOFOLLOW, so nothing planted there is followed
+// or truncated. Before a rank starts, its assignment is confined to this
+// node's roots (launch_paths.h).
 #pragma once
 
 #include <sys/types.h>
@@ -20,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/rpc/tls.h"
 #include "loom/v1/node.pb.h"
+#include "worker/agent/launch_paths.h"
 #include "worker/agent/process_supervisor.h"
 #include "worker/agent/rank_commands.h"
 
@@ -35,6 +41,12 @@ struct RankManagerOptions {
   // the assignment's local_device), so every rank uses its device 0.
   bool gpu_devices = false;
   absl::Duration default_grace = absl::Seconds(5);  // when a kill names none
+  // Where ranks may read data and keep checkpoints; with no data roots every
+  // data path is refused (an empty spec path passes).
+  LaunchRoots roots;
+  // --run_as_user: ranks run as this user and own their rank and checkpoint
+  // directories; -1: as this process.
+  confine::FileOwner run_as;
 };
 
 // The exit code reported for a rank that could not be started at all.
@@ -77,7 +89,8 @@ class RankManager : public RankCommands {
   };
 
   void ReportLaunchFailure(const loom::v1::RankAssignment& assignment,
-                           const std::string& log_path, const std::string& reason);
+                           const std::string& log_path, const std::string& reason,
+                           int exit_code = kLaunchFailedExitCode);
 
   const RankManagerOptions options_;
   const ExitSink sink_;

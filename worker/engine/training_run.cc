@@ -11,6 +11,11 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
   const std::string& root = options.checkpoint_root;
   if (!root.empty() && options.resume) {
     absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(root);
+    if (absl::IsNotFound(loaded.status()) && !options.resume_from.empty()) {
+      event(absl::StrCat("no checkpoint under ", root, "; looking in ", options.resume_from,
+                         " (checkpoint.resume_from)"));
+      loaded = loop.RestoreNewest(options.resume_from);
+    }
     if (loaded.ok()) {
       for (const std::string& why : loaded->refused) {
         event(absl::StrCat("checkpoint refused, falling back to an older step: ", why));

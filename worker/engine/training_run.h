@@ -15,6 +15,9 @@ namespace loom::engine {
 struct RunOptions {
   std::string checkpoint_root;  // empty: no resume, no checkpoints
   bool resume = true;
+  // Read only: when checkpoint_root holds no checkpoint yet, resume from the
+  // newest one here (checkpoint.resume_from: another job of the same owner).
+  std::string resume_from;
   // Stop after this step as a preempted rank would (0: run to train.steps).
   // Checkpoints due by then are written; nothing else is.
   int64_t stop_after_step = 0;

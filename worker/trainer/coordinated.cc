@@ -168,6 +168,7 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
 
   engine::RunOptions run;
   run.checkpoint_root = a.checkpoint_dir();
+  run.resume_from = a.resume_from_dir();
   run.on_event = [&a](const std::string& message) {
     std::fprintf(stderr, "loom-trainer: rank %d: %s\n", a.rank(), message.c_str());
   };

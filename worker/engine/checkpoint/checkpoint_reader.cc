@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/engine/checkpoint/checkpoint_checks.h"
 #include "worker/engine/checkpoint/checkpoint_format.h"
 #include "worker/engine/checkpoint/crc32.h"
 #include "worker/engine/checkpoint/durable_file.h"
@@ -80,17 +81,41 @@ void ForEachRow(const std::vector<int64_t>& global, const CheckpointShardInfo& s
 }
 
 // Every shard inside the tensor, and together covering each element once.
+// Sizes are checked before anything is allocated: the global shape comes from
+// index.json alone, the shard shapes from safetensors headers whose data the
+// files hold, so the shards' total bounds what may be allocated.
 absl::Status CheckShardsTile(const CheckpointTensorInfo& t) {
-  const int64_t total = Numel(t.shape);
-  std::vector<bool> seen(static_cast<size_t>(total), false);
-  int64_t covered = 0;
+  absl::StatusOr<int64_t> total_or = CheckedElementCount(t.shape, absl::StrCat("tensor ", t.name));
+  if (!total_or.ok()) return total_or.status();
+  const int64_t total = *total_or;
+  int64_t stored = 0;
   for (const CheckpointShardInfo& s : t.shards) {
     if (s.offset.size() != t.shape.size() || s.shape.size() != t.shape.size()) {
       return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key,
                                               " has the wrong number of dimensions"));
     }
     for (size_t d = 0; d < t.shape.size(); ++d) {
-      if (s.offset[d] < 0 || s.shape[d] < 0 || s.offset[d] + s.shape[d] > t.shape[d]) {
+      if (!FitsWithin(s.offset[d], s.shape[d], t.shape[d])) {
+        return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key, " at ",
+                                                ShapeString(s.offset), " of shape ",
+                                                ShapeString(s.shape), " lies outside ",
+                                                ShapeString(t.shape)));
+      }
+    }
+    absl::StatusOr<int64_t> n = CheckedElementCount(s.shape, absl::StrCat("tensor ", t.name));
+    if (!n.ok()) return n.status();
+    stored += *n;  // each shard is backed by its file's bytes: no overflow
+  }
+  if (stored != total) {
+    return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shards hold ", stored,
+                                            " elements but its shape ", ShapeString(t.shape),
+                                            " has ", total));
+  }
+  std::vector<bool> seen(static_cast<size_t>(total), false);
+  int64_t covered = 0;
+  for (const CheckpointShardInfo& s : t.shards) {
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (!FitsWithin(s.offset[d], s.shape[d], t.shape[d])) {
         return absl::DataLossError(absl::StrCat("tensor ", t.name, ": shard ", s.key, " at ",
                                                 ShapeString(s.offset), " of shape ",
                                                 ShapeString(s.shape), " lies outside ",
@@ -153,6 +178,7 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
   r.step_ = (*meta)["step"].get<int64_t>();
   absl::StatusOr<spec::ModelSpec> model = ModelSpecFromJson((*meta)["model"], meta_path);
   if (!model.ok()) return model.status();
+  if (absl::Status s = CheckCheckpointModel(*model, meta_path); !s.ok()) return s;
   r.model_ = *model;
   r.state_ = meta->value("state", json::object());
   const json& files = (*meta)["files"];
@@ -247,11 +273,13 @@ absl::Status CheckpointReader::CopyTo(const FlatSlice& dst) const {
         "checkpoint ", dir_, ": model mismatch: tensor ", dst.name, " has shape ",
         ShapeString(info->shape), " in the checkpoint but ", ShapeString(dst.shape), " in the model"));
   }
-  const int64_t lo = dst.begin, hi = dst.begin + dst.count;
-  if (lo < 0 || dst.count < 0 || hi > Numel(info->shape)) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir_, ": elements [", lo, ", ",
-                                                   hi, ") lie outside tensor ", dst.name));
+  const int64_t lo = dst.begin;
+  if (!FitsWithin(dst.begin, dst.count, Numel(info->shape))) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir_, ": ", dst.count,
+                                                   " elements from ", lo,
+                                                   " lie outside tensor ", dst.name));
   }
+  const int64_t hi = lo + dst.count;
   for (const CheckpointShardInfo& s : info->shards) {
     const SafetensorsFile& f = files_.at(s.file);
     const SafetensorsEntry* e = f.Find(s.key);

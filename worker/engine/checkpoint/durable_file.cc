@@ -21,7 +21,7 @@ absl::Status Errno(const std::string& path, const char* what) {
 }  // namespace
 
 absl::StatusOr<DurableFile> DurableFile::Create(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(path, "open for writing");
   return DurableFile(fd, path);
 }

@@ -19,7 +19,7 @@ struct FileDigest {
 
 class DurableFile {
  public:
-  // Creates or truncates path.
+  // Creates or truncates path; a symlink at path is refused, never followed.
   static absl::StatusOr<DurableFile> Create(const std::string& path);
   DurableFile(DurableFile&& other) noexcept;
   DurableFile& operator=(DurableFile&&) = delete;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "worker/engine/checkpoint/checkpoint_checks.h"
 
 namespace loom::engine {
 namespace {
@@ -14,12 +15,6 @@ using nlohmann::json;
 
 absl::Status Fault(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat("safetensors file ", path, ": ", what));
-}
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 absl::Status ParseEntry(const std::string& path, const std::string& name, const json& v,
@@ -52,7 +47,10 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   }
   e->begin = offsets[0].get<int64_t>();
   e->end = offsets[1].get<int64_t>();
-  if (e->end < e->begin || e->end - e->begin != Numel(e->shape) * 4) {
+  absl::StatusOr<int64_t> numel =
+      CheckedElementCount(e->shape, absl::StrCat("safetensors file ", path, ": tensor ", name));
+  if (!numel.ok()) return numel.status();
+  if (e->begin < 0 || e->end < e->begin || e->end - e->begin != *numel * 4) {
     return Fault(path, absl::StrCat("tensor ", name, " data_offsets [", e->begin, ", ", e->end,
                                     ") do not hold shape ", ShapeString(e->shape), " of F32"));
   }

@@ -25,8 +25,10 @@ absl::Status CheckVocab(const std::vector<uint16_t>& tokens, int64_t vocab_size,
                         const std::string& path, const char* unit) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= vocab_size) {
+      // The value is the file's content and is not shown: the message goes to
+      // the job's status, which other readers of the cluster may see.
       return absl::InvalidArgumentError(absl::StrCat(
-          "data file ", path, ": ", unit, " ", tokens[i], " at token index ", i,
+          "data file ", path, ": the ", unit, " at token index ", i,
           " is not below model.vocab_size=", vocab_size));
     }
   }
@@ -46,25 +48,24 @@ absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& bytes,
   std::memcpy(header, bytes.data(), kHeaderBytes);
   if (header[0] != kTokenFileMagic) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "token file ", path, ": wrong magic ", header[0], " (want ", kTokenFileMagic,
+        "token file ", path, ": wrong magic number (want ", kTokenFileMagic,
         "; not an llm.c/nanoGPT token file — use data.format: text for raw text)"));
   }
   if (header[1] != kTokenFileVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("token file ", path, ": unsupported version ",
-                                                   header[1], " (want ", kTokenFileVersion,
-                                                   ", uint16 tokens)"));
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path,
+                                                   ": unsupported version (want ",
+                                                   kTokenFileVersion, ", uint16 tokens)"));
   }
   const int64_t count = header[2];
   if (count < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("token file ", path, ": negative token count ", count, " in header"));
+        absl::StrCat("token file ", path, ": negative token count in the header"));
   }
   const int64_t payload = size - kHeaderBytes;
   if (payload != count * 2) {
     return absl::DataLossError(absl::StrCat(
         "token file ", path, ": ", payload < count * 2 ? "truncated" : "trailing bytes",
-        ": header says ", count, " tokens (", count * 2, " bytes) but the file holds ", payload,
-        " token bytes"));
+        ": the header's token count does not match the file's ", payload, " token bytes"));
   }
   std::vector<uint16_t> tokens(static_cast<size_t>(count));
   std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, static_cast<size_t>(count) * 2);

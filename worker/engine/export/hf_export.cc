@@ -1,5 +1,10 @@
 #include "worker/engine/export/hf_export.h"
 
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -53,12 +58,46 @@ nlohmann::json HuggingFaceConfig(const spec::ModelSpec& m) {
           {"torch_dtype", "float32"}};
 }
 
+namespace {
+
+// Removes a temporary export directory unless it was moved into place.
+class TempDir {
+ public:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  void Release() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+absl::Status FsFault(const std::string& what, const std::string& path, int error) {
+  return absl::InternalError(
+      absl::StrCat("export: cannot ", what, " ", path, ": ", std::strerror(error)));
+}
+
+}  // namespace
+
 absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::string& out_dir) {
   absl::StatusOr<std::string> step_dir = ResolveStepDir(checkpoint_dir);
   if (!step_dir.ok()) return step_dir.status();
   absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(*step_dir);
   if (!reader.ok()) return reader.status();
 
+  // Every model field is checked (CheckCheckpointModel) before this point;
+  // the layer count is bounded by the tensors the checkpoint really holds.
+  const int64_t layers = reader->model().num_layers;
+  if (layers > static_cast<int64_t>(reader->tensors().size())) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", *step_dir, ": metadata.json says model.num_layers=", layers,
+        " but the checkpoint holds only ", reader->tensors().size(), " tensors"));
+  }
   const std::vector<std::string> names = HuggingFaceParameterNames(reader->model());
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> tensors;
@@ -75,20 +114,42 @@ absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::str
     tensors.push_back({name, info->shape, storage.back().data()});
   }
 
+  const std::string config_text = HuggingFaceConfig(reader->model()).dump(2) + "\n";
+
+  // Nothing half-written ever shows in out_dir: both files are written whole
+  // into a fresh temporary sibling directory, then moved into place by
+  // rename (which replaces a file or a symlink there, never follows it).
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("export: cannot create ", out_dir, ": ", ec.message()));
-  }
-  const std::string weights = (fs::path(out_dir) / "model.safetensors").string();
-  absl::StatusOr<FileDigest> written = WriteSafetensors(
-      weights, tensors, {{"format", "pt"}, {"loom.step", std::to_string(reader->step())}});
+  fs::create_directories(parent, ec);
+  if (ec) return FsFault("create", parent.string(), ec.value());
+  std::string pattern = (parent / absl::StrCat(".", out.filename().string(), ".export-XXXXXX")).string();
+  if (mkdtemp(pattern.data()) == nullptr) return FsFault("create a directory beside", out.string(), errno);
+  TempDir temp(pattern);
+  absl::StatusOr<FileDigest> written =
+      WriteSafetensors((fs::path(temp.path()) / "model.safetensors").string(), tensors,
+                       {{"format", "pt"}, {"loom.step", std::to_string(reader->step())}});
   if (!written.ok()) return written.status();
-  const std::string config = (fs::path(out_dir) / "config.json").string();
   absl::StatusOr<FileDigest> cfg =
-      WriteFileDurably(config, HuggingFaceConfig(reader->model()).dump(2) + "\n");
+      WriteFileDurably((fs::path(temp.path()) / "config.json").string(), config_text);
   if (!cfg.ok()) return cfg.status();
-  return absl::OkStatus();
+  if (absl::Status s = FsyncDirectory(temp.path()); !s.ok()) return s;
+
+  if (rename(temp.path().c_str(), out.c_str()) == 0) {  // out_dir absent (or empty)
+    temp.Release();
+    return FsyncDirectory(parent.string());
+  }
+  if (errno != EEXIST && errno != ENOTEMPTY) return FsFault("create", out.string(), errno);
+  // out_dir holds other files: each of ours replaces its namesake, weights
+  // first, so a config.json never describes weights that are not there yet.
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    const fs::path from = fs::path(temp.path()) / name;
+    const fs::path to = out / name;
+    if (rename(from.c_str(), to.c_str()) != 0) return FsFault("replace", to.string(), errno);
+  }
+  return FsyncDirectory(out.string());
 }
 
 }  // namespace loom::engine

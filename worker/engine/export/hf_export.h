@@ -14,8 +14,11 @@
 namespace loom::engine {
 
 // checkpoint_dir: one step directory, or a checkpoint root (its newest
-// committed step is used). The checkpoint is fully verified first. out_dir is
-// created if needed; config.json and model.safetensors inside it are replaced.
+// committed step is used). The checkpoint is fully verified first (every
+// field bounded, checkpoint/checkpoint_checks.h), and a bad one is an error
+// with nothing written. The files are written whole in a temporary sibling
+// of out_dir and renamed into place: out_dir is created if absent, otherwise
+// its config.json and model.safetensors are replaced (never followed).
 absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::string& out_dir);
 
 // The HF names in file order: embed_tokens, per layer input_layernorm,
