@@ -191,9 +191,13 @@ TEST_F(PipelineCheckpointTest, OneProcessResumesAtPp2Interleaved) {
   ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
 }
 
-// Same layout: the resumed steps are the uninterrupted run's bit for bit.
-TEST_F(PipelineCheckpointTest, Dp2Tp2Pp2ResumeIsBitForBit) {
-  const Layout layout{.pp = 2, .dp = 2, .tp = 2};
+// Same layout: the resumed steps are the uninterrupted run's bit for bit,
+// also with the optimizer states sharded over DP (ZeRO 1, 2).
+class PipelineBitForBitTest : public PipelineCheckpointTest,
+                              public ::testing::WithParamInterface<int> {};
+
+TEST_P(PipelineBitForBitTest, Dp2Tp2Pp2ResumeIsBitForBit) {
+  const Layout layout{.pp = 2, .dp = 2, .tp = 2, .zero_stage = GetParam()};
   const std::string root = dir_ / "ckpt";
   const std::vector<RankRun> whole = Run(Job(), layout, "", kSteps, "");
   Run(Job(), layout, "", kSaveAt, root);
@@ -212,6 +216,18 @@ TEST_F(PipelineCheckpointTest, Dp2Tp2Pp2ResumeIsBitForBit) {
     }
     EXPECT_EQ(resumed[r].params, whole[r].params);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineBitForBitTest, ::testing::Values(0, 1, 2));
+
+// A ZeRO-2 pipeline's checkpoint holds whole global tensors: one process
+// resumes it.
+TEST_F(PipelineCheckpointTest, Dp2Pp2Zero2ResumesInOneProcess) {
+  const std::string root = dir_ / "ckpt";
+  Run(Job(), {.pp = 2, .dp = 2, .zero_stage = 2}, "", kSaveAt, root);
+  const std::vector<RankRun> resumed = Run(Job(), {}, root, kSteps, "");
+  ExpectRestored(resumed);
+  ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
 }
 
 // An empty root is a fresh start under PP as under any layout.

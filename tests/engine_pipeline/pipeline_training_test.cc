@@ -87,6 +87,7 @@ class PipelineTrainingTest : public ::testing::Test {
       absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
           TrainingLoop::Create(job, d, l.dp, dp_comm, tp_comm, pp_comm);
       ASSERT_TRUE(loop.ok()) << loop.status();
+      EXPECT_EQ((*loop)->zero_stage(), l.dp > 1 ? l.zero_stage : 0);
       TrainedRun& run = runs[mesh.Rank(p, d, t)];
       run.steps = testing::TrainUntil(**loop, steps);
       ASSERT_NE((*loop)->pipeline_stage(), nullptr);
@@ -162,6 +163,22 @@ TEST_F(PipelineTrainingTest, Tp2Pp2FourMicroBatchesEqualsOneProcess) {
 TEST_F(PipelineTrainingTest, Dp2Tp2Pp2EqualsOneProcess) {
   const spec::JobSpec job = Job();
   ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .tp = 2}, kSteps), RunSingle(job));
+}
+
+// ZeRO under PP (Megatron's distributed optimizer): each chunk's optimizer
+// states, and at stage 2 its reduced gradient, sharded over DP.
+TEST_F(PipelineTrainingTest, ZeroUnderPipelineEqualsOneProcess) {
+  const spec::JobSpec job = Job();
+  const TrainedRun one = RunSingle(job);
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(zero));
+    ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .zero_stage = zero}, kSteps), one);
+  }
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 1}, kSteps), one);
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .schedule = spec::Schedule::kInterleaved,
+                             .virtual_stages = 2, .zero_stage = 1},
+                       kSteps),
+             one);
 }
 
 // Each boundary carries B*S*H floats per micro-batch each way: stage 0 sends
