@@ -240,7 +240,14 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
 
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
   if (dp_engines_.empty()) {
-    return GradientPieces(pipeline_ ? stage_->Gradients() : model_->Gradients());
+    std::vector<TensorView> grads = pipeline_ ? stage_->Gradients() : model_->Gradients();
+    if (pipeline_ && TiedAcrossStages(spec_.model, ctx_.pp_size())) {
+      // The first and the last stage hold the same summed gradient: once.
+      for (TensorView& g : grads) {
+        if (g.name == kTiedEmbedding) g.replicas *= 2;
+      }
+    }
+    return GradientPieces(grads);
   }
   std::vector<GradientPiece> pieces;
   for (const auto& e : dp_engines_) {

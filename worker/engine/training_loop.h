@@ -37,6 +37,8 @@ namespace loom::engine {
 
 struct CheckpointContent;
 
+inline constexpr char kTiedEmbedding[] = "model.embed_tokens.weight";
+
 class TrainingLoop {
  public:
   // spec.data paths are used as given (resolve relative paths first). ctx:
@@ -180,6 +182,14 @@ class TrainingLoop {
       const std::map<std::string, float*>& values);
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;
+  // [pp] Tied embeddings across stages (TiedAcrossStages): this stage's
+  // gradient of model.embed_tokens.weight (the embedding or the head's copy;
+  // null on a middle stage), summed over the pp group after backward, middle
+  // stages adding tied_zeros_.
+  float* TiedGradient();
+  absl::Status SumTiedEmbeddingGradients();
+  kernels::Buffer tied_zeros_;
+  int64_t tied_count_ = 0;
 
   spec::JobSpec spec_;
   ParallelContext ctx_;

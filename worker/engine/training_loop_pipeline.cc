@@ -29,7 +29,6 @@ absl::Status TrainingLoop::CreatePipeline() {
   const spec::JobSpec& job = spec_;
   const spec::TrainSpec& t = job.train;
   const int pp = ctx_.pp_size();
-  if (absl::Status s = CheckPipelineModel(job.model, pp); !s.ok()) return s;
   const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
   if (ctx_.dp != nullptr && zero == 3) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -56,6 +55,7 @@ absl::Status TrainingLoop::CreatePipeline() {
       absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
           DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
       if (!engine.ok()) return engine.status();
+      if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
       dp_engines_.push_back(std::move(*engine));
     }
   } else {
@@ -68,7 +68,36 @@ absl::Status TrainingLoop::CreatePipeline() {
   }
   flops_per_token_ =
       ModelFlopsPerToken(job.model, stage_->model(0).NumGlobalParameters(), t.seq_len);
+  if (TiedAcrossStages(job.model, pp) && TiedGradient() == nullptr) {
+    // A middle stage adds zeros to the first and last stages' sum.
+    const TpPlan tp = MakeTpPlan(job.model, ctx_.tp_rank(), ctx_.tp_size(),
+                                 job.parallelism.sequence_parallel);
+    tied_count_ = tp.vocab * job.model.hidden_size;
+    tied_zeros_ = ops_->AllocateFloats(tied_count_);
+  }
   return absl::OkStatus();
+}
+
+float* TrainingLoop::TiedGradient() {
+  for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
+    for (const TensorView& g : stage_->model(c).Gradients()) {
+      if (g.name == kTiedEmbedding) {
+        tied_count_ = g.numel();
+        return g.data;
+      }
+    }
+  }
+  return nullptr;
+}
+
+absl::Status TrainingLoop::SumTiedEmbeddingGradients() {
+  if (!TiedAcrossStages(spec_.model, ctx_.pp_size())) return absl::OkStatus();
+  float* g = TiedGradient();
+  if (g == nullptr) {  // the sum lands here too: zero it again every step
+    g = tied_zeros_.f32();
+    ops_->Fill(g, tied_count_, 0.0f);
+  }
+  return ctx_.pp->AllReduce(std::span<float>(g, static_cast<size_t>(tied_count_)));
 }
 
 absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
@@ -91,6 +120,8 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   hooks.reduce_gradients = [&](double loss_sum) -> absl::Status {
     Phase("reduce_gradients");
     kernels::Ops& ops = stage_->ops();
+    // [tied] The embedding's gradient, first stage + last stage's copy.
+    if (absl::Status s = SumTiedEmbeddingGradients(); !s.ok()) return s;
     if (!dp_engines_.empty()) {
       // [dp] ZeRO: each chunk's engine reduces (and shards) its gradient.
       for (const auto& e : dp_engines_) {
@@ -207,6 +238,8 @@ absl::StatusOr<std::vector<CheckpointFile>> DescribeStageFiles(const spec::JobSp
   for (const PipelineChunk& c : plan->chunks) {
     const ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
     for (const ParameterEntry& e : MakeParameterLayout(spec.model, whole, part).entries) {
+      // A tied head's copy of the embedding: the first stage writes it.
+      if (!c.embedding && e.name == kTiedEmbedding) continue;
       model.tensors.push_back({e.name, e.shape, nullptr});
       optimizer.tensors.push_back({"optimizer.exp_avg." + e.name, e.shape, nullptr});
       exp_avg_sq.push_back({"optimizer.exp_avg_sq." + e.name, e.shape, nullptr});

@@ -22,13 +22,17 @@ absl::StatusOr<std::vector<FlatTensor>> FlatLayout(const std::vector<TensorView>
   if (views.empty()) return out;
   const float* base = views[0].data;
   int64_t offset = 0;
+  int64_t unit = 0;
   for (const TensorView& v : views) {
     if (v.data != base + offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data-parallel engine: the model's ", what, " are not one contiguous array (", v.name,
           " is not where the previous tensor ends)"));
     }
-    out.push_back({v.name, v.shape, offset, v.numel(), UnitOfParameter(v.name, layers)});
+    // [pp] A tied head's copy of the embedding (named as the embedding) sits
+    // after the final norm and belongs to the head's unit: units never go back.
+    unit = std::max(unit, UnitOfParameter(v.name, layers));
+    out.push_back({v.name, v.shape, offset, v.numel(), unit});
     offset += v.numel();
   }
   return out;
@@ -413,6 +417,12 @@ std::vector<GradientPiece> DataParallelEngine::GradientPieces() {
                    replicas_[owned_[i].tensor]});
   }
   return out;
+}
+
+void DataParallelEngine::CountInNormOnce(const std::string& tensor, int holders) {
+  for (size_t i = 0; i < partition_.tensors().size(); ++i) {
+    if (partition_.tensors()[i].name == tensor) replicas_[i] *= holders;
+  }
 }
 
 absl::Status DataParallelEngine::GatherOptimizerStates(float* exp_avg, float* exp_avg_sq) {

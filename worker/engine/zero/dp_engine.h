@@ -95,6 +95,10 @@ class DataParallelEngine : public ModelHooks {
   // its tensor's TP replicas. Their norms add up over the DP group exactly
   // when zero_stage() >= 1.
   std::vector<GradientPiece> GradientPieces();
+  // [pp] `tensor` is also held by `holders` - 1 ranks outside the DP group
+  // (a tied embedding on the first and the last stage): its pieces count
+  // 1/holders in the norm.
+  void CountInNormOnce(const std::string& tensor, int holders);
   absl::Status OptimizerStep(double lr);
 
   // Checkpoints of layouts that store global tensors (TP, PP): the moments
