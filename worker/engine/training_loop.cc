@@ -439,21 +439,21 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   if (ctx_.dp_rank == 0 && ctx_.tp->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   // The writer tells its TP group, then each of those tells its DP group;
   // this is also the barrier.
-  float ok = dir.ok() ? 1.0f : 0.0f;
+  int32_t ok = dir.ok() ? 1 : 0;
   if (ctx_.dp_rank == 0) {
-    if (absl::Status s = BroadcastHostFloats(*ops_, ctx_.tp, &ok, 1, 0);
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.tp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
   }
   if (ctx_.dp != nullptr) {
-    if (absl::Status s = BroadcastHostFloats(*ops_, ctx_.dp, &ok, 1, 0);
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
   }
   if (!dir.ok()) return dir;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
                                             step_, " under ", root));
   }
@@ -512,12 +512,12 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
   }
   if (ctx_.dp != nullptr) {
     // Rank 0 tells everyone whether the commit happened; this is also the barrier.
-    float ok = dir.ok() ? 1.0f : 0.0f;
-    if (absl::Status s = BroadcastHostFloats(*ops_, ctx_.dp, &ok, 1, 0);
+    int32_t ok = dir.ok() ? 1 : 0;
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
-    if (ctx_.dp_rank != 0 && ok != 1.0f) {
+    if (ctx_.dp_rank != 0 && ok != 1) {
       return absl::InternalError(absl::StrCat("DP rank 0 failed to write the checkpoint of step ",
                                               step_, " under ", root));
     }

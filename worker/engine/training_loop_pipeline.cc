@@ -183,7 +183,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   // values); its TP rank 0 writes.
   kernels::Ops& ops = stage_->ops();
   absl::StatusOr<std::string> result = std::string();
-  float ok = 1.0f;
+  int32_t ok = 1;
   if (ctx_.dp_rank == 0) {
     std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
     std::map<std::string, float*> values;
@@ -200,14 +200,14 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
     if (ctx_.tp == nullptr || ctx_.tp->rank() == 0) {
       result = WriteAndCommitPipelineStep(root, content, values);
     }
-    ok = result.ok() ? 1.0f : 0.0f;
+    ok = result.ok() ? 1 : 0;
     // The writer tells its TP group, then each of those its DP group; this is
     // also the barrier.
-    if (absl::Status s = BroadcastHostFloats(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
+    if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
   }
-  if (absl::Status s = BroadcastHostFloats(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
   if (!result.ok()) return result;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
                                             " was not committed (a pipeline stage's writer failed)"));
   }
@@ -266,22 +266,22 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
   const spec::TrainSpec& t = spec_.train;
   const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
   absl::StatusOr<std::string> begun = std::string();
-  float header[2] = {0.0f, 0.0f};
+  int32_t header[2] = {0, 0};  // started, pid
   if (stage == 0) {
     begun = BeginCheckpointStep(root, content.step, ::getpid());
-    header[0] = begun.ok() ? 1.0f : 0.0f;
-    header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
+    header[0] = begun.ok() ? 1 : 0;
+    header[1] = static_cast<int32_t>(::getpid());
   }
   kernels::Ops& ops = stage_->ops();
-  if (absl::Status s = BroadcastHostFloats(ops, ctx_.pp, header, 2, 0); !s.ok()) return s;
-  if (header[0] != 1.0f) {
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, header, 2, 0); !s.ok()) return s;
+  if (header[0] != 1) {
     if (stage == 0) return begun.status();
     return absl::InternalError(absl::StrCat("pipeline stage 0 could not start the checkpoint of step ",
                                             content.step, " under ", root));
   }
   const std::string tmp = CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
 
-  std::vector<float> digests(static_cast<size_t>(pp * kFilesPerStage * kDigestFloats), 0.0f);
+  std::vector<int32_t> mine_digests(static_cast<size_t>(kFilesPerStage * kDigestInts), 0);
   absl::Status write_status;
   absl::StatusOr<std::vector<CheckpointFile>> mine = DescribeStageFiles(spec_, stage, pp, microbatches);
   if (!mine.ok()) write_status = mine.status();
@@ -302,16 +302,17 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
       write_status = d.status();
       break;
     }
-    EncodeFileDigest(*d, &digests[(stage * kFilesPerStage + i) * kDigestFloats]);
+    EncodeFileDigest(*d, &mine_digests[i * kDigestInts]);
   }
-  if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, digests.data(),
-                                           static_cast<int64_t>(digests.size()));
+  std::vector<int32_t> digests(static_cast<size_t>(pp) * mine_digests.size(), 0);
+  if (absl::Status s = AllGatherHostInts(ops, ctx_.pp, mine_digests.data(),
+                                         static_cast<int64_t>(mine_digests.size()), digests.data());
       !s.ok()) {
     return s;
   }
 
   absl::StatusOr<std::string> committed = std::string();
-  float ok = 0.0f;
+  int32_t ok = 0;
   if (stage == 0) {
     CheckpointContent all = content;
     all.files.clear();
@@ -324,8 +325,8 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
         break;
       }
       for (size_t i = 0; i < files->size(); ++i) {
-        const float* slot = &digests[(s * kFilesPerStage + i) * kDigestFloats];
-        if (slot[0] != 1.0f) missing.push_back((*files)[i].name);
+        const int32_t* slot = &digests[(s * kFilesPerStage + i) * kDigestInts];
+        if (slot[0] != 1) missing.push_back((*files)[i].name);
         file_digests.push_back(DecodeFileDigest(slot));
         all.files.push_back(std::move((*files)[i]));
       }
@@ -338,12 +339,12 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     } else if (committed.ok()) {
       committed = CommitCheckpointStep(root, tmp, all, file_digests, spec_.checkpoint.keep);
     }
-    ok = committed.ok() ? 1.0f : 0.0f;
+    ok = committed.ok() ? 1 : 0;
   }
-  if (absl::Status s = BroadcastHostFloats(ops, ctx_.pp, &ok, 1, 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, &ok, 1, 0); !s.ok()) return s;
   if (stage == 0) return committed;
   if (!write_status.ok()) return write_status;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("pipeline stage 0 failed to commit the checkpoint of step ",
                                             content.step, " under ", root));
   }
