@@ -81,18 +81,13 @@ absl::Status CheckEngineSupports(const spec::JobSpec& s) {
                                          " is not supported by this engine yet (use 1)"));
     }
   }
-  if (tp > 1 && zero > 0) {
-    unsupported.push_back(absl::StrCat("parallelism.tp=", tp, " with parallelism.zero_stage=", zero,
-                                       " is not supported by this engine yet (use zero_stage 0)"));
-  }
+  // ZeRO 1-3 run under TP, ZeRO 1-2 under PP (with DP), tied embeddings
+  // under PP; a pipeline stage keeps its parameters, so not ZeRO-3.
   if (pp > 1) {
-    if (s.model.tie_embeddings) {
-      unsupported.push_back(absl::StrCat("model.tie_embeddings=true with parallelism.pp=", pp,
-                                         " is not supported yet (use tie_embeddings: false)"));
-    }
-    if (zero > 0 && dp > 1) {
-      unsupported.push_back(absl::StrCat("parallelism.pp=", pp, " with parallelism.zero_stage=",
-                                         zero, " is not supported by this engine yet (use 0)"));
+    if (zero == 3 && dp > 1) {
+      unsupported.push_back(absl::StrCat("parallelism.pp=", pp,
+                                         " with parallelism.zero_stage=3 is not supported by this "
+                                         "engine (use zero_stage 0, 1 or 2)"));
     }
     const int64_t micro = s.train.global_batch_size / std::max<int64_t>(1, s.train.micro_batch_size * dp);
     if (p.schedule == spec::Schedule::kInterleaved && micro % pp != 0) {

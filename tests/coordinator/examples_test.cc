@@ -1,6 +1,7 @@
 // Every job spec shipped in examples/ parses, passes the spec's rules and is
 // one the engine runs (what SubmitJob checks before storing a job), so the
-// files users copy from stay valid as the rules move.
+// files users copy from stay valid as the rules move; and the composed layouts
+// are admitted.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +32,30 @@ TEST(ExamplesTest, EveryExampleSpecIsAcceptedAsSubmitted) {
     ++checked;
   }
   EXPECT_GE(checked, 3);
+}
+
+// The axes compose: ZeRO under TP and PP and tied embeddings under PP are
+// admitted; what the engine cannot run (ZeRO-3 with PP, cp, ep) is refused
+// with the field named.
+TEST(ExamplesTest, ComposedLayoutsAreAdmitted) {
+  spec::JobSpec job;
+  job.train.global_batch_size = 16;
+  job.train.micro_batch_size = 2;
+  job.parallelism.dp = 2;
+  job.parallelism.tp = 2;
+  job.parallelism.pp = 2;
+  job.model.tie_embeddings = true;
+  for (int zero : {0, 1, 2}) {
+    job.parallelism.zero_stage = zero;
+    EXPECT_TRUE(CheckEngineSupports(job).ok()) << zero << ": " << CheckEngineSupports(job);
+  }
+  job.parallelism.pp = 1;
+  job.parallelism.zero_stage = 3;
+  EXPECT_TRUE(CheckEngineSupports(job).ok()) << CheckEngineSupports(job);
+  job.parallelism.pp = 2;
+  const absl::Status refused = CheckEngineSupports(job);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("parallelism.zero_stage=3"), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/tp_tensors.h"
 #include "worker/engine/optim/adamw.h"
+#include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/training_loop.h"
 
@@ -172,7 +173,8 @@ std::vector<TpRun> RunTp(const TpCase& c, bool device) {
                                         1.0f / kMicro);
           ASSERT_TRUE(model.status().ok()) << model.status();
         }
-        absl::StatusOr<double> norm = ClipByTpGlobalNorm(o, model.Gradients(), kGradClip, tp);
+        absl::StatusOr<double> norm =
+            ClipGradients(o, GradientPieces(model.Gradients()), {tp}, kGradClip);
         ASSERT_TRUE(norm.ok()) << norm.status();
         adamw.Step(LearningRate(train, step));
         run.losses.push_back(static_cast<float>(loss / kMicro));

@@ -191,9 +191,13 @@ TEST_F(PipelineCheckpointTest, OneProcessResumesAtPp2Interleaved) {
   ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
 }
 
-// Same layout: the resumed steps are the uninterrupted run's bit for bit.
-TEST_F(PipelineCheckpointTest, Dp2Tp2Pp2ResumeIsBitForBit) {
-  const Layout layout{.pp = 2, .dp = 2, .tp = 2};
+// Same layout: the resumed steps are the uninterrupted run's bit for bit,
+// also with the optimizer states sharded over DP (ZeRO 1, 2).
+class PipelineBitForBitTest : public PipelineCheckpointTest,
+                              public ::testing::WithParamInterface<int> {};
+
+TEST_P(PipelineBitForBitTest, Dp2Tp2Pp2ResumeIsBitForBit) {
+  const Layout layout{.pp = 2, .dp = 2, .tp = 2, .zero_stage = GetParam()};
   const std::string root = dir_ / "ckpt";
   const std::vector<RankRun> whole = Run(Job(), layout, "", kSteps, "");
   Run(Job(), layout, "", kSaveAt, root);
@@ -212,6 +216,42 @@ TEST_F(PipelineCheckpointTest, Dp2Tp2Pp2ResumeIsBitForBit) {
     }
     EXPECT_EQ(resumed[r].params, whole[r].params);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineBitForBitTest, ::testing::Values(0, 1, 2));
+
+// A ZeRO-2 pipeline's checkpoint holds whole global tensors: one process
+// resumes it.
+TEST_F(PipelineCheckpointTest, Dp2Pp2Zero2ResumesInOneProcess) {
+  const std::string root = dir_ / "ckpt";
+  Run(Job(), {.pp = 2, .dp = 2, .zero_stage = 2}, "", kSaveAt, root);
+  const std::vector<RankRun> resumed = Run(Job(), {}, root, kSteps, "");
+  ExpectRestored(resumed);
+  ExpectContinues(resumed, Reference(), kSaveAt, kTolerance);
+}
+
+// Tied embeddings across stages: the checkpoint holds the embedding once (the
+// first stage's); the last stage's copy loads from it. A tied pp2·dp2 ZeRO-1
+// run resumes bit for bit and in one process.
+TEST_F(PipelineCheckpointTest, TiedAcrossStagesResumes) {
+  spec::JobSpec job = Job();
+  job.model.tie_embeddings = true;
+  const Layout layout{.pp = 2, .dp = 2, .zero_stage = 1};
+  const std::string root = dir_ / "ckpt";
+  const std::vector<RankRun> whole = Run(job, layout, "", kSteps, "");
+  Run(job, layout, "", kSaveAt, root);
+  const std::vector<RankRun> resumed = Run(job, layout, root, kSteps, "");
+  ExpectRestored(resumed);
+  for (size_t r = 0; r < whole.size(); ++r) {
+    ASSERT_EQ(resumed[r].steps.size(), static_cast<size_t>(kSteps - kSaveAt));
+    for (size_t s = 0; s < resumed[r].steps.size(); ++s) {
+      EXPECT_EQ(resumed[r].steps[s].loss, whole[r].steps[kSaveAt + s].loss) << "rank " << r;
+    }
+    EXPECT_EQ(resumed[r].params, whole[r].params) << "rank " << r;
+  }
+  const std::vector<RankRun> one = Run(job, {}, root, kSteps, "");
+  ExpectRestored(one);
+  ExpectContinues(one, Run(job, {}, "", kSteps, "")[0], kSaveAt, kTolerance);
 }
 
 // An empty root is a fresh start under PP as under any layout.

@@ -9,6 +9,7 @@ struct PipelineLayout {
   int pp = 1, dp = 1, tp = 1;
   spec::Schedule schedule = spec::Schedule::k1F1B;
   int virtual_stages = 1;
+  int zero_stage = 0;
 
   void ApplyTo(spec::JobSpec* job) const {
     job->parallelism.pp = pp;
@@ -16,6 +17,7 @@ struct PipelineLayout {
     job->parallelism.tp = tp;
     job->parallelism.schedule = schedule;
     job->parallelism.virtual_stages = virtual_stages;
+    job->parallelism.zero_stage = zero_stage;
   }
 };
 

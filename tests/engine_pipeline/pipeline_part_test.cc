@@ -9,6 +9,8 @@
 
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/model/parameter_layout.h"
+#include "worker/engine/model/tp_plan.h"
 #include "worker/engine/pipeline/pipeline_plan.h"
 
 namespace loom::engine {
@@ -73,12 +75,25 @@ TEST(PipelinePartTest, ChainedPartsEqualTheWholeModel) {
   EXPECT_EQ(a.NumParameters() + b.NumParameters() + z.NumParameters(), whole.NumParameters());
 }
 
-TEST(PipelinePartTest, TiedEmbeddingsMustStayWithTheHead) {
+// A tied head on a stage without the embedding holds a copy of the embedding
+// (same name, shape and init stream), last in its part.
+TEST(PipelinePartTest, TiedHeadWithoutTheEmbeddingHoldsACopy) {
   spec::ModelSpec c = Model();
   c.tie_embeddings = true;
-  EXPECT_FALSE(CheckModelPart(c, {0, 2, true, false}).ok());
-  EXPECT_TRUE(CheckModelPart(c, {0, 4, true, true}).ok());
+  EXPECT_TRUE(CheckModelPart(c, {0, 2, true, false}).ok());
   EXPECT_FALSE(CheckModelPart(Model(), {3, 2, false, true}).ok());
+  const TpPlan whole = MakeTpPlan(c, 0, 1, false);
+  const ParameterLayout all = MakeParameterLayout(c, whole);
+  const ParameterLayout head = MakeParameterLayout(c, whole, {2, 2, false, true});
+  EXPECT_EQ(head.embed, -1);
+  ASSERT_FALSE(head.entries.empty());
+  const ParameterEntry& copy = head.entries.back();
+  EXPECT_EQ(copy.name, "model.embed_tokens.weight");
+  EXPECT_EQ(head.lm_head, copy.offset);
+  EXPECT_EQ(copy.init_index, all.entries.front().init_index);
+  EXPECT_EQ(copy.shape, all.entries.front().shape);
+  const ParameterLayout first = MakeParameterLayout(c, whole, {0, 2, true, false});
+  EXPECT_EQ(first.lm_head, -1);
 }
 
 TEST(PipelinePartTest, PlanFollowsThePartitionAndSchedule) {

@@ -1,10 +1,13 @@
 """Parallel layouts as jobs through the coordinator and the node agent: every
-layout's per-step losses equal one process's within 1e-5 relative."""
+layout's per-step losses equal one process's within 1e-5 relative. The layout
+matrix also compares the parameters the jobs end with (their last checkpoint,
+exported to Hugging Face) with one process's."""
 
 import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import unittest
 
@@ -13,15 +16,15 @@ from loom_cluster import BIN, Cluster
 SPEC = """
 name: {name}
 model: {{vocab_size: 256, hidden_size: 64, num_layers: 4, num_heads: 4, num_kv_heads: 2,
-        ffn_hidden_size: 128, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
-train: {{steps: 10, global_batch_size: 8, micro_batch_size: 2, seq_len: 32,
+        ffn_hidden_size: 128, max_seq_len: 64, rope_theta: 10000, tie_embeddings: {tied}}}
+train: {{steps: 10, global_batch_size: {batch}, micro_batch_size: 2, seq_len: 32,
         lr: 3.0e-3, warmup_steps: 2, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 7, precision: {precision}, eval_interval: 0, eval_windows: 4}}
 data: {{train_path: data/train.txt, format: text}}
 parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: 1, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
               schedule: {schedule}, virtual_stages: {v}}}
 resources: {{device: cpu, ranks: {ranks}}}
-checkpoint: {{dir: "{ckpt}", interval: 5, keep: 2{resume}}}
+checkpoint: {{dir: "{ckpt}", interval: {ckpt_interval}, keep: 2{resume}}}
 fault_tolerance: {{max_restarts: 0}}
 """
 
@@ -29,6 +32,7 @@ fault_tolerance: {{max_restarts: 0}}
 class ParallelJobs(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        cls.jobs = {}  # test name -> job id
         cls.cluster = Cluster("parallel")
         cls.cluster.start_coordinator()
         cls.cluster.start_agent("node-a", "cpu:8")
@@ -38,15 +42,18 @@ class ParallelJobs(unittest.TestCase):
         cls.cluster.stop()
 
     def losses(self, name, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", v=1,
-               precision="fp32", steps=10, ckpt=None, resume_from=None):
+               precision="fp32", steps=10, ckpt=None, tied=False, batch=8, ckpt_interval=5,
+               resume_from=None):
         c = self.cluster
         spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, zero=zero, sp=str(sp).lower(),
                            schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp,
-                           ckpt=ckpt or f"ckpt-{name}",
+                           ckpt=ckpt or f"ckpt-{name}", tied=str(tied).lower(), batch=batch,
+                           ckpt_interval=ckpt_interval,
                            resume=f", resume_from: {resume_from}" if resume_from else ""
                            ).replace("steps: 10,", f"steps: {steps},")
         job = c.submit(spec, name)
         self.last_job = job
+        self.jobs[name] = job
         watch = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"), capture_output=True, text=True, timeout=300)
         self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
         steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
@@ -68,6 +75,65 @@ class ParallelJobs(unittest.TestCase):
                 for step, b in reference.items():
                     a = got[step]
                     self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+
+    def final_parameters(self, name):
+        """The parameters of job `name`'s newest checkpoint, exported to Hugging
+        Face: {tensor name: list of floats}."""
+        out = os.path.join(self.cluster.dir, f"hf-{name}")
+        self.cluster.loomctl("export", "--format=hf",
+                             self.cluster.checkpoint_dir(self.jobs[name]), out)
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            blob = f.read()
+        (header_size,) = struct.unpack("<Q", blob[:8])
+        header = json.loads(blob[8:8 + header_size])
+        data = blob[8 + header_size:]
+        tensors = {}
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            self.assertEqual(entry["dtype"], "F32", key)
+            begin, end = entry["data_offsets"]
+            tensors[key] = struct.unpack(f"<{(end - begin) // 4}f", data[begin:end])
+        return tensors
+
+    # Layouts that compose the axes (8 CPU ranks at most, tied embeddings
+    # throughout): per-step losses within 1e-5 relative of one process, and the
+    # parameters after the last step within 1e-5 in each tensor's L2 norm
+    # (AdamW divides by sqrt(v), so single weights with tiny gradients amplify
+    # float reordering; see tests/model_tp/tp_training_test.cc).
+    def test_layout_matrix_matches_one_process(self):
+        steps = 4
+        common = dict(tied=True, batch=16, steps=steps, ckpt_interval=steps)
+        reference = self.losses("matrix-single", **common)
+        reference_params = self.final_parameters("matrix-single")
+        layouts = [
+            ("tp2-pp2-dp2-zero1", dict(tp=2, pp=2, dp=2, zero=1)),
+            ("tp2-dp4-zero3", dict(tp=2, dp=4, zero=3)),
+            ("pp2-dp2-zero2", dict(pp=2, dp=2, zero=2)),
+            ("pp2-dp2-interleaved-zero1", dict(pp=2, dp=2, zero=1, schedule="interleaved", v=2)),
+            ("tp2-sp-dp2-zero2", dict(tp=2, dp=2, zero=2, sp=True)),
+            ("tp2-sp-dp4-zero2", dict(tp=2, dp=4, zero=2, sp=True)),
+            ("tp2-dp2-zero3-sp", dict(tp=2, dp=2, zero=3, sp=True)),
+            ("tp2-pp2-dp2-zero2", dict(tp=2, pp=2, dp=2, zero=2)),
+            ("pp4-dp2-afab-zero1", dict(pp=4, dp=2, zero=1, schedule="afab")),
+            ("tp4-dp2-zero1", dict(tp=4, dp=2, zero=1)),
+            ("dp8-zero3", dict(dp=8, zero=3)),
+            ("pp2-tp4", dict(pp=2, tp=4)),
+        ]
+        for name, layout in layouts:
+            with self.subTest(layout=name):
+                got = self.losses(name, **common, **layout)
+                self.assertEqual(sorted(got), list(range(1, steps + 1)))
+                for step, b in reference.items():
+                    a = got[step]
+                    self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+                params = self.final_parameters(name)
+                self.assertEqual(sorted(params), sorted(reference_params))
+                for tensor, want in reference_params.items():
+                    have = params[tensor]
+                    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(have, want)))
+                    norm = math.sqrt(sum(y * y for y in want))
+                    self.assertLessEqual(diff, 1e-5 * norm, f"{name} {tensor}")
 
     def test_checkpoint_from_dp2_tp2_resumes_at_tp2_pp2(self):
         reference = self.losses("uninterrupted")

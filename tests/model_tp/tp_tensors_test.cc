@@ -13,6 +13,7 @@
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/grad_clip.h"
 
 namespace loom::engine {
@@ -50,7 +51,8 @@ TEST(TpTensorsTest, GatherScatterNormAndClipMatchOneProcess) {
       EXPECT_EQ(local, std::vector<float>(v.data, v.data + v.numel())) << v.name;
     }
     model.ForwardBackward(b.inputs.data(), b.targets.data(), 2, 10, 1.0f);
-    absl::StatusOr<double> n = ClipByTpGlobalNorm(model.Gradients(), kMaxNorm, &tp);
+    absl::StatusOr<double> n =
+        ClipGradients(model.ops(), GradientPieces(model.Gradients()), {&tp}, kMaxNorm);
     ASSERT_TRUE(n.ok()) << n.status();
     norms[rank] = *n;
     grads[rank] = testing::Snapshot(model.Gradients());

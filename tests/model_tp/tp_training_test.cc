@@ -4,8 +4,8 @@
 // losses, gradient norms and validation losses of every step, and every
 // parameter after the last step (assembled from the shards), must equal the
 // single-process run's within 1e-5 relative. Layouts: tp2, tp2+sp (kv heads
-// split and replicated), and dp2 x tp2 at ZeRO stages 0 and 1. Checkpoints
-// move between tp2 and one process.
+// split and replicated), and dp2 x tp2 at ZeRO stages 0 to 3. Checkpoints
+// move between tp2 (also dp2 x tp2 under ZeRO) and one process.
 //
 // Parameters compare per tensor in L2 norm: AdamW divides by sqrt(v), so
 // single weights whose gradients are tiny amplify float reordering; two
@@ -63,8 +63,12 @@ class TpTrainingTest : public ::testing::Test {
     return run;
   }
 
-  // dp x tp ranks, tp fastest (global rank = dp_rank * tp + tp_rank).
-  std::vector<TrainedRun> RunLayout(spec::JobSpec job, int dp, int tp, bool sp, int zero_stage) {
+  // dp x tp ranks, tp fastest (global rank = dp_rank * tp + tp_rank). Each
+  // rank restores from `restore` (when given), trains to step `until` (0: the
+  // end) and saves under `save` (when given).
+  std::vector<TrainedRun> RunLayout(spec::JobSpec job, int dp, int tp, bool sp, int zero_stage,
+                                    const std::string& restore = "", int64_t until = 0,
+                                    const std::string& save = "") {
     job.parallelism.dp = dp;
     job.parallelism.tp = tp;
     job.parallelism.sequence_parallel = sp;
@@ -77,8 +81,17 @@ class TpTrainingTest : public ::testing::Test {
       absl::StatusOr<std::unique_ptr<TrainingLoop>> loop =
           TrainingLoop::Create(job, d, dp, dp_comm, tp_comm);
       ASSERT_TRUE(loop.ok()) << loop.status();
+      EXPECT_EQ((*loop)->zero_stage(), dp > 1 ? zero_stage : 0);
       TrainedRun& run = runs[mesh.Rank(0, d, t)];
-      run.steps = testing::TrainToEnd(**loop);
+      if (!restore.empty()) {
+        absl::StatusOr<LoadedCheckpoint> loaded = (*loop)->RestoreNewest(restore);
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+      }
+      run.steps = testing::TrainUntil(**loop, until > 0 ? until : job.train.steps);
+      if (!save.empty()) {
+        absl::StatusOr<std::string> saved = (*loop)->SaveCheckpoint(save);
+        ASSERT_TRUE(saved.ok()) << saved.status();
+      }
       std::vector<float> flat;
       ASSERT_TRUE((*loop)->GatherParameters(&flat).ok());  // ZeRO: whole local shards
       int64_t offset = 0;
@@ -136,6 +149,49 @@ TEST_F(TpTrainingTest, Dp2Tp2MatchesOneProcess) {
   const TrainedRun one = RunSingle(job);
   ExpectSame(RunLayout(job, 2, 2, true, 0), one);
   ExpectSame(RunLayout(job, 2, 2, false, 1), one);
+}
+
+// ZeRO under TP: the DP engine shards this rank's TP slice of the flat
+// parameters; the norm adds the DP shards' and TP slices' squares.
+TEST_F(TpTrainingTest, Dp2Tp2ZeroStagesMatchOneProcess) {
+  const spec::JobSpec job = Job(2);
+  const TrainedRun one = RunSingle(job);
+  ExpectSame(RunLayout(job, 2, 2, true, 2), one);
+  ExpectSame(RunLayout(job, 2, 2, false, 3), one);
+  ExpectSame(RunLayout(job, 2, 2, true, 3), one);
+}
+
+// Checkpoints of ZeRO under TP hold global tensors: resuming the same layout
+// is bit for bit, one process resumes within the tolerance.
+TEST_F(TpTrainingTest, ZeroUnderTpCheckpointsResume) {
+  const spec::JobSpec job = Job(1);
+  const TrainedRun straight = RunSingle(job);
+  for (int zero : {1, 2, 3}) {
+    SCOPED_TRACE("zero_stage " + std::to_string(zero));
+    const std::string root = dir_ / ("ckpt_zero" + std::to_string(zero));
+    const std::vector<TrainedRun> whole = RunLayout(job, 2, 2, true, zero);
+    RunLayout(job, 2, 2, true, zero, "", 5, root);
+    const std::vector<TrainedRun> resumed = RunLayout(job, 2, 2, true, zero, root);
+    ASSERT_EQ(resumed.size(), whole.size());
+    for (size_t r = 0; r < whole.size(); ++r) {
+      ASSERT_EQ(resumed[r].steps.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_EQ(resumed[r].steps[i].loss, whole[r].steps[5 + i].loss) << "rank " << r;
+        EXPECT_EQ(resumed[r].steps[i].grad_norm, whole[r].steps[5 + i].grad_norm) << "rank " << r;
+      }
+      EXPECT_EQ(resumed[r].params, whole[r].params) << "rank " << r;
+    }
+    auto loop = TrainingLoop::Create(job);
+    ASSERT_TRUE(loop.ok());
+    ASSERT_TRUE((*loop)->RestoreNewest(root).ok());
+    const std::vector<StepProgress> rest = testing::TrainToEnd(**loop);
+    ASSERT_EQ(rest.size(), 5u);
+    for (size_t i = 0; i < rest.size(); ++i) {
+      EXPECT_NEAR(rest[i].loss, straight.steps[5 + i].loss, kTolerance * straight.steps[5 + i].loss);
+    }
+    testing::ExpectMapsNear(testing::ToMap((*loop)->model().Parameters()), straight.params,
+                            kTolerance, "tp2 x dp2 ZeRO checkpoint resumed on one process", true);
+  }
 }
 
 // Checkpoints hold global tensors: one saved at tp2+sp after 5 steps resumes

@@ -10,7 +10,7 @@
 #include "worker/engine/device_staging.h"
 #include "worker/engine/model/tp_plan.h"
 #include "worker/engine/model/tp_tensors.h"
-#include "worker/engine/optim/grad_clip.h"
+#include "worker/engine/model/host_floats.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
 #include "worker/engine/zero/sharded_checkpoint.h"
@@ -30,15 +30,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
-                       comm::Communicator* dp_comm) {
+absl::Status CheckSpec(const spec::JobSpec& spec, int dp_size) {
   const spec::TrainSpec& t = spec.train;
-  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
-    return absl::InvalidArgumentError(absl::StrCat("dp rank ", dp_rank, " of ", dp_size, " is not a valid data-parallel coordinate"));
-  }
-  if (dp_size > 1 && (dp_comm == nullptr || dp_comm->size() != dp_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("dp size ", dp_size, " needs a DP communicator of that size"));
-  }
   if (t.steps < 1 || t.micro_batch_size < 1 || t.global_batch_size < 1 || t.seq_len < 1) {
     return absl::InvalidArgumentError("train.steps, global_batch_size, micro_batch_size and seq_len must be positive");
   }
@@ -72,17 +65,10 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_rank, int dp_size,
   return absl::OkStatus();
 }
 
-// [tp] What tensor parallelism needs of the spec and the group. Without a
-// group the whole model runs on this rank whatever parallelism.tp says (the
-// standalone trainer ignores the layout, as it does dp).
-absl::Status CheckTensorParallelSpec(const spec::JobSpec& spec, int dp_size,
-                                     comm::Communicator* tp_comm) {
-  const int tp = tp_comm != nullptr ? tp_comm->size() : 1;
-  const int64_t want = spec.parallelism.tp.value_or(1);
-  if (tp_comm != nullptr && want != tp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.tp=", want, " but the tensor-parallel group has ", tp, " ranks"));
-  }
+// [tp] What tensor parallelism needs of the spec. Without a group the whole
+// model runs on this rank whatever parallelism.tp says (the standalone
+// trainer ignores the layout, as it does dp).
+absl::Status CheckTensorParallelSpec(const spec::JobSpec& spec, int tp) {
   if (tp == 1) return absl::OkStatus();
   if (absl::Status s = CheckTensorParallel(spec.model, tp); !s.ok()) return s;
   const spec::TrainSpec& t = spec.train;
@@ -90,11 +76,6 @@ absl::Status CheckTensorParallelSpec(const spec::JobSpec& spec, int dp_size,
     return absl::InvalidArgumentError(absl::StrCat(
         "parallelism.sequence_parallel splits train.micro_batch_size x train.seq_len = ",
         t.micro_batch_size * t.seq_len, " token rows over tp=", tp, ": they must divide evenly"));
-  }
-  if (dp_size > 1 && spec.parallelism.zero_stage.value_or(0) >= 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.zero_stage=", *spec.parallelism.zero_stage, " with tp=", tp,
-        " is not supported yet: the sharded gradient norm does not sum over the TP group"));
   }
   return absl::OkStatus();
 }
@@ -108,24 +89,28 @@ double ModelFlopsPerToken(const spec::ModelSpec& m, int64_t num_parameters, int6
          12.0 * static_cast<double>(m.num_layers * m.hidden_size * seq_len);
 }
 
-TrainingLoop::TrainingLoop(const spec::JobSpec& spec, int dp_rank, int dp_size,
-                           comm::Communicator* dp_comm)
-    : spec_(spec), dp_rank_(dp_rank), dp_size_(dp_size), dp_comm_(dp_size > 1 ? dp_comm : nullptr) {}
+TrainingLoop::TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx)
+    : spec_(spec), ctx_(ctx) {}
 
 TrainingLoop::~TrainingLoop() = default;
 
-absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::JobSpec& spec,
-                                                                   int dp_rank, int dp_size,
-                                                                   comm::Communicator* dp_comm,
-                                                                   comm::Communicator* tp_comm,
-                                                                   comm::Communicator* pp_comm,
-                                                                   std::shared_ptr<kernels::Ops> ops) {
+absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
+    const spec::JobSpec& spec, int dp_rank, int dp_size, comm::Communicator* dp_comm,
+    comm::Communicator* tp_comm, comm::Communicator* pp_comm, std::shared_ptr<kernels::Ops> ops) {
+  absl::StatusOr<ParallelContext> ctx =
+      ParallelContext::Make(dp_rank, dp_size, dp_comm, tp_comm, pp_comm);
+  if (!ctx.ok()) return ctx.status();
+  return Create(spec, *ctx, std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
+    const spec::JobSpec& spec, const ParallelContext& ctx, std::shared_ptr<kernels::Ops> ops) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
-  if (absl::Status s = CheckSpec(resolved, dp_rank, dp_size, dp_comm); !s.ok()) return s;
-  if (absl::Status s = CheckTensorParallelSpec(resolved, dp_size, tp_comm); !s.ok()) return s;  // [tp]
-  std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, dp_rank, dp_size, dp_comm));
-  if (tp_comm != nullptr && tp_comm->size() > 1) loop->tp_comm_ = tp_comm;  // [tp]
+  if (absl::Status s = CheckSpec(resolved, ctx.dp_size); !s.ok()) return s;
+  if (absl::Status s = CheckContextMatchesSpec(ctx, resolved); !s.ok()) return s;
+  if (absl::Status s = CheckTensorParallelSpec(resolved, ctx.tp_size()); !s.ok()) return s;  // [tp]
+  std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, ctx));
   const spec::JobSpec& job = loop->spec_;
   const spec::TrainSpec& t = job.train;
 
@@ -151,27 +136,26 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
     ops = *std::move(made);
   }
   loop->ops_ = ops;
-  if (pp_comm != nullptr && pp_comm->size() > 1) {  // [pp] training_loop_pipeline.cc
-    loop->pp_comm_ = pp_comm;
+  if (loop->ctx_.pp != nullptr) {  // [pp] training_loop_pipeline.cc
     if (absl::Status s = loop->CreatePipeline(); !s.ok()) return s;
     return loop;
   }
 
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, ops,
-      TensorParallelOptions{loop->tp_comm_, job.parallelism.sequence_parallel});  // [tp]
+      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel});  // [tp]
   loop->model_->InitParameters(t.seed);
   const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));
   int zero_stage = 0;
-  if (loop->dp_comm_ != nullptr) {
+  if (loop->ctx_.dp != nullptr) {
     DataParallelOptions options;
     options.zero_stage = static_cast<int>(job.parallelism.zero_stage.value_or(0));
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
     absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine = DataParallelEngine::Create(
-        loop->model_.get(), loop->dp_comm_, options, t, &loop->memory_);
+        loop->model_.get(), loop->ctx_.dp, options, t, &loop->memory_);
     if (!engine.ok()) return engine.status();
-    loop->dp_engine_ = std::move(*engine);
-    loop->dp_engine_->ShardParameters();
+    (*engine)->ShardParameters();
+    loop->dp_engines_.push_back(std::move(*engine));
     zero_stage = options.zero_stage;
   } else {
     loop->memory_.Add(MemoryKind::kParameters, param_bytes);
@@ -191,7 +175,7 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(const spec::J
 void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const {
   const spec::TrainSpec& t = spec_.train;
   sampler_->Fill(step,
-                 MicroBatchFirst(t.global_batch_size, dp_size_, dp_rank_, t.micro_batch_size, micro),
+                 MicroBatchFirst(t.global_batch_size, ctx_.dp_size, ctx_.dp_rank, t.micro_batch_size, micro),
                  t.micro_batch_size, out);
 }
 
@@ -210,15 +194,16 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = step_ + 1;
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
-  const int64_t local_micro = total_micro / dp_size_;
+  const int64_t local_micro = total_micro / ctx_.dp_size;
   // Each micro-batch's gradient is scaled so the DP sum is the mean over the
   // whole global batch.
   const float loss_scale = 1.0f / static_cast<float>(total_micro);
 
   memory_.ResetPeaks();
   ops_->ResetPeakDeviceMemory();
-  if (dp_engine_) {
-    dp_engine_->BeginStep();
+  DataParallelEngine* dp = dp_engine();
+  if (dp != nullptr) {
+    dp->BeginStep();
   } else {
     model_->ZeroGradients();
   }
@@ -226,40 +211,75 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   for (int64_t micro = 0; micro < local_micro; ++micro) {
     FillTrainMicroBatch(step, micro, &batch_);
     Phase("forward_backward", micro);
-    if (dp_engine_) dp_engine_->BeginMicroBatch(micro + 1 == local_micro);
+    if (dp != nullptr) dp->BeginMicroBatch(micro + 1 == local_micro);
     loss_sum += model_->ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
                                         batch_.seq, loss_scale);
     if (!model_->status().ok()) return model_->status();  // [tp] a failed TP collective
-    if (dp_engine_) {
-      if (absl::Status s = dp_engine_->EndMicroBatch(); !s.ok()) return s;
+    if (dp != nullptr) {
+      if (absl::Status s = dp->EndMicroBatch(); !s.ok()) return s;
     }
   }
   memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
   Phase("reduce_gradients");
-  if (dp_engine_) {
-    // [tp] Under TP the norm spans the TP group's shards: clipped below.
-    absl::StatusOr<double> norm =
-        dp_engine_->ReduceAndClip(&loss, tp_comm_ != nullptr ? 0.0 : t.grad_clip);
-    if (!norm.ok()) return norm.status();
-    p.grad_norm = *norm;
-  } else if (tp_comm_ == nullptr) {
-    p.grad_norm = ClipByGlobalNorm(*ops_, model_->Gradients(), t.grad_clip);
+  if (dp != nullptr) {
+    if (absl::Status s = dp->FinishReduction(); !s.ok()) return s;
   }
-  if (tp_comm_ != nullptr) {  // [tp]
-    absl::StatusOr<double> norm = ClipByTpGlobalNorm(*ops_, model_->Gradients(), t.grad_clip, tp_comm_);
-    if (!norm.ok()) return norm.status();
-    p.grad_norm = *norm;
-  }
+  if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.dp, &loss, 1); !s.ok()) return s;
+  absl::StatusOr<double> norm = ClipStepGradients();
+  if (!norm.ok()) return norm.status();
+  p.grad_norm = *norm;
   p.lr = LearningRate(t, step);
   Phase("optimizer");
-  if (optimizer_) {
-    optimizer_->Step(p.lr);
-  } else if (absl::Status s = dp_engine_->OptimizerStep(p.lr); !s.ok()) {
-    return s;
-  }
+  absl::Status updated;
+  OptimizerUpdate(p.lr, &updated);
+  if (!updated.ok()) return updated;
   return FinishStep(std::move(p), step, loss, start);
+}
+
+std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
+  if (dp_engines_.empty()) {
+    std::vector<TensorView> grads = pipeline_ ? stage_->Gradients() : model_->Gradients();
+    if (pipeline_ && TiedAcrossStages(spec_.model, ctx_.pp_size())) {
+      // The first and the last stage hold the same summed gradient: once.
+      for (TensorView& g : grads) {
+        if (g.name == kTiedEmbedding) g.replicas *= 2;
+      }
+    }
+    return GradientPieces(grads);
+  }
+  std::vector<GradientPiece> pieces;
+  for (const auto& e : dp_engines_) {
+    for (const GradientPiece& g : e->GradientPieces()) pieces.push_back(g);
+  }
+  return pieces;
+}
+
+absl::StatusOr<double> TrainingLoop::ClipStepGradients() {
+  return ClipGradients(*ops_, GradientPiecesToClip(), ctx_.GradientNormGroups(zero_stage() >= 1),
+                       spec_.train.grad_clip);
+}
+
+void TrainingLoop::OptimizerUpdate(double lr, absl::Status* status) {
+  if (optimizer_) {
+    optimizer_->Step(lr);
+    return;
+  }
+  for (const auto& e : dp_engines_) {
+    if (absl::Status s = e->OptimizerStep(lr); !s.ok() && status->ok()) *status = s;
+  }
+}
+
+int64_t TrainingLoop::optimizer_step() const {
+  return optimizer_ ? optimizer_->step() : dp_engines_[0]->sharded_optimizer()->step();
+}
+
+void TrainingLoop::set_optimizer_step(int64_t step) {
+  if (optimizer_) optimizer_->set_step(step);
+  for (const auto& e : dp_engines_) {
+    if (e->sharded_optimizer() != nullptr) e->sharded_optimizer()->set_step(step);
+  }
 }
 
 absl::StatusOr<StepProgress> TrainingLoop::FinishStep(StepProgress p, int64_t step, double loss,
@@ -299,8 +319,8 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   // Windows are split contiguously over DP ranks; each window's mean loss
   // counts once.
   const int64_t windows = t.eval_windows;
-  const int64_t begin = windows * dp_rank_ / dp_size_;
-  const int64_t end = windows * (dp_rank_ + 1) / dp_size_;
+  const int64_t begin = windows * ctx_.dp_rank / ctx_.dp_size;
+  const int64_t end = windows * (ctx_.dp_rank + 1) / ctx_.dp_size;
   double sum = 0.0;
   for (int64_t first = begin; first < end; first += t.micro_batch_size) {
     const int64_t count = std::min(t.micro_batch_size, end - first);
@@ -311,10 +331,10 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   }
   // The sum crosses the DP group, and under PP the stages (only the last
   // one's is not zero), as a float; alone, the double stays as it is.
-  comm::Communicator* pp = pipeline_ ? pp_comm_ : nullptr;
-  if (dp_comm_ != nullptr || pp != nullptr) {
+  comm::Communicator* pp = pipeline_ ? ctx_.pp : nullptr;
+  if (ctx_.dp != nullptr || pp != nullptr) {
     float total = static_cast<float>(sum);
-    if (absl::Status s = AllReduceHostFloats(*ops_, dp_comm_, &total, 1); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.dp, &total, 1); !s.ok()) return s;
     if (absl::Status s = AllReduceHostFloats(*ops_, pp, &total, 1); !s.ok()) return s;
     sum = total;
   }
@@ -331,10 +351,51 @@ absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
 
 // ---- [tp] Checkpoints under tensor parallelism --------------------------------
 
-absl::Status TrainingLoop::TensorParallelCheckpointsUnsupported() const {
-  return absl::UnimplementedError(absl::StrCat(
-      "checkpoints with parallelism.tp=", tp_comm_->size(), " and parallelism.zero_stage=",
-      zero_stage(), " are not supported yet (zero_stage 0 is): leave checkpoint.dir empty"));
+std::vector<TensorView> TrainingLoop::PartParameters() {
+  return pipeline_ ? stage_->Parameters() : model_->Parameters();
+}
+
+absl::Status TrainingLoop::UnshardForCheckpoint() {
+  full_states_.clear();
+  for (const auto& e : dp_engines_) {
+    const int64_t n = e->partition().total();
+    kernels::Buffer m = ops_->AllocateFloats(n), v = ops_->AllocateFloats(n);
+    ops_->Fill(m.f32(), n, 0.0f);
+    ops_->Fill(v.f32(), n, 0.0f);
+    if (absl::Status s = e->GatherOptimizerStates(m.f32(), v.f32()); !s.ok()) return s;
+    if (absl::Status s = e->MaterializeParameters(); !s.ok()) return s;
+    full_states_.emplace_back(std::move(m), std::move(v));
+  }
+  return absl::OkStatus();
+}
+
+void TrainingLoop::ReshardAfterCheckpoint(bool loaded) {
+  for (size_t i = 0; i < dp_engines_.size() && i < full_states_.size(); ++i) {
+    if (loaded) {
+      dp_engines_[i]->ScatterOptimizerStates(full_states_[i].first.f32(),
+                                             full_states_[i].second.f32());
+    }
+    dp_engines_[i]->ShardParameters();  // ZeRO-3: the (loaded) parameters become the shard
+  }
+  full_states_.clear();
+}
+
+std::vector<TensorView> TrainingLoop::OptimizerStates() {
+  if (optimizer_) return optimizer_->States();
+  std::vector<TensorView> m, v;
+  for (size_t i = 0; i < dp_engines_.size() && i < full_states_.size(); ++i) {
+    const std::vector<TensorView> params =
+        pipeline_ ? stage_->model(static_cast<int64_t>(i)).Parameters() : model_->Parameters();
+    const std::vector<FlatTensor>& flat = dp_engines_[i]->partition().tensors();
+    for (size_t j = 0; j < params.size(); ++j) {
+      m.push_back({"optimizer.exp_avg." + params[j].name, params[j].shape,
+                   full_states_[i].first.f32() + flat[j].offset});
+      v.push_back({"optimizer.exp_avg_sq." + params[j].name, params[j].shape,
+                   full_states_[i].second.f32() + flat[j].offset});
+    }
+  }
+  for (TensorView& t : v) m.push_back(std::move(t));
+  return m;
 }
 
 // The parameters (the whole model's, or a pipeline stage's) and their AdamW
@@ -347,7 +408,7 @@ std::vector<TrainingLoop::TpStaged> TrainingLoop::CheckpointState(
     by_name[p.name] = p;
     staged.push_back({p, {}});
   }
-  for (TensorView s : optimizer_->States()) {
+  for (TensorView s : OptimizerStates()) {
     // "optimizer.exp_avg.<param>" / "optimizer.exp_avg_sq.<param>"
     const std::string param = s.name.substr(s.name.find('.', sizeof("optimizer")) + 1);
     const TensorView& p = by_name.at(param);
@@ -367,32 +428,32 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
   // DP rank 0's TP group writes (the DP ranks hold the same values).
   for (TpStaged& t : staged) {
-    if (dp_rank_ != 0) break;
-    if (absl::Status s = GatherGlobal(*ops_, t.local, tp_comm_, &t.global); !s.ok()) return s;
+    if (ctx_.dp_rank != 0) break;
+    if (absl::Status s = GatherGlobal(*ops_, t.local, ctx_.tp, &t.global); !s.ok()) return s;
     CheckpointFile& file = t.local.name.rfind("optimizer.", 0) == 0 ? optimizer : model;
     file.tensors.push_back({t.local.name, t.local.GlobalShape(), t.global.data()});
   }
-  content.state["layout"]["tp"] = tp_comm_->size();
+  content.state["layout"]["tp"] = ctx_.tp->size();
   content.files = {std::move(model), std::move(optimizer)};
   absl::StatusOr<std::string> dir = std::string();
-  if (dp_rank_ == 0 && tp_comm_->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
+  if (ctx_.dp_rank == 0 && ctx_.tp->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   // The writer tells its TP group, then each of those tells its DP group;
   // this is also the barrier.
-  float ok = dir.ok() ? 1.0f : 0.0f;
-  if (dp_rank_ == 0) {
-    if (absl::Status s = BroadcastHostFloats(*ops_, tp_comm_, &ok, 1, 0);
+  int32_t ok = dir.ok() ? 1 : 0;
+  if (ctx_.dp_rank == 0) {
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.tp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
   }
-  if (dp_comm_ != nullptr) {
-    if (absl::Status s = BroadcastHostFloats(*ops_, dp_comm_, &ok, 1, 0);
+  if (ctx_.dp != nullptr) {
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
   }
   if (!dir.ok()) return dir;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
                                             step_, " under ", root));
   }
@@ -405,7 +466,7 @@ absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
     DownloadTensors(*ops_, stage_->Parameters(), out);
     return absl::OkStatus();
   }
-  if (dp_engine_) return dp_engine_->GatherParameters(out);
+  if (dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
   out->clear();
   DownloadTensors(*ops_, model_->Parameters(), out);
   return absl::OkStatus();
@@ -413,26 +474,33 @@ absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
 
 absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root) {
   Phase("checkpoint");
-  if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
   CheckpointContent content;
   content.step = step_;
   content.model = spec_.model;
   content.state = {
       {"tokens", tokens_},
-      {"optimizer_step", optimizer_ ? optimizer_->step() : dp_engine_->sharded_optimizer()->step()},
+      {"optimizer_step", optimizer_step()},
       {"data", {{"sampler", kSamplerName}, {"seed", spec_.train.seed}, {"next_step", step_ + 1},
                 {"seq_len", spec_.train.seq_len},
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
-      {"layout", {{"dp", dp_size_}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
-  if (pipeline_) return SavePipelineCheckpoint(root, std::move(content));  // [pp]
-  if (tp_comm_ != nullptr) return SaveTensorParallelCheckpoint(root, std::move(content));  // [tp]
+      {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
+  if (pipeline_ || ctx_.tp != nullptr) {  // [tp] [pp] global tensors
+    const bool unshard = zero_stage() > 0;
+    if (unshard) {
+      if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
+    }
+    absl::StatusOr<std::string> dir = pipeline_ ? SavePipelineCheckpoint(root, std::move(content))
+                                                : SaveTensorParallelCheckpoint(root, std::move(content));
+    if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);
+    return dir;
+  }
   if (zero_stage() > 0) {
-    return SaveShardedCheckpoint(root, content, *model_, *dp_engine_, *dp_comm_,
+    return SaveShardedCheckpoint(root, content, *model_, *dp_engine(), *ctx_.dp,
                                  spec_.checkpoint.keep);
   }
   absl::StatusOr<std::string> dir = std::string();
-  if (dp_rank_ == 0) {
+  if (ctx_.dp_rank == 0) {
     // The writer reads host memory: a device backend's tensors are copied
     // down first, one tensor at a time (nothing to copy on the CPU).
     const HostStaging params(*ops_, model_->Parameters(), /*download=*/true);
@@ -442,14 +510,14 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
         {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", states.host(), {}});
     dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   }
-  if (dp_comm_ != nullptr) {
+  if (ctx_.dp != nullptr) {
     // Rank 0 tells everyone whether the commit happened; this is also the barrier.
-    float ok = dir.ok() ? 1.0f : 0.0f;
-    if (absl::Status s = BroadcastHostFloats(*ops_, dp_comm_, &ok, 1, 0);
+    int32_t ok = dir.ok() ? 1 : 0;
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
         !s.ok()) {
       return s;
     }
-    if (dp_rank_ != 0 && ok != 1.0f) {
+    if (ctx_.dp_rank != 0 && ok != 1) {
       return absl::InternalError(absl::StrCat("DP rank 0 failed to write the checkpoint of step ",
                                               step_, " under ", root));
     }
@@ -458,16 +526,20 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
 }
 
 absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {
-  if (tp_comm_ != nullptr && zero_stage() > 0) return TensorParallelCheckpointsUnsupported();  // [tp]
+  // [tp] [pp] with ZeRO: loaded as whole tensors, sharded over DP after.
+  const bool unshard = (pipeline_ || ctx_.tp != nullptr) && zero_stage() > 0;
+  if (unshard) {
+    if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
+  }
   std::vector<FlatSlice> into;
   std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
   std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
   std::unique_ptr<RestoreStaging> sharded;  // ZeRO: host copies of the shards
-  if (pipeline_ && tp_comm_ == nullptr && HostAddressable(*ops_)) {  // [pp] whole tensors, in place
+  if (pipeline_ && ctx_.tp == nullptr && HostAddressable(*ops_)) {  // [pp] whole tensors, in place
     for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
     }
-  } else if (tp_comm_ != nullptr || pipeline_) {  // [tp] [pp] host globals, sliced up after
+  } else if (ctx_.tp != nullptr || pipeline_) {  // [tp] [pp] host globals, sliced up after
     tp_staged = CheckpointState(pipeline_ ? stage_->Parameters() : model_->Parameters());  // [pp]
     for (TpStaged& t : tp_staged) {
       const std::vector<int64_t>& shape = t.local.GlobalShape();
@@ -478,7 +550,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
     }
   } else if (zero_stage() > 0) {
     // As below: the shards go up only once the step has loaded completely.
-    sharded = std::make_unique<RestoreStaging>(*ops_, ShardedRestoreTargets(*model_, *dp_engine_));
+    sharded = std::make_unique<RestoreStaging>(*ops_, ShardedRestoreTargets(*model_, *dp_engine()));
     into = sharded->host();
   } else {
     std::vector<TensorView> whole = model_->Parameters();
@@ -489,10 +561,14 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
     for (const TensorView& t : staged->host()) into.push_back({t.name, t.shape, 0, t.numel(), t.data});
   }
   absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
-  if (!loaded.ok()) return loaded.status();
+  if (!loaded.ok()) {
+    if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);  // as it was
+    return loaded.status();
+  }
   if (staged != nullptr) staged->Upload();
   if (sharded != nullptr) sharded->Upload();
   for (const TpStaged& t : tp_staged) ScatterGlobal(*ops_, t.global, t.local);  // [tp] [pp]
+  if (unshard) ReshardAfterCheckpoint(/*loaded=*/true);
   const nlohmann::json& state = loaded->state;
   auto get_int = [&state](const char* key, int64_t fallback) {
     return state.contains(key) && state[key].is_number_integer() ? state[key].get<int64_t>()
@@ -500,12 +576,7 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   };
   step_ = loaded->step;
   tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
-  const int64_t optimizer_step = get_int("optimizer_step", step_);
-  if (optimizer_) {
-    optimizer_->set_step(optimizer_step);
-  } else {
-    dp_engine_->sharded_optimizer()->set_step(optimizer_step);
-  }
+  set_optimizer_step(get_int("optimizer_step", step_));
   return loaded;
 }
 

@@ -1,8 +1,10 @@
-// The training loop of one data-parallel rank: builds the model, optimizer and
-// data from a JobSpec, and runs optimizer steps (gradient accumulation over
-// this rank's micro-batches, DP gradient reduction and the ZeRO stage of
-// parallelism.zero_stage through the DataParallelEngine, global-norm
-// clipping, AdamW), evaluation and checkpoints. Deterministic: the same spec gives the
+// The training loop of one rank: builds the model (or its pipeline stage),
+// optimizer and data from a JobSpec and the rank's ParallelContext, and runs
+// optimizer steps (gradient accumulation over this rank's micro-batches, DP
+// gradient reduction and the ZeRO stage of parallelism.zero_stage through the
+// DataParallelEngine, one global-norm clipping over the context's groups,
+// AdamW), evaluation and checkpoints. The axes compose: ZeRO 1-3 under TP,
+// ZeRO 1-2 under PP (one DataParallelEngine per pipeline chunk). Deterministic: the same spec gives the
 // same losses bit for bit, and a loop restored from a checkpoint continues
 // exactly as the uninterrupted one would have.
 #pragma once
@@ -24,6 +26,8 @@
 #include "worker/engine/memory/memory_tracker.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/adamw.h"
+#include "worker/engine/optim/clip_gradients.h"
+#include "worker/engine/parallel/parallel_context.h"
 #include "worker/engine/pipeline/pipeline_executor.h"  // [pp]
 #include "worker/engine/pipeline/pipeline_stage.h"     // [pp]
 #include "worker/engine/progress.h"
@@ -33,24 +37,25 @@ namespace loom::engine {
 
 struct CheckpointContent;
 
+inline constexpr char kTiedEmbedding[] = "model.embed_tokens.weight";
+
 class TrainingLoop {
  public:
-  // spec.data paths are used as given (resolve relative paths first). dp_comm
-  // may be nullptr when dp_size == 1; otherwise its size must be dp_size.
-  // parallelism.zero_stage (0..3) applies when dp_size > 1. Fails with
+  // spec.data paths are used as given (resolve relative paths first). ctx:
+  // this rank's groups (parallel/parallel_context.h); the default is one
+  // rank. parallelism.zero_stage (0..3) applies when there is a DP group
+  // (ZeRO-3 not under PP). Fails with
   // INVALID_ARGUMENT naming the field for a spec this engine cannot run (batch
   // not divisible, seq_len > max_seq_len, bf16 or fp8 with pp > 1), and
   // with the data loader's error for a missing or malformed data file.
   //
-  // [tp] tp_comm: this rank's tensor-parallel group (the assignment's "tp"
-  // group), or nullptr / a group of one without TP; its size must be
-  // parallelism.tp. The ranks of one TP group share the DP coordinate
+  // [tp] ctx.tp: this rank's tensor-parallel group (the assignment's "tp"
+  // group); its size must be parallelism.tp. The ranks of one TP group share the DP coordinate
   // (dp_rank, dp_size), so they train the same micro-batches, as they must.
   // parallelism.sequence_parallel applies under TP.
   //
-  // [pp] pp_comm: this rank's pipeline group (the assignment's "pp" group,
-  // rank = stage), or nullptr / a group of one without PP; its size must be
-  // parallelism.pp. The stage's layers and instruction list come from
+  // [pp] ctx.pp: this rank's pipeline group (the assignment's "pp" group,
+  // rank = stage); its size must be parallelism.pp. The stage's layers and instruction list come from
   // MakePipelinePlan (pipeline/pipeline_plan.h); see docs/pipeline.md.
   //
   // ops: the backend to train on; null picks it from the spec
@@ -59,6 +64,11 @@ class TrainingLoop {
   // and activations goes through the backend, and the dp, tp and pp
   // communicators receive only backend memory, as NCCL requires
   // (docs/engine.md, "Device memory").
+  static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
+      const spec::JobSpec& spec, const ParallelContext& ctx,
+      std::shared_ptr<kernels::Ops> ops = nullptr);
+  // The same with the context made from its parts (ParallelContext::Make),
+  // for tests and tools that hold loose groups.
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
       const spec::JobSpec& spec, int dp_rank = 0, int dp_size = 1,
       comm::Communicator* dp_comm = nullptr, comm::Communicator* tp_comm = nullptr,
@@ -103,9 +113,11 @@ class TrainingLoop {
   PipelineStage* pipeline_stage() { return stage_.get(); }
   // The unsharded optimizer (ZeRO stage 0); see dp_engine() otherwise.
   AdamW& optimizer() { return *optimizer_; }
-  // Null for a single rank.
-  DataParallelEngine* dp_engine() { return dp_engine_.get(); }
-  int zero_stage() const { return dp_engine_ ? dp_engine_->zero_stage() : 0; }
+  // Null without a DP group. [pp] Under PP: the first chunk's (there is one
+  // per chunk).
+  DataParallelEngine* dp_engine() { return dp_engines_.empty() ? nullptr : dp_engines_[0].get(); }
+  int zero_stage() const { return dp_engines_.empty() ? 0 : dp_engines_[0]->zero_stage(); }
+  const ParallelContext& parallel_context() const { return ctx_; }
   // All parameters in the model's flat order (collective under ZeRO-3), in
   // host memory whatever the backend.
   // [pp] Under PP: this stage's parameters, chunk after chunk.
@@ -119,7 +131,7 @@ class TrainingLoop {
   void FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const;
 
  private:
-  TrainingLoop(const spec::JobSpec& spec, int dp_rank, int dp_size, comm::Communicator* dp_comm);
+  TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx);
   bool IsEvalStep(int64_t step) const;
   // [tp] Checkpoints of a TP layout hold GLOBAL tensors, gathered over the
   // TP group (the same files one process writes, so they load under any tp).
@@ -131,7 +143,24 @@ class TrainingLoop {
   std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
-  absl::Status TensorParallelCheckpointsUnsupported() const;
+  // The model parts' parameters (the model's, or the stage's chunk after chunk).
+  std::vector<TensorView> PartParameters();
+  // [tp] [pp] with ZeRO: the checkpoint of a TP or PP layout holds whole
+  // global tensors, so the DP-sharded state is made whole first (the moments
+  // gathered into full_states_, ZeRO-3's parameters into the model) and
+  // sharded again after a save or a restore.
+  absl::Status UnshardForCheckpoint();
+  void ReshardAfterCheckpoint(bool loaded);
+  // The AdamW moments of PartParameters(), named optimizer.exp_avg.<param> /
+  // optimizer.exp_avg_sq.<param>: AdamW's own, or (ZeRO) full_states_.
+  std::vector<TensorView> OptimizerStates();
+  // The gradient this rank's optimizer reads, for ClipGradients.
+  std::vector<GradientPiece> GradientPiecesToClip();
+  // Clips the reduced gradient over the context's groups; the norm.
+  absl::StatusOr<double> ClipStepGradients();
+  void OptimizerUpdate(double lr, absl::Status* status);
+  int64_t optimizer_step() const;
+  void set_optimizer_step(int64_t step);
 
   // [pp] Pipeline parallelism (training_loop_pipeline.cc).
   absl::Status CreatePipeline();
@@ -151,15 +180,19 @@ class TrainingLoop {
   absl::StatusOr<std::string> WriteAndCommitPipelineStep(
       const std::string& root, const CheckpointContent& content,
       const std::map<std::string, float*>& values);
-  comm::Communicator* pp_comm_ = nullptr;  // null: no pipeline
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;
+  // [pp] Tied embeddings across stages (TiedAcrossStages): this stage's
+  // gradient of model.embed_tokens.weight (the embedding or the head's copy;
+  // null on a middle stage), summed over the pp group after backward, middle
+  // stages adding tied_zeros_.
+  float* TiedGradient();
+  absl::Status SumTiedEmbeddingGradients();
+  kernels::Buffer tied_zeros_;
+  int64_t tied_count_ = 0;
 
   spec::JobSpec spec_;
-  int dp_rank_;
-  int dp_size_;
-  comm::Communicator* dp_comm_;  // nullptr: single rank
-  comm::Communicator* tp_comm_ = nullptr;  // [tp] nullptr: no tensor parallelism
+  ParallelContext ctx_;
   TokenDataset train_data_;
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
@@ -167,7 +200,10 @@ class TrainingLoop {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;
-  std::unique_ptr<DataParallelEngine> dp_engine_;  // DP > 1
+  // With a DP group: one per model part (the model, or each pipeline chunk).
+  std::vector<std::unique_ptr<DataParallelEngine>> dp_engines_;
+  // [tp] [pp] with ZeRO, during a checkpoint: per engine, the whole moments.
+  std::vector<std::pair<kernels::Buffer, kernels::Buffer>> full_states_;
   void Phase(const char* phase, int64_t micro_batch = -1) const {
     if (phase_listener_) phase_listener_(phase, micro_batch);
   }

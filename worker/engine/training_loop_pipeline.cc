@@ -28,36 +28,76 @@ namespace loom::engine {
 absl::Status TrainingLoop::CreatePipeline() {
   const spec::JobSpec& job = spec_;
   const spec::TrainSpec& t = job.train;
-  const int pp = pp_comm_->size();
-  const int64_t want = job.parallelism.pp.value_or(1);
-  if (want != pp) {
+  const int pp = ctx_.pp_size();
+  const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
+  if (ctx_.dp != nullptr && zero == 3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.pp=", want, " but the pipeline-parallel group has ", pp, " ranks"));
+        "parallelism.zero_stage=3 with pp=", pp,
+        " is not supported (stages 0, 1 and 2 are): a pipeline stage keeps its parameters"));
   }
-  if (absl::Status s = CheckPipelineModel(job.model, pp); !s.ok()) return s;
-  if (dp_size_ > 1 && job.parallelism.zero_stage.value_or(0) > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.zero_stage=", *job.parallelism.zero_stage, " with pp=", pp,
-        " is not supported yet (ZeRO stage 0 is): the pipeline reduces whole gradients over DP"));
-  }
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / dp_size_;
-  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, pp_comm_->rank(), pp, microbatches);
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
+  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.pp->rank(), pp, microbatches);
   if (!plan.ok()) return plan.status();
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{tp_comm_, job.parallelism.sequence_parallel}, ops_);
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);
   stage_->InitParameters(t.seed);
-  pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), pp_comm_);
-  // Moments in the backend's memory, stepped by ops->AdamW.
-  optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t,
-                                       &stage_->ops());
+  pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
-  memory_.Add(MemoryKind::kParameters, param_bytes);
-  memory_.Add(MemoryKind::kGradients, param_bytes);
-  memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
+  if (ctx_.dp != nullptr && zero > 0) {
+    // [dp] ZeRO 1/2 under PP: each chunk's optimizer states (and at stage 2
+    // its reduced gradient) sharded over DP, as Megatron's distributed
+    // optimizer does within each TP x PP coordinate.
+    DataParallelOptions options;
+    options.zero_stage = zero;
+    options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
+    for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
+      absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
+          DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
+      if (!engine.ok()) return engine.status();
+      if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
+      dp_engines_.push_back(std::move(*engine));
+    }
+  } else {
+    // Moments in the backend's memory, stepped by ops->AdamW.
+    optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t,
+                                         &stage_->ops());
+    memory_.Add(MemoryKind::kParameters, param_bytes);
+    memory_.Add(MemoryKind::kGradients, param_bytes);
+    memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
+  }
   flops_per_token_ =
       ModelFlopsPerToken(job.model, stage_->model(0).NumGlobalParameters(), t.seq_len);
+  if (TiedAcrossStages(job.model, pp) && TiedGradient() == nullptr) {
+    // A middle stage adds zeros to the first and last stages' sum.
+    const TpPlan tp = MakeTpPlan(job.model, ctx_.tp_rank(), ctx_.tp_size(),
+                                 job.parallelism.sequence_parallel);
+    tied_count_ = tp.vocab * job.model.hidden_size;
+    tied_zeros_ = ops_->AllocateFloats(tied_count_);
+  }
   return absl::OkStatus();
+}
+
+float* TrainingLoop::TiedGradient() {
+  for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
+    for (const TensorView& g : stage_->model(c).Gradients()) {
+      if (g.name == kTiedEmbedding) {
+        tied_count_ = g.numel();
+        return g.data;
+      }
+    }
+  }
+  return nullptr;
+}
+
+absl::Status TrainingLoop::SumTiedEmbeddingGradients() {
+  if (!TiedAcrossStages(spec_.model, ctx_.pp_size())) return absl::OkStatus();
+  float* g = TiedGradient();
+  if (g == nullptr) {  // the sum lands here too: zero it again every step
+    g = tied_zeros_.f32();
+    ops_->Fill(g, tied_count_, 0.0f);
+  }
+  return ctx_.pp->AllReduce(std::span<float>(g, static_cast<size_t>(tied_count_)));
 }
 
 absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
@@ -68,6 +108,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   memory_.ResetPeaks();
   ops_->ResetPeakDeviceMemory();
   stage_->ZeroGradients();
+  for (const auto& e : dp_engines_) e->BeginStep();
   StepProgress p;
   p.lr = LearningRate(t, step);
   float loss = 0.0f;
@@ -79,47 +120,49 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   hooks.reduce_gradients = [&](double loss_sum) -> absl::Status {
     Phase("reduce_gradients");
     kernels::Ops& ops = stage_->ops();
-    // DP: sum each chunk's whole gradient array (stage 0 semantics), in
-    // backend memory.
-    if (dp_comm_ != nullptr) {
+    // [tied] The embedding's gradient, first stage + last stage's copy.
+    if (absl::Status s = SumTiedEmbeddingGradients(); !s.ok()) return s;
+    if (!dp_engines_.empty()) {
+      // [dp] ZeRO: each chunk's engine reduces (and shards) its gradient.
+      for (const auto& e : dp_engines_) {
+        if (absl::Status s = e->ReduceWholeGradients(); !s.ok()) return s;
+      }
+    } else if (ctx_.dp != nullptr) {
+      // DP without ZeRO: sum each chunk's whole gradient array, in backend
+      // memory.
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
         std::vector<TensorView> g = stage_->model(c).Gradients();
         if (g.empty()) continue;
         // The views tile one contiguous array in order.
         const TensorView& last = g.back();
         const int64_t n = (last.data + last.numel()) - g.front().data;
-        if (absl::Status s = dp_comm_->AllReduce(std::span<float>(g.front().data, n)); !s.ok()) {
+        if (absl::Status s = ctx_.dp->AllReduce(std::span<float>(g.front().data, n)); !s.ok()) {
           return s;
         }
       }
     }
     loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-    if (absl::Status s = AllReduceHostFloats(ops, dp_comm_, &loss, 1); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(ops, ctx_.dp, &loss, 1); !s.ok()) return s;
     // Only the last stage's is non-zero.
-    if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, &loss, 1); !s.ok()) return s;
-    // The whole model's norm: TP shards (replicas counted once), then stages.
-    absl::StatusOr<double> local = TpGlobalNorm(ops, stage_->Gradients(), tp_comm_);
-    if (!local.ok()) return local.status();
-    float squares = static_cast<float>(*local * *local);
-    if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, &squares, 1); !s.ok()) return s;
-    const double norm = std::sqrt(static_cast<double>(squares));
-    p.grad_norm = norm;
-    if (t.grad_clip > 0.0 && norm > t.grad_clip) {
-      const float scale = static_cast<float>(t.grad_clip / (norm + 1e-6));
-      for (const TensorView& g : stage_->Gradients()) ops.Scale(g.numel(), scale, g.data);
-    }
+    if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, &loss, 1); !s.ok()) return s;
+    // The whole model's norm: TP shards (replicas counted once), stages, and
+    // the DP shards under ZeRO.
+    absl::StatusOr<double> norm = ClipStepGradients();
+    if (!norm.ok()) return norm.status();
+    p.grad_norm = *norm;
     return absl::OkStatus();
   };
   hooks.optimizer_step = [&]() -> absl::Status {
     Phase("optimizer");
-    optimizer_->Step(p.lr);
-    return absl::OkStatus();
+    absl::Status updated;
+    OptimizerUpdate(p.lr, &updated);
+    return updated;
   };
   if (absl::Status s = pipeline_->RunStep(1.0f / static_cast<float>(total_micro), hooks); !s.ok()) {
     return s;
   }
-  if (optimizer_->step() != step) {
-    return absl::InternalError(absl::StrCat("pipeline stage ", pp_comm_->rank(),
+  if (optimizer_step() != step) {
+    return absl::InternalError(absl::StrCat("pipeline stage ", ctx_.pp->rank(),
                                             ": the instruction list has no OptimizerStep"));
   }
   memory_.Set(MemoryKind::kActivations, stage_->ActivationBytes());
@@ -134,37 +177,37 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
 
 absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::string& root,
                                                                   CheckpointContent content) {
-  content.state["layout"]["pp"] = pp_comm_->size();
-  content.state["layout"]["tp"] = tp_comm_ != nullptr ? tp_comm_->size() : 1;
+  content.state["layout"]["pp"] = ctx_.pp->size();
+  content.state["layout"]["tp"] = ctx_.tp != nullptr ? ctx_.tp->size() : 1;
   // DP rank 0's TP group of each stage gathers (the DP ranks hold the same
   // values); its TP rank 0 writes.
   kernels::Ops& ops = stage_->ops();
   absl::StatusOr<std::string> result = std::string();
-  float ok = 1.0f;
-  if (dp_rank_ == 0) {
+  int32_t ok = 1;
+  if (ctx_.dp_rank == 0) {
     std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
-      if (tp_comm_ != nullptr || !HostAddressable(ops)) {
+      if (ctx_.tp != nullptr || !HostAddressable(ops)) {
         // Global tensors in host memory: gathered over TP in backend memory,
         // then copied down (the writer reads the host).
-        if (absl::Status s = GatherGlobal(ops, t.local, tp_comm_, &t.global); !s.ok()) return s;
+        if (absl::Status s = GatherGlobal(ops, t.local, ctx_.tp, &t.global); !s.ok()) return s;
         values[t.local.name] = t.global.data();
       } else {
         values[t.local.name] = t.local.data;
       }
     }
-    if (tp_comm_ == nullptr || tp_comm_->rank() == 0) {
+    if (ctx_.tp == nullptr || ctx_.tp->rank() == 0) {
       result = WriteAndCommitPipelineStep(root, content, values);
     }
-    ok = result.ok() ? 1.0f : 0.0f;
+    ok = result.ok() ? 1 : 0;
     // The writer tells its TP group, then each of those its DP group; this is
     // also the barrier.
-    if (absl::Status s = BroadcastHostFloats(ops, tp_comm_, &ok, 1, 0); !s.ok()) return s;
+    if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
   }
-  if (absl::Status s = BroadcastHostFloats(ops, dp_comm_, &ok, 1, 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
   if (!result.ok()) return result;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
                                             " was not committed (a pipeline stage's writer failed)"));
   }
@@ -195,6 +238,8 @@ absl::StatusOr<std::vector<CheckpointFile>> DescribeStageFiles(const spec::JobSp
   for (const PipelineChunk& c : plan->chunks) {
     const ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
     for (const ParameterEntry& e : MakeParameterLayout(spec.model, whole, part).entries) {
+      // A tied head's copy of the embedding: the first stage writes it.
+      if (!c.embedding && e.name == kTiedEmbedding) continue;
       model.tensors.push_back({e.name, e.shape, nullptr});
       optimizer.tensors.push_back({"optimizer.exp_avg." + e.name, e.shape, nullptr});
       exp_avg_sq.push_back({"optimizer.exp_avg_sq." + e.name, e.shape, nullptr});
@@ -216,27 +261,27 @@ absl::StatusOr<std::vector<CheckpointFile>> DescribeStageFiles(const spec::JobSp
 absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     const std::string& root, const CheckpointContent& content,
     const std::map<std::string, float*>& values) {
-  const int pp = pp_comm_->size();
-  const int stage = pp_comm_->rank();
+  const int pp = ctx_.pp->size();
+  const int stage = ctx_.pp->rank();
   const spec::TrainSpec& t = spec_.train;
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / dp_size_;
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
   absl::StatusOr<std::string> begun = std::string();
-  float header[2] = {0.0f, 0.0f};
+  int32_t header[2] = {0, 0};  // started, pid
   if (stage == 0) {
     begun = BeginCheckpointStep(root, content.step, ::getpid());
-    header[0] = begun.ok() ? 1.0f : 0.0f;
-    header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
+    header[0] = begun.ok() ? 1 : 0;
+    header[1] = static_cast<int32_t>(::getpid());
   }
   kernels::Ops& ops = stage_->ops();
-  if (absl::Status s = BroadcastHostFloats(ops, pp_comm_, header, 2, 0); !s.ok()) return s;
-  if (header[0] != 1.0f) {
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, header, 2, 0); !s.ok()) return s;
+  if (header[0] != 1) {
     if (stage == 0) return begun.status();
     return absl::InternalError(absl::StrCat("pipeline stage 0 could not start the checkpoint of step ",
                                             content.step, " under ", root));
   }
   const std::string tmp = CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
 
-  std::vector<float> digests(static_cast<size_t>(pp * kFilesPerStage * kDigestFloats), 0.0f);
+  std::vector<int32_t> mine_digests(static_cast<size_t>(kFilesPerStage * kDigestInts), 0);
   absl::Status write_status;
   absl::StatusOr<std::vector<CheckpointFile>> mine = DescribeStageFiles(spec_, stage, pp, microbatches);
   if (!mine.ok()) write_status = mine.status();
@@ -257,16 +302,17 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
       write_status = d.status();
       break;
     }
-    EncodeFileDigest(*d, &digests[(stage * kFilesPerStage + i) * kDigestFloats]);
+    EncodeFileDigest(*d, &mine_digests[i * kDigestInts]);
   }
-  if (absl::Status s = AllReduceHostFloats(ops, pp_comm_, digests.data(),
-                                           static_cast<int64_t>(digests.size()));
+  std::vector<int32_t> digests(static_cast<size_t>(pp) * mine_digests.size(), 0);
+  if (absl::Status s = AllGatherHostInts(ops, ctx_.pp, mine_digests.data(),
+                                         static_cast<int64_t>(mine_digests.size()), digests.data());
       !s.ok()) {
     return s;
   }
 
   absl::StatusOr<std::string> committed = std::string();
-  float ok = 0.0f;
+  int32_t ok = 0;
   if (stage == 0) {
     CheckpointContent all = content;
     all.files.clear();
@@ -279,8 +325,8 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
         break;
       }
       for (size_t i = 0; i < files->size(); ++i) {
-        const float* slot = &digests[(s * kFilesPerStage + i) * kDigestFloats];
-        if (slot[0] != 1.0f) missing.push_back((*files)[i].name);
+        const int32_t* slot = &digests[(s * kFilesPerStage + i) * kDigestInts];
+        if (slot[0] != 1) missing.push_back((*files)[i].name);
         file_digests.push_back(DecodeFileDigest(slot));
         all.files.push_back(std::move((*files)[i]));
       }
@@ -293,12 +339,12 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
     } else if (committed.ok()) {
       committed = CommitCheckpointStep(root, tmp, all, file_digests, spec_.checkpoint.keep);
     }
-    ok = committed.ok() ? 1.0f : 0.0f;
+    ok = committed.ok() ? 1 : 0;
   }
-  if (absl::Status s = BroadcastHostFloats(ops, pp_comm_, &ok, 1, 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, &ok, 1, 0); !s.ok()) return s;
   if (stage == 0) return committed;
   if (!write_status.ok()) return write_status;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("pipeline stage 0 failed to commit the checkpoint of step ",
                                             content.step, " under ", root));
   }

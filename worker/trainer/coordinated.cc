@@ -148,8 +148,12 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   const int dp_rank = static_cast<int>(a.coords().dp());
   const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
+  // The rank's place in the mesh, built once from the assignment.
+  absl::StatusOr<engine::ParallelContext> ctx =
+      engine::ParallelContext::Make(dp_rank, dp_size, dp->get(), tp->get(), pp->get());
+  if (!ctx.ok()) return ctx.status();
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
-      engine::TrainingLoop::Create(job, dp_rank, dp_size, dp->get(), tp->get(), pp->get(), *ops);
+      engine::TrainingLoop::Create(job, *ctx, *ops);
   if (!loop.ok()) return loop.status();
   if (absl::Status s = CheckStageLayers(a, **loop); !s.ok()) return s;  // [pp]
   loom::v1::RankProgress ready;

@@ -149,20 +149,19 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
   return final_dir.string();
 }
 
-void EncodeFileDigest(const FileDigest& digest, float* slot) {
+void EncodeFileDigest(const FileDigest& digest, int32_t* slot) {
   const uint64_t bytes = static_cast<uint64_t>(digest.bytes);
-  slot[0] = 1.0f;
-  for (int i = 0; i < 4; ++i) slot[1 + i] = static_cast<float>((bytes >> (16 * i)) & 0xffff);
-  slot[5] = static_cast<float>(digest.crc32 & 0xffff);
-  slot[6] = static_cast<float>(digest.crc32 >> 16);
+  slot[0] = 1;
+  slot[1] = static_cast<int32_t>(static_cast<uint32_t>(bytes & 0xffffffffu));
+  slot[2] = static_cast<int32_t>(static_cast<uint32_t>(bytes >> 32));
+  slot[3] = static_cast<int32_t>(digest.crc32);
 }
 
-FileDigest DecodeFileDigest(const float* slot) {
+FileDigest DecodeFileDigest(const int32_t* slot) {
   FileDigest d;
-  uint64_t bytes = 0;
-  for (int i = 0; i < 4; ++i) bytes |= static_cast<uint64_t>(slot[1 + i]) << (16 * i);
-  d.bytes = static_cast<int64_t>(bytes);
-  d.crc32 = static_cast<uint32_t>(slot[5]) | (static_cast<uint32_t>(slot[6]) << 16);
+  const uint64_t lo = static_cast<uint32_t>(slot[1]), hi = static_cast<uint32_t>(slot[2]);
+  d.bytes = static_cast<int64_t>(lo | (hi << 32));
+  d.crc32 = static_cast<uint32_t>(slot[3]);
   return d;
 }
 

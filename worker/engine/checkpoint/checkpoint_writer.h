@@ -69,12 +69,12 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
                                                  const std::vector<FileDigest>& digests,
                                                  int64_t keep);
 
-// A file's digest as floats, so writers can hand it to the committing rank
-// through a float collective (a sum over ranks where each writes only its own
-// slots, the rest zero): slot[0] = 1 marks it present; the byte count and the
-// CRC travel in 16-bit pieces, which floats hold exactly.
-inline constexpr int kDigestFloats = 7;
-void EncodeFileDigest(const FileDigest& digest, float* slot);
-FileDigest DecodeFileDigest(const float* slot);
+// A file's digest as integers, so writers can hand it to the committing rank
+// through an all-gather of integers (AllGatherHostInts, model/host_floats.h):
+// slot[0] = 1 marks it present (an unwritten slot stays 0), then the byte
+// count's low and high 32 bits and the CRC.
+inline constexpr int kDigestInts = 4;
+void EncodeFileDigest(const FileDigest& digest, int32_t* slot);
+FileDigest DecodeFileDigest(const int32_t* slot);
 
 }  // namespace loom::engine

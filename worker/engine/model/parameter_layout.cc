@@ -75,11 +75,6 @@ absl::Status CheckModelPart(const spec::ModelSpec& c, const ModelPart& part) {
         "pipeline part layers [", part.first_layer, ", ", part.first_layer + n,
         ") are outside model.num_layers=", c.num_layers));
   }
-  if (c.tie_embeddings && part.embedding != part.head) {
-    return absl::InvalidArgumentError(
-        "model.tie_embeddings=true with the embedding and the LM head on different pipeline "
-        "stages is not supported (parallelism.pp > 1 needs tie_embeddings: false)");
-  }
   return absl::OkStatus();
 }
 
@@ -123,7 +118,13 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
   }
   if (part.head) {
     out.final_norm = keep(whole.final_norm, 1);
-    out.lm_head = c.tie_embeddings ? out.embed : keep(whole.lm_head, 1);
+    // [pp] A tied head without the embedding holds its own copy of the
+    // embedding (same name, same init stream), after the final norm; the
+    // pipeline keeps the copies equal by summing their gradients between the
+    // first and the last stage (Megatron's shared embedding).
+    out.lm_head = !c.tie_embeddings ? keep(whole.lm_head, 1)
+                  : part.embedding  ? out.embed
+                                    : keep(whole.embed, 1);
   }
   return out;
 }

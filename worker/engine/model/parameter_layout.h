@@ -73,12 +73,11 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan&
 // [pp] The entries of `part` only, packed in the same order (names, shapes and
 // init streams as in the whole model). embed / final_norm / lm_head are -1
 // when the part lacks them; layers[i] is global layer part.first_layer + i.
-// A tied embedding needs the embedding and the head in the same part
-// (CheckModelPart).
+// A tied head in a part without the embedding gets its own copy of
+// model.embed_tokens.weight (the last entry; embed stays -1).
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan& plan,
                                     const ModelPart& part);
-// [pp] INVALID_ARGUMENT naming the rule for a part outside the model or a
-// tied embedding split from its head.
+// [pp] INVALID_ARGUMENT naming the rule for a part outside the model.
 absl::Status CheckModelPart(const spec::ModelSpec& config, const ModelPart& part);
 
 }  // namespace loom::engine

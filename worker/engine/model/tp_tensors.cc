@@ -28,38 +28,6 @@ void ForEachRun(const TensorView& v, Fn fn) {
 
 }  // namespace
 
-absl::StatusOr<double> TpGlobalNorm(const std::vector<TensorView>& grads, comm::Communicator* tp) {
-  double total = 0.0;
-  for (const TensorView& t : grads) {
-    double partial = 0.0;
-    const int64_t n = t.numel();
-    for (int64_t i = 0; i < n; ++i) partial += static_cast<double>(t.data[i]) * t.data[i];
-    total += partial / t.replicas;
-  }
-  if (tp != nullptr && tp->size() > 1) {
-    // The group sums floats; rounding the local share to float costs ~1e-7
-    // of the norm, and every rank gets the same bits.
-    float share = static_cast<float>(total);
-    if (absl::Status s = tp->AllReduce(std::span<float>(&share, 1)); !s.ok()) return s;
-    total = share;
-  }
-  return std::sqrt(total);
-}
-
-absl::StatusOr<double> ClipByTpGlobalNorm(const std::vector<TensorView>& grads, double max_norm,
-                                          comm::Communicator* tp) {
-  absl::StatusOr<double> norm = TpGlobalNorm(grads, tp);
-  if (!norm.ok()) return norm;
-  if (max_norm > 0.0 && *norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (*norm + 1e-6));
-    for (const TensorView& g : grads) {
-      const int64_t n = g.numel();
-      for (int64_t i = 0; i < n; ++i) g.data[i] *= scale;
-    }
-  }
-  return norm;
-}
-
 absl::Status GatherGlobal(const TensorView& local, comm::Communicator* tp,
                           std::vector<float>* global) {
   int64_t n = 1;
@@ -86,30 +54,6 @@ void ScatterGlobal(const std::vector<float>& global, const TensorView& local) {
 namespace {
 constexpr int64_t kFloat = static_cast<int64_t>(sizeof(float));
 }  // namespace
-
-absl::StatusOr<double> TpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
-                                    comm::Communicator* tp) {
-  double total = 0.0;
-  for (const TensorView& t : grads) total += ops.SumSquares(t.data, t.numel()) / t.replicas;
-  if (tp != nullptr && tp->size() > 1) {
-    // As the host form: the group sums the share rounded to float.
-    float share = static_cast<float>(total);
-    if (absl::Status s = AllReduceHostFloats(ops, tp, &share, 1); !s.ok()) return s;
-    total = share;
-  }
-  return std::sqrt(total);
-}
-
-absl::StatusOr<double> ClipByTpGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
-                                          double max_norm, comm::Communicator* tp) {
-  absl::StatusOr<double> norm = TpGlobalNorm(ops, grads, tp);
-  if (!norm.ok()) return norm;
-  if (max_norm > 0.0 && *norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (*norm + 1e-6));
-    for (const TensorView& g : grads) ops.Scale(g.numel(), scale, g.data);
-  }
-  return norm;
-}
 
 absl::Status GatherGlobal(kernels::Ops& ops, const TensorView& local, comm::Communicator* tp,
                           std::vector<float>* global) {

@@ -4,6 +4,11 @@
 
 namespace loom::engine {
 
+float ClipFactor(double norm, double max_norm) {
+  if (max_norm <= 0.0 || norm <= max_norm) return 1.0f;
+  return static_cast<float>(max_norm / (norm + 1e-6));
+}
+
 double GlobalNorm(const std::vector<TensorView>& tensors) {
   double total = 0.0;
   for (const TensorView& t : tensors) {
@@ -21,32 +26,11 @@ double GlobalNorm(const std::vector<TensorView>& tensors) {
 
 double ClipByGlobalNorm(const std::vector<TensorView>& grads, double max_norm) {
   const double norm = GlobalNorm(grads);
-  if (max_norm > 0.0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
+  if (const float scale = ClipFactor(norm, max_norm); scale != 1.0f) {
     for (const TensorView& g : grads) {
       const int64_t n = g.numel();
       for (int64_t i = 0; i < n; ++i) g.data[i] *= scale;
     }
-  }
-  return norm;
-}
-
-}  // namespace loom::engine
-
-namespace loom::engine {
-
-double GlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& tensors) {
-  double total = 0.0;
-  for (const TensorView& t : tensors) total += ops.SumSquares(t.data, t.numel());
-  return std::sqrt(total);
-}
-
-double ClipByGlobalNorm(kernels::Ops& ops, const std::vector<TensorView>& grads,
-                        double max_norm) {
-  const double norm = GlobalNorm(ops, grads);
-  if (max_norm > 0.0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (const TensorView& g : grads) ops.Scale(g.numel(), scale, g.data);
   }
   return norm;
 }

@@ -7,14 +7,8 @@
 
 namespace loom::engine {
 
-absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp) {
-  if (pp > 1 && config.tie_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.tie_embeddings=true is not supported with parallelism.pp=", pp,
-        ": the embedding (first stage) and the LM head (last stage) would need their shared "
-        "gradient all-reduced between the two stages; use tie_embeddings: false"));
-  }
-  return absl::OkStatus();
+bool TiedAcrossStages(const spec::ModelSpec& config, int64_t pp) {
+  return pp > 1 && config.tie_embeddings;
 }
 
 PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,

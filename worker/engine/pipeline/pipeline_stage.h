@@ -21,8 +21,7 @@ namespace loom::engine {
 class PipelineStage {
  public:
   // The TP options apply to every chunk (they share the TP group, which they
-  // use one at a time). model.tie_embeddings with pp > 1 is refused by
-  // CheckPipelineModel before a stage is built.
+  // use one at a time).
   // `ops` is the backend every chunk runs on (nullptr: one CpuOps for all);
   // the chunks' tensors and the executor's boundary buffers are its memory.
   PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
@@ -52,8 +51,9 @@ class PipelineStage {
   std::vector<std::unique_ptr<LlamaModel>> chunks_;
 };
 
-// INVALID_ARGUMENT for a model the pipeline cannot split: tied embeddings
-// with pp > 1 (the embedding and the LM head would sit on different stages).
-absl::Status CheckPipelineModel(const spec::ModelSpec& config, int64_t pp);
+// Tied embeddings split over stages: the first stage holds the embedding, the
+// last one a copy for its LM head (model/parameter_layout.h), and the two
+// gradients are summed between them after every backward.
+bool TiedAcrossStages(const spec::ModelSpec& config, int64_t pp);
 
 }  // namespace loom::engine

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/memory/release.h"
 #include "worker/engine/optim/adamw.h"
-#include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/model/host_floats.h"
 
 namespace loom::engine {
@@ -23,13 +22,17 @@ absl::StatusOr<std::vector<FlatTensor>> FlatLayout(const std::vector<TensorView>
   if (views.empty()) return out;
   const float* base = views[0].data;
   int64_t offset = 0;
+  int64_t unit = 0;
   for (const TensorView& v : views) {
     if (v.data != base + offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data-parallel engine: the model's ", what, " are not one contiguous array (", v.name,
           " is not where the previous tensor ends)"));
     }
-    out.push_back({v.name, v.shape, offset, v.numel(), UnitOfParameter(v.name, layers)});
+    // [pp] A tied head's copy of the embedding (named as the embedding) sits
+    // after the final norm and belongs to the head's unit: units never go back.
+    unit = std::max(unit, UnitOfParameter(v.name, layers));
+    out.push_back({v.name, v.shape, offset, v.numel(), unit});
     offset += v.numel();
   }
   return out;
@@ -87,6 +90,7 @@ absl::StatusOr<std::unique_ptr<DataParallelEngine>> DataParallelEngine::Create(
     e->ops_.Fill(e->param_shard_.f32(), shard, 0.0f);
     memory->Add(MemoryKind::kParameters, shard * kF);
   }
+  for (const TensorView& g : model->Gradients()) e->replicas_.push_back(g.replicas);
   for (const OwnedPiece& p : e->owned_) {
     const FlatTensor& t = e->partition_.tensors()[p.tensor];
     AdamWPiece a;
@@ -377,34 +381,88 @@ void DataParallelEngine::GradientsReady(int64_t unit) {
   }
 }
 
-absl::StatusOr<double> DataParallelEngine::ReduceAndClip(float* loss, double max_norm) {
+absl::Status DataParallelEngine::FinishReduction() {
   for (auto& w : pending_all_reduce_) Note(w->Wait());
   pending_all_reduce_.clear();
   CompleteAll();
-  if (!status_.ok()) return status_;
-  double norm = 0.0;
-  if (stage_ <= 1) {
-    if (absl::Status s = AllReduceHostFloats(ops_, comm_, loss, 1); !s.ok()) {
-      return s;
+  return status_;
+}
+
+absl::Status DataParallelEngine::ReduceWholeGradients() {
+  status_ = absl::OkStatus();
+  const std::vector<FlatBucket>& buckets = partition_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const FlatBucket& k = buckets[b];
+    if (stage_ <= 1) {
+      pending_all_reduce_.push_back(comm_->AllReduceAsync(
+          std::span<float>(grads_ + k.begin, static_cast<size_t>(k.size())), comm::ReduceOp::kSum));
+    } else {
+      SubmitReduceScatter(static_cast<int>(b));
     }
-    const std::vector<TensorView> grads = model_->Gradients();
-    if (stage_ == 0) return ClipByGlobalNorm(ops_, grads, max_norm);
-    norm = GlobalNorm(ops_, grads);
-  } else {
-    double sum = 0.0;
-    for (const AdamWPiece& p : pieces_) sum += ops_.SumSquares(p.grad, p.count);
-    float both[2] = {*loss, static_cast<float>(sum)};
-    if (absl::Status s = AllReduceHostFloats(ops_, comm_, both, 2); !s.ok()) {
-      return s;
+  }
+  return FinishReduction();
+}
+
+std::vector<GradientPiece> DataParallelEngine::GradientPieces() {
+  std::vector<GradientPiece> out;
+  if (stage_ == 0) {
+    for (size_t i = 0; i < partition_.tensors().size(); ++i) {
+      const FlatTensor& t = partition_.tensors()[i];
+      out.push_back({grads_ + t.offset, t.numel, replicas_[i]});
     }
-    *loss = both[0];
-    norm = std::sqrt(static_cast<double>(both[1]));
+    return out;
   }
-  if (max_norm > 0.0 && norm > max_norm) {
-    const float scale = static_cast<float>(max_norm / (norm + 1e-6));
-    for (const AdamWPiece& p : pieces_) ops_.Scale(p.count, scale, const_cast<float*>(p.grad));
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    out.push_back({const_cast<float*>(pieces_[i].grad), pieces_[i].count,
+                   replicas_[owned_[i].tensor]});
   }
-  return norm;
+  return out;
+}
+
+void DataParallelEngine::CountInNormOnce(const std::string& tensor, int holders) {
+  for (size_t i = 0; i < partition_.tensors().size(); ++i) {
+    if (partition_.tensors()[i].name == tensor) replicas_[i] *= holders;
+  }
+}
+
+absl::Status DataParallelEngine::GatherOptimizerStates(float* exp_avg, float* exp_avg_sq) {
+  if (stage_ == 0) return absl::FailedPreconditionError("stage 0 has no sharded optimizer states");
+  status_ = absl::OkStatus();
+  const std::vector<FlatBucket>& buckets = partition_.buckets();
+  for (float* full : {exp_avg, exp_avg_sq}) {
+    const float* shard = full == exp_avg ? optimizer_->exp_avg() : optimizer_->exp_avg_sq();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const FlatBucket& k = buckets[b];
+      Complete(SubmitGather(static_cast<int>(b), shard + k.shard_offset, k.chunk, full + k.begin));
+    }
+  }
+  CompleteAll();
+  return status_;
+}
+
+void DataParallelEngine::ScatterOptimizerStates(const float* exp_avg, const float* exp_avg_sq) {
+  if (stage_ == 0) return;
+  for (const FlatBucket& k : partition_.buckets()) {
+    const int64_t lo = partition_.OwnedBegin(k, rank_), hi = partition_.OwnedEnd(k, rank_);
+    if (hi <= lo) continue;
+    ops_.CopyDeviceToDevice(optimizer_->exp_avg() + k.shard_offset, exp_avg + lo, (hi - lo) * kF);
+    ops_.CopyDeviceToDevice(optimizer_->exp_avg_sq() + k.shard_offset, exp_avg_sq + lo,
+                            (hi - lo) * kF);
+  }
+}
+
+absl::Status DataParallelEngine::MaterializeParameters() {
+  if (stage_ != 3) return absl::OkStatus();
+  status_ = absl::OkStatus();
+  memory_->Add(MemoryKind::kParameters, partition_.total() * kF);
+  const std::vector<FlatBucket>& buckets = partition_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const FlatBucket& k = buckets[b];
+    Complete(SubmitGather(static_cast<int>(b), param_shard_.f32() + k.shard_offset, k.chunk,
+                          params_ + k.begin));
+  }
+  CompleteAll();
+  return status_;
 }
 
 absl::Status DataParallelEngine::OptimizerStep(double lr) {

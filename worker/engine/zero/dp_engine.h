@@ -45,6 +45,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/memory/memory_tracker.h"
 #include "worker/engine/model/llama_model.h"
+#include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/sharded_adamw.h"
 #include "worker/engine/zero/comm_worker.h"
 #include "worker/engine/zero/flat_partition.h"
@@ -75,15 +76,41 @@ class DataParallelEngine : public ModelHooks {
   void ShardParameters();
 
   // One optimizer step: BeginStep, then per micro-batch BeginMicroBatch,
-  // model.ForwardBackward, EndMicroBatch; then ReduceAndClip; then
-  // OptimizerStep (stage >= 1; stage 0 leaves the update to the caller).
+  // model.ForwardBackward, EndMicroBatch; then FinishReduction; then the
+  // caller clips GradientPieces (ClipGradients, optim/clip_gradients.h);
+  // then OptimizerStep (stage >= 1; stage 0 leaves the update to the caller).
   void BeginStep();
   void BeginMicroBatch(bool last);
   absl::Status EndMicroBatch();
-  // Finishes the gradient reduction, sums `loss` over the group, and clips by
-  // the global norm (max_norm > 0); returns the norm before clipping.
-  absl::StatusOr<double> ReduceAndClip(float* loss, double max_norm);
+  // Waits for every reduction of the step.
+  absl::Status FinishReduction();
+  // [pp] For a caller that ran backward without the micro-batch calls (the
+  // pipeline executor, whose micro-batches interleave with other chunks'):
+  // reduces the accumulated gradient now, bucket by bucket (stages 0, 1:
+  // all-reduce; stage 2: reduce-scatter into the shard, freeing the model's
+  // gradient), and waits. Megatron's distributed optimizer does the same.
+  absl::Status ReduceWholeGradients();
+  // The reduced gradient this rank's optimizer reads: the model's whole
+  // gradient (stage 0) or this rank's owned pieces (stage >= 1), each with
+  // its tensor's TP replicas. Their norms add up over the DP group exactly
+  // when zero_stage() >= 1.
+  std::vector<GradientPiece> GradientPieces();
+  // [pp] `tensor` is also held by `holders` - 1 ranks outside the DP group
+  // (a tied embedding on the first and the last stage): its pieces count
+  // 1/holders in the norm.
+  void CountInNormOnce(const std::string& tensor, int holders);
   absl::Status OptimizerStep(double lr);
+
+  // Checkpoints of layouts that store global tensors (TP, PP): the moments
+  // (stage >= 1) as whole flat arrays of partition().total() floats in
+  // backend memory, gathered over the group, and back (this rank's owned
+  // ranges copied in). Exact copies: a same-layout resume is bit for bit.
+  absl::Status GatherOptimizerStates(float* exp_avg, float* exp_avg_sq);
+  void ScatterOptimizerStates(const float* exp_avg, const float* exp_avg_sq);
+  // Stage 3: gathers every parameter into the model's flat array (undone by
+  // ShardParameters, which also takes parameters loaded there as the new
+  // shard). No-op for other stages.
+  absl::Status MaterializeParameters();
 
   // Stage >= 1: the sharded optimizer (moments at OwnedPiece::shard_offset).
   ShardedAdamW* sharded_optimizer() { return optimizer_.get(); }
@@ -145,6 +172,7 @@ class DataParallelEngine : public ModelHooks {
   kernels::Buffer grad_shard_;   // stages 2, 3, backend memory
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<AdamWPiece> pieces_;
+  std::vector<int> replicas_;  // per partition tensor: TensorView::replicas
   std::deque<PendingComm> pending_;  // posted, not completed; submission order
   CommWorker worker_;
   std::vector<std::unique_ptr<comm::Work>> pending_all_reduce_;

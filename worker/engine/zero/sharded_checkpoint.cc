@@ -12,7 +12,7 @@ namespace loom::engine {
 namespace {
 
 constexpr int kSlots = 2;           // files per rank at most
-constexpr int kFloatsPerSlot = kDigestFloats;  // one encoded FileDigest (checkpoint_writer.h)
+constexpr int kIntsPerSlot = kDigestInts;  // one encoded FileDigest (checkpoint_writer.h)
 
 std::string ShardFileName(const char* kind, int rank) {
   return absl::StrFormat("%s-tp00-pp00-dp%02d.safetensors", kind, rank);
@@ -116,17 +116,17 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
   }
   // 1. Rank 0 opens the temporary directory and tells everyone its name.
   absl::StatusOr<std::string> begun = std::string();
-  float header[2] = {0.0f, 0.0f};
+  int32_t header[2] = {0, 0};  // started, pid
   if (rank == 0) {
     begun = BeginCheckpointStep(root, content.step, ::getpid());
-    header[0] = begun.ok() ? 1.0f : 0.0f;
-    header[1] = static_cast<float>(::getpid());  // pids fit a float's 24 bits exactly
+    header[0] = begun.ok() ? 1 : 0;
+    header[1] = static_cast<int32_t>(::getpid());
   }
   kernels::Ops& ops = model.ops();
-  if (absl::Status s = BroadcastHostFloats(ops, &comm, header, 2, 0); !s.ok()) {
+  if (absl::Status s = BroadcastHostInts(ops, &comm, header, 2, 0); !s.ok()) {
     return s;
   }
-  if (header[0] != 1.0f) {
+  if (header[0] != 1) {
     if (rank == 0) return begun.status();
     return absl::InternalError(absl::StrCat("DP rank 0 could not start the checkpoint of step ",
                                             content.step, " under ", root));
@@ -135,7 +135,7 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
       CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
 
   // 2. Every rank writes its files; the digests travel to rank 0.
-  std::vector<float> digests(static_cast<size_t>(ranks * kSlots * kFloatsPerSlot), 0.0f);
+  std::vector<int32_t> mine_digests(static_cast<size_t>(kSlots * kIntsPerSlot), 0);
   absl::Status write_status;
   // The writer reads host memory: a device backend's shards are copied down.
   const std::unique_ptr<HostShards> own = StageOwnShards(model, engine, rank);
@@ -146,15 +146,18 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
       write_status = d.status();
       break;
     }
-    EncodeFileDigest(*d, &digests[(rank * kSlots + i) * kFloatsPerSlot]);
+    EncodeFileDigest(*d, &mine_digests[i * kIntsPerSlot]);
   }
-  if (absl::Status s = AllReduceHostFloats(ops, &comm, digests.data(), static_cast<int64_t>(digests.size())); !s.ok()) {
+  std::vector<int32_t> digests(static_cast<size_t>(ranks) * mine_digests.size(), 0);
+  if (absl::Status s = AllGatherHostInts(ops, &comm, mine_digests.data(),
+                                         static_cast<int64_t>(mine_digests.size()), digests.data());
+      !s.ok()) {
     return s;
   }
 
   // 3. Rank 0 commits when every file arrived, and tells everyone.
   absl::StatusOr<std::string> committed = std::string();
-  float ok = 0.0f;
+  int32_t ok = 0;
   if (rank == 0) {
     CheckpointContent all = content;
     all.files.clear();
@@ -163,8 +166,8 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     for (int r = 0; r < ranks; ++r) {
       std::vector<CheckpointFile> files = RankFiles(model, engine, r, r == 0 ? own.get() : nullptr);
       for (size_t i = 0; i < files.size(); ++i) {
-        const float* slot = &digests[(r * kSlots + i) * kFloatsPerSlot];
-        if (slot[0] != 1.0f) missing.push_back(files[i].name);
+        const int32_t* slot = &digests[(r * kSlots + i) * kIntsPerSlot];
+        if (slot[0] != 1) missing.push_back(files[i].name);
         file_digests.push_back(DecodeFileDigest(slot));
         all.files.push_back(std::move(files[i]));
       }
@@ -176,14 +179,14 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
     } else {
       committed = CommitCheckpointStep(root, tmp, all, file_digests, keep);
     }
-    ok = committed.ok() ? 1.0f : 0.0f;
+    ok = committed.ok() ? 1 : 0;
   }
-  if (absl::Status s = BroadcastHostFloats(ops, &comm, &ok, 1, 0); !s.ok()) {
+  if (absl::Status s = BroadcastHostInts(ops, &comm, &ok, 1, 0); !s.ok()) {
     return s;
   }
   if (rank == 0) return committed;
   if (!write_status.ok()) return write_status;
-  if (ok != 1.0f) {
+  if (ok != 1) {
     return absl::InternalError(absl::StrCat("DP rank 0 failed to commit the checkpoint of step ",
                                             content.step, " under ", root));
   }

@@ -1,0 +1,66 @@
+#include "worker/engine/parallel/parallel_context.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::engine {
+namespace {
+
+comm::Communicator* NullIfAlone(comm::Communicator* group) {
+  return group != nullptr && group->size() > 1 ? group : nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
+                                                      comm::Communicator* dp,
+                                                      comm::Communicator* tp,
+                                                      comm::Communicator* pp) {
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dp rank ", dp_rank, " of ", dp_size, " is not a valid data-parallel coordinate"));
+  }
+  if (dp_size > 1 && (dp == nullptr || dp->size() != dp_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dp size ", dp_size, " needs a DP communicator of that size"));
+  }
+  if (dp_size > 1 && dp->rank() != dp_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dp rank ", dp_rank, " but the DP communicator's rank is ", dp->rank()));
+  }
+  ParallelContext ctx;
+  ctx.dp = dp_size > 1 ? dp : nullptr;
+  ctx.tp = NullIfAlone(tp);
+  ctx.pp = NullIfAlone(pp);
+  ctx.dp_rank = dp_rank;
+  ctx.dp_size = dp_size;
+  return ctx;
+}
+
+std::vector<comm::Communicator*> ParallelContext::GradientNormGroups(bool dp_sharded) const {
+  std::vector<comm::Communicator*> groups;
+  if (dp_sharded && dp != nullptr) groups.push_back(dp);
+  if (tp != nullptr) groups.push_back(tp);
+  if (pp != nullptr) groups.push_back(pp);
+  return groups;
+}
+
+absl::Status CheckContextMatchesSpec(const ParallelContext& ctx, const spec::JobSpec& spec) {
+  const spec::ParallelismSpec& p = spec.parallelism;
+  const struct {
+    const char* axis;
+    const char* group_name;
+    comm::Communicator* group;
+    int64_t want;
+  } axes[] = {{"tp", "tensor-parallel", ctx.tp, p.tp.value_or(1)},
+              {"pp", "pipeline-parallel", ctx.pp, p.pp.value_or(1)}};
+  for (const auto& a : axes) {
+    if (a.group != nullptr && a.want != a.group->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("parallelism.", a.axis, "=", a.want, " but the ",
+                                                     a.group_name, " group has ", a.group->size(),
+                                                     " ranks"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace loom::engine

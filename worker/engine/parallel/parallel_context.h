@@ -1,0 +1,59 @@
+// One rank's place in the device mesh and the groups it talks over, built once
+// (by the coordinated trainer from its assignment's groups, by standalone and
+// test code from a layout) and handed to everything that communicates: the
+// model (TP), the data-parallel engine (DP and its ZeRO stage), the pipeline
+// executor (PP), gradient clipping and checkpoints. Each axis is one optional
+// group; a combination of axes is a context with several of them set, never a
+// code path of its own. docs/architecture.md draws it.
+//
+// A group of one rank is held as null ("no such axis"), so `ctx.tp != nullptr`
+// means "tensor parallel". Not yet here: CP (gradients would then be reduced
+// over the DP x CP group) and EP.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "worker/comm/communicator.h"
+
+namespace loom::engine {
+
+struct ParallelContext {
+  comm::Communicator* dp = nullptr;  // the ranks with the same model part, other data
+  comm::Communicator* tp = nullptr;  // the ranks that split one layer's tensors
+  comm::Communicator* pp = nullptr;  // the pipeline's stages (rank = stage)
+  int dp_rank = 0;
+  int dp_size = 1;
+
+  // Validates and normalizes: groups of one become null; dp_size > 1 needs a
+  // DP group of that size (whose rank is then dp_rank). INVALID_ARGUMENT
+  // naming what is wrong.
+  static absl::StatusOr<ParallelContext> Make(int dp_rank, int dp_size, comm::Communicator* dp,
+                                              comm::Communicator* tp = nullptr,
+                                              comm::Communicator* pp = nullptr);
+
+  int tp_size() const { return tp != nullptr ? tp->size() : 1; }
+  int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
+  int pp_size() const { return pp != nullptr ? pp->size() : 1; }
+  int stage() const { return pp != nullptr ? pp->rank() : 0; }
+  bool first_stage() const { return stage() == 0; }
+  bool last_stage() const { return stage() == pp_size() - 1; }
+  // The rank of its DP x TP block that writes what the block holds once
+  // (checkpoint files of a stage, its commit).
+  bool block_writer() const { return dp_rank == 0 && tp_rank() == 0; }
+
+  // The groups whose ranks hold different parts of one gradient, over which
+  // a norm's sums of squares add up: TP and PP always, DP when the gradient
+  // (or the part of it an optimizer reads) is sharded over DP (ZeRO >= 1).
+  std::vector<comm::Communicator*> GradientNormGroups(bool dp_sharded) const;
+};
+
+// The context agrees with the spec's layout: each group's size is the spec's
+// parallelism.<axis> (when the spec gives it). INVALID_ARGUMENT naming the
+// field otherwise. A context without a group ignores that axis of the spec
+// (the standalone trainer runs any layout on one rank).
+absl::Status CheckContextMatchesSpec(const ParallelContext& ctx, const spec::JobSpec& spec);
+
+}  // namespace loom::engine
