@@ -201,12 +201,12 @@ class SlurmTest(unittest.TestCase):
             f.write(spec)
         return d, path
 
-    def sbatch(self, d, spec):
+    def sbatch(self, d, spec=None, **extra_env):
         env = dict(self.slurm.env, LOOM_BIN=os.path.join(BUILD, "bin"), LOOM_TLS=self.tls,
                    LOOM_HOME=ROOT, LOOM_RUN_DIR=os.path.join(d, "run"),
-                   LOOM_WORK_DIR=os.path.join(d, "work"), LOOM_PORT=str(free_port()))
+                   LOOM_WORK_DIR=os.path.join(d, "work"), LOOM_PORT=str(free_port()), **extra_env)
         out = subprocess.run(["sbatch", "--parsable", "--nodes=2", f"--chdir={d}",
-                              f"--output={d}/batch.out", SBATCH_SCRIPT, spec],
+                              f"--output={d}/batch.out", SBATCH_SCRIPT, *([spec] if spec else [])],
                              env=env, capture_output=True, text=True, timeout=60)
         self.assertEqual(out.returncode, 0, out.stderr)
         return out.stdout.strip().split(";")[0]
@@ -253,6 +253,48 @@ class SlurmTest(unittest.TestCase):
                    or self.exit_code(job)[0] == "CANCELLED")
         wait_until("every process of the job to end", 60, lambda: processes_under(d) == [])
         self.assertEqual(self.exit_code(job)[0], "CANCELLED")
+
+    def test_3_agents_join_a_long_lived_coordinator(self):
+        """Agents-only mode: the coordinator runs outside Slurm, the batch job
+        registers the allocation's nodes, a job submitted with loomctl runs on
+        them, and scancel ends the agents and their ranks."""
+        d, spec = self.write_job("agents", steps=100000)
+        port = free_port()
+        certs = os.path.join(d, "certs")
+        tls = []
+        if self.tls == "on":
+            subprocess.run([os.path.join(ROOT, "scripts", "make_certs.sh"), certs, "--host=127.0.0.1",
+                            *[f"--node={n}" for n in NODES]], check=True, capture_output=True)
+        insecure = [] if self.tls == "on" or "--insecure" not in subprocess.run(
+            [os.path.join(BUILD, "bin", "loom-coordinator"), "--helpfull"],
+            capture_output=True, text=True).stdout else ["--insecure"]
+        tls = lambda who: [f"--tls_dir={certs}/{who}"] if self.tls == "on" else insecure  # noqa: E731
+        with open(os.path.join(d, "coordinator.log"), "wb") as log:
+            coordinator = subprocess.Popen(
+                [os.path.join(BUILD, "bin", "loom-coordinator"), f"--listen=127.0.0.1:{port}",
+                 "--metrics_listen=127.0.0.1:0", f"--state_dir={d}/state", *tls("coordinator")],
+                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            loomctl = lambda *a: subprocess.run(  # noqa: E731
+                [os.path.join(BUILD, "bin", "loomctl"), f"--coordinator=127.0.0.1:{port}",
+                 *tls("admin"), *a], capture_output=True, text=True, timeout=30)
+            job = self.sbatch(d, LOOM_COORDINATOR=f"127.0.0.1:{port}", LOOM_CERTS=certs)
+            wait_until("both nodes to register", 60,
+                       lambda: all(n in loomctl("nodes").stdout for n in NODES))
+            loom_job = loomctl("submit", spec).stdout.strip()
+            self.assertTrue(loom_job, loomctl("list").stderr)
+            wait_until("the job to run on the Slurm nodes", 120,
+                       lambda: "RUNNING" in loomctl("status", loom_job).stdout)
+            self.slurm.run("scancel", job)
+            wait_until("the agents' job to leave the queue", 120,
+                       lambda: self.slurm.job_state(job) == "GONE"
+                       or self.exit_code(job)[0] == "CANCELLED")
+            wait_until("every agent and rank to end", 60,
+                       lambda: [p for p in processes_under(d) if "loom-coordinator" not in p] == [])
+        finally:
+            coordinator.kill()
+            coordinator.wait()
+        self.assertEqual(processes_under(d), [])
 
 
 def skip_reason():
