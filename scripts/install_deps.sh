@@ -11,7 +11,7 @@ packages=(
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy python3-yaml
-  prometheus curl systemd
+  prometheus curl systemd shellcheck
 )
 
 # kubectl for `kubectl kustomize` (deploy/kubernetes checks): Debian's, unless
