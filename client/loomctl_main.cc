@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,6 +16,8 @@
 #include "client/job_format.h"
 #include "common/cli/parse_flags.h"
 #include "common/rpc/rpc_settings.h"
+#include "common/rpc/tls_flags.h"
+#include "loom/v1/auth.grpc.pb.h"
 #include "coordinator/service/plan_service.h"
 #include "loom/v1/job.grpc.pb.h"
 #include "coordinator/planner/cluster.h"
@@ -30,6 +33,9 @@ ABSL_FLAG(bool, sweep, false,
 ABSL_FLAG(std::string, svg, "loom-plan-sweep.svg", "plan --sweep: where to write the heatmap SVG");
 ABSL_FLAG(std::string, gpu, "h100-sxm", "plan --sweep: cluster preset");
 ABSL_FLAG(double, reconnect_s, 60, "watch: how long to keep reconnecting to a lost coordinator");
+ABSL_FLAG(std::string, token_file, "",
+          "file holding a bearer token from `loomctl token create` (default: $LOOM_TOKEN)");
+ABSL_FLAG(std::string, user, "", "token create|revoke: the user the token is for");
 
 namespace {
 
@@ -38,7 +44,8 @@ using loom::v1::JobService;
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
     "[--format=json] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
-    "export --format=hf CHECKPOINT_DIR OUT_DIR";
+    "export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
+    "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
 
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "loomctl: %s\n", message.c_str());
@@ -67,9 +74,42 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
-std::unique_ptr<JobService::Stub> Stub() {
-  return JobService::NewStub(loom::rpc::MakeChannel(absl::GetFlag(FLAGS_coordinator)));
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
 }
+
+// The bearer token, if any: --token_file, else $LOOM_TOKEN.
+std::string BearerToken() {
+  const std::string path = absl::GetFlag(FLAGS_token_file);
+  if (path.empty()) return Env("LOOM_TOKEN");
+  std::string token;
+  if (!ReadFile(path, &token)) loom::cli::UsageError("--token_file: cannot read " + path);
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+    token.pop_back();
+  }
+  return token;
+}
+
+// One channel per process, with TLS from the flags or $LOOM_TLS_DIR (a token
+// user needs only ca.crt there) and the bearer token on every call.
+std::shared_ptr<grpc::Channel> Channel() {
+  static std::shared_ptr<grpc::Channel> channel = [] {
+    loom::rpc::TlsFlagValues flags = loom::rpc::TlsFlagValuesFromFlags(Env("LOOM_TLS_DIR"));
+    const std::string token = BearerToken();
+    flags.certificate_optional = !token.empty();
+    absl::StatusOr<loom::rpc::TlsSettings> tls = loom::rpc::ResolveTls(flags);
+    if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
+    loom::rpc::WarnIfInsecure(*tls, "loomctl");
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        loom::rpc::ChannelCredentials(*tls, tls->insecure ? "" : token);
+    if (!credentials.ok()) loom::cli::UsageError(std::string(credentials.status().message()));
+    return loom::rpc::MakeChannel(absl::GetFlag(FLAGS_coordinator), *credentials);
+  }();
+  return channel;
+}
+
+std::unique_ptr<JobService::Stub> Stub() { return JobService::NewStub(Channel()); }
 
 int Submit(const std::string& path) {
   loom::v1::SubmitJobRequest request;
@@ -256,6 +296,44 @@ int Watch(const std::string& id) {
   }
 }
 
+int WhoAmI() {
+  loom::v1::WhoAmIResponse response;
+  auto context = loom::rpc::UnaryContext();
+  grpc::Status status =
+      loom::v1::AuthService::NewStub(Channel())->WhoAmI(context.get(), {}, &response);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("%s (%s)\n", response.name().c_str(), response.role().c_str());
+  return 0;
+}
+
+// token create --user=NAME prints the new token (only its hash is kept);
+// token revoke --user=NAME ends every token of the user.
+int Token(const std::vector<std::string>& args) {
+  if (args.size() != 2 || (args[1] != "create" && args[1] != "revoke")) {
+    loom::cli::UsageError("token needs create or revoke, and --user=NAME");
+  }
+  const std::string user = absl::GetFlag(FLAGS_user);
+  if (user.empty()) loom::cli::UsageError("token " + args[1] + " needs --user=NAME");
+  auto stub = loom::v1::AuthService::NewStub(Channel());
+  auto context = loom::rpc::UnaryContext();
+  if (args[1] == "create") {
+    loom::v1::CreateTokenRequest request;
+    request.set_user(user);
+    loom::v1::CreateTokenResponse response;
+    grpc::Status status = stub->CreateToken(context.get(), request, &response);
+    if (!status.ok()) return RpcFail(status);
+    std::printf("%s\n", response.token().c_str());
+    return 0;
+  }
+  loom::v1::RevokeTokensRequest request;
+  request.set_user(user);
+  loom::v1::RevokeTokensResponse response;
+  grpc::Status status = stub->RevokeTokens(context.get(), request, &response);
+  if (!status.ok()) return RpcFail(status);
+  std::printf("revoked %d token(s) of %s\n", response.revoked(), user.c_str());
+  return 0;
+}
+
 int Export(const std::vector<std::string>& args) {
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "hf") loom::cli::UsageError("export needs --format=hf");
@@ -289,5 +367,7 @@ int main(int argc, char** argv) {
   if (command == "watch") return Watch(one_argument("a job ID"));
   if (command == "cancel") return Cancel(one_argument("a job ID"));
   if (command == "export") return Export(args);
+  if (command == "whoami") return WhoAmI();
+  if (command == "token") return Token(args);
   loom::cli::UsageError("unknown command '" + command + "'");
 }

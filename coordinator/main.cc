@@ -1,10 +1,12 @@
 // loom-coordinator: the control plane of a Loom cluster. Serves JobService,
-// NodeService and RankService (plus grpc.health.v1 and reflection) on
-// --listen, Prometheus metrics on --metrics_listen, and keeps jobs in SQLite
-// under --state_dir.
+// NodeService, RankService and AuthService (plus grpc.health.v1, and
+// reflection with --reflection) on --listen over mutual TLS (--tls_dir;
+// plaintext only with --insecure), Prometheus metrics on --metrics_listen,
+// and keeps jobs, user-token hashes and the rank-token key under --state_dir.
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -12,10 +14,15 @@
 #include "absl/synchronization/notification.h"
 #include "common/cli/parse_flags.h"
 #include "common/rpc/rpc_settings.h"
+#include "common/rpc/tls_flags.h"
+#include "coordinator/auth/rank_token.h"
+#include "coordinator/auth/user_tokens.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
+#include "coordinator/service/auth_service.h"
+#include "coordinator/service/caller_identity.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/metrics.h"
 #include "coordinator/service/node_service.h"
@@ -36,6 +43,7 @@ ABSL_FLAG(double, collective_timeout_s, 60.0, "timeout of every collective on th
 ABSL_FLAG(double, hang_floor_s, 10.0, "calibrated hang timeouts are never shorter than this");
 ABSL_FLAG(double, first_step_allowance_s, 120.0,
           "hang timeout before a job's first step (startup, rendezvous, first step)");
+ABSL_FLAG(bool, reflection, false, "serve gRPC reflection (shows the whole API to any caller)");
 ABSL_FLAG(double, recovery_grace_s, 10.0,
           "after a restart, how long nodes that ran ranks get to reconnect before they are lost");
 
@@ -46,6 +54,19 @@ absl::Notification* g_shutdown = nullptr;
 void OnSignal(int) {
   if (g_shutdown != nullptr && !g_shutdown->HasBeenNotified()) g_shutdown->Notify();
 }
+
+// Linking gRPC's reflection library registers its plugin with every server
+// at static initialisation; this option takes it out again unless
+// --reflection asked for it (reflection shows the whole API to any caller).
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    std::erase_if(*plugins, [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
+      return plugin->name() == "proto_server_reflection";
+    });
+  }
+};
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "loom-coordinator: %s\n", message.c_str());
@@ -58,13 +79,21 @@ int main(int argc, char** argv) {
   using namespace loom::coordinator;
   const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
       argc, argv,
-      "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR");
+      "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
+      "(--tls_dir=DIR | --insecure) [--reflection]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
   if (absl::GetFlag(FLAGS_heartbeat_interval_s) <= 0 || absl::GetFlag(FLAGS_node_timeout_s) <= 0) {
     loom::cli::UsageError("--heartbeat_interval_s and --node_timeout_s must be positive");
   }
+  absl::StatusOr<loom::rpc::TlsSettings> tls =
+      loom::rpc::ResolveTls(loom::rpc::TlsFlagValuesFromFlags());
+  if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials =
+      loom::rpc::ServerCredentials(*tls);
+  if (!server_credentials.ok()) loom::cli::UsageError(std::string(server_credentials.status().message()));
+  loom::rpc::WarnIfInsecure(*tls, "loom-coordinator");
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
   if (!store.ok()) return Fail(std::string(store.status().message()));
@@ -72,13 +101,39 @@ int main(int argc, char** argv) {
       CoordinatorMetrics::Create(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
 
+  // Identities: user-token hashes and the rank-token key live in the state dir.
+  std::unique_ptr<auth::UserTokenStore> user_tokens;
+  std::optional<auth::RankTokenCodec> rank_tokens;
+  if (!tls->insecure) {
+    absl::StatusOr<std::unique_ptr<auth::UserTokenStore>> opened =
+        auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"));
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    user_tokens = *std::move(opened);
+    absl::StatusOr<auth::RankTokenCodec> codec =
+        auth::RankTokenCodec::LoadOrCreate(absl::StrCat(state_dir, "/rank_token.key"));
+    if (!codec.ok()) return Fail(std::string(codec.status().message()));
+    rank_tokens.emplace(*std::move(codec));
+  }
+  const CallerAuth caller_auth(!tls->insecure, user_tokens.get(),
+                               rank_tokens.has_value() ? &*rank_tokens : nullptr);
+
   NodeRegistry nodes;
   KvStore kv;
   JobManagerOptions options{.state_dir = state_dir,
                             .kill_grace_seconds = absl::GetFlag(FLAGS_kill_grace_s),
                             .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s),
                             .recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s)),
-                            .hang_policy = {}};
+                            .hang_policy = {},
+                            .rank_token_issuer = {}};
+  if (rank_tokens.has_value()) {
+    options.rank_token_issuer = [&rank_tokens](const loom::v1::RankAssignment& a) {
+      return rank_tokens->Issue({.job_id = a.job_id(),
+                                 .attempt = a.attempt(),
+                                 .rank = a.rank(),
+                                 .node_id = a.node_id(),
+                                 .store_namespace = a.store_namespace()});
+    };
+  }
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
@@ -86,20 +141,26 @@ int main(int argc, char** argv) {
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
-  JobServiceImpl job_service(&jobs, PlanJob);
-  NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat);
-  RankServiceImpl rank_service(&kv, &jobs);
+  JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
+  NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
+  RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
+  AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (absl::GetFlag(FLAGS_reflection)) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  } else {
+    builder.SetOption(std::make_unique<WithoutReflection>());
+  }
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *server_credentials, &port);
   loom::rpc::ApplyServerSettings(builder);
   builder.RegisterService(&job_service);
   builder.RegisterService(&node_service);
   builder.RegisterService(&rank_service);
+  builder.RegisterService(&auth_service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(metrics->get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -109,8 +170,9 @@ int main(int argc, char** argv) {
                              " (is another coordinator running there?)"));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  std::printf("loom-coordinator: serving on %s (port %d), metrics on %s, state in %s\n",
+  std::printf("loom-coordinator: serving on %s (port %d, %s), metrics on %s, state in %s\n",
               absl::GetFlag(FLAGS_listen).c_str(), port,
+              tls->insecure ? "plaintext" : "mutual TLS",
               absl::GetFlag(FLAGS_metrics_listen).c_str(), state_dir.c_str());
   std::fflush(stdout);
 

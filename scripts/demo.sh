@@ -25,6 +25,12 @@ port=$(free_port)
 metrics_port=$(free_port)
 address=127.0.0.1:$port
 
+# Mutual TLS, as in production: a development CA and the coordinator's, the
+# node's and the admin's certificates (docs/security.md).
+./scripts/make_certs.sh "$run/certs" --node=demo-node > /dev/null
+certs=$run/certs
+ctl() { "$bin/loomctl" --coordinator="$address" --tls_dir="$certs/admin" "$@"; }
+
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -33,25 +39,25 @@ cleanup() {
 trap cleanup EXIT
 
 "$bin/loom-coordinator" --listen="$address" --metrics_listen="127.0.0.1:$metrics_port" \
-  --state_dir="$run/state" > "$run/coordinator.log" 2>&1 &
+  --state_dir="$run/state" --tls_dir="$certs/coordinator" > "$run/coordinator.log" 2>&1 &
 pids+=($!)
 "$bin/loom-worker" --coordinator="$address" --devices=cpu:2 --work_dir="$run/worker" \
-  > "$run/worker.log" 2>&1 &
+  --tls_dir="$certs/node-demo-node" > "$run/worker.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 50); do
-  "$bin/loomctl" --coordinator="$address" list > /dev/null 2>&1 && break
+  ctl list > /dev/null 2>&1 && break
   sleep 0.2
 done
 
-echo "== coordinator on $address, metrics on http://127.0.0.1:$metrics_port/metrics"
+echo "== coordinator on $address (mutual TLS, certificates in $certs), metrics on http://127.0.0.1:$metrics_port/metrics"
 echo "== submitting $run/job.yaml"
-id=$("$bin/loomctl" --coordinator="$address" submit "$run/job.yaml")
+id=$(ctl submit "$run/job.yaml")
 echo "== watching $id"
 status=0
-"$bin/loomctl" --coordinator="$address" watch "$id" || status=$?
+ctl watch "$id" || status=$?
 echo
-"$bin/loomctl" --coordinator="$address" status "$id"
+ctl status "$id"
 
 entropy=$(/usr/bin/python3 - "$run/data/val.txt" <<'PY'
 import math, sys, collections
@@ -60,7 +66,7 @@ counts = collections.Counter(data)
 print(f"{-sum(c / len(data) * math.log(c / len(data)) for c in counts.values()):.4f}")
 PY
 )
-val=$("$bin/loomctl" --coordinator="$address" status "$id" | sed -n 's/.*val \([0-9.]*\).*/\1/p' | tail -1)
+val=$(ctl status "$id" | sed -n 's/.*val \([0-9.]*\).*/\1/p' | tail -1)
 echo "== validation loss ${val:-?} nats/byte against the text's byte (unigram) entropy of $entropy nats"
 echo "== metrics: curl -s http://127.0.0.1:$metrics_port/metrics | grep ^loom_job"
 curl -s "http://127.0.0.1:$metrics_port/metrics" | grep -E '^loom_job_(mfu|tokens_per_second|loss)' || true

@@ -11,14 +11,14 @@ packages=(
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy python3-yaml
-  prometheus curl systemd shellcheck
+  prometheus curl openssl systemd shellcheck
 )
 
 # kubectl for `kubectl kustomize` (deploy/kubernetes checks): Debian's, unless
 # one is already on the PATH. Node.js and npm for tools/k8s-validate.
 if ! command -v kubectl > /dev/null; then packages+=(kubernetes-client); fi
 if ! command -v npm > /dev/null; then packages+=(nodejs npm); fi
-# A real Slurm for the deploy/slurm test (tests/deploy/test_slurm.sh).
+# A real Slurm for the deploy/slurm test (tests/deploy/test_slurm.py).
 packages+=(slurm-wlm slurmctld slurmd slurm-client munge)
 
 missing=()

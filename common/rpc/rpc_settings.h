@@ -22,7 +22,9 @@ inline constexpr int kMaxMessageBytes = 16 * 1024 * 1024;
 inline constexpr std::chrono::seconds kUnaryDeadline{10};
 
 void ApplyServerSettings(grpc::ServerBuilder& builder);
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel to address with credentials from common/rpc/tls.h.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                          std::shared_ptr<grpc::ChannelCredentials> credentials);
 // A context whose deadline is now + timeout.
 std::unique_ptr<grpc::ClientContext> UnaryContext(
     std::chrono::milliseconds timeout = kUnaryDeadline);

@@ -5,6 +5,11 @@ namespace loom::coordinator {
 void NodeRegistry::Register(const loom::v1::RegisterNode& registration,
                             std::shared_ptr<NodeChannel> channel, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  RegisterLocked(registration, std::move(channel), now);
+}
+
+void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
+                                  std::shared_ptr<NodeChannel> channel, absl::Time now) {
   Entry& entry = nodes_[registration.node_id()];
   NodeInfo& info = entry.info;
   info.node_id = registration.node_id();
@@ -25,6 +30,19 @@ void NodeRegistry::Register(const loom::v1::RegisterNode& registration,
   info.last_seen = now;
   info.running.assign(registration.running().begin(), registration.running().end());
   entry.channel = std::move(channel);
+}
+
+bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
+                                  std::shared_ptr<NodeChannel> channel, absl::Time now,
+                                  absl::Duration alive) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(registration.node_id());
+  if (it != nodes_.end() && it->second.info.live && it->second.channel != nullptr &&
+      it->second.channel != channel && now - it->second.info.last_seen < alive) {
+    return false;
+  }
+  RegisterLocked(registration, std::move(channel), now);
+  return true;
 }
 
 void NodeRegistry::Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat,

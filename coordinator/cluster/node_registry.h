@@ -43,6 +43,12 @@ struct NodeInfo {
 class NodeRegistry {
  public:
   // A node came (back): replaces any earlier session of the same node.
+  // Register, unless another session still holds this node id and has been
+  // heard from within `alive` (a second session must not replace a live
+  // node's; one silent that long is a half-open leftover and is replaced).
+  // Returns whether it registered.
+  bool RegisterIfFree(const loom::v1::RegisterNode& registration,
+                      std::shared_ptr<NodeChannel> channel, absl::Time now, absl::Duration alive);
   void Register(const loom::v1::RegisterNode& registration, std::shared_ptr<NodeChannel> channel,
                 absl::Time now);
   void Heartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat, absl::Time now);
@@ -61,6 +67,10 @@ class NodeRegistry {
   bool Cordon(const std::string& node_id, const std::string& reason);
 
  private:
+  void RegisterLocked(const loom::v1::RegisterNode& registration,
+                      std::shared_ptr<NodeChannel> channel, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   struct Entry {
     NodeInfo info;
     std::shared_ptr<NodeChannel> channel;

@@ -2,6 +2,7 @@
 // aggregation, rank exits, lost nodes, restarts within the budget.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -142,6 +143,7 @@ bool JobManager::TryPlaceLocked(JobRecord& record) {
   TransitionLocked(record, JobState::STARTING,
                    absl::StrCat("attempt ", attempt, " placed on ", nodes_text));
   for (auto& a : *assignments) {
+    if (options_.rank_token_issuer) a.set_rank_token(options_.rank_token_issuer(a));
     loom::v1::CoordinatorMessage message;
     *message.mutable_launch()->mutable_assignment() = std::move(a);
     const std::string node = message.launch().assignment().node_id();
@@ -248,6 +250,13 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   Job& job = record.job;
   if (exit.attempt() != job.attempt() || exit.rank() < 0 ||
       exit.rank() >= static_cast<int32_t>(record.ranks.size())) {
+    return;
+  }
+  // Only the node that runs the rank speaks for it (a session cannot end
+  // another node's ranks, or another job's).
+  if (exit.rank() >= job.placement_size() || job.placement(exit.rank()).node_id() != node_id) {
+    std::fprintf(stderr, "job %s: ignored an exit of rank %d from node %s, which does not run it\n",
+                 job.id().c_str(), exit.rank(), node_id.c_str());
     return;
   }
   RankState& rank = record.ranks[exit.rank()];

@@ -73,7 +73,8 @@ std::string JobManager::NewJobIdLocked() {
 
 absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
                                        const std::string& source_name,
-                                       const std::string& base_dir) {
+                                       const std::string& base_dir,
+                                       const std::string& owner) {
   const std::string source = source_name.empty() ? "job spec" : source_name;
   absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpecYaml(spec_yaml, source);
   if (!parsed.ok()) return parsed.status();
@@ -96,6 +97,7 @@ absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
   Job& job = record.job;
   job.set_id(NewJobIdLocked());
   job.set_name(spec.name);
+  job.set_owner(owner);
   job.set_state(JobState::PENDING);
   job.set_spec_yaml(spec_yaml);
   job.set_resolved_spec_yaml(spec::ToYaml(spec));

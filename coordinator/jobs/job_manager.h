@@ -49,6 +49,9 @@ struct JobManagerOptions {
   // to reconnect before they count as lost.
   absl::Duration recovery_grace = absl::Seconds(10);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  // Issues each rank's bearer token (RankAssignment.rank_token) from its
+  // assignment; empty: ranks get none (--insecure, tests).
+  std::function<std::string(const loom::v1::RankAssignment&)> rank_token_issuer;
 };
 
 // Why an attempt ended early; each kind has its own restart budget.
@@ -66,8 +69,9 @@ class JobManager {
   // Loads every stored job (after a coordinator restart).
   absl::Status Recover();
 
+  // owner: the caller's identity name (Job.owner).
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
-                                       const std::string& base_dir);
+                                       const std::string& base_dir, const std::string& owner);
   absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
   std::vector<loom::v1::Job> List() const;
   absl::StatusOr<loom::v1::Job> Cancel(const std::string& id);
@@ -81,6 +85,7 @@ class JobManager {
   void OnNodeRegistered(const loom::v1::RegisterNode& registration);
   void OnNodeLost(const std::string& node_id);
   void OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat);
+  // Ignored unless node_id runs that rank in the job's current attempt.
   void OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit);
   void OnRankProgress(const loom::v1::RankProgress& progress);
 

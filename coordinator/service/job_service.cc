@@ -3,7 +3,9 @@
 #include <deque>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/auth/policy.h"
 #include "coordinator/service/status_convert.h"
 
 namespace loom::coordinator {
@@ -24,6 +26,15 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
   }
   return reactor;
 }
+
+// Finishes a unary call that was refused.
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(status));
+  return reactor;
+}
+
+constexpr char kMethodPrefix[] = "/loom.v1.JobService/";
 
 // One WatchJob stream. The manager holds the Relay (shared); the reactor is
 // owned by gRPC and detaches from the relay when the call is done, so a late
@@ -47,6 +58,14 @@ class Relay final : public WatchSink {
 class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
  public:
   WatchReactor(JobManager* jobs, std::string id) : jobs_(jobs), id_(std::move(id)) {}
+
+  // A watch the caller may not open ends at once with this status.
+  void Refuse(const absl::Status& status) {
+    relay_ = std::make_shared<Relay>(this);
+    relay_->Detach();
+    absl::MutexLock lock(&mu_);
+    FinishLocked(ToGrpc(status));
+  }
 
   void Start() {
     relay_ = std::make_shared<Relay>(this);
@@ -132,11 +151,21 @@ void Relay::Push(const WatchJobResponse& update, bool last) {
 
 }  // namespace
 
+absl::Status JobServiceImpl::AuthorizeJob(const auth::Identity& caller,
+                                          const std::string& id) const {
+  absl::StatusOr<loom::v1::Job> job = jobs_->Get(id);
+  if (!job.ok()) return job.status();
+  return auth::AuthorizeJob(caller, id, job->owner());
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::SubmitJobRequest* request,
                                                     loom::v1::SubmitJobResponse* response) {
-  absl::StatusOr<loom::v1::Job> job =
-      jobs_->Submit(request->spec_yaml(), request->source_name(), request->base_dir());
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "SubmitJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  absl::StatusOr<loom::v1::Job> job = jobs_->Submit(request->spec_yaml(), request->source_name(),
+                                                    request->base_dir(), caller->name);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (job.ok()) {
     *response->mutable_job() = *std::move(job);
@@ -150,19 +179,36 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::PlanJob(grpc::CallbackServerContext* context,
                                                   const loom::v1::PlanJobRequest* request,
                                                   loom::v1::PlanJobResponse* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "PlanJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
   return Reply(context, plan_(*request), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
                                                  const loom::v1::GetJobRequest* request,
                                                  loom::v1::Job* response) {
-  return Reply(context, jobs_->Get(request->id()), response);
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "GetJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id());
+  if (job.ok()) {
+    if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) {
+      return Refuse(context, s);
+    }
+  }
+  return Reply(context, std::move(job), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
                                                    const loom::v1::ListJobsRequest* request,
                                                    loom::v1::ListJobsResponse* response) {
-  for (auto& job : jobs_->List()) *response->add_jobs() = std::move(job);
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListJobs"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  for (auto& job : jobs_->List()) {
+    if (auth::MaySeeJob(*caller, job.owner())) *response->add_jobs() = std::move(job);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -171,6 +217,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,
                                                     const loom::v1::ListNodesRequest* request,
                                                     loom::v1::ListNodesResponse* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListNodes"));
+  if (!caller.ok()) return Refuse(context, caller.status());
   for (auto& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -180,13 +229,24 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const loom::v1::CancelJobRequest* request,
                                                     loom::v1::Job* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "CancelJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  if (absl::Status s = AuthorizeJob(*caller, request->id()); !s.ok()) return Refuse(context, s);
   return Reply(context, jobs_->Cancel(request->id()), response);
 }
 
 grpc::ServerWriteReactor<WatchJobResponse>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) {
   auto* reactor = new WatchReactor(jobs_, request->id());
-  reactor->Start();
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "WatchJob"));
+  absl::Status allowed = caller.ok() ? AuthorizeJob(*caller, request->id()) : caller.status();
+  if (!allowed.ok()) {
+    reactor->Refuse(allowed);
+  } else {
+    reactor->Start();
+  }
   return reactor;
 }
 

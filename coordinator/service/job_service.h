@@ -1,11 +1,13 @@
-// JobService handlers (callback API): translate requests onto the
-// JobManager and the planner; no logic of their own.
+// JobService handlers (callback API): admit the caller (caller_identity.h),
+// then translate requests onto the JobManager and the planner; a job is
+// visible only to its owner and admins (coordinator/auth/policy.h).
 #pragma once
 
 #include <functional>
 
 #include "absl/status/statusor.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/service/caller_identity.h"
 #include "loom/v1/job.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -15,7 +17,8 @@ using PlanFunction =
 
 class JobServiceImpl final : public loom::v1::JobService::CallbackService {
  public:
-  JobServiceImpl(JobManager* jobs, PlanFunction plan) : jobs_(jobs), plan_(std::move(plan)) {}
+  JobServiceImpl(JobManager* jobs, PlanFunction plan, const CallerAuth* auth)
+      : jobs_(jobs), plan_(std::move(plan)), auth_(auth) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const loom::v1::SubmitJobRequest* request,
@@ -39,8 +42,12 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
 
  private:
+  // The caller may act on job id: it exists and is theirs (or they are admin).
+  absl::Status AuthorizeJob(const auth::Identity& caller, const std::string& id) const;
+
   JobManager* jobs_;
   PlanFunction plan_;
+  const CallerAuth* auth_;
 };
 
 }  // namespace loom::coordinator

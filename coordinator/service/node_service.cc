@@ -4,8 +4,11 @@
 #include <deque>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/auth/policy.h"
 #include "coordinator/service/metrics.h"
+#include "coordinator/service/status_convert.h"
 
 namespace loom::coordinator {
 namespace {
@@ -34,12 +37,18 @@ class SessionChannel final : public NodeChannel {
 class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage> {
  public:
   SessionReactor(NodeServiceImpl* service, NodeRegistry* nodes, JobManager* jobs,
-                 absl::Duration heartbeat_interval)
+                 absl::Duration heartbeat_interval, absl::StatusOr<auth::Identity> caller)
       : service_(service),
         nodes_(nodes),
         jobs_(jobs),
         heartbeat_interval_(heartbeat_interval),
-        channel_(std::make_shared<SessionChannel>(this)) {
+        channel_(std::make_shared<SessionChannel>(this)),
+        caller_(std::move(caller)) {
+    if (!caller_.ok()) {
+      absl::MutexLock lock(&mu_);
+      FinishLocked(ToGrpc(caller_.status()));
+      return;
+    }
     StartRead(&incoming_);
   }
 
@@ -56,7 +65,11 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       FinishLocked(grpc::Status::OK);
       return;
     }
-    Handle(incoming_);
+    if (absl::Status s = Handle(incoming_); !s.ok()) {
+      absl::MutexLock lock(&mu_);
+      FinishLocked(ToGrpc(s));
+      return;
+    }
     StartRead(&incoming_);
   }
 
@@ -81,11 +94,23 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   }
 
  private:
-  void Handle(const NodeMessage& message) {
+  // An error ends the session with that status.
+  absl::Status Handle(const NodeMessage& message) {
     switch (message.kind_case()) {
       case NodeMessage::kRegister: {
-        node_id_ = message.register_().node_id();
-        nodes_->Register(message.register_(), channel_, absl::Now());
+        const std::string& node_id = message.register_().node_id();
+        if (!node_id_.empty() && node_id != node_id_) {
+          return absl::PermissionDeniedError("a session registers one node id");
+        }
+        if (absl::Status s = auth::AuthorizeRegister(*caller_, node_id); !s.ok()) return s;
+        if (node_id_.empty() &&
+            !nodes_->RegisterIfFree(message.register_(), channel_, absl::Now(),
+                                    2 * heartbeat_interval_)) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "node ", node_id, " already has a live session; a second one is refused"));
+        }
+        if (!node_id_.empty()) nodes_->Register(message.register_(), channel_, absl::Now());
+        node_id_ = node_id;
         std::fprintf(stderr, "node %s: registered (%s, %d devices)\n", node_id_.c_str(),
                      message.register_().hostname().c_str(),
                      message.register_().devices_size() > 0
@@ -98,19 +123,19 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         Enqueue(reply);
         service_->UpdateNodeGauges();
         jobs_->OnNodeRegistered(message.register_());
-        break;
+        return absl::OkStatus();
       }
       case NodeMessage::kHeartbeat:
         if (!node_id_.empty()) {
           nodes_->Heartbeat(node_id_, message.heartbeat(), absl::Now());
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
-        break;
+        return absl::OkStatus();
       case NodeMessage::kRankExited:
         if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());
-        break;
+        return absl::OkStatus();
       default:
-        break;
+        return absl::OkStatus();
     }
   }
 
@@ -133,6 +158,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   JobManager* jobs_;
   const absl::Duration heartbeat_interval_;
   std::shared_ptr<SessionChannel> channel_;
+  const absl::StatusOr<auth::Identity> caller_;
   std::string node_id_;  // set by the first message; read-side only
   NodeMessage incoming_;
 
@@ -152,7 +178,8 @@ void SessionChannel::Send(const CoordinatorMessage& message) {
 
 grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_);
+  return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_,
+                            auth_->Admit(*context, "/loom.v1.NodeService/Session"));
 }
 
 void NodeServiceImpl::UpdateNodeGauges() {

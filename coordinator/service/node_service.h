@@ -1,11 +1,14 @@
 // NodeService: one bidirectional session per node agent (callback API).
 // Registration, heartbeats and rank exits go to the NodeRegistry and the
-// JobManager; launch and kill commands come back down the same stream.
+// JobManager; launch and kill commands come back down the same stream. Only a
+// node certificate may open a session, register only under its own name, and
+// only while no other live session holds that name.
 #pragma once
 
 #include "absl/time/time.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/service/caller_identity.h"
 #include "loom/v1/node.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -15,8 +18,12 @@ class CoordinatorMetrics;
 class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
  public:
   NodeServiceImpl(NodeRegistry* nodes, JobManager* jobs, CoordinatorMetrics* metrics,
-                  absl::Duration heartbeat_interval)
-      : nodes_(nodes), jobs_(jobs), metrics_(metrics), heartbeat_interval_(heartbeat_interval) {}
+                  absl::Duration heartbeat_interval, const CallerAuth* auth)
+      : nodes_(nodes),
+        jobs_(jobs),
+        metrics_(metrics),
+        heartbeat_interval_(heartbeat_interval),
+        auth_(auth) {}
 
   grpc::ServerBidiReactor<loom::v1::NodeMessage, loom::v1::CoordinatorMessage>* Session(
       grpc::CallbackServerContext* context) override;
@@ -29,6 +36,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   JobManager* jobs_;
   CoordinatorMetrics* metrics_;
   absl::Duration heartbeat_interval_;
+  const CallerAuth* auth_;
 };
 
 }  // namespace loom::coordinator

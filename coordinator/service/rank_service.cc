@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/auth/policy.h"
 #include "coordinator/service/status_convert.h"
 
 namespace loom::coordinator {
@@ -18,11 +20,25 @@ grpc::Status RequireKey(const std::string& ns, const std::string& key) {
 
 class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgress> {
  public:
-  explicit ProgressReactor(JobManager* jobs) : jobs_(jobs) { StartRead(&progress_); }
+  ProgressReactor(JobManager* jobs, absl::StatusOr<auth::Identity> caller)
+      : jobs_(jobs), caller_(std::move(caller)) {
+    if (!caller_.ok()) {
+      Finish(ToGrpc(caller_.status()));
+      return;
+    }
+    StartRead(&progress_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
+      return;
+    }
+    // A report for any rank but the token's ends the stream; nothing of it is kept.
+    if (absl::Status s = auth::AuthorizeProgress(*caller_, progress_.job_id(), progress_.attempt(),
+                                                 progress_.rank());
+        !s.ok()) {
+      Finish(ToGrpc(s));
       return;
     }
     jobs_->OnRankProgress(progress_);
@@ -32,16 +48,27 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
 
  private:
   JobManager* jobs_;
+  const absl::StatusOr<auth::Identity> caller_;
   loom::v1::RankProgress progress_;
 };
 
+constexpr char kMethodPrefix[] = "/loom.v1.RankService/";
+
 }  // namespace
+
+absl::Status RankServiceImpl::AdmitStore(const grpc::CallbackServerContext& context,
+                                         const std::string& method, const std::string& ns) const {
+  absl::StatusOr<auth::Identity> caller = auth_->Admit(context, absl::StrCat(kMethodPrefix, method));
+  if (!caller.ok()) return caller.status();
+  return auth::AuthorizeStore(*caller, ns);
+}
 
 grpc::ServerUnaryReactor* RankServiceImpl::StoreSet(grpc::CallbackServerContext* context,
                                                     const loom::v1::StoreSetRequest* request,
                                                     loom::v1::StoreSetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreSet", request->store_namespace()));
+  if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) kv_->Set(request->store_namespace(), request->key(), request->value());
   reactor->Finish(status);
   return reactor;
@@ -51,7 +78,8 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreGet(grpc::CallbackServerContext*
                                                     const loom::v1::StoreGetRequest* request,
                                                     loom::v1::StoreGetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreGet", request->store_namespace()));
+  if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (!status.ok()) {
     reactor->Finish(status);
     return reactor;
@@ -76,7 +104,8 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
                                                     const loom::v1::StoreAddRequest* request,
                                                     loom::v1::StoreAddResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = RequireKey(request->store_namespace(), request->key());
+  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreAdd", request->store_namespace()));
+  if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) {
     response->set_value(kv_->Add(request->store_namespace(), request->key(), request->delta()));
   }
@@ -86,7 +115,8 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
 
 grpc::ServerReadReactor<loom::v1::RankProgress>* RankServiceImpl::ReportProgress(
     grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) {
-  return new ProgressReactor(jobs_);
+  return new ProgressReactor(jobs_,
+                             auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ReportProgress")));
 }
 
 }  // namespace loom::coordinator

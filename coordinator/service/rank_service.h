@@ -1,16 +1,20 @@
 // RankService: the rendezvous store of each job attempt and the progress
 // streams of the ranks (callback API; a waiting StoreGet holds no thread).
+// Every call carries its rank's token over its node's certificate: a rank
+// reaches only its attempt's namespace and reports only its own progress.
 #pragma once
 
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/rendezvous/kv_store.h"
+#include "coordinator/service/caller_identity.h"
 #include "loom/v1/rank.grpc.pb.h"
 
 namespace loom::coordinator {
 
 class RankServiceImpl final : public loom::v1::RankService::CallbackService {
  public:
-  RankServiceImpl(KvStore* kv, JobManager* jobs) : kv_(kv), jobs_(jobs) {}
+  RankServiceImpl(KvStore* kv, JobManager* jobs, const CallerAuth* auth)
+      : kv_(kv), jobs_(jobs), auth_(auth) {}
 
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
                                      const loom::v1::StoreSetRequest* request,
@@ -25,8 +29,13 @@ class RankServiceImpl final : public loom::v1::RankService::CallbackService {
       grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) override;
 
  private:
+  // Admits a store call in namespace ns, or says why not.
+  absl::Status AdmitStore(const grpc::CallbackServerContext& context, const std::string& method,
+                          const std::string& ns) const;
+
   KvStore* kv_;
   JobManager* jobs_;
+  const CallerAuth* auth_;
 };
 
 }  // namespace loom::coordinator

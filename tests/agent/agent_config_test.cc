@@ -11,7 +11,7 @@ namespace {
 
 TEST(AgentConfigTest, ParsesTheContractFlagsWithDefaults) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
-      {"--coordinator=127.0.0.1:7000", "--devices=cpu:4", "--work_dir=/tmp/x/../agent/"});
+      {"--coordinator=127.0.0.1:7000", "--devices=cpu:4", "--work_dir=/tmp/x/../agent/", "--insecure"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->coordinator, "127.0.0.1:7000");
   EXPECT_EQ(config->devices.kind, DeviceRequest::Kind::kCpu);
@@ -26,7 +26,7 @@ TEST(AgentConfigTest, ParsesTheContractFlagsWithDefaults) {
 TEST(AgentConfigTest, OptionalFlags) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
       {"--coordinator=coord:1", "--devices=gpu", "--work_dir=/w", "--node_id=n7",
-       "--address=10.0.0.2", "--trainer=/opt/loom-trainer", "--kill_grace_s=0.5"});
+       "--address=10.0.0.2", "--trainer=/opt/loom-trainer", "--kill_grace_s=0.5", "--insecure=true"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->devices.kind, DeviceRequest::Kind::kGpu);
   EXPECT_EQ(config->node_id, "n7");
@@ -35,7 +35,8 @@ TEST(AgentConfigTest, OptionalFlags) {
   EXPECT_DOUBLE_EQ(config->kill_grace_s, 0.5);
 
   // Values do not leak into the next parse.
-  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w"});
+  config = ParseAgentCommandLine(
+      {"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->address, "127.0.0.1");
   EXPECT_DOUBLE_EQ(config->kill_grace_s, 5);
@@ -57,6 +58,13 @@ TEST(AgentConfigTest, ErrorsNameTheFlag) {
       {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "positional"}, "positional"},
       {{"--coordinator", "c:1"}, "--coordinator needs a value"},
       {{"--flagfile=/etc/passwd"}, "--flagfile"},
+      // Mutual TLS is the default: no certificates and no --insecure is an error.
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w"}, "--tls_dir"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--tls_dir=/nonexistent"},
+       "--tls_cert"},
+      {{"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure",
+        "--tls_dir=/d"},
+       "--insecure"},
   };
   for (const auto& [args, expected] : cases) {
     absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(args);
@@ -68,7 +76,8 @@ TEST(AgentConfigTest, ErrorsNameTheFlag) {
 
 TEST(AgentConfigTest, RelativePathsBecomeAbsolute) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
-      {"--coordinator=c:1", "--devices=cpu:1", "--work_dir=w", "--trainer=bin/loom-trainer"});
+      {"--coordinator=c:1", "--devices=cpu:1", "--work_dir=w", "--trainer=bin/loom-trainer",
+       "--insecure"});
   ASSERT_TRUE(config.ok()) << config.status();
   const std::string cwd = std::filesystem::current_path().string();
   EXPECT_EQ(config->work_dir, cwd + "/w");

@@ -40,7 +40,8 @@ class WorkerBinaryTest : public ::testing::Test {
     ProcessSpec spec;
     spec.argv = {LOOM_WORKER_BINARY, "--coordinator=" + server_.address(), "--devices=cpu:2",
                  "--work_dir=" + dir_.path() + "/work", "--node_id=test-node",
-                 "--trainer=" + trainer_, "--kill_grace_s=30"};
+                 "--trainer=" + trainer_, "--kill_grace_s=30",
+                 "--insecure"};  // the fake coordinator speaks plaintext
     spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
     spec.log_path = dir_.path() + "/agent.log";
     absl::StatusOr<pid_t> pid = supervisor_.Launch(spec, exits_.Callback());

@@ -1,7 +1,13 @@
 """A Loom cluster on loopback for integration tests: a coordinator, node
 agents and loomctl, run from build/bin as real processes. Every process is
 started in its own process group and killed by pid at the end, so nothing
-outlives a test."""
+outlives a test.
+
+Mutual TLS is on, as in production: the cluster makes its certificates with
+scripts/make_certs.sh in its temp dir, passes --tls_dir to every program,
+and hands out Python gRPC channels per identity (cluster.channel(identity=
+"admin" | "user-alice" | "node-a" | "coordinator" | None, token=...)); tests
+never build channels themselves."""
 
 import json
 import os
@@ -15,6 +21,9 @@ import urllib.request
 
 BUILD = os.environ.get("LOOM_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 BIN = os.path.join(BUILD, "bin")
+MAKE_CERTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_certs.sh")
+# Users whose certificates every cluster has, besides admin and its nodes.
+USERS = ("alice", "bob")
 
 
 def free_port():
@@ -108,7 +117,48 @@ class Cluster:
         self.coordinator = None
         self.agents = {}
         self.processes = []
+        self.certs = os.path.join(self.dir, "certs")
+        self.make_certs()
         write_corpus(os.path.join(self.dir, "data"))
+
+    # -- identities ------------------------------------------------------------
+    def make_certs(self, nodes=()):
+        """Creates the CA and certificates (re-run: adds the missing ones)."""
+        args = [MAKE_CERTS, self.certs] + [f"--user={u}" for u in USERS] + \
+               [f"--node={n}" for n in nodes]
+        subprocess.run(args, check=True, capture_output=True, timeout=60)
+
+    def tls_dir(self, identity):
+        """The certificate directory of an identity: "admin", "coordinator",
+        "user-NAME", or a node's name (its directory is node-NAME)."""
+        if identity in ("admin", "coordinator") or identity.startswith("user-"):
+            return os.path.join(self.certs, identity)
+        path = os.path.join(self.certs, f"node-{identity}")
+        if not os.path.isdir(path):
+            self.make_certs(nodes=[identity])
+        return path
+
+    def channel(self, identity="admin", token=None):
+        """A gRPC channel to the coordinator with identity's certificate; None
+        presents no certificate (only the CA); token adds `authorization:
+        Bearer` to every call."""
+        import grpc  # only the tests that speak gRPC need python3-grpcio
+
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        ca = read(os.path.join(self.certs, "ca", "ca.crt"))
+        if identity is None:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        else:
+            d = self.tls_dir(identity)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=ca, private_key=read(os.path.join(d, "tls.key")),
+                certificate_chain=read(os.path.join(d, "tls.crt")))
+        if token is not None:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(self.address, credentials)
 
     # -- processes ---------------------------------------------------------
     def _spawn(self, args, log_name, env=None):
@@ -122,7 +172,8 @@ class Cluster:
         self.coordinator = self._spawn(
             [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
              f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
-             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2", *extra],
+             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
+             f"--tls_dir={self.tls_dir('coordinator')}", *extra],
             "coordinator.log")
         wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,
                    "the coordinator to answer")
@@ -131,7 +182,8 @@ class Cluster:
     def start_agent(self, name="node-a", devices="cpu:2", env=None):
         work = os.path.join(self.dir, name)
         proc = self._spawn([os.path.join(BIN, "loom-worker"), f"--coordinator={self.address}",
-                            f"--devices={devices}", f"--work_dir={work}", f"--node_id={name}"],
+                            f"--devices={devices}", f"--work_dir={work}",
+                            f"--tls_dir={self.tls_dir(name)}"],
                            f"{name}.log", env)
         self.agents[name] = proc
         return proc
@@ -189,9 +241,23 @@ class Cluster:
             return f.read()
 
     # -- client ------------------------------------------------------------
-    def loomctl(self, *args, check=True, timeout=60):
-        result = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={self.address}", *args],
-                                capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+    def loomctl_argv(self, *args, identity="admin"):
+        """loomctl's command line as identity (a certificate directory, see
+        tls_dir), or with only the CA (for a bearer token) when identity is None."""
+        auth = [f"--tls_dir={self.tls_dir(identity)}"] if identity is not None else \
+            [f"--tls_ca={os.path.join(self.certs, 'ca', 'ca.crt')}"]
+        return [os.path.join(BIN, "loomctl"), f"--coordinator={self.address}", *auth, *args]
+
+    def loomctl(self, *args, check=True, timeout=60, identity="admin", token=None):
+        """Runs loomctl as identity; token goes in $LOOM_TOKEN."""
+        env = dict(os.environ)
+        env.pop("LOOM_TLS_DIR", None)
+        env.pop("LOOM_TOKEN", None)
+        if token is not None:
+            env["LOOM_TOKEN"] = token
+        result = subprocess.run(self.loomctl_argv(*args, identity=identity),
+                                capture_output=True, text=True, timeout=timeout, cwd=self.dir,
+                                env=env)
         if check and result.returncode != 0:
             raise AssertionError(f"loomctl {' '.join(args)} failed ({result.returncode}):\n"
                                  f"{result.stdout}\n{result.stderr}")
@@ -203,14 +269,15 @@ class Cluster:
             f.write(text)
         return path
 
-    def submit(self, spec_text, name="job"):
-        return self.loomctl("submit", self.write_spec(name, spec_text)).stdout.strip()
+    def submit(self, spec_text, name="job", identity="admin"):
+        return self.loomctl("submit", self.write_spec(name, spec_text),
+                            identity=identity).stdout.strip()
 
-    def status(self, job_id):
-        return self.loomctl("status", job_id).stdout
+    def status(self, job_id, identity="admin"):
+        return self.loomctl("status", job_id, identity=identity).stdout
 
-    def state(self, job_id):
-        for line in self.status(job_id).splitlines():
+    def state(self, job_id, identity="admin"):
+        for line in self.status(job_id, identity).splitlines():
             if line.startswith("state:"):
                 return line.split()[1]
         return None

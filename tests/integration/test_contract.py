@@ -2,7 +2,7 @@
 python3-grpcio, stubs generated from proto/ by protoc's gRPC Python plugin)
 submits and reads jobs; every validation rule answers INVALID_ARGUMENT naming
 the field; an oversize message is refused while the server keeps serving; the
-health service answers."""
+health service answers; reflection is off unless --reflection asks for it."""
 
 import os
 import sys
@@ -21,7 +21,7 @@ class Contract(unittest.TestCase):
     def setUpClass(cls):
         cls.cluster = Cluster("contract")
         cls.cluster.start_coordinator()
-        cls.channel = grpc.insecure_channel(cls.cluster.address)
+        cls.channel = cls.cluster.channel(identity="admin")
         cls.jobs = job_pb2_grpc.JobServiceStub(cls.channel)
 
     @classmethod
@@ -104,15 +104,30 @@ class Contract(unittest.TestCase):
         # HealthCheckResponse{status: SERVING (1)}: field 1, varint 1.
         self.assertEqual(response, b"\x08\x01")
 
-    def test_server_reflection_lists_the_services(self):
+    def reflection_services(self, channel):
         # ServerReflectionRequest{list_services: ""}: field 7, length-delimited, empty.
-        info = self.channel.stream_stream(
+        info = channel.stream_stream(
             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
             request_serializer=lambda x: x, response_deserializer=lambda x: x)
-        responses = list(info(iter([b"\x3a\x00"]), timeout=10))
+        return list(info(iter([b"\x3a\x00"]), timeout=10))
+
+    def test_server_reflection_is_off_by_default(self):
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.reflection_services(self.channel)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+    def test_server_reflection_lists_the_services_when_asked(self):
+        cluster = Cluster("contract-reflection")
+        try:
+            cluster.start_coordinator(extra=["--reflection"])
+            channel = cluster.channel(identity="admin")
+            responses = self.reflection_services(channel)
+            channel.close()
+        finally:
+            cluster.stop()
         self.assertEqual(len(responses), 1)
         for service in (b"loom.v1.JobService", b"loom.v1.NodeService", b"loom.v1.RankService",
-                        b"grpc.health.v1.Health"):
+                        b"loom.v1.AuthService", b"grpc.health.v1.Health"):
             self.assertIn(service, responses[0])
 
 

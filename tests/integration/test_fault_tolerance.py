@@ -27,8 +27,8 @@ class Watch:
     """loomctl watch --format=jsonl in the background, collecting steps."""
 
     def __init__(self, cluster, job):
-        self.proc = subprocess.Popen([os.path.join(BIN, "loomctl"), f"--coordinator={cluster.address}",
-                                      "--reconnect_s=60", "watch", job, "--format=jsonl"],
+        self.proc = subprocess.Popen(cluster.loomctl_argv("--reconnect_s=60", "watch", job,
+                                                          "--format=jsonl"),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.steps = []

@@ -21,8 +21,7 @@ class JobEndToEnd(unittest.TestCase):
         c.start_coordinator()
         c.start_agent("node-a", "cpu:2")
         job = c.submit(tiny_job(steps=6, ranks=2, eval_interval=3))
-        watch = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
-                                job, "--format=jsonl"], capture_output=True, text=True, timeout=180)
+        watch = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"), capture_output=True, text=True, timeout=180)
         self.assertEqual(watch.returncode, 0, watch.stdout + watch.stderr + c.log("coordinator.log"))
         steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
         self.assertEqual([s["step"] for s in steps], list(range(1, 7)))
@@ -39,8 +38,7 @@ class JobEndToEnd(unittest.TestCase):
         self.assertNotIn("val_loss", steps[0])
         self.assertEqual(c.state(job), "SUCCEEDED")
         # A watch that joins after the job ended still gets every step, in order.
-        late = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
-                               job, "--format=jsonl"], capture_output=True, text=True, timeout=60)
+        late = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"), capture_output=True, text=True, timeout=60)
         self.assertEqual(late.returncode, 0, late.stderr)
         self.assertEqual([json.loads(line) for line in late.stdout.splitlines() if line.strip()], steps)
         status = c.status(job)

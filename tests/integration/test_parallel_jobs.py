@@ -44,8 +44,7 @@ class ParallelJobs(unittest.TestCase):
                            schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp,
                            ckpt=ckpt or f"ckpt-{name}").replace("steps: 10,", f"steps: {steps},")
         job = c.submit(spec, name)
-        watch = subprocess.run([os.path.join(BIN, "loomctl"), f"--coordinator={c.address}", "watch",
-                                job, "--format=jsonl"], capture_output=True, text=True, timeout=300)
+        watch = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"), capture_output=True, text=True, timeout=300)
         self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
         steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
         return {s["step"]: s["loss"] for s in steps}

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rpc/tls_flags.h"
 
 ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator's gRPC endpoint");
 ABSL_FLAG(std::string, devices, "", "cpu:N (N CPU ranks) or gpu (the GPUs nvidia-smi lists)");
@@ -23,8 +24,9 @@ ABSL_FLAG(double, kill_grace_s, 5, "seconds between SIGTERM and SIGKILL when kil
 namespace loom::agent {
 namespace {
 
-constexpr const char* kFlagNames[] = {"coordinator", "devices", "work_dir", "node_id",
-                                      "address", "trainer", "kill_grace_s"};
+constexpr const char* kFlagNames[] = {"coordinator", "devices",  "work_dir", "node_id",
+                                      "address",     "trainer",  "kill_grace_s", "tls_dir",
+                                      "tls_ca",      "tls_cert", "tls_key",  "insecure"};
 
 absl::Status ValidateHostPort(const std::string& value) {
   size_t colon = value.rfind(':');
@@ -60,6 +62,10 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     for (const char* candidate : kFlagNames) known = known || name == candidate;
     if (body.empty() || !known) {
       return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+    }
+    if (eq == std::string::npos && name == "insecure") {
+      body += "=true";  // the one boolean flag
+      eq = body.find('=');
     }
     if (eq == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value: --", name, "=..."));
@@ -108,7 +114,24 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     return absl::InvalidArgumentError(absl::StrCat(
         "--kill_grace_s=", config.kill_grace_s, " must be between 0 and 3600 seconds"));
   }
+  absl::StatusOr<rpc::TlsSettings> tls = rpc::ResolveTls(rpc::TlsFlagValuesFromFlags());
+  if (!tls.ok()) return tls.status();
+  config.tls = *tls;
+  for (std::string* path : {&config.tls.ca_path, &config.tls.cert_path, &config.tls.key_path}) {
+    // Trainers start in their own directories: pass them absolute paths.
+    if (!path->empty()) *path = std::filesystem::absolute(*path, error).lexically_normal().string();
+  }
   config.node_id = absl::GetFlag(FLAGS_node_id);
+  if (!config.tls.insecure) {
+    absl::StatusOr<std::string> name = rpc::CertificateCommonName(config.tls.cert_path);
+    if (!name.ok()) return name.status();
+    if (!config.node_id.empty() && config.node_id != *name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--node_id=", config.node_id, " differs from the node certificate's name '", *name,
+          "' (with TLS the node id is the certificate's CN; leave --node_id out)"));
+    }
+    config.node_id = *name;
+  }
   if (config.node_id.empty()) config.node_id = DeriveNodeId(HostName(), config.work_dir);
   return config;
 }

@@ -7,20 +7,25 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/tls.h"
 #include "worker/agent/device_probe.h"
 
 namespace loom::agent {
 
 inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT --devices=cpu:N|gpu --work_dir=DIR "
-    "[--node_id=ID] [--address=IP] [--trainer=PATH] [--kill_grace_s=SECONDS]";
+    "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
+    "[--kill_grace_s=SECONDS]";
 
 struct AgentConfig {
   bool help = false;
   std::string coordinator;
   DeviceRequest devices;
   std::string work_dir;  // absolute, normalised
-  std::string node_id;   // given, or derived from the host name and work_dir
+  // With TLS: the CN of the node's certificate (--node_id, if given, must
+  // equal it). With --insecure: given, or derived from the host name and work_dir.
+  std::string node_id;
+  rpc::TlsSettings tls;  // to the coordinator; passed down to every trainer
   std::string address;
   std::string trainer;   // absolute; empty: next to this executable
   double kill_grace_s = 5;

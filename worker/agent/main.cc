@@ -35,6 +35,7 @@ std::string DescribeDevice(const loom::agent::DeviceInfo& d) {
 
 int Main(int argc, char** argv) {
   using namespace loom::agent;
+  namespace rpc = loom::rpc;
   absl::StatusOr<AgentConfig> parsed =
       ParseAgentCommandLine(std::vector<std::string>(argv + 1, argv + argc));
   if (!parsed.ok()) {
@@ -104,6 +105,7 @@ int Main(int argc, char** argv) {
   RankManagerOptions rank_options;
   rank_options.work_dir = config.work_dir;
   rank_options.coordinator = config.coordinator;
+  rank_options.coordinator_tls = config.tls;
   rank_options.trainer_path = trainer;
   rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
   rank_options.default_grace = absl::Seconds(config.kill_grace_s);
@@ -118,6 +120,15 @@ int Main(int argc, char** argv) {
 
   NodeSessionOptions session_options;
   session_options.coordinator = config.coordinator;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      rpc::ChannelCredentials(config.tls);
+  if (!credentials.ok()) {
+    fprintf(stderr, "loom-worker: %s; %s\n", std::string(credentials.status().message()).c_str(),
+            kAgentUsage);
+    return 2;
+  }
+  session_options.credentials = *credentials;
+  rpc::WarnIfInsecure(config.tls, "loom-worker");
   session_options.registration = registration;
   NodeSession session(session_options, &ranks);
   session_ptr.store(&session);

@@ -53,7 +53,9 @@ void NodeSession::Run() {
     if (stopping_) return;
     running_ = true;
   }
-  auto channel = rpc::MakeChannel(options_.coordinator);
+  auto channel = rpc::MakeChannel(options_.coordinator, options_.credentials != nullptr
+                                                          ? options_.credentials
+                                                          : grpc::InsecureChannelCredentials());
   auto stub = loom::v1::NodeService::NewStub(channel);
   absl::Duration backoff = options_.initial_backoff;
   int failures_in_a_row = 0;

@@ -10,11 +10,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/rank_commands.h"
 
@@ -22,6 +24,8 @@ namespace loom::agent {
 
 struct NodeSessionOptions {
   std::string coordinator;  // HOST:PORT
+  // From rpc::ChannelCredentials (mutual TLS); null: plaintext (in-process tests).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent at the start of every stream; its `running` list is filled in then.
   loom::v1::RegisterNode registration;
   absl::Duration initial_backoff = absl::Milliseconds(200);

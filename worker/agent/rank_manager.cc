@@ -107,6 +107,7 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   ProcessSpec spec;
   spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
                absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
+  for (std::string& arg : rpc::TlsArgs(options_.coordinator_tls)) spec.argv.push_back(std::move(arg));
   const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
   // Passive OpenMP waiting: ranks share cores with each other and the agent,
   // and spinning workers would steal them (libgomp reads this at load time).

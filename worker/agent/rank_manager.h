@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/tls.h"
 #include "loom/v1/node.pb.h"
 #include "worker/agent/process_supervisor.h"
 #include "worker/agent/rank_commands.h"
@@ -27,6 +28,7 @@ namespace loom::agent {
 struct RankManagerOptions {
   std::string work_dir;      // absolute
   std::string coordinator;   // HOST:PORT handed to every trainer
+  rpc::TlsSettings coordinator_tls;  // handed to every trainer as its TLS flags
   std::string trainer_path;  // the loom-trainer executable
   int threads_per_rank = 1;  // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of each rank
   // GPU nodes: each rank sees only its assigned GPU (CUDA_VISIBLE_DEVICES =

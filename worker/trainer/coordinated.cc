@@ -97,7 +97,8 @@ absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path)
   return assignment;
 }
 
-absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string& coordinator) {
+absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSettings& tls,
+                            const std::string& coordinator) {
   absl::StatusOr<spec::JobSpec> parsed =
       spec::ParseJobSpecYaml(a.spec_yaml(), absl::StrCat("job ", a.job_id()));
   if (!parsed.ok()) return parsed.status();
@@ -110,7 +111,12 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
                a.local_device());
   absl::StatusOr<std::function<void(int64_t)>> fault = InstallFaultPlan(a.rank(), a.attempt());
   if (!fault.ok()) return fault.status();
-  std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(coordinator);
+  // The node's certificate plus this rank's token: the coordinator accepts
+  // the rank's store calls and progress only with both.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      rpc::ChannelCredentials(tls, a.rank_token());
+  if (!credentials.ok()) return credentials.status();
+  std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(coordinator, *credentials);
   ProgressReporter reporter(channel, a.job_id(), a.attempt(), a.rank());
   GrpcStore store(channel, a.store_namespace());
 

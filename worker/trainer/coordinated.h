@@ -8,13 +8,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/rpc/tls.h"
 #include "loom/v1/rank.pb.h"
 
 namespace loom::trainer {
 
 absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path);
 
-absl::Status RunCoordinated(const loom::v1::RankAssignment& assignment,
+absl::Status RunCoordinated(const loom::v1::RankAssignment& assignment, const rpc::TlsSettings& tls,
                             const std::string& coordinator_address);
 
 }  // namespace loom::trainer

@@ -1,8 +1,9 @@
 // loom-trainer: the training process of one rank.
 //   loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl]
 //                [--stop_after_step=N]          one rank, no coordinator
-//   loom-trainer --coordinator=HOST:PORT --assignment=FILE [--work_dir=DIR]
-//                                               one rank of a coordinated job (started by loom-worker)
+//   loom-trainer --coordinator=HOST:PORT --assignment=FILE [--work_dir=DIR] (TLS flags | --insecure)
+//                                               one rank of a coordinated job (started by loom-worker,
+//                                               which passes its own TLS settings down)
 // The exit code tells the coordinator what happened (common/exit_codes.h).
 #include <cstdio>
 #include <string>
@@ -13,6 +14,7 @@
 #include "common/exit_codes.h"
 #include "worker/trainer/standalone.h"
 #ifdef LOOM_TRAINER_WITH_GRPC
+#include "common/rpc/tls_flags.h"
 #include "worker/trainer/coordinated.h"
 #endif
 
@@ -31,7 +33,8 @@ namespace {
 
 constexpr char kUsage[] =
     "loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl] "
-    "[--stop_after_step=N] | loom-trainer --coordinator=HOST:PORT --assignment=FILE";
+    "[--stop_after_step=N] | loom-trainer --coordinator=HOST:PORT --assignment=FILE "
+    "(--tls_dir=DIR | --tls_ca=F --tls_cert=F --tls_key=F | --insecure)";
 
 int Report(const absl::Status& status) {
   if (!status.ok()) {
@@ -59,7 +62,11 @@ int RunCoordinated(const std::string& coordinator, const std::string& assignment
   absl::StatusOr<loom::v1::RankAssignment> assignment =
       loom::trainer::ReadAssignment(assignment_path);
   if (!assignment.ok()) return Report(assignment.status());
-  return Report(loom::trainer::RunCoordinated(*assignment, coordinator));
+  absl::StatusOr<loom::rpc::TlsSettings> tls =
+      loom::rpc::ResolveTls(loom::rpc::TlsFlagValuesFromFlags());
+  if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
+  loom::rpc::WarnIfInsecure(*tls, "loom-trainer");
+  return Report(loom::trainer::RunCoordinated(*assignment, *tls, coordinator));
 #else
   loom::cli::UsageError("this loom-trainer was built without gRPC: only --standalone works");
 #endif

@@ -1,0 +1,31 @@
+// AuthService handlers: bearer tokens for users (admin only) and WhoAmI.
+#pragma once
+
+#include "coordinator/auth/user_tokens.h"
+#include "coordinator/service/caller_identity.h"
+#include "loom/v1/auth.grpc.pb.h"
+
+namespace loom::coordinator {
+
+class AuthServiceImpl final : public loom::v1::AuthService::CallbackService {
+ public:
+  // tokens may be null (--insecure): token calls then fail FAILED_PRECONDITION.
+  AuthServiceImpl(auth::UserTokenStore* tokens, const CallerAuth* auth)
+      : tokens_(tokens), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* CreateToken(grpc::CallbackServerContext* context,
+                                        const loom::v1::CreateTokenRequest* request,
+                                        loom::v1::CreateTokenResponse* response) override;
+  grpc::ServerUnaryReactor* RevokeTokens(grpc::CallbackServerContext* context,
+                                         const loom::v1::RevokeTokensRequest* request,
+                                         loom::v1::RevokeTokensResponse* response) override;
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* context,
+                                   const loom::v1::WhoAmIRequest* request,
+                                   loom::v1::WhoAmIResponse* response) override;
+
+ private:
+  auth::UserTokenStore* tokens_;
+  const CallerAuth* auth_;
+};
+
+}  // namespace loom::coordinator

@@ -1,0 +1,41 @@
+#include "coordinator/service/caller_identity.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/auth/policy.h"
+
+namespace loom::coordinator {
+namespace {
+
+std::string FirstProperty(const grpc::AuthContext& context, const char* name) {
+  std::vector<grpc::string_ref> values = context.FindPropertyValues(name);
+  if (values.empty()) return "";
+  return std::string(values.front().data(), values.front().size());
+}
+
+}  // namespace
+
+absl::StatusOr<auth::Identity> CallerAuth::Admit(const grpc::ServerContextBase& context,
+                                                 const std::string& method) const {
+  auth::PeerInfo peer;
+  peer.tls = tls_;
+  if (tls_) {
+    std::shared_ptr<const grpc::AuthContext> auth_context = context.auth_context();
+    // Properties exist only for a certificate the handshake verified against
+    // the cluster CA (GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY).
+    if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
+      peer.common_name = FirstProperty(*auth_context, GRPC_X509_CN_PROPERTY_NAME);
+      peer.subject = FirstProperty(*auth_context, GRPC_X509_SUBJECT_PROPERTY_NAME);
+    }
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) peer.authorization = std::string(it->second.data(), it->second.size());
+  }
+  absl::StatusOr<auth::Identity> identity = auth::Authenticate(peer, users_, ranks_);
+  if (!identity.ok()) return identity.status();
+  if (absl::Status s = auth::AuthorizeMethod(*identity, method); !s.ok()) return s;
+  return identity;
+}
+
+}  // namespace loom::coordinator

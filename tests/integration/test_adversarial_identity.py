@@ -1,0 +1,298 @@
+"""Issue 13's identity attacks, replayed against a real coordinator and a real
+agent over mutual TLS with Python grpcio clients written against the protos.
+Each attack gets the refusal it should (UNAUTHENTICATED or PERMISSION_DENIED),
+and the victim job and node are untouched: the job keeps training, the node
+stays live, the refusals are counted in loom_rpcs_total by code."""
+
+import glob
+import os
+import queue
+import sys
+import time
+import unittest
+
+import grpc
+
+from loom_cluster import BUILD, Cluster, tiny_job, wait_until
+
+sys.path.insert(0, os.path.join(BUILD, "python"))
+from loom.v1 import auth_pb2, auth_pb2_grpc  # noqa: E402
+from loom.v1 import job_pb2, job_pb2_grpc  # noqa: E402
+from loom.v1 import node_pb2, node_pb2_grpc  # noqa: E402
+from loom.v1 import rank_pb2, rank_pb2_grpc  # noqa: E402
+
+TIMEOUT = 10
+
+
+class Session:
+    """A NodeService.Session opened by hand: messages go in through a queue."""
+
+    def __init__(self, channel):
+        self.outbox = queue.Queue()
+        self.replies = node_pb2_grpc.NodeServiceStub(channel).Session(
+            iter(self.outbox.get, None), timeout=30)
+
+    def send(self, **kind):
+        self.outbox.put(node_pb2.NodeMessage(**kind))
+
+    def close(self):
+        self.outbox.put(None)
+
+    def refusal(self):
+        """The status code the session ended with (None if it answered)."""
+        try:
+            next(self.replies)
+            return None
+        except grpc.RpcError as error:
+            return error.code()
+
+
+def register(node_id, devices=()):
+    return node_pb2.RegisterNode(node_id=node_id, hostname="attacker", address="127.0.0.1",
+                                 devices=list(devices))
+
+
+class AdversarialIdentity(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        c = cls.cluster = Cluster("adversarial-identity")
+        c.start_coordinator()
+        c.start_agent("node-a", "cpu:2")
+        wait_until(lambda: "node-a" in c.loomctl("nodes").stdout, 20, "node-a to register")
+        # The victim: alice's long job, running on node-a.
+        cls.job = c.submit(tiny_job(name="victim", steps=100000, ranks=2, eval_interval=0,
+                                    ckpt_interval=1000).replace("val_path: data/val.txt, ", ""),
+                           "victim", identity="user-alice")
+        cls.alice = c.channel("user-alice")
+        wait_until(lambda: cls.victim().last_progress.step >= 2, 120, "the victim job to train")
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            job_pb2_grpc.JobServiceStub(cls.alice).CancelJob(job_pb2.CancelJobRequest(id=cls.job),
+                                                             timeout=TIMEOUT)
+        finally:
+            cls.alice.close()
+            cls.cluster.stop()
+
+    @classmethod
+    def victim(cls):
+        return job_pb2_grpc.JobServiceStub(cls.alice).GetJob(job_pb2.GetJobRequest(id=cls.job),
+                                                             timeout=TIMEOUT)
+
+    def assert_code(self, code, call, *args, **kwargs):
+        with self.assertRaises(grpc.RpcError) as caught:
+            result = call(*args, timeout=TIMEOUT, **kwargs)
+            if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
+                list(result)
+        self.assertEqual(caught.exception.code(), code, caught.exception.details())
+        # One line, saying why.
+        self.assertNotIn("\n", caught.exception.details())
+        return caught.exception.details()
+
+    def assert_victim_untouched(self):
+        """Still RUNNING, still training (a later step arrives), node-a still live."""
+        before = self.victim().last_progress.step
+        self.assertGreater(before, 0)
+        wait_until(lambda: self.victim().last_progress.step > before, 60,
+                   "the victim job to keep training")
+        job = self.victim()
+        self.assertEqual(job_pb2.JobState.Name(job.state), "RUNNING", job.failure_reason)
+        self.assertEqual(job.attempt, 1)
+        self.assertLess(job.last_progress.step, 999999)
+        nodes = self.cluster.loomctl("nodes").stdout
+        self.assertRegex(nodes, r"node-a\s+\S+\s+yes")
+
+    # -- any client could list, watch and cancel every job ---------------------
+    def test_other_users_cannot_see_watch_or_cancel_the_job(self):
+        bob = self.cluster.channel("user-bob")
+        jobs = job_pb2_grpc.JobServiceStub(bob)
+        listed = jobs.ListJobs(job_pb2.ListJobsRequest(), timeout=TIMEOUT).jobs
+        self.assertNotIn(self.job, [j.id for j in listed])
+        for call, request in ((jobs.GetJob, job_pb2.GetJobRequest(id=self.job)),
+                              (jobs.CancelJob, job_pb2.CancelJobRequest(id=self.job)),
+                              (jobs.WatchJob, job_pb2.WatchJobRequest(id=self.job))):
+            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, call, request)
+        self.assertEqual(self.cluster.loomctl("cancel", self.job, identity="user-bob",
+                                              check=False).returncode, 1)
+        # Node-level calls are the admin's.
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, jobs.ListNodes,
+                         job_pb2.ListNodesRequest())
+        bob.close()
+        # The owner and the admin see it.
+        self.assertIn(self.job, self.cluster.loomctl("list", identity="user-alice").stdout)
+        self.assertIn(self.job, self.cluster.loomctl("list", identity="admin").stdout)
+        self.assert_victim_untouched()
+
+    def test_callers_without_a_credential_are_unauthenticated(self):
+        anonymous = self.cluster.channel(identity=None)
+        self.assert_code(grpc.StatusCode.UNAUTHENTICATED,
+                         job_pb2_grpc.JobServiceStub(anonymous).ListJobs, job_pb2.ListJobsRequest())
+        forged = self.cluster.channel(identity=None, token="loomu1." + "00" * 32)
+        self.assert_code(grpc.StatusCode.UNAUTHENTICATED,
+                         job_pb2_grpc.JobServiceStub(forged).CancelJob,
+                         job_pb2.CancelJobRequest(id=self.job))
+        anonymous.close()
+        forged.close()
+        self.assert_victim_untouched()
+
+    def test_bearer_tokens_are_per_user_and_revocable(self):
+        c = self.cluster
+        # Only an admin issues tokens.
+        alice_auth = auth_pb2_grpc.AuthServiceStub(self.alice)
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, alice_auth.CreateToken,
+                         auth_pb2.CreateTokenRequest(user="alice"))
+        token = c.loomctl("token", "create", "--user=carol").stdout.strip()
+        self.assertTrue(token)
+        self.assertEqual(c.loomctl("whoami", identity=None, token=token).stdout.strip(),
+                         "carol (user)")
+        # carol sees none of alice's jobs and cannot cancel them.
+        self.assertNotIn(self.job, c.loomctl("list", identity=None, token=token).stdout)
+        refused = c.loomctl("cancel", self.job, identity=None, token=token, check=False)
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn("not yours", refused.stderr)
+        # The state dir keeps only a hash.
+        with open(os.path.join(c.state_dir, "tokens")) as f:
+            self.assertNotIn(token, f.read())
+        c.loomctl("token", "revoke", "--user=carol")
+        self.assertEqual(c.loomctl("whoami", identity=None, token=token, check=False).returncode, 1)
+        self.assert_victim_untouched()
+
+    # -- reflection showed the whole API ------------------------------------------
+    def test_reflection_is_off(self):
+        info = self.alice.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        with self.assertRaises(grpc.RpcError) as caught:
+            list(info(iter([b"\x3a\x00"]), timeout=TIMEOUT))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+    # -- anyone could open a node session, or replace a live node --------------
+    def test_a_session_needs_a_node_certificate(self):
+        for identity, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                               ("user-bob", grpc.StatusCode.PERMISSION_DENIED),
+                               ("admin", grpc.StatusCode.PERMISSION_DENIED)):
+            channel = self.cluster.channel(identity)
+            session = Session(channel)
+            session.send(register=register("node-a", [node_pb2.Device(kind="cpu", count=4)]))
+            self.assertEqual(session.refusal(), code, identity)
+            session.close()
+            channel.close()
+        self.assert_victim_untouched()
+
+    def test_a_node_cannot_take_another_nodes_id(self):
+        # node-x holds a valid node certificate, but not node-a's.
+        channel = self.cluster.channel("node-x")
+        session = Session(channel)
+        session.send(register=register("node-a", [node_pb2.Device(kind="cpu", count=4)]))
+        self.assertEqual(session.refusal(), grpc.StatusCode.PERMISSION_DENIED)
+        session.close()
+        channel.close()
+        # Even node-a's own certificate cannot open a second session while the
+        # agent's is alive.
+        channel = self.cluster.channel("node-a")
+        session = Session(channel)
+        session.send(register=register("node-a", [node_pb2.Device(kind="cpu", count=4)]))
+        self.assertEqual(session.refusal(), grpc.StatusCode.PERMISSION_DENIED)
+        session.close()
+        channel.close()
+        self.assert_victim_untouched()
+        self.assertIn("node-a: registered", self.cluster.log("coordinator.log"))
+        self.assertEqual(self.cluster.log("coordinator.log").count("node node-a: registered"), 1)
+
+    # -- a session that runs none of a job's ranks ended or finished it --------
+    def test_rank_exits_from_a_node_that_does_not_run_the_ranks_are_ignored(self):
+        channel = self.cluster.channel("node-y")
+        session = Session(channel)
+        session.send(register=register("node-y"))  # no devices: nothing is placed here
+        reply = next(session.replies)
+        self.assertEqual(reply.registered.node_id, "node-y")
+        attempt = self.victim().attempt
+        for exit_code in (3, 0):
+            for rank in (0, 1):
+                session.send(rank_exited=node_pb2.RankExited(
+                    job_id=self.job, attempt=attempt, rank=rank, exit_code=exit_code,
+                    log_tail="forged by node-y"))
+        session.send(heartbeat=node_pb2.Heartbeat(seq=1))
+        self.assert_victim_untouched()
+        self.assertNotIn("forged", self.victim().failure_reason)
+        session.close()
+        channel.close()
+
+    # -- anyone's ReportProgress set another job's step ---------------------------
+    def test_progress_needs_the_ranks_token(self):
+        attempt = self.victim().attempt
+        forged = rank_pb2.RankProgress(job_id=self.job, attempt=attempt, rank=0, phase="step",
+                                       step=999999, tokens_per_second=5e9, flops_per_token=1e9)
+        for identity, code in (("node-y", grpc.StatusCode.PERMISSION_DENIED),
+                               ("user-bob", grpc.StatusCode.PERMISSION_DENIED),
+                               (None, grpc.StatusCode.UNAUTHENTICATED)):
+            channel = self.cluster.channel(identity)
+            stub = rank_pb2_grpc.RankServiceStub(channel)
+            self.assert_code(code, stub.ReportProgress, iter([forged]))
+            channel.close()
+        # node-a's real rank-0 token reports only rank 0 of this attempt.
+        token = self.rank_token(0)
+        channel = self.cluster.channel("node-a", token=token)
+        stub = rank_pb2_grpc.RankServiceStub(channel)
+        forged.rank = 1
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, stub.ReportProgress, iter([forged]))
+        channel.close()
+        # The token stolen by another node is worthless there.
+        channel = self.cluster.channel("node-y", token=token)
+        self.assert_code(grpc.StatusCode.UNAUTHENTICATED,
+                         rank_pb2_grpc.RankServiceStub(channel).ReportProgress, iter([forged]))
+        channel.close()
+        self.assert_victim_untouched()
+
+    # -- rendezvous keys of other attempts were readable and writable ------------
+    def test_store_calls_stay_in_the_callers_attempt(self):
+        namespace = self.assignment(0).store_namespace
+        other = f"{self.job}/attempt-2"  # the next attempt's, written in advance
+        for identity, code in (("node-y", grpc.StatusCode.PERMISSION_DENIED),
+                               ("user-alice", grpc.StatusCode.PERMISSION_DENIED),
+                               (None, grpc.StatusCode.UNAUTHENTICATED)):
+            channel = self.cluster.channel(identity)
+            stub = rank_pb2_grpc.RankServiceStub(channel)
+            self.assert_code(code, stub.StoreGet,
+                             rank_pb2.StoreGetRequest(store_namespace=namespace, key="gloo/0"))
+            self.assert_code(code, stub.StoreSet, rank_pb2.StoreSetRequest(
+                store_namespace=other, key="gloo/0", value=b"poison"))
+            channel.close()
+        # A real rank token opens its own namespace and no other.
+        channel = self.cluster.channel("node-a", token=self.rank_token(0))
+        stub = rank_pb2_grpc.RankServiceStub(channel)
+        stub.StoreAdd(rank_pb2.StoreAddRequest(store_namespace=namespace, key="probe", delta=1),
+                      timeout=TIMEOUT)
+        for ns in (other, "job-999999/attempt-1"):
+            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, stub.StoreSet,
+                             rank_pb2.StoreSetRequest(store_namespace=ns, key="k", value=b"v"))
+        channel.close()
+        self.assert_victim_untouched()
+
+    def test_refusals_are_counted_by_code(self):
+        bob = self.cluster.channel("user-bob")
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                         job_pb2_grpc.JobServiceStub(bob).CancelJob,
+                         job_pb2.CancelJobRequest(id=self.job))
+        bob.close()
+        self.assertGreaterEqual(self.cluster.metric_value(
+            "loom_rpcs_total", method="/loom.v1.JobService/CancelJob", code="PERMISSION_DENIED"), 1)
+
+    # -- helpers -------------------------------------------------------------
+    def assignment(self, rank):
+        pattern = os.path.join(self.cluster.dir, "node-a", "jobs", self.job, "attempt_1",
+                               f"rank_{rank}", "assignment.pb")
+        paths = glob.glob(pattern)
+        self.assertEqual(len(paths), 1, pattern)
+        with open(paths[0], "rb") as f:
+            return rank_pb2.RankAssignment.FromString(f.read())
+
+    def rank_token(self, rank):
+        token = self.assignment(rank).rank_token
+        self.assertTrue(token.startswith("loomr1."))
+        return token
+
+
+if __name__ == "__main__":
+    unittest.main()
