@@ -254,6 +254,22 @@ class SlurmTest(unittest.TestCase):
         wait_until("every process of the job to end", 60, lambda: processes_under(d) == [])
         self.assertEqual(self.exit_code(job)[0], "CANCELLED")
 
+    def test_4_a_job_that_cannot_succeed_fails_the_batch_job(self):
+        """A spec whose training data is missing: refused at submission or
+        failed by its ranks; either way the batch job exits non-zero and
+        leaves nothing behind."""
+        d, spec = self.write_job("fail", steps=10)
+        os.remove(os.path.join(d, "data", "train.txt"))
+        job = self.sbatch(d, spec)
+        wait_until("the batch job to end", 300, lambda: self.slurm.job_state(job) == "GONE"
+                   or self.exit_code(job)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+        out = self.batch_out(d)
+        state, code = self.exit_code(job)
+        self.assertEqual(state, "FAILED", out)
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("train.txt", out)
+        wait_until("every process of the job to end", 60, lambda: processes_under(d) == [])
+
     def test_3_agents_join_a_long_lived_coordinator(self):
         """Agents-only mode: the coordinator runs outside Slurm, the batch job
         registers the allocation's nodes, a job submitted with loomctl runs on
