@@ -85,6 +85,8 @@ class PrometheusRulesTest(unittest.TestCase):
                 self.assertIsNotNone(m, link)
                 panel = panels.get(int(m.group(1)))
                 self.assertIsNotNone(panel, link)
+                self.assertIn(rule["alert"], panel.get("description", ""),
+                              f"panel '{panel['title']}' names the alert that links to it")
                 queries = " ".join(t["expr"] for t in panel["targets"])
                 shown = raw_series(rule["expr"]) & series_in(queries)
                 self.assertTrue(shown, f"panel '{panel['title']}' plots none of {raw_series(rule['expr'])}")
