@@ -11,8 +11,15 @@ packages=(
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy python3-yaml
-  prometheus curl openssl
+  prometheus curl openssl systemd shellcheck
 )
+
+# kubectl for `kubectl kustomize` (deploy/kubernetes checks): Debian's, unless
+# one is already on the PATH. Node.js and npm for tools/k8s-validate.
+if ! command -v kubectl > /dev/null; then packages+=(kubernetes-client); fi
+if ! command -v npm > /dev/null; then packages+=(nodejs npm); fi
+# A real Slurm for the deploy/slurm test (tests/deploy/test_slurm.py).
+packages+=(slurm-wlm slurmctld slurmd slurm-client munge)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,12 +30,18 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install_deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# npm packages, project-local: the Kubernetes schema validator.
+validator="$(dirname "$0")/../tools/k8s-validate"
+if [ ! -d "$validator/node_modules" ] || [ "$validator/package-lock.json" -nt "$validator/node_modules" ]; then
+  echo "install_deps: npm ci in tools/k8s-validate"
+  (cd "$validator" && npm ci --no-audit --no-fund --loglevel=error)
+fi

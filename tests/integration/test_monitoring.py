@@ -1,6 +1,8 @@
 """A real Prometheus (Debian's package, loopback) scrapes the coordinator
-during a running job, and every query of the Grafana dashboard's panels
-returns data from it."""
+during a running job, as deploy/prometheus/prometheus.yml configures it
+(honor_labels, Loom's rules loaded): every query of the Grafana dashboard's
+panels returns data from it, the dashboard's job filter sees Loom's job ids,
+and the recording rules the alerts build on evaluate on the real series."""
 
 import json
 import os
@@ -14,6 +16,8 @@ from loom_cluster import Cluster, free_port, tiny_job, wait_until
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "loom-dashboard.json")
+RULES = [os.path.abspath(os.path.join(REPO, "deploy", "prometheus", "rules", f))
+         for f in ("loom.rules.yml", "loom-site.rules.yml")]
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
@@ -50,9 +54,11 @@ class Monitoring(unittest.TestCase):
         port = free_port()
         config = os.path.join(c.dir, "prometheus.yml")
         with open(config, "w") as f:
-            f.write("global: {scrape_interval: 1s}\n"
+            f.write("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                    f"rule_files: {json.dumps(RULES)}\n"
                     "scrape_configs:\n"
                     "  - job_name: loom-coordinator\n"
+                    "    honor_labels: true\n"
                     f"    static_configs: [{{targets: ['127.0.0.1:{c.metrics_port}']}}]\n")
         subprocess.run([shutil.which("promtool") or "/usr/bin/promtool", "check", "config", config],
                        check=True, capture_output=True)
@@ -64,6 +70,12 @@ class Monitoring(unittest.TestCase):
             with self.subTest(panel=title, expr=expr):
                 wait_until(lambda: self.query(port, expr), 60,
                            f"panel '{title}' query {expr} to return data\n" + c.log("prometheus.log")[-2000:])
+        # The dashboard's job variable (label_values(loom_job_step, job)) lists Loom job ids.
+        self.assertTrue(self.query(port, f'loom_job_step{{job="{job}"}}'))
+        for expr in ("loom:job_step_seconds:median6h", "loom:rank_memory:capacity_ratio",
+                     "loom:rpc_server_errors:ratio_rate5m"):
+            with self.subTest(recording_rule=expr):
+                wait_until(lambda: self.query(port, expr), 60, f"recording rule {expr} to have data")
         up = self.query(port, 'up{job="loom-coordinator"}')
         self.assertEqual(up[0]["value"][1], "1")
         self.assertEqual(c.state(job), "RUNNING")  # scraped while it ran
