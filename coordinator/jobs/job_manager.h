@@ -72,18 +72,18 @@ struct JobManagerOptions {
   // Pages of ListJobs.
   int32_t default_page_size = 100;
   int32_t max_page_size = 1000;
-};
-
-// One page of jobs, oldest first; next_page_token is empty on the last page.
-struct JobPage {
-  std::vector<loom::v1::Job> jobs;
-  std::string next_page_token;
   // Where jobs may read data and keep checkpoints (--data_roots,
   // --checkpoint_root); empty data_roots: <state_dir>/data, empty
   // checkpoint_root: <state_dir>/checkpoints.
   FileRoots roots;
   // Job ids are job-<prefix>-<sequence>; empty prefix: job-<sequence>.
   std::string job_id_prefix;
+};
+
+// One page of jobs, oldest first; next_page_token is empty on the last page.
+struct JobPage {
+  std::vector<loom::v1::Job> jobs;
+  std::string next_page_token;
 };
 
 // Why an attempt ended early; each kind has its own restart budget.
