@@ -86,23 +86,23 @@ TEST_F(JobManagerBounds, OversizedSubmissionsAreRefusedNamingTheField) {
   options.max_job_ranks = 64;
   Start(options);
   const std::string huge = std::string(kSpec) + "# " + std::string(300 * 1024, 'x') + "\n";
-  auto too_big = jobs_->Submit(huge, "job.yaml", "");
+  auto too_big = jobs_->Submit(huge, "job.yaml", "", "alice");
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("at most 262144 bytes"));
 
   auto layers = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"num_layers: 2", "num_layers: 1000000000"}}),
-                              "job.yaml", "");
+                              "job.yaml", "", "alice");
   EXPECT_EQ(layers.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(layers.status().message()), HasSubstr("model.num_layers=1000000000"));
 
   auto ranks = jobs_->Submit(
       absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1000000000"}, {"dp: 2, ", ""}}), "job.yaml",
-      "");
+      "", "alice");
   EXPECT_EQ(ranks.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ranks.status().message()), HasSubstr("resources.ranks=1000000000"));
 
   auto cluster = jobs_->Submit(
-      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 128"}, {"dp: 2, ", ""}}), "job.yaml", "");
+      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 128"}, {"dp: 2, ", ""}}), "job.yaml", "", "alice");
   EXPECT_EQ(cluster.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(cluster.status().message()),
               HasSubstr("resources.ranks=128 must be at most 64"));
@@ -116,7 +116,7 @@ TEST_F(JobManagerBounds, AGivenLayoutMustFitInMemory) {
                                   {"num_layers: 2", "num_layers: 4000"},
                                   {"num_heads: 2", "num_heads: 512"},
                                   {"ffn_hidden_size: 64", "ffn_hidden_size: 262144"}}),
-      "job.yaml", "");
+      "job.yaml", "", "alice");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(job.status().message()), HasSubstr("does not fit in memory"));
 }
@@ -124,8 +124,8 @@ TEST_F(JobManagerBounds, AGivenLayoutMustFitInMemory) {
 TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) {
   Start();
   auto node = AddNode("node-a", 4);
-  auto first = jobs_->Submit(kSpec, "job.yaml", "");
-  auto second = jobs_->Submit(kSpec, "job.yaml", "");
+  auto first = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto second = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(first.ok() && second.ok());
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(first->id())->state(), JobState::STARTING);
@@ -157,7 +157,7 @@ TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
   options.max_launch_bytes = 200;
   Start(options);
   auto node = AddNode("node-a", 2);
-  auto job = jobs_->Submit(kSpec, "job.yaml", "");
+  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok());
   jobs_->WaitForScheduler();
   auto after = jobs_->Get(job->id());
@@ -170,7 +170,7 @@ TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
 TEST_F(JobManagerBounds, ListJobsPagesWithoutSpecs) {
   Start();
   std::vector<std::string> ids;
-  for (int i = 0; i < 25; ++i) ids.push_back(jobs_->Submit(kSpec, "job.yaml", "")->id());
+  for (int i = 0; i < 25; ++i) ids.push_back(jobs_->Submit(kSpec, "job.yaml", "", "alice")->id());
   std::vector<std::string> seen;
   std::string token;
   int pages = 0;
@@ -196,8 +196,8 @@ TEST_F(JobManagerBounds, ListJobsPagesWithoutSpecs) {
 
 TEST_F(JobManagerBounds, EndedJobsCanBeDeletedAndTheirIdsAreNeverReused) {
   Start();
-  auto a = jobs_->Submit(kSpec, "job.yaml", "");
-  auto b = jobs_->Submit(kSpec, "job.yaml", "");
+  auto a = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto b = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(jobs_->Cancel(b->id()).ok());
   ASSERT_TRUE(jobs_->Delete(b->id()).ok());
@@ -205,7 +205,7 @@ TEST_F(JobManagerBounds, EndedJobsCanBeDeletedAndTheirIdsAreNeverReused) {
   EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kNotFound);
   Start();  // a coordinator restart on the same state
   EXPECT_EQ(jobs_->List()->jobs.size(), 1u);
-  auto c = jobs_->Submit(kSpec, "job.yaml", "");
+  auto c = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   EXPECT_NE(c->id(), b->id());
   EXPECT_GT(c->id(), b->id());
 }
@@ -214,8 +214,8 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
   JobManagerOptions options;
   options.finished_job_retention = absl::Minutes(5);
   Start(options);
-  auto ended = jobs_->Submit(kSpec, "job.yaml", "");
-  auto waiting = jobs_->Submit(kSpec, "job.yaml", "");
+  auto ended = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto waiting = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(jobs_->Cancel(ended->id()).ok());
   jobs_->CheckHealth(absl::Now() + absl::Minutes(4));
   EXPECT_TRUE(jobs_->Get(ended->id()).ok());
@@ -228,7 +228,7 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
 TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMovedOn) {
   Start();
   auto node = AddNode("node-a", 2);
-  auto job = jobs_->Submit(kSpec, "job.yaml", "");
+  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   ASSERT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
   const size_t launches = node->messages().size();
