@@ -63,6 +63,9 @@ struct JobManagerOptions {
   // A job's metric series are removed this long after it ends: long enough
   // for a few scrapes to see its final values.
   absl::Duration job_metrics_grace = absl::Seconds(60);
+  // Streams watching one job; more are RESOURCE_EXHAUSTED (each holds a
+  // queue and, until read, a snapshot with the job's backlog).
+  int64_t max_watchers_per_job = 64;
   // Submissions waiting for the admission thread beyond this are refused.
   int64_t max_queued_submissions = 4096;
   // Pages of ListJobs.
