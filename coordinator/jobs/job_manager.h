@@ -203,9 +203,11 @@ class JobManager {
   void SchedulerLoop();
   // Places pending jobs first come, first served, until one does not fit.
   void RunSchedulingPass();
-  // The first job waiting for placement, copied with the devices taken by
-  // every other job; false when none waits.
-  bool SnapshotNextLocked(PlacementSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first job waiting for placement that the cluster's devices (capacity,
+  // by kind) could hold, copied with the devices taken by every other job;
+  // false when none waits.
+  bool SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
+                          PlacementSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PlacementResult Place(const PlacementSnapshot& snapshot) const;
   // Records a placement computed without the lock, unless the job or its
   // nodes changed meanwhile (then false: the pass starts over).
