@@ -270,7 +270,8 @@ TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMove
     r->set_attempt(1);
     r->set_rank(rank);
   }
-  ASSERT_TRUE(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()));
+  ASSERT_EQ(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()),
+            NodeRegistry::HeartbeatResult::kRevived);
   jobs_->OnNodeRevived("node-a", {heartbeat.running().begin(), heartbeat.running().end()});
   jobs_->WaitForScheduler();
   const auto messages = node->messages();

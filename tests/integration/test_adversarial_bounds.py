@@ -279,6 +279,24 @@ class AdversarialBounds(unittest.TestCase):
         uncordon = self.cluster.loomctl("uncordon", "node-a", check=False)
         self.assertIn("is not cordoned", uncordon.stderr)
 
+    def test_11_a_node_taken_over_by_an_impostor_comes_back(self):
+        def impostor():
+            yield node_pb2.NodeMessage(register=node_pb2.RegisterNode(
+                node_id="node-a", hostname="attacker", address="127.0.0.1",
+                devices=[node_pb2.Device(kind="cpu", count=2, peak_flops=1e9)]))
+            time.sleep(2)
+
+        replies = list(self.nodes.Session(impostor(), timeout=20))
+        self.assertTrue(replies and replies[0].HasField("registered"))
+        wait_until(lambda: "node node-a: session ended; node lost" in self.cluster.log("coordinator.log"),
+                   20, "the impostor's session to end")
+        # The real agent keeps heartbeating on its own session: the node is its own again.
+        wait_until(lambda: all(n.live and n.hostname != "attacker" for n in self.jobs.ListNodes(
+            job_pb2.ListNodesRequest(), timeout=10).nodes), 20, "node-a to be live again")
+        self.assertIn("its session is current again", self.cluster.log("coordinator.log"))
+        job = self.cluster.submit(small_job("after-impostor", ranks=2), name="after")
+        wait_until(lambda: self.cluster.state(job) == "SUCCEEDED", 120, "a job to run on node-a")
+
     def test_99_liveness_throughout(self):
         self.sampler.stop()
         self.assertEqual(self.sampler.failures, [])
