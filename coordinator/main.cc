@@ -65,6 +65,7 @@ ABSL_FLAG(double, job_metrics_grace_s, 60.0,
 ABSL_FLAG(double, cordon_expiry_s, 3600.0,
           "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
+ABSL_FLAG(int64_t, max_watchers_per_job, 64, "most WatchJob streams on one job at once");
 ABSL_FLAG(int64_t, store_max_keys, 65536, "keys per rendezvous namespace");
 ABSL_FLAG(int64_t, store_max_value_bytes, 1 << 20, "bytes per rendezvous value");
 ABSL_FLAG(int64_t, store_max_namespace_bytes, int64_t{64} << 20,
@@ -119,10 +120,12 @@ int main(int argc, char** argv) {
   loom::rpc::WarnIfInsecure(*tls, "loom-coordinator");
   if (absl::GetFlag(FLAGS_max_spec_bytes) <= 0 || absl::GetFlag(FLAGS_max_job_ranks) <= 0 ||
       absl::GetFlag(FLAGS_max_node_devices) <= 0 || absl::GetFlag(FLAGS_store_max_keys) <= 0 ||
+      absl::GetFlag(FLAGS_max_watchers_per_job) <= 0 ||
       absl::GetFlag(FLAGS_store_max_value_bytes) <= 0 ||
       absl::GetFlag(FLAGS_store_max_namespace_bytes) <= 0) {
     loom::cli::UsageError(
-        "--max_spec_bytes, --max_job_ranks, --max_node_devices and --store_max_* must be positive");
+        "--max_spec_bytes, --max_job_ranks, --max_node_devices, --max_watchers_per_job and "
+        "--store_max_* must be positive");
   }
   if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0 ||
       absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
@@ -188,6 +191,7 @@ int main(int argc, char** argv) {
   }
   options.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
+  options.max_watchers_per_job = absl::GetFlag(FLAGS_max_watchers_per_job);
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
   options.job_metrics_grace = absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s));

@@ -47,17 +47,22 @@ bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
   return true;
 }
 
-bool NodeRegistry::Heartbeat(const std::string& node_id, const NodeChannel* channel,
-                             const loom::v1::Heartbeat& heartbeat, absl::Time now) {
+NodeRegistry::HeartbeatResult NodeRegistry::Heartbeat(const std::string& node_id,
+                                                      const NodeChannel* channel,
+                                                      const loom::v1::Heartbeat& heartbeat,
+                                                      absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
-  if (it == nodes_.end() || it->second.channel.get() != channel) return false;
+  if (it == nodes_.end()) return HeartbeatResult::kOrphaned;
   NodeInfo& info = it->second.info;
+  if (it->second.channel.get() != channel) {
+    return info.live ? HeartbeatResult::kStale : HeartbeatResult::kOrphaned;
+  }
   info.last_seen = now;
   info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
-  if (info.live) return false;
+  if (info.live) return HeartbeatResult::kAlive;
   info.live = true;
-  return true;
+  return HeartbeatResult::kRevived;
 }
 
 bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* channel) {

@@ -53,12 +53,18 @@ class NodeRegistry {
                       std::shared_ptr<NodeChannel> channel, absl::Time now, absl::Duration alive);
   void Register(const loom::v1::RegisterNode& registration, std::shared_ptr<NodeChannel> channel,
                 absl::Time now);
-  // A heartbeat on the node's current session. Returns true when it revives
-  // a node that was lost for silence while that session stayed open (the
-  // coordinator had stalled, or the network had); a stale session's
-  // heartbeat changes nothing.
-  bool Heartbeat(const std::string& node_id, const NodeChannel* channel,
-                 const loom::v1::Heartbeat& heartbeat, absl::Time now);
+  enum class HeartbeatResult {
+    kAlive,     // the node's current session, live
+    kRevived,   // the current session of a node lost for silence: live again
+    kOrphaned,  // not the current session, but the current one is gone (another
+                // session took the node over and left): this one may register again
+    kStale,     // not the current session, and the current one is live: ignored
+  };
+  // A heartbeat on one of a node's sessions. A node lost for silence while its
+  // session stayed open (the coordinator or the network had stalled) is live
+  // again at the first heartbeat on that session.
+  HeartbeatResult Heartbeat(const std::string& node_id, const NodeChannel* channel,
+                            const loom::v1::Heartbeat& heartbeat, absl::Time now);
   // The session ended. Only the channel that is still current marks the node
   // lost, so a stale session closing after a reconnect changes nothing.
   // Returns true when the node went from live to lost.

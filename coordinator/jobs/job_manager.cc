@@ -270,6 +270,11 @@ absl::StatusOr<int64_t> JobManager::Watch(const std::string& id, std::shared_ptr
     return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
   }
   JobRecord& record = it->second;
+  if (static_cast<int64_t>(record.watchers.size()) >= options_.max_watchers_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", id, " already has ", record.watchers.size(), " watchers (at most ",
+        options_.max_watchers_per_job, ", --max_watchers_per_job)"));
+  }
   loom::v1::WatchJobResponse snapshot;
   *snapshot.mutable_job() = WatchView(record.job);
   for (const loom::v1::JobProgress& step : record.steps) *snapshot.add_backlog() = step;

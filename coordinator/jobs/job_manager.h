@@ -67,6 +67,9 @@ struct JobManagerOptions {
   // A job's metric series are removed this long after it ends: long enough
   // for a few scrapes to see its final values.
   absl::Duration job_metrics_grace = absl::Seconds(60);
+  // Streams watching one job; more are RESOURCE_EXHAUSTED (each holds a
+  // queue and, until read, a snapshot with the job's backlog).
+  int64_t max_watchers_per_job = 64;
   // Submissions waiting for the admission thread beyond this are refused.
   int64_t max_queued_submissions = 4096;
   // Pages of ListJobs.
@@ -221,9 +224,11 @@ class JobManager {
   void SchedulerLoop();
   // Places pending jobs first come, first served, until one does not fit.
   void RunSchedulingPass();
-  // The first job waiting for placement, copied with the devices taken by
-  // every other job; false when none waits.
-  bool SnapshotNextLocked(PlacementSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first job waiting for placement that the cluster's devices (capacity,
+  // by kind) could hold, copied with the devices taken by every other job;
+  // false when none waits.
+  bool SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
+                          PlacementSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PlacementResult Place(const PlacementSnapshot& snapshot) const;
   // Records a placement computed without the lock, unless the job or its
   // nodes changed meanwhile (then false: the pass starts over).

@@ -107,10 +107,14 @@ void JobManager::RunSchedulingPass() {
   // First come, first served: a job that does not fit blocks the ones behind
   // it, so a large job is not starved by a stream of small ones.
   while (true) {
+    // Devices of every node known, live or not, by kind: what the cluster
+    // could hold if it were free.
+    std::map<std::string, int64_t> capacity;
+    for (const NodeInfo& node : nodes_->AllNodes()) capacity[node.device_kind] += node.device_count;
     PlacementSnapshot snapshot;
     {
       absl::MutexLock lock(&mu_);
-      if (!SnapshotNextLocked(snapshot)) return;
+      if (!SnapshotNextLocked(capacity, snapshot)) return;
     }
     PlacementResult result = Place(snapshot);
     if (!result.fits && result.error.ok()) return;  // waits for devices
@@ -124,10 +128,18 @@ void JobManager::RunSchedulingPass() {
   }
 }
 
-bool JobManager::SnapshotNextLocked(PlacementSnapshot& snapshot) {
+bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
+                                    PlacementSnapshot& snapshot) {
   const JobRecord* next = nullptr;
   for (const std::string& id : order_) {
     const JobRecord& record = jobs_.at(id);
+    // A job larger than every node known together waits without holding up
+    // the queue: it could not start before more nodes join anyway.
+    auto devices = capacity.find(spec::DeviceKindName(record.spec.resources.device));
+    if (record.spec.resources.world_size() >
+        (devices == capacity.end() ? 0 : devices->second)) {
+      continue;
+    }
     const JobState state = record.job.state();
     const bool restart_ready =
         state == JobState::RESTARTING &&

@@ -116,6 +116,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         }
         if (!node_id_.empty()) nodes_->Register(message.register_(), channel_, absl::Now());
         node_id_ = node_id;
+        registration_ = message.register_();
         std::fprintf(stderr, "node %s: registered (%s, %d devices)\n", node_id_.c_str(),
                      message.register_().hostname().c_str(),
                      message.register_().devices_size() > 0
@@ -132,12 +133,32 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       }
       case NodeMessage::kHeartbeat:
         if (!node_id_.empty()) {
-          if (nodes_->Heartbeat(node_id_, channel_.get(), message.heartbeat(), absl::Now())) {
-            std::fprintf(stderr, "node %s: heartbeat on its session after it was lost; live again\n",
-                         node_id_.c_str());
-            service_->UpdateNodeGauges();
-            jobs_->OnNodeRevived(node_id_, {message.heartbeat().running().begin(),
-                                            message.heartbeat().running().end()});
+          const std::vector<loom::v1::RunningRank> running(message.heartbeat().running().begin(),
+                                                           message.heartbeat().running().end());
+          switch (nodes_->Heartbeat(node_id_, channel_.get(), message.heartbeat(), absl::Now())) {
+            case NodeRegistry::HeartbeatResult::kAlive:
+              break;
+            case NodeRegistry::HeartbeatResult::kRevived:
+              std::fprintf(stderr, "node %s: heartbeat on its session after it was lost; live again\n",
+                           node_id_.c_str());
+              service_->UpdateNodeGauges();
+              jobs_->OnNodeRevived(node_id_, running);
+              break;
+            case NodeRegistry::HeartbeatResult::kOrphaned: {
+              // Another session took this node over and ended; this one is
+              // still here, so the node is its own again.
+              std::fprintf(stderr, "node %s: its session is current again; live again\n",
+                           node_id_.c_str());
+              loom::v1::RegisterNode again = registration_;
+              *again.mutable_running() = message.heartbeat().running();
+              nodes_->Register(again, channel_, absl::Now());
+              service_->UpdateNodeGauges();
+              jobs_->OnNodeRegistered(again);
+              jobs_->OnNodeRevived(node_id_, running);
+              break;
+            }
+            case NodeRegistry::HeartbeatResult::kStale:
+              return absl::OkStatus();  // another live session speaks for this node
           }
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
@@ -171,6 +192,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   std::shared_ptr<SessionChannel> channel_;
   const absl::StatusOr<auth::Identity> caller_;
   std::string node_id_;  // set by the first message; read-side only
+  loom::v1::RegisterNode registration_;  // read-side only
   NodeMessage incoming_;
 
   absl::Mutex mu_;

@@ -123,17 +123,37 @@ TEST(NodeRegistry, AHeartbeatOnTheLiveSessionRevivesANodeLostForSilence) {
   EXPECT_FALSE(nodes.Get("node-a")->live);
   EXPECT_FALSE(nodes.Send("node-a", {}));
 
-  // A heartbeat from another (stale) session changes nothing.
+  // A heartbeat from another session does not revive it; the caller is told
+  // the node's own session is gone.
   NullChannel stranger;
-  EXPECT_FALSE(nodes.Heartbeat("node-a", &stranger, {}, t0 + absl::Seconds(7)));
+  EXPECT_EQ(nodes.Heartbeat("node-a", &stranger, {}, t0 + absl::Seconds(7)),
+            NodeRegistry::HeartbeatResult::kOrphaned);
   EXPECT_FALSE(nodes.Get("node-a")->live);
 
-  EXPECT_TRUE(nodes.Heartbeat("node-a", session.get(), {}, t0 + absl::Seconds(7)));
+  EXPECT_EQ(nodes.Heartbeat("node-a", session.get(), {}, t0 + absl::Seconds(7)),
+            NodeRegistry::HeartbeatResult::kRevived);
   EXPECT_TRUE(nodes.Get("node-a")->live);
   EXPECT_TRUE(nodes.Send("node-a", {}));
   EXPECT_EQ(session->sent, 1);
-  // Already live: not revived twice.
-  EXPECT_FALSE(nodes.Heartbeat("node-a", session.get(), {}, t0 + absl::Seconds(8)));
+  // Already live: not revived twice; another session is now stale.
+  EXPECT_EQ(nodes.Heartbeat("node-a", session.get(), {}, t0 + absl::Seconds(8)),
+            NodeRegistry::HeartbeatResult::kAlive);
+  EXPECT_EQ(nodes.Heartbeat("node-a", &stranger, {}, t0 + absl::Seconds(8)),
+            NodeRegistry::HeartbeatResult::kStale);
+}
+
+TEST(NodeRegistry, ASessionThatWasTakenOverAndLeftIsReportedOrphaned) {
+  NodeRegistry nodes;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto real = std::make_shared<NullChannel>();
+  auto impostor = std::make_shared<NullChannel>();
+  nodes.Register(Registration("node-a", 2), real, t0);
+  nodes.Register(Registration("node-a", 2), impostor, t0 + absl::Seconds(1));
+  EXPECT_EQ(nodes.Heartbeat("node-a", real.get(), {}, t0 + absl::Seconds(2)),
+            NodeRegistry::HeartbeatResult::kStale);
+  EXPECT_TRUE(nodes.SessionClosed("node-a", impostor.get()));
+  EXPECT_EQ(nodes.Heartbeat("node-a", real.get(), {}, t0 + absl::Seconds(3)),
+            NodeRegistry::HeartbeatResult::kOrphaned);
 }
 
 TEST(NodeLimits, NodeIdsAreShortPrintableNames) {

@@ -152,6 +152,26 @@ TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) 
   EXPECT_TRUE(messages.back().has_kill());
 }
 
+TEST_F(JobManagerBounds, AJobLargerThanTheWholeClusterDoesNotHoldUpTheQueue) {
+  Start();
+  AddNode("node-a", 2);
+  auto huge = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 8"}, {"dp: 2", "dp: 8"},
+                                                        {"global_batch_size: 4", "global_batch_size: 16"}}),
+                            "job.yaml", "");
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  auto small = jobs_->Submit(kSpec, "job.yaml", "");
+  jobs_->WaitForScheduler();
+  EXPECT_EQ(jobs_->Get(huge->id())->state(), JobState::PENDING);
+  EXPECT_EQ(jobs_->Get(small->id())->state(), JobState::STARTING);
+  // A job that the cluster could hold once free still waits its turn.
+  auto waits = jobs_->Submit(kSpec, "job.yaml", "");
+  auto behind = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1"}, {"dp: 2", "dp: 1"}}),
+                              "job.yaml", "");
+  jobs_->WaitForScheduler();
+  EXPECT_EQ(jobs_->Get(waits->id())->state(), JobState::PENDING);
+  EXPECT_EQ(jobs_->Get(behind->id())->state(), JobState::PENDING);
+}
+
 TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
   JobManagerOptions options;
   options.max_launch_bytes = 200;
@@ -250,7 +270,8 @@ TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMove
     r->set_attempt(1);
     r->set_rank(rank);
   }
-  ASSERT_TRUE(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()));
+  ASSERT_EQ(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()),
+            NodeRegistry::HeartbeatResult::kRevived);
   jobs_->OnNodeRevived("node-a", {heartbeat.running().begin(), heartbeat.running().end()});
   jobs_->WaitForScheduler();
   const auto messages = node->messages();
