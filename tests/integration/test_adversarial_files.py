@@ -271,5 +271,43 @@ class AdversarialFiles(unittest.TestCase):
         self.assertIn("restarts 0", status)
 
 
+@unittest.skipUnless(os.geteuid() == 0, "switching users needs an agent running as root")
+class RanksAsAnUnprivilegedUser(unittest.TestCase):
+    """--run_as_user: a root-only file inside a data root stays unreadable, and
+    the job's own directories belong to the rank user."""
+
+    def test_root_only_file_is_not_read_and_the_job_owns_its_checkpoints(self):
+        import pwd
+        nobody = pwd.getpwnam("nobody")
+        c = Cluster("adversarial-run-as")
+        try:
+            os.chmod(c.dir, 0o711)  # the rank user may pass through, not list
+            c.start_coordinator()
+            c.start_agent("node-a", "cpu:1", extra=["--run_as_user=nobody"])
+            private = os.path.join(c.data_root, "data", "root-only.bin")
+            with open(private, "wb") as f:
+                f.write(SECRET + b"\0" * 1020)
+            os.chmod(private, 0o600)
+            spec = tiny_job(name="peek", steps=2, ranks=1, eval_interval=0).replace(
+                "data/train.txt, val_path: data/val.txt, format: text",
+                "data/root-only.bin, format: bin")
+            job = c.submit(spec, "peek")
+            self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
+            status = c.status(job)
+            self.assertIn("no permission", status)
+            self.assertNotIn("SECRET", status)
+            self.assertNotIn(SECRET_INT, status)
+
+            ok = c.submit(tiny_job(name="honest", steps=2, ranks=1, eval_interval=0,
+                                   ckpt_interval=1), "honest")
+            self.assertEqual(c.wait_state(ok, ("FAILED", "SUCCEEDED"), timeout=180), "SUCCEEDED",
+                             c.status(ok))
+            self.assertEqual(os.stat(c.checkpoint_dir(ok)).st_uid, nobody.pw_uid)
+            rank_dir = os.path.join(c.dir, "node-a", "jobs", ok, "attempt_1", "rank_0")
+            self.assertEqual(os.stat(rank_dir).st_uid, nobody.pw_uid)
+        finally:
+            c.stop()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -59,6 +59,15 @@ TEST(JobSpecYaml, RoundTripsThroughCanonicalYaml) {
   EXPECT_DOUBLE_EQ(again.train.lr, s.train.lr);
 }
 
+TEST(JobSpecYaml, ResumeFromRoundTrips) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("keep: 2}"), 8, "keep: 2, resume_from: job-ab12cd-000003}");
+  JobSpec s = Parse(yaml);
+  EXPECT_EQ(s.checkpoint.resume_from, "job-ab12cd-000003");
+  EXPECT_EQ(Parse(ToYaml(s)).checkpoint.resume_from, "job-ab12cd-000003");
+  EXPECT_EQ(ToYaml(Parse(kValid)).find("resume_from"), std::string::npos);  // absent: not written
+}
+
 TEST(JobSpecYaml, UnknownFieldNamesItsPath) {
   std::string yaml = kValid;
   yaml.replace(yaml.find("num_kv_heads"), 12, "num_kv_head");
