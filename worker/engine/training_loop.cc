@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
-#include "worker/engine/model/tp_plan.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
-#include "worker/engine/zero/sharded_checkpoint.h"
+#include "worker/engine/data_parallel/sharded_checkpoint.h"
 
 namespace loom::engine {
 namespace {

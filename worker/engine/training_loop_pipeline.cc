@@ -18,8 +18,8 @@
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/tp_plan.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/training_loop.h"
 

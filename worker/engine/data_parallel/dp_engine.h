@@ -47,8 +47,8 @@
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/sharded_adamw.h"
-#include "worker/engine/zero/comm_worker.h"
-#include "worker/engine/zero/flat_partition.h"
+#include "worker/engine/data_parallel/comm_worker.h"
+#include "worker/engine/data_parallel/flat_partition.h"
 
 namespace loom::engine {
 

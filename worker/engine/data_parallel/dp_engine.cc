@@ -1,4 +1,4 @@
-#include "worker/engine/zero/dp_engine.h"
+#include "worker/engine/data_parallel/dp_engine.h"
 
 #include <algorithm>
 #include <cmath>
