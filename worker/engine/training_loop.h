@@ -146,7 +146,9 @@ class TrainingLoop {
   std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
-  // The model parts' parameters (the model's, or the stage's chunk after chunk).
+  // The model parts this rank trains: the model, or the stage's chunks (one
+  // DataParallelEngine each under DP); their parameters, part after part.
+  std::vector<LlamaModel*> Parts();
   std::vector<TensorView> PartParameters();
   // [tp] [pp] with ZeRO: the checkpoint of a TP or PP layout holds whole
   // global tensors, so the DP-sharded state is made whole first (the moments

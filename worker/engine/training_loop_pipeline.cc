@@ -185,7 +185,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   absl::StatusOr<std::string> result = std::string();
   int32_t ok = 1;
   if (ctx_.dp_rank == 0) {
-    std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
+    std::vector<TpStaged> staged = CheckpointState(PartParameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
       if (ctx_.tp != nullptr || !HostAddressable(ops)) {
