@@ -75,8 +75,8 @@ class ParallelJobs(unittest.TestCase):
         """The parameters of job `name`'s newest checkpoint, exported to Hugging
         Face: {tensor name: list of floats}."""
         out = os.path.join(self.cluster.dir, f"hf-{name}")
-        self.cluster.loomctl("export", "--format=hf", os.path.join(self.cluster.dir, f"ckpt-{name}"),
-                             out)
+        checkpoint = os.path.join(self.cluster.dir, f"ckpt-{name}")
+        self.cluster.loomctl("export", "--format=hf", checkpoint, out)
         with open(os.path.join(out, "model.safetensors"), "rb") as f:
             blob = f.read()
         (header_size,) = struct.unpack("<Q", blob[:8])
