@@ -260,7 +260,7 @@ std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
 }
 
 absl::StatusOr<double> TrainingLoop::ClipStepGradients() {
-  return ClipGradients(*ops_, GradientPiecesToClip(), ctx_.GradientNormGroups(zero_stage() >= 1),
+  return ClipGradients(*ops_, GradientPiecesToClip(), ctx_.GradientNormGroups(zero_stage() >= 2),
                        spec_.train.grad_clip);
 }
 
