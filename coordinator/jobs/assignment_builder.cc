@@ -44,7 +44,7 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
   }
   const loom::v1::Layout layout = LayoutOf(spec);
   // [pp] Each stage's layers: the partition the trainer derives from the same
-  // spec (worker/engine/pipeline/pipeline_plan.h checks they agree).
+  // spec (worker/engine/pipeline_parallel/pipeline_plan.h checks they agree).
   std::optional<topology::StagePartition> stages;
   std::optional<topology::PipelineSchedule> schedule;  // every stage's instruction list
   double bubble = 0;

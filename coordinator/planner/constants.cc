@@ -84,7 +84,7 @@ PlannerConstants MegatronConstants(PlannerConstants base) {
 namespace {
 
 // How Loom's engine lays out its memory, read from its code
-// (worker/engine/model/llama_model.cc, Prepare; zero/dp_engine.cc), not
+// (worker/engine/model/llama_model.cc, Prepare; data_parallel/dp_engine.cc), not
 // fitted: every buffer is allocated once, exactly, on either backend (CudaOps
 // allocates the same buffers from its caching allocator). Checked against
 // the CPU engine's measured peaks (tests/planner/engine_memory_test.cc).
@@ -114,12 +114,12 @@ PlannerConstants WithLoomEngineMemory(PlannerConstants k) {
 
 PlannerConstants LoomEngineConstants(PlannerConstants base) {
   PlannerConstants k = WithLoomEngineMemory(WithNcclLinks(base));
-  // worker/engine/zero/dp_engine.cc: gradients reduce bucket by bucket on a
+  // worker/engine/data_parallel/dp_engine.cc: gradients reduce bucket by bucket on a
   // comm thread while backward still runs; ZeRO-1/2 reduce-scatter.
   k.dp_overlap = base.dp_overlap;
   k.zero1_reduce_scatter = true;
   // TP collectives are issued inside the layer and waited for
-  // (worker/engine/model/tp_collectives.cc); no pipeline engine cost beyond
+  // (worker/engine/tensor_parallel/tp_collectives.cc); no pipeline engine cost beyond
   // the send itself.
   k.tp_overlap = 0.0;
   k.p2p_latency_s = 0.0;

@@ -32,7 +32,7 @@
 #include "tests/engine_device/device_emulation_ops.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/llama_model.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/lr_schedule.h"

@@ -29,12 +29,14 @@ TEST(HostIntsTest, BroadcastAndAllGatherAreExact) {
     std::vector<int32_t> mine = rank == 0 ? root : std::vector<int32_t>{0, 0, 0};
     ASSERT_TRUE(BroadcastHostInts(*ops, &c, mine.data(), 3, 0).ok());
     broadcast[rank] = mine;
-    const std::vector<int32_t> own = {rank, 16777217 + rank, std::numeric_limits<int32_t>::max() - rank};
+    const std::vector<int32_t> own = {rank, 16777217 + rank,
+                                      std::numeric_limits<int32_t>::max() - rank};
     gathered[rank].assign(3 * kRanks, 0);
     ASSERT_TRUE(AllGatherHostInts(*ops, &c, own.data(), 3, gathered[rank].data()).ok());
   });
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(broadcast[r], (std::vector<int32_t>{16777217, std::numeric_limits<int32_t>::min(), -1}));
+    EXPECT_EQ(broadcast[r],
+              (std::vector<int32_t>{16777217, std::numeric_limits<int32_t>::min(), -1}));
     for (int from = 0; from < kRanks; ++from) {
       EXPECT_EQ(gathered[r][3 * from], from);
       EXPECT_EQ(gathered[r][3 * from + 1], 16777217 + from);

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "gtest/gtest.h"
-#include "worker/engine/zero/flat_partition.h"
+#include "worker/engine/data_parallel/flat_partition.h"
 
 namespace loom::engine {
 namespace {

@@ -10,8 +10,8 @@
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/tp_plan.h"
-#include "worker/engine/pipeline/pipeline_plan.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
+#include "worker/engine/pipeline_parallel/pipeline_plan.h"
 
 namespace loom::engine {
 namespace {

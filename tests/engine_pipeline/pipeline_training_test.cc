@@ -24,7 +24,7 @@
 #include "tests/engine_pipeline/pipeline_layout.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {

@@ -80,8 +80,8 @@ class ParallelJobs(unittest.TestCase):
         """The parameters of job `name`'s newest checkpoint, exported to Hugging
         Face: {tensor name: list of floats}."""
         out = os.path.join(self.cluster.dir, f"hf-{name}")
-        self.cluster.loomctl("export", "--format=hf",
-                             self.cluster.checkpoint_dir(self.jobs[name]), out)
+        checkpoint = self.cluster.checkpoint_dir(self.jobs[name])
+        self.cluster.loomctl("export", "--format=hf", checkpoint, out)
         with open(os.path.join(out, "model.safetensors"), "rb") as f:
             blob = f.read()
         (header_size,) = struct.unpack("<Q", blob[:8])

@@ -18,7 +18,7 @@
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/llama_model.h"
-#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
 
 namespace loom::engine {
 namespace {

@@ -12,7 +12,7 @@
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/llama_model.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/grad_clip.h"
 

@@ -25,7 +25,7 @@
 #include "tests/engine/train_steps.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -162,7 +162,8 @@ TEST_F(TpTrainingTest, Dp2Tp2ZeroStagesMatchOneProcess) {
 }
 
 // Checkpoints of ZeRO under TP hold global tensors: resuming the same layout
-// is bit for bit, one process resumes within the tolerance.
+// is bit for bit, one process resumes them within the tolerance, and dp2 x tp2
+// under ZeRO resumes one process's.
 TEST_F(TpTrainingTest, ZeroUnderTpCheckpointsResume) {
   const spec::JobSpec job = Job(1);
   const TrainedRun straight = RunSingle(job);
@@ -191,6 +192,24 @@ TEST_F(TpTrainingTest, ZeroUnderTpCheckpointsResume) {
     }
     testing::ExpectMapsNear(testing::ToMap((*loop)->model().Parameters()), straight.params,
                             kTolerance, "tp2 x dp2 ZeRO checkpoint resumed on one process", true);
+    // And the other way: one process's step-5 checkpoint resumed at dp2 x tp2.
+    const std::string single_root = dir_ / ("ckpt_single_for_zero" + std::to_string(zero));
+    {
+      auto single = TrainingLoop::Create(job);
+      ASSERT_TRUE(single.ok());
+      testing::TrainUntil(**single, 5);
+      ASSERT_TRUE((*single)->SaveCheckpoint(single_root).ok());
+    }
+    const std::vector<TrainedRun> from_single = RunLayout(job, 2, 2, true, zero, single_root);
+    for (const TrainedRun& run : from_single) {
+      ASSERT_EQ(run.steps.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_NEAR(run.steps[i].loss, straight.steps[5 + i].loss,
+                    kTolerance * straight.steps[5 + i].loss);
+      }
+      testing::ExpectMapsNear(run.params, straight.params, kTolerance,
+                              "one-process checkpoint resumed at dp2 x tp2 under ZeRO", true);
+    }
   }
 }
 

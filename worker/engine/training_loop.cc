@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
-#include "worker/engine/model/tp_plan.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
-#include "worker/engine/zero/sharded_checkpoint.h"
+#include "worker/engine/data_parallel/sharded_checkpoint.h"
 
 namespace loom::engine {
 namespace {
@@ -240,7 +240,10 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
 
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
   if (dp_engines_.empty()) {
-    std::vector<TensorView> grads = pipeline_ ? stage_->Gradients() : model_->Gradients();
+    std::vector<TensorView> grads;
+    for (LlamaModel* part : Parts()) {
+      for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
+    }
     if (pipeline_ && TiedAcrossStages(spec_.model, ctx_.pp_size())) {
       // The first and the last stage hold the same summed gradient: once.
       for (TensorView& g : grads) {
@@ -257,7 +260,7 @@ std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
 }
 
 absl::StatusOr<double> TrainingLoop::ClipStepGradients() {
-  return ClipGradients(*ops_, GradientPiecesToClip(), ctx_.GradientNormGroups(zero_stage() >= 1),
+  return ClipGradients(*ops_, GradientPiecesToClip(), ctx_.GradientNormGroups(zero_stage() >= 2),
                        spec_.train.grad_clip);
 }
 
@@ -351,8 +354,19 @@ absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
 
 // ---- [tp] Checkpoints under tensor parallelism --------------------------------
 
+std::vector<LlamaModel*> TrainingLoop::Parts() {
+  if (!pipeline_) return {model_.get()};
+  std::vector<LlamaModel*> parts;
+  for (int64_t c = 0; c < stage_->num_chunks(); ++c) parts.push_back(&stage_->model(c));
+  return parts;
+}
+
 std::vector<TensorView> TrainingLoop::PartParameters() {
-  return pipeline_ ? stage_->Parameters() : model_->Parameters();
+  std::vector<TensorView> all;
+  for (LlamaModel* part : Parts()) {
+    for (TensorView& v : part->Parameters()) all.push_back(std::move(v));
+  }
+  return all;
 }
 
 absl::Status TrainingLoop::UnshardForCheckpoint() {
@@ -383,9 +397,9 @@ void TrainingLoop::ReshardAfterCheckpoint(bool loaded) {
 std::vector<TensorView> TrainingLoop::OptimizerStates() {
   if (optimizer_) return optimizer_->States();
   std::vector<TensorView> m, v;
+  const std::vector<LlamaModel*> parts = Parts();  // engine i reduces part i
   for (size_t i = 0; i < dp_engines_.size() && i < full_states_.size(); ++i) {
-    const std::vector<TensorView> params =
-        pipeline_ ? stage_->model(static_cast<int64_t>(i)).Parameters() : model_->Parameters();
+    const std::vector<TensorView> params = parts[i]->Parameters();
     const std::vector<FlatTensor>& flat = dp_engines_[i]->partition().tensors();
     for (size_t j = 0; j < params.size(); ++j) {
       m.push_back({"optimizer.exp_avg." + params[j].name, params[j].shape,
@@ -423,7 +437,7 @@ std::vector<TrainingLoop::TpStaged> TrainingLoop::CheckpointState(
 
 absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std::string& root,
                                                                        CheckpointContent content) {
-  std::vector<TpStaged> staged = CheckpointState(model_->Parameters());
+  std::vector<TpStaged> staged = CheckpointState(PartParameters());
   CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
   CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
   // DP rank 0's TP group writes (the DP ranks hold the same values).
@@ -461,14 +475,10 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
 }
 
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
-  if (pipeline_) {  // [pp] this stage's tensors
-    out->clear();
-    DownloadTensors(*ops_, stage_->Parameters(), out);
-    return absl::OkStatus();
-  }
-  if (dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
+  // ZeRO-3 (not under PP) holds only shards: gathered over DP.
+  if (!pipeline_ && dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
   out->clear();
-  DownloadTensors(*ops_, model_->Parameters(), out);
+  DownloadTensors(*ops_, PartParameters(), out);
   return absl::OkStatus();
 }
 
@@ -536,11 +546,11 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
   std::unique_ptr<RestoreStaging> sharded;  // ZeRO: host copies of the shards
   if (pipeline_ && ctx_.tp == nullptr && HostAddressable(*ops_)) {  // [pp] whole tensors, in place
-    for (const TpStaged& t : CheckpointState(stage_->Parameters())) {
+    for (const TpStaged& t : CheckpointState(PartParameters())) {
       into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
     }
   } else if (ctx_.tp != nullptr || pipeline_) {  // [tp] [pp] host globals, sliced up after
-    tp_staged = CheckpointState(pipeline_ ? stage_->Parameters() : model_->Parameters());  // [pp]
+    tp_staged = CheckpointState(PartParameters());  // [pp]
     for (TpStaged& t : tp_staged) {
       const std::vector<int64_t>& shape = t.local.GlobalShape();
       int64_t n = 1;

@@ -28,10 +28,10 @@
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/parallel/parallel_context.h"
-#include "worker/engine/pipeline/pipeline_executor.h"  // [pp]
-#include "worker/engine/pipeline/pipeline_stage.h"     // [pp]
+#include "worker/engine/pipeline_parallel/pipeline_executor.h"  // [pp]
+#include "worker/engine/pipeline_parallel/pipeline_stage.h"     // [pp]
 #include "worker/engine/progress.h"
-#include "worker/engine/zero/dp_engine.h"
+#include "worker/engine/data_parallel/dp_engine.h"
 
 namespace loom::engine {
 
@@ -56,7 +56,7 @@ class TrainingLoop {
   //
   // [pp] ctx.pp: this rank's pipeline group (the assignment's "pp" group,
   // rank = stage); its size must be parallelism.pp. The stage's layers and instruction list come from
-  // MakePipelinePlan (pipeline/pipeline_plan.h); see docs/pipeline.md.
+  // MakePipelinePlan (pipeline_parallel/pipeline_plan.h); see docs/pipeline.md.
   //
   // ops: the backend to train on; null picks it from the spec
   // (MakeOpsForJob in ops_selection.h: resources.device and train.precision,
@@ -84,10 +84,13 @@ class TrainingLoop {
 
   // Commits <root>/step_NNNNNNNN with parameters, AdamW moments and loop state
   // and prunes to checkpoint.keep. Unsharded: DP rank 0 writes; under ZeRO
-  // every rank writes its shards and rank 0 commits (zero/sharded_checkpoint.h).
-  // [pp] Under PP each stage writes its chunks' global tensors and stage 0
-  // commits (docs/pipeline.md); loading takes each stage's tensors from any
-  // layout's checkpoint.
+  // (DP alone) every rank writes its shards and rank 0 commits
+  // (data_parallel/sharded_checkpoint.h).
+  // [tp] [pp] Under TP or PP the files hold global tensors (under PP each
+  // stage writes its chunks' and stage 0 commits, docs/pipeline.md); with
+  // ZeRO the DP-sharded states are gathered whole for the save and sharded
+  // again after it. Loading takes each rank's tensors from any layout's
+  // checkpoint.
   // Every rank waits for the commit. Returns the step directory on rank 0.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& root);
   // Loads the newest loadable checkpoint under root (falling back past refused
@@ -143,7 +146,9 @@ class TrainingLoop {
   std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
-  // The model parts' parameters (the model's, or the stage's chunk after chunk).
+  // The model parts this rank trains: the model, or the stage's chunks (one
+  // DataParallelEngine each under DP); their parameters, part after part.
+  std::vector<LlamaModel*> Parts();
   std::vector<TensorView> PartParameters();
   // [tp] [pp] with ZeRO: the checkpoint of a TP or PP layout holds whole
   // global tensors, so the DP-sharded state is made whole first (the moments

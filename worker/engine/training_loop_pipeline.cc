@@ -18,8 +18,8 @@
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/tp_plan.h"
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/training_loop.h"
 
@@ -185,7 +185,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   absl::StatusOr<std::string> result = std::string();
   int32_t ok = 1;
   if (ctx_.dp_rank == 0) {
-    std::vector<TpStaged> staged = CheckpointState(stage_->Parameters());
+    std::vector<TpStaged> staged = CheckpointState(PartParameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
       if (ctx_.tp != nullptr || !HostAddressable(ops)) {

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "kernels/ops.h"
-#include "worker/engine/model/tp_collectives.h"
+#include "worker/engine/tensor_parallel/tp_collectives.h"
 
 namespace loom::engine {
 

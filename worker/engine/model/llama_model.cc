@@ -11,9 +11,9 @@
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/replicated_grads.h"
-#include "worker/engine/model/tp_collectives.h"
-#include "worker/engine/model/vocab_parallel_loss.h"
+#include "worker/engine/tensor_parallel/replicated_grads.h"
+#include "worker/engine/tensor_parallel/tp_collectives.h"
+#include "worker/engine/tensor_parallel/vocab_parallel_loss.h"
 
 namespace loom::engine {
 namespace {

@@ -24,7 +24,7 @@
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {

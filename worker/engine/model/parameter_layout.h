@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "common/spec/job_spec.h"
-#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
 
 namespace loom::engine {
 

@@ -45,8 +45,8 @@ struct ParallelContext {
   bool block_writer() const { return dp_rank == 0 && tp_rank() == 0; }
 
   // The groups whose ranks hold different parts of one gradient, over which
-  // a norm's sums of squares add up: TP and PP always, DP when the gradient
-  // (or the part of it an optimizer reads) is sharded over DP (ZeRO >= 1).
+  // a norm's sums of squares add up: TP and PP always, DP when the reduced
+  // gradient is sharded over DP (ZeRO >= 2).
   std::vector<comm::Communicator*> GradientNormGroups(bool dp_sharded) const;
 };
 

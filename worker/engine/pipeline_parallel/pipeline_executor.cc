@@ -1,4 +1,4 @@
-#include "worker/engine/pipeline/pipeline_executor.h"
+#include "worker/engine/pipeline_parallel/pipeline_executor.h"
 
 #include <algorithm>
 #include <span>

@@ -1,4 +1,4 @@
-#include "worker/engine/model/tp_collectives.h"
+#include "worker/engine/tensor_parallel/tp_collectives.h"
 
 #include <span>
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
-#include "worker/engine/model/tp_collectives.h"
+#include "worker/engine/tensor_parallel/tp_collectives.h"
 
 namespace loom::engine {
 

@@ -1,4 +1,4 @@
-#include "worker/engine/zero/sharded_checkpoint.h"
+#include "worker/engine/data_parallel/sharded_checkpoint.h"
 
 #include <unistd.h>
 
@@ -107,11 +107,11 @@ absl::StatusOr<std::string> SaveShardedCheckpoint(const std::string& root,
   const int rank = comm.rank(), ranks = comm.size();
   for (const TensorView& t : model.Parameters()) {
     if (t.sharded() || t.replicas != 1) {
-      // The shard files and index would need the TP coordinates (file names,
-      // global offsets, one writer per replicated slice): not done yet.
-      return absl::UnimplementedError(absl::StrCat(
-          "checkpoint: ZeRO stage ", engine.zero_stage(), " with tensor parallelism (",
-          t.name, " is a TP shard) cannot be saved yet; use parallelism.zero_stage=0 with tp > 1"));
+      // DP shards of TP slices would need the TP coordinates in the files and
+      // index; TrainingLoop saves ZeRO under TP as global tensors instead.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint: DP-sharded files hold whole tensors only (", t.name,
+          " is a TP shard); save ZeRO under TP through TrainingLoop::SaveCheckpoint"));
     }
   }
   // 1. Rank 0 opens the temporary directory and tells everyone its name.

@@ -1,4 +1,4 @@
-#include "worker/engine/zero/comm_worker.h"
+#include "worker/engine/data_parallel/comm_worker.h"
 
 namespace loom::engine {
 

@@ -1,4 +1,4 @@
-#include "worker/engine/zero/dp_engine.h"
+#include "worker/engine/data_parallel/dp_engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -405,7 +405,7 @@ absl::Status DataParallelEngine::ReduceWholeGradients() {
 
 std::vector<GradientPiece> DataParallelEngine::GradientPieces() {
   std::vector<GradientPiece> out;
-  if (stage_ == 0) {
+  if (stage_ <= 1) {  // every rank holds the whole reduced gradient
     for (size_t i = 0; i < partition_.tensors().size(); ++i) {
       const FlatTensor& t = partition_.tensors()[i];
       out.push_back({grads_ + t.offset, t.numel, replicas_[i]});

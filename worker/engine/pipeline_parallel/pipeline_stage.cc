@@ -1,4 +1,4 @@
-#include "worker/engine/pipeline/pipeline_stage.h"
+#include "worker/engine/pipeline_parallel/pipeline_stage.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
 
 #include <string>
 

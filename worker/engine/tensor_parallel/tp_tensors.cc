@@ -1,4 +1,4 @@
-#include "worker/engine/model/tp_tensors.h"
+#include "worker/engine/tensor_parallel/tp_tensors.h"
 
 #include <cmath>
 #include <span>

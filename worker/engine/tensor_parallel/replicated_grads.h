@@ -16,8 +16,8 @@
 #include "kernels/ops.h"
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/model/tp_collectives.h"
-#include "worker/engine/model/tp_plan.h"
+#include "worker/engine/tensor_parallel/tp_collectives.h"
+#include "worker/engine/tensor_parallel/tp_plan.h"
 
 namespace loom::engine {
 

@@ -47,8 +47,8 @@
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/sharded_adamw.h"
-#include "worker/engine/zero/comm_worker.h"
-#include "worker/engine/zero/flat_partition.h"
+#include "worker/engine/data_parallel/comm_worker.h"
+#include "worker/engine/data_parallel/flat_partition.h"
 
 namespace loom::engine {
 
@@ -90,10 +90,10 @@ class DataParallelEngine : public ModelHooks {
   // all-reduce; stage 2: reduce-scatter into the shard, freeing the model's
   // gradient), and waits. Megatron's distributed optimizer does the same.
   absl::Status ReduceWholeGradients();
-  // The reduced gradient this rank's optimizer reads: the model's whole
-  // gradient (stage 0) or this rank's owned pieces (stage >= 1), each with
-  // its tensor's TP replicas. Their norms add up over the DP group exactly
-  // when zero_stage() >= 1.
+  // The reduced gradient to clip: the model's whole gradient (stages 0, 1:
+  // every rank holds it after the all-reduce, so its norm needs no DP sum)
+  // or this rank's owned shard pieces (stages 2, 3: their squares add up
+  // over the DP group), each with its tensor's TP replicas.
   std::vector<GradientPiece> GradientPieces();
   // [pp] `tensor` is also held by `holders` - 1 ranks outside the DP group
   // (a tied embedding on the first and the last stage): its pieces count

@@ -1,4 +1,4 @@
-#include "worker/engine/zero/flat_partition.h"
+#include "worker/engine/data_parallel/flat_partition.h"
 
 #include <algorithm>
 

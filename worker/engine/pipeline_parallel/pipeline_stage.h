@@ -13,7 +13,7 @@
 #include "common/spec/job_spec.h"
 #include "kernels/ops.h"
 #include "worker/engine/model/llama_model.h"
-#include "worker/engine/pipeline/pipeline_plan.h"
+#include "worker/engine/pipeline_parallel/pipeline_plan.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {

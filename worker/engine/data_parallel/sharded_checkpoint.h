@@ -24,7 +24,7 @@
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/model/llama_model.h"
-#include "worker/engine/zero/dp_engine.h"
+#include "worker/engine/data_parallel/dp_engine.h"
 
 namespace loom::engine {
 

@@ -1,4 +1,4 @@
-#include "worker/engine/pipeline/pipeline_plan.h"
+#include "worker/engine/pipeline_parallel/pipeline_plan.h"
 
 #include <algorithm>
 

@@ -34,7 +34,7 @@
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/data/batch_sampler.h"
-#include "worker/engine/pipeline/pipeline_stage.h"
+#include "worker/engine/pipeline_parallel/pipeline_stage.h"
 
 namespace loom::engine {
 

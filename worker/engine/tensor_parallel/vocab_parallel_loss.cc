@@ -1,4 +1,4 @@
-#include "worker/engine/model/vocab_parallel_loss.h"
+#include "worker/engine/tensor_parallel/vocab_parallel_loss.h"
 
 #include <algorithm>
 #include <cmath>
