@@ -138,6 +138,13 @@ PartitionName=loom Nodes={",".join(NODES)} Default=YES MaxTime=30 State=UP
             return ""
 
 
+def help_text(program):
+    """What a program prints for --helpfull (its flags, or a usage line)."""
+    out = subprocess.run([os.path.join(BUILD, "bin", program), "--helpfull"],
+                         capture_output=True, text=True)
+    return out.stdout + out.stderr
+
+
 def processes_under(path):
     """pids of processes whose command line or working directory is under path."""
     found = []
@@ -281,20 +288,23 @@ class SlurmTest(unittest.TestCase):
         if self.tls == "on":
             subprocess.run([os.path.join(ROOT, "scripts", "make_certs.sh"), certs, "--host=127.0.0.1",
                             *[f"--node={n}" for n in NODES]], check=True, capture_output=True)
-        insecure = [] if self.tls == "on" or "--insecure" not in subprocess.run(
-            [os.path.join(BUILD, "bin", "loom-coordinator"), "--helpfull"],
-            capture_output=True, text=True).stdout else ["--insecure"]
+        insecure = ["--insecure"] if "--insecure" in help_text("loom-coordinator") else []
         tls = lambda who: [f"--tls_dir={certs}/{who}"] if self.tls == "on" else insecure  # noqa: E731
+        # The same roots for the coordinator and the agents, where the build confines files.
+        roots = {"LOOM_DATA_ROOTS": d, "LOOM_CHECKPOINT_ROOT": os.path.join(d, "checkpoints")}
+        confine = ([f"--data_roots={d}", f"--checkpoint_root={d}/checkpoints"]
+                   if "--data_roots" in help_text("loom-coordinator") else [])
         with open(os.path.join(d, "coordinator.log"), "wb") as log:
             coordinator = subprocess.Popen(
                 [os.path.join(BUILD, "bin", "loom-coordinator"), f"--listen=127.0.0.1:{port}",
-                 "--metrics_listen=127.0.0.1:0", f"--state_dir={d}/state", *tls("coordinator")],
-                stdout=log, stderr=subprocess.STDOUT)
+                 "--metrics_listen=127.0.0.1:0", f"--state_dir={d}/state", *tls("coordinator"),
+                 *confine], stdout=log, stderr=subprocess.STDOUT)
         try:
             loomctl = lambda *a: subprocess.run(  # noqa: E731
                 [os.path.join(BUILD, "bin", "loomctl"), f"--coordinator=127.0.0.1:{port}",
                  *tls("admin"), *a], capture_output=True, text=True, timeout=30)
-            job = self.sbatch(d, LOOM_COORDINATOR=f"127.0.0.1:{port}", LOOM_CERTS=certs)
+            job = self.sbatch(d, LOOM_COORDINATOR=f"127.0.0.1:{port}", LOOM_CERTS=certs,
+                              **(roots if confine else {}))
             wait_until("both nodes to register", 60,
                        lambda: all(n in loomctl("nodes").stdout for n in NODES))
             loom_job = loomctl("submit", spec).stdout.strip()
