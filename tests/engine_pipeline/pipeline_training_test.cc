@@ -228,7 +228,10 @@ TEST_F(PipelineTrainingTest, BytesPerBoundaryAreBatchSeqHidden) {
 TEST_F(PipelineTrainingTest, Pp2RunsTheReducedPrecisionRecipes) {
   const std::tuple<spec::Precision, const char*, double> recipes[] = {
       {spec::Precision::kBf16, "cpu-bf16-emulation", 3e-4},
-      {spec::Precision::kFp8, "cpu-fp8-emulation", 3e-3}};
+      // fp8's coarse rounding turns the pipeline's different summation order
+      // into step-10 grad-norm gaps of 3.3e-3 on an Intel Xeon build
+      // (-march=native; 2.6e-3 on AMD EPYC): the bound leaves room for that.
+      {spec::Precision::kFp8, "cpu-fp8-emulation", 1e-2}};
   for (const auto& [precision, backend, tolerance] : recipes) {
     SCOPED_TRACE(spec::PrecisionName(precision));
     spec::JobSpec job = Job();
