@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/confine/path_resolve.h"
@@ -14,6 +17,31 @@
 namespace loom::agent {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Writes a new file (never through a symlink, never over an existing one)
+// owned by the user the rank runs as.
+absl::Status WriteRankFile(const std::string& path, const std::string& bytes,
+                           const confine::FileOwner& owner) {
+  absl::StatusOr<int> fd = confine::CreateNewFile(path, 0600);
+  if (!fd.ok()) return fd.status();
+  bool written = write(*fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  if (owner.uid != static_cast<uid_t>(-1)) {
+    written = written && fchown(*fd, owner.uid, owner.gid) == 0;
+  }
+  close(*fd);
+  if (!written) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read '", path, "'"));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
 
 absl::Status ValidateJobId(const std::string& job_id) {
   if (confine::IsSafeName(job_id)) return absl::OkStatus();
@@ -114,23 +142,38 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   {
     // Written whole, then renamed, so a trainer never reads half a file.
     const std::string temp_path = assignment_path + ".tmp";
-    absl::StatusOr<int> fd = confine::CreateNewFile(temp_path, 0600);
-    if (!fd.ok()) return fail(std::string(fd.status().message()));
-    const std::string bytes = confined.SerializeAsString();
-    bool written = write(*fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
-    if (options_.run_as.uid != static_cast<uid_t>(-1)) {
-      written = written && fchown(*fd, options_.run_as.uid, options_.run_as.gid) == 0;
+    if (absl::Status s = WriteRankFile(temp_path, confined.SerializeAsString(), options_.run_as);
+        !s.ok()) {
+      return fail(std::string(s.message()));
     }
-    close(*fd);
-    if (!written) return fail(absl::StrCat("cannot write '", temp_path, "'"));
     fs::rename(temp_path, assignment_path, error);
     if (error) return fail(absl::StrCat("cannot write '", assignment_path, "': ", error.message()));
+  }
+
+  // A rank that runs as another user cannot read the agent's certificate
+  // directory: it gets its own copy, in its 0700 rank directory. (Its rank
+  // token is valid only with this node's certificate, and the trainer is
+  // Loom's own program, so the copy widens nothing a job's spec can reach.)
+  rpc::TlsSettings tls = options_.coordinator_tls;
+  if (!tls.insecure && options_.run_as.uid != static_cast<uid_t>(-1)) {
+    for (auto [path, name] : {std::pair{&tls.ca_path, "coordinator_ca.crt"},
+                              std::pair{&tls.cert_path, "node.crt"},
+                              std::pair{&tls.key_path, "node.key"}}) {
+      if (path->empty()) continue;
+      absl::StatusOr<std::string> bytes = ReadWholeFile(*path);
+      if (!bytes.ok()) return fail(std::string(bytes.status().message()));
+      const std::string copy = absl::StrCat(dir, "/", name);
+      if (absl::Status s = WriteRankFile(copy, *bytes, options_.run_as); !s.ok()) {
+        return fail(std::string(s.message()));
+      }
+      *path = copy;
+    }
   }
 
   ProcessSpec spec;
   spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
                absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
-  for (std::string& arg : rpc::TlsArgs(options_.coordinator_tls)) spec.argv.push_back(std::move(arg));
+  for (std::string& arg : rpc::TlsArgs(tls)) spec.argv.push_back(std::move(arg));
   const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
   // Passive OpenMP waiting: ranks share cores with each other and the agent,
   // and spinning workers would steal them (libgomp reads this at load time).
