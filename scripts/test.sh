@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
 cd build
+# Every tool a test needs was installed above: a test that finds one missing
+# fails instead of skipping (tests/deploy/deploy_test_env.py).
+export LOOM_REQUIRE_TEST_TOOLS=1
 ctest --output-on-failure --timeout 600 -j "${LOOM_TEST_JOBS:-2}" "$@"

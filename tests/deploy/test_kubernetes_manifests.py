@@ -13,6 +13,8 @@ import tempfile
 import time
 import unittest
 
+from deploy_test_env import missing_tool
+
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -129,7 +131,7 @@ class KubernetesManifestsTest(unittest.TestCase):
         probe = os.path.join(K8S, "base", "health_probe.py")
         tmp = tempfile.mkdtemp(prefix="loom-probe-")
         sys.path.insert(0, os.path.join(ROOT, "tests", "deploy"))
-        from tls_setup import coordinator_tls_args, client_tls_args
+        from deploy_test_env import client_tls_args, coordinator_tls_args
         port = free_port()
         proc = subprocess.Popen([coordinator, f"--listen=127.0.0.1:{port}", "--metrics_listen=127.0.0.1:0",
                                  f"--state_dir={tmp}/state", *coordinator_tls_args(tmp)],
@@ -156,6 +158,5 @@ def free_port():
 
 if __name__ == "__main__":
     if KUBECTL is None or NODE is None or not os.path.isdir(os.path.join(VALIDATOR, "node_modules")):
-        print("SKIP: needs kubectl, node and tools/k8s-validate/node_modules (scripts/install_deps.sh)")
-        sys.exit(77)
+        missing_tool("needs kubectl, node and tools/k8s-validate/node_modules")
     unittest.main()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import unittest
 
+from deploy_test_env import missing_tool
+
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -107,6 +109,5 @@ class PrometheusRulesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     if not os.path.exists(PROMTOOL):
-        print("SKIP: promtool is not installed (Debian package prometheus, scripts/install_deps.sh)")
-        sys.exit(77)
+        missing_tool("promtool is not installed (Debian package prometheus)")
     unittest.main()

@@ -17,10 +17,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tls_setup import tls_enabled  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.environ.get("LOOM_BUILD_DIR", os.path.join(ROOT, "build"))
+from deploy_test_env import BUILD, ROOT, missing_tool  # noqa: E402
 SBATCH_SCRIPT = os.path.join(ROOT, "deploy", "slurm", "loom.sbatch")
 NODES = ("loom-n1", "loom-n2")
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
@@ -165,7 +163,7 @@ class SlurmTest(unittest.TestCase):
     def setUpClass(cls):
         cls.slurm = SLURM
         cls.tmp = os.path.dirname(SLURM.dir)
-        cls.tls = "on" if tls_enabled() else "off"
+        cls.tls = "on"
         print(f"TLS {cls.tls}: the programs built here "
               f"{'take' if cls.tls == 'on' else 'do not take'} --tls_dir", flush=True)
 
@@ -328,7 +326,7 @@ def skip_reason():
         return "needs root (munged, slurmctld and slurmd run as root here)"
     missing = [d for d in DAEMONS if shutil.which(d) is None]
     if missing:
-        return f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge; scripts/install_deps.sh)"
+        missing_tool(f"not installed: {', '.join(missing)} (Debian: slurm-wlm munge)")
     return None
 
 

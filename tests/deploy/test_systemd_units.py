@@ -12,6 +12,8 @@ import sys
 import tempfile
 import unittest
 
+from deploy_test_env import missing_tool
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HERE = os.path.join(ROOT, "deploy", "systemd")
 BUILD = os.environ.get("LOOM_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -112,6 +114,5 @@ class SystemdUnitsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     if ANALYZE is None:
-        print("SKIP: systemd-analyze is not installed (Debian package systemd)")
-        sys.exit(77)
+        missing_tool("systemd-analyze is not installed (Debian package systemd)")
     unittest.main()
