@@ -305,7 +305,19 @@ TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
   if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
   RankManagerOptions options = Confined();
   options = WithTrainer("echo \"uid=$(id -u)\"; test -r assignment.pb && echo readable; "
-                        "test -w . && echo writable");
+                        "test -w . && echo writable; "
+                        "for f in \"$@\"; do case $f in --tls_*=*) cat \"${f#*=}\";; esac; done");
+  // The agent's certificate directory is its own: the rank, another user,
+  // gets copies in its rank directory.
+  const std::string certs = dir_.path() + "/certs";
+  ASSERT_EQ(mkdir(certs.c_str(), 0700), 0);
+  options.coordinator_tls = {.insecure = false,
+                             .ca_path = certs + "/ca.crt",
+                             .cert_path = certs + "/tls.crt",
+                             .key_path = certs + "/tls.key"};
+  for (const char* name : {"ca.crt", "tls.crt", "tls.key"}) {
+    std::ofstream(certs + "/" + name) << "<" << name << ">";
+  }
   options.roots.data_roots = {data_};
   options.roots.checkpoint_root = dir_.path() + "/ckpt";
   options.run_as = {65534, 65534};
@@ -318,7 +330,9 @@ TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
   std::optional<loom::v1::RankExited> exited = reports_.Wait("job-9", 1, 0);
   ASSERT_TRUE(exited.has_value());
   const std::string log = ReadFile(exited->log_path());
-  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n<ca.crt><tls.crt><tls.key>"),
+            std::string::npos)
+      << log;
   struct stat st;
   ASSERT_EQ(stat(ranks.RankDir("job-9", 1, 0).c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 65534u);
