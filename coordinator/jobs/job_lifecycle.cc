@@ -47,13 +47,23 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   RankState& rank = record.ranks[progress.rank()];
   rank.last = progress;
   rank.ready = true;
-  if (record.hang) record.hang->Observe(progress, absl::Now());
+  const absl::Time now = absl::Now();
+  if (record.hang) record.hang->Observe(progress, now);
   if (job.state() == JobState::STARTING &&
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankState& r) { return r.ready; })) {
+    MarkReady(job, now);
+    GoodputTracker::Started(job, now);
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
                                   job.attempt()));
+  }
+  if (progress.phase() == "resumed" && !rank.resumed) {
+    rank.resumed = true;
+    if (std::all_of(record.ranks.begin(), record.ranks.end(),
+                    [](const RankState& r) { return r.resumed; })) {
+      MarkResumed(job, now);
+    }
   }
   // Only step reports move the job's progress; the others say where a rank is.
   if (progress.phase() != "step" || progress.step() <= 0) return;
@@ -103,6 +113,16 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   p.set_time_unix_ms(progress.time_unix_ms());
   record.steps.push_back(p);
   if (record.steps.size() > kWatchBacklogSteps) record.steps.pop_front();
+  // Recovery ends with the new attempt's first step; goodput counts it.
+  bool incident_done = false;
+  if (new_attempt) {
+    std::optional<loom::v1::RecoveryIncident> done =
+        MarkFirstStep(job, now, progress.step() - 1);
+    incident_done = done.has_value();
+    ObserveIncidentLocked(done);
+  }
+  record.goodput.OnStep(job, progress.step(), progress.step_seconds());
+  const double goodput = GoodputTracker::Update(job, now);
   if (metrics_ != nullptr) {
     metrics_->SetJobProgress(job.id(), job.name(),
                              {.step = static_cast<double>(p.step()),
@@ -112,6 +132,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
                               .mfu = mfu},
                              static_cast<double>(p.tokens()));
     if (p.has_val_loss()) metrics_->SetJobValLoss(job.id(), job.name(), p.val_loss());
+    metrics_->SetJobGoodput(job.id(), job.name(), goodput);
   }
   loom::v1::WatchJobResponse update;
   *update.mutable_job() = WatchView(job);
@@ -119,7 +140,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   NotifyLocked(record, update);
   // Progress is soft state; persisting it at most once a second keeps the
   // database off the step path.
-  if (absl::Now() - record.last_persist > absl::Seconds(1)) PersistLocked(record);
+  if (incident_done || now - record.last_persist > absl::Seconds(1)) PersistLocked(record);
 }
 
 void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit) {
@@ -169,10 +190,18 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   const FailureKind kind = exit.signal() == 0 && exit.exit_code() == kExitJobBroken
                                ? FailureKind::kJobBroken
                                : FailureKind::kCrash;
-  HandleFailureLocked(record, kind, reason, node_id);
+  // The agent says when it saw the exit; an agent that does not, or an exit
+  // found missing at a heartbeat, starts the incident now.
+  const absl::Time cause =
+      exit.exited_unix_us() > 0 ? absl::FromUnixMicros(exit.exited_unix_us()) : absl::Now();
+  HandleFailureLocked(record, kind, reason, node_id, exit.rank(), cause);
 }
 
 void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) {
+  // The node's failure began at its last heartbeat (for a session that
+  // ended, that is about when it ended).
+  std::optional<NodeInfo> info = nodes_->Get(node_id);
+  const absl::Time cause = info && info->last_seen != absl::Time() ? info->last_seen : absl::Now();
   absl::MutexLock lock(&mu_);
   for (const std::string& id : order_) {
     JobRecord& record = jobs_.at(id);
@@ -195,7 +224,7 @@ void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) 
     }
     HandleFailureLocked(record, FailureKind::kNodeLost,
                         absl::StrCat("node ", node_id, " was lost (", why, ")"),
-                        node_id);
+                        node_id, /*rank=*/-1, cause);
   }
   ScheduleLocked();
 }
@@ -244,9 +273,20 @@ void JobManager::OnNodeHeartbeat(const std::string& node_id, const loom::v1::Hea
   for (const auto& exit : vanished) OnRankExited(node_id, exit);
 }
 
+void JobManager::ObserveIncidentLocked(
+    const std::optional<loom::v1::RecoveryIncident>& incident) {
+  if (!incident || metrics_ == nullptr) return;
+  for (const auto& [phase, seconds] : MeasuredPhases(*incident)) {
+    metrics_->ObserveRecoveryPhase(kRecoveryPhaseNames[phase], seconds);
+  }
+}
+
 void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
-                                     const std::string& reason, const std::string& node_id) {
+                                     const std::string& reason, const std::string& node_id,
+                                     int32_t rank, absl::Time cause) {
   Job& job = record.job;
+  const absl::Time now = absl::Now();
+  if (cause > now) cause = now;
   const spec::FaultToleranceSpec& ft = record.spec.fault_tolerance;
   job.set_last_diagnosis(reason);
   // A node that keeps failing this job is cordoned: no new ranks go there.
@@ -293,6 +333,13 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
         std::min(60.0, ft.restart_backoff_s * std::pow(2.0, std::max(0, used)));
     job.set_not_before_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Seconds(backoff)));
     if (metrics_ != nullptr) metrics_->CountRestart(job.id(), job.name());
+    // The recovery starts: its phases are accounted until the next attempt's
+    // first step (persisted with the transition below).
+    const char* incident_kind = kind == FailureKind::kCrash  ? "crash"
+                                : kind == FailureKind::kHang ? "hang"
+                                                             : "node_lost";
+    ObserveIncidentLocked(
+        OpenIncident(job, incident_kind, rank, node_id, reason, cause, now));
     TransitionLocked(record, JobState::RESTARTING,
                      absl::StrCat(what, " restart ", used + 1, " of ", budget, ": ", reason));
     KillRanksLocked(record);
@@ -326,8 +373,9 @@ void JobManager::CheckHealth(absl::Time now) {
           if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
             node = record.job.placement(hang->culprit_rank).node_id();
           }
+          // The hang began when progress stopped.
           HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
-                              node);
+                              node, hang->culprit_rank, now - hang->stalled_for);
           reschedule = true;
         }
       }
@@ -408,6 +456,8 @@ void JobManager::KillRanksLocked(JobRecord& record) {
 }
 
 void JobManager::FinishAttemptLocked(JobRecord& record) {
+  // Every rank of the failed attempt is gone: the stopping phase ends.
+  if (record.job.state() == JobState::RESTARTING) MarkStopped(record.job, absl::Now());
   if (!record.job.store_namespace().empty()) kv_->DropNamespace(record.job.store_namespace());
   record.job.clear_store_namespace();
 }
