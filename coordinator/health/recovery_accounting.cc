@@ -11,6 +11,7 @@ namespace {
 
 // Boundary i (0 = cause ... 6 = first step) of an incident.
 constexpr int kBoundaries = kRecoveryPhaseCount + 1;
+constexpr size_t kMaxReasonBytes = 512;
 
 int64_t Boundary(const RecoveryIncident& in, int i) {
   switch (i) {
@@ -104,7 +105,8 @@ std::optional<RecoveryIncident> OpenIncident(Job& job, const std::string& kind, 
   in.set_rank(rank);
   in.set_node_id(node_id);
   in.set_failed_attempt(job.attempt());
-  in.set_reason(reason.substr(0, reason.find('\n')));
+  // The first line, bounded: the full reason is in the job's history.
+  in.set_reason(reason.substr(0, std::min<size_t>(reason.find('\n'), kMaxReasonBytes)));
   const int64_t declared_us = absl::ToUnixMicros(declared);
   in.set_cause_unix_us(std::min(absl::ToUnixMicros(cause), declared_us));
   in.set_declared_unix_us(declared_us);

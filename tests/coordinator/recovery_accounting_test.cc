@@ -101,6 +101,12 @@ TEST(RecoveryAccountingTest, AFailureDuringARecoveryClosesTheFirstIncomplete) {
   EXPECT_FALSE(CloseIncident(job, At(11)).has_value());
 }
 
+TEST(RecoveryAccountingTest, AnIncidentKeepsABoundedFirstLineOfItsReason) {
+  loom::v1::Job job;
+  OpenIncident(job, "hang", 0, "n1", std::string(2000, 'x') + "\nmore", At(0), At(1));
+  EXPECT_EQ(job.incidents(0).reason(), std::string(512, 'x'));
+}
+
 TEST(RecoveryAccountingTest, AJobKeepsTheLastIncidentsOnly) {
   loom::v1::Job job;
   for (int i = 0; i < kMaxIncidents + 5; ++i) {
