@@ -48,15 +48,15 @@ void SetPhase(RecoveryIncident& in, int phase, double seconds) {
   }
 }
 
-// Fills the *_seconds fields from the boundaries reached.
+// Fills the *_seconds fields of the phases whose two boundaries are set, and
+// the total from the cause to the last boundary set.
 void Recompute(RecoveryIncident& in) {
   int64_t last = in.cause_unix_us();
   for (int p = 0; p < kRecoveryPhaseCount; ++p) {
     const int64_t from = Boundary(in, p);
     const int64_t to = Boundary(in, p + 1);
-    if (from == 0 || to == 0) break;
-    SetPhase(in, p, static_cast<double>(to - from) / 1e6);
-    last = to;
+    if (from != 0 && to != 0) SetPhase(in, p, static_cast<double>(to - from) / 1e6);
+    if (to != 0) last = to;
   }
   in.set_total_seconds(static_cast<double>(last - in.cause_unix_us()) / 1e6);
 }
@@ -67,18 +67,29 @@ RecoveryIncident* OpenOne(Job& job) {
   return last->closed() ? nullptr : last;
 }
 
-// Sets boundary i once; unset boundaries before it take the last one that
-// was reached (zero-length phases), and time never runs backwards.
-void Mark(Job& job, int i, absl::Time at) {
-  RecoveryIncident* in = OpenOne(job);
-  if (in == nullptr || Boundary(*in, i) != 0) return;
-  int64_t previous = in->cause_unix_us();
-  for (int b = 1; b < i; ++b) {
-    if (Boundary(*in, b) == 0) SetBoundary(*in, b, previous);
-    previous = Boundary(*in, b);
+bool AllSet(const RecoveryIncident& in) {
+  for (int b = 0; b < kBoundaries; ++b) {
+    if (Boundary(in, b) == 0) return false;
   }
-  SetBoundary(*in, i, std::max(previous, absl::ToUnixMicros(at)));
+  return true;
+}
+
+// Sets boundary i once. The boundaries set stay in order: this one is at
+// least every earlier one set, and later ones set already are at least it.
+std::optional<RecoveryIncident> Mark(Job& job, int i, absl::Time at) {
+  RecoveryIncident* in = OpenOne(job);
+  if (in == nullptr || Boundary(*in, i) != 0) return std::nullopt;
+  int64_t value = absl::ToUnixMicros(at);
+  for (int b = 0; b < i; ++b) value = std::max(value, Boundary(*in, b));
+  SetBoundary(*in, i, value);
+  for (int b = i + 1; b < kBoundaries; ++b) {
+    if (Boundary(*in, b) != 0 && Boundary(*in, b) < value) SetBoundary(*in, b, value);
+  }
   Recompute(*in);
+  if (!AllSet(*in)) return std::nullopt;
+  in->set_complete(true);
+  in->set_closed(true);
+  return *in;
 }
 
 }  // namespace
@@ -90,7 +101,7 @@ std::optional<RecoveryIncident> CloseIncident(Job& job, absl::Time at) {
   Recompute(*in);
   // Cut short: the time until now still counts in the total.
   int64_t last = in->cause_unix_us();
-  for (int b = 1; b < kBoundaries && Boundary(*in, b) != 0; ++b) last = Boundary(*in, b);
+  for (int b = 1; b < kBoundaries; ++b) last = std::max(last, Boundary(*in, b));
   in->set_total_seconds(
       static_cast<double>(std::max(last, absl::ToUnixMicros(at)) - in->cause_unix_us()) / 1e6);
   return *in;
@@ -117,25 +128,22 @@ std::optional<RecoveryIncident> OpenIncident(Job& job, const std::string& kind, 
   return cut;
 }
 
-void MarkStopped(Job& job, absl::Time at) { Mark(job, 2, at); }
-void MarkPlaced(Job& job, absl::Time at) { Mark(job, 3, at); }
-void MarkReady(Job& job, absl::Time at) { Mark(job, 4, at); }
-void MarkResumed(Job& job, absl::Time at) { Mark(job, 5, at); }
+std::optional<RecoveryIncident> MarkStopped(Job& job, absl::Time at) { return Mark(job, 2, at); }
+std::optional<RecoveryIncident> MarkPlaced(Job& job, absl::Time at) { return Mark(job, 3, at); }
+std::optional<RecoveryIncident> MarkReady(Job& job, absl::Time at) { return Mark(job, 4, at); }
+std::optional<RecoveryIncident> MarkResumed(Job& job, absl::Time at) { return Mark(job, 5, at); }
 
 std::optional<RecoveryIncident> MarkFirstStep(Job& job, absl::Time at, int64_t resumed_step) {
   RecoveryIncident* in = OpenOne(job);
   if (in == nullptr) return std::nullopt;
-  Mark(job, 6, at);
   in->set_resumed_step(resumed_step);
-  in->set_complete(true);
-  in->set_closed(true);
-  return *in;
+  return Mark(job, 6, at);
 }
 
 std::vector<std::pair<int, double>> MeasuredPhases(const RecoveryIncident& in) {
   std::vector<std::pair<int, double>> phases;
   for (int p = 0; p < kRecoveryPhaseCount; ++p) {
-    if (Boundary(in, p) == 0 || Boundary(in, p + 1) == 0) break;
+    if (Boundary(in, p) == 0 || Boundary(in, p + 1) == 0) continue;
     phases.emplace_back(p, static_cast<double>(Boundary(in, p + 1) - Boundary(in, p)) / 1e6);
   }
   return phases;

@@ -11,7 +11,10 @@
 //   placed -> ready          rendezvous (every rank joined)
 //   ready -> resumed         checkpoint load (every rank finished loading)
 //   resumed -> first step    first step (the new attempt's first step done)
-// so the phases sum to the whole recovery, cause -> first step.
+// so the phases sum to the whole recovery, cause -> first step. The last
+// three are the ranks' own times (their reports arrive in any order across
+// ranks, and late under load); a boundary earlier than one before it (clock
+// skew between machines) counts as that one.
 #pragma once
 
 #include <array>
@@ -44,14 +47,14 @@ std::optional<loom::v1::RecoveryIncident> OpenIncident(loom::v1::Job& job, const
                                                        const std::string& reason, absl::Time cause,
                                                        absl::Time declared);
 
-// The open incident's boundaries, each set once; a boundary that is reached
-// before an earlier one was seen (a trainer that does not report "resumed")
-// gives the missing phases zero length. No open incident: nothing happens.
-void MarkStopped(loom::v1::Job& job, absl::Time at);
-void MarkPlaced(loom::v1::Job& job, absl::Time at);
-void MarkReady(loom::v1::Job& job, absl::Time at);
-void MarkResumed(loom::v1::Job& job, absl::Time at);
-// The new attempt's first step: the incident is complete and returned.
+// The open incident's boundaries, each set once, in any order. When the last
+// of them is set the incident is complete: closed and returned. No open
+// incident: nothing happens.
+std::optional<loom::v1::RecoveryIncident> MarkStopped(loom::v1::Job& job, absl::Time at);
+std::optional<loom::v1::RecoveryIncident> MarkPlaced(loom::v1::Job& job, absl::Time at);
+std::optional<loom::v1::RecoveryIncident> MarkReady(loom::v1::Job& job, absl::Time at);
+std::optional<loom::v1::RecoveryIncident> MarkResumed(loom::v1::Job& job, absl::Time at);
+// The new attempt's first step, after resumed_step (the step it resumed after).
 std::optional<loom::v1::RecoveryIncident> MarkFirstStep(loom::v1::Job& job, absl::Time at,
                                                         int64_t resumed_step);
 // The job ended (or gave up) while an incident was open: it is closed

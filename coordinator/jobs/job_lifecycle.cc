@@ -46,13 +46,22 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (!HoldsDevices(job.state())) return;
   RankState& rank = record.ranks[progress.rank()];
   rank.last = progress;
-  rank.ready = true;
   const absl::Time now = absl::Now();
+  // A recovery's phases end at the ranks' own times: reports from different
+  // ranks arrive in any order, and late when the machine is busy.
+  const absl::Time sent =
+      progress.time_unix_us() > 0 ? absl::FromUnixMicros(progress.time_unix_us()) : now;
+  if (!rank.ready) {
+    rank.ready = true;
+    rank.ready_at = sent;
+  }
   if (record.hang) record.hang->Observe(progress, now);
   if (job.state() == JobState::STARTING &&
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankState& r) { return r.ready; })) {
-    MarkReady(job, now);
+    absl::Time all_ready = absl::InfinitePast();
+    for (const RankState& r : record.ranks) all_ready = std::max(all_ready, r.ready_at);
+    IncidentCompletedLocked(record, MarkReady(job, all_ready));
     GoodputTracker::Started(job, now);
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
@@ -60,9 +69,12 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   }
   if (progress.phase() == "resumed" && !rank.resumed) {
     rank.resumed = true;
+    rank.resumed_at = sent;
     if (std::all_of(record.ranks.begin(), record.ranks.end(),
                     [](const RankState& r) { return r.resumed; })) {
-      MarkResumed(job, now);
+      absl::Time all_resumed = absl::InfinitePast();
+      for (const RankState& r : record.ranks) all_resumed = std::max(all_resumed, r.resumed_at);
+      IncidentCompletedLocked(record, MarkResumed(job, all_resumed));
     }
   }
   // Only step reports move the job's progress; the others say where a rank is.
@@ -114,13 +126,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   record.steps.push_back(p);
   if (record.steps.size() > kWatchBacklogSteps) record.steps.pop_front();
   // Recovery ends with the new attempt's first step; goodput counts it.
-  bool incident_done = false;
-  if (new_attempt) {
-    std::optional<loom::v1::RecoveryIncident> done =
-        MarkFirstStep(job, now, progress.step() - 1);
-    incident_done = done.has_value();
-    ObserveIncidentLocked(done);
-  }
+  if (new_attempt) IncidentCompletedLocked(record, MarkFirstStep(job, sent, progress.step() - 1));
   record.goodput.OnStep(job, progress.step(), progress.step_seconds());
   const double goodput = GoodputTracker::Update(job, now);
   if (metrics_ != nullptr) {
@@ -140,7 +146,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   NotifyLocked(record, update);
   // Progress is soft state; persisting it at most once a second keeps the
   // database off the step path.
-  if (incident_done || now - record.last_persist > absl::Seconds(1)) PersistLocked(record);
+  if (now - record.last_persist > absl::Seconds(1)) PersistLocked(record);
 }
 
 void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit) {
@@ -281,6 +287,13 @@ void JobManager::ObserveIncidentLocked(
   }
 }
 
+void JobManager::IncidentCompletedLocked(
+    JobRecord& record, const std::optional<loom::v1::RecoveryIncident>& incident) {
+  if (!incident) return;
+  ObserveIncidentLocked(incident);
+  PersistLocked(record);
+}
+
 void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
                                      const std::string& reason, const std::string& node_id,
                                      int32_t rank, absl::Time cause) {
@@ -383,6 +396,11 @@ void JobManager::CheckHealth(absl::Time now) {
           absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
         reschedule = true;
       }
+      // Goodput falls while a job makes no steps (a recovery, a hang); steps
+      // update it too, this keeps the gauge current between them.
+      if (!IsTerminal(state) && record.job.first_running_unix_ms() != 0 && metrics_ != nullptr) {
+        metrics_->SetJobGoodput(id, record.job.name(), GoodputTracker::Update(record.job, now));
+      }
     }
     if (recovered_at_ != absl::InfinitePast() && now - recovered_at_ > options_.recovery_grace) {
       recovered_at_ = absl::InfinitePast();
@@ -457,7 +475,9 @@ void JobManager::KillRanksLocked(JobRecord& record) {
 
 void JobManager::FinishAttemptLocked(JobRecord& record) {
   // Every rank of the failed attempt is gone: the stopping phase ends.
-  if (record.job.state() == JobState::RESTARTING) MarkStopped(record.job, absl::Now());
+  if (record.job.state() == JobState::RESTARTING) {
+    IncidentCompletedLocked(record, MarkStopped(record.job, absl::Now()));
+  }
   if (!record.job.store_namespace().empty()) kv_->DropNamespace(record.job.store_namespace());
   record.job.clear_store_namespace();
 }

@@ -170,6 +170,10 @@ class JobManager {
     bool ready = false;
     bool exited = false;
     bool resumed = false;  // reported that its checkpoint load finished
+    // When the rank sent its first report and its "resumed" (its own clock):
+    // a recovery's rendezvous and checkpoint load end at the latest of them.
+    absl::Time ready_at;
+    absl::Time resumed_at;
     loom::v1::RankProgress last;
   };
   struct JobRecord {
@@ -254,6 +258,10 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a closed incident's measured phases in the recovery histogram.
   void ObserveIncidentLocked(const std::optional<loom::v1::RecoveryIncident>& incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An incident the last event completed: counted and persisted at once.
+  void IncidentCompletedLocked(JobRecord& record,
+                               const std::optional<loom::v1::RecoveryIncident>& incident)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillRanksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -17,7 +17,7 @@ TEST(RecoveryAccountingTest, PhasesLieBetweenConsecutiveEventsAndSumToTheRecover
   MarkStopped(job, At(1.25));
   MarkPlaced(job, At(3.25));
   MarkReady(job, At(3.75));
-  MarkResumed(job, At(4.0));
+  EXPECT_FALSE(MarkResumed(job, At(4.0)).has_value());
   std::optional<loom::v1::RecoveryIncident> done = MarkFirstStep(job, At(4.5), 6);
   ASSERT_TRUE(done.has_value());
   ASSERT_EQ(job.incidents_size(), 1);
@@ -52,20 +52,61 @@ TEST(RecoveryAccountingTest, EventsWithoutAnOpenIncidentChangeNothing) {
   EXPECT_EQ(job.incidents_size(), 0);
 }
 
-TEST(RecoveryAccountingTest, AMissingBoundaryGivesItsPhaseZeroLength) {
-  // A trainer that never reports "resumed": the first step holds the load.
+TEST(RecoveryAccountingTest, TheRanksReportsMayArriveInAnyOrder) {
+  // Rank 0's first step arrives before a slower rank's ready and resumed
+  // reports: the incident completes with the last of them.
   loom::v1::Job job;
   OpenIncident(job, "hang", 1, "n1", "hang", At(0), At(4));
-  MarkStopped(job, At(6));
-  MarkPlaced(job, At(7));
-  MarkReady(job, At(8));
-  MarkFirstStep(job, At(9), 4);
-  const loom::v1::RecoveryIncident& in = job.incidents(0);
-  EXPECT_DOUBLE_EQ(in.detection_seconds(), 4);
-  EXPECT_DOUBLE_EQ(in.checkpoint_load_seconds(), 0);
-  EXPECT_DOUBLE_EQ(in.first_step_seconds(), 1);
-  EXPECT_DOUBLE_EQ(in.total_seconds(), 9);
-  EXPECT_EQ(MeasuredPhases(in).size(), 6u);
+  EXPECT_FALSE(MarkStopped(job, At(6)).has_value());
+  EXPECT_FALSE(MarkPlaced(job, At(7)).has_value());
+  EXPECT_FALSE(MarkFirstStep(job, At(9), 4).has_value());
+  EXPECT_FALSE(job.incidents(0).closed());
+  EXPECT_DOUBLE_EQ(job.incidents(0).total_seconds(), 9);
+  EXPECT_FALSE(MarkResumed(job, At(8.5)).has_value());
+  std::optional<loom::v1::RecoveryIncident> done = MarkReady(job, At(8));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->complete());
+  EXPECT_DOUBLE_EQ(done->detection_seconds(), 4);
+  EXPECT_DOUBLE_EQ(done->rendezvous_seconds(), 1);
+  EXPECT_DOUBLE_EQ(done->checkpoint_load_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(done->first_step_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(done->total_seconds(), 9);
+  EXPECT_EQ(MeasuredPhases(*done).size(), 6u);
+}
+
+TEST(RecoveryAccountingTest, AnIncidentMissingABoundaryClosesIncomplete) {
+  // Ranks that never report "resumed": the job's end closes it.
+  loom::v1::Job job;
+  OpenIncident(job, "crash", 1, "n1", "x", At(0), At(1));
+  MarkStopped(job, At(2));
+  MarkPlaced(job, At(3));
+  MarkReady(job, At(4));
+  EXPECT_FALSE(MarkFirstStep(job, At(5), 0).has_value());
+  std::optional<loom::v1::RecoveryIncident> closed = CloseIncident(job, At(20));
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_FALSE(closed->complete());
+  EXPECT_DOUBLE_EQ(closed->total_seconds(), 20);
+  // Every phase but the two around the missing boundary.
+  std::vector<std::pair<int, double>> phases = MeasuredPhases(*closed);
+  ASSERT_EQ(phases.size(), 4u);
+  EXPECT_EQ(phases.back().first, 3);  // rendezvous
+}
+
+TEST(RecoveryAccountingTest, BoundariesFromSkewedClocksStayInOrder) {
+  loom::v1::Job job;
+  OpenIncident(job, "crash", 0, "n1", "x", At(0), At(1));
+  MarkStopped(job, At(2));
+  MarkPlaced(job, At(3));
+  MarkFirstStep(job, At(3.5), 0);   // a rank clock behind the coordinator's
+  MarkReady(job, At(3.8));          // raises the first step to itself
+  std::optional<loom::v1::RecoveryIncident> done = MarkResumed(job, At(3.6));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_DOUBLE_EQ(done->checkpoint_load_seconds(), 0);
+  EXPECT_DOUBLE_EQ(done->first_step_seconds(), 0);
+  EXPECT_DOUBLE_EQ(done->total_seconds(), 3.8);
+  double sum = 0;
+  for (const auto& [phase, seconds] : MeasuredPhases(*done)) sum += seconds;
+  EXPECT_DOUBLE_EQ(sum, done->total_seconds());
 }
 
 TEST(RecoveryAccountingTest, EachBoundaryIsSetOnceAndTimeNeverRunsBackwards) {
