@@ -9,7 +9,7 @@ import os
 import sys
 import unittest
 
-from loom_cluster import BUILD, Cluster, tiny_job
+from loom_cluster import BUILD, Cluster, tiny_job, wait_until
 from test_fault_tolerance import Watch
 
 sys.path.insert(0, os.path.join(BUILD, "python"))
@@ -30,7 +30,8 @@ class RecoveryAccounting(unittest.TestCase):
         # 6 are done twice.
         os.environ["LOOM_TEST_FAULT"] = "after_step@6#2"
         try:
-            c.start_coordinator()
+            # The ended job's series go 10 s after it ends (checked at the end).
+            c.start_coordinator(["--job_metrics_grace_s=10"])
             c.start_agent("node-a", "cpu:4")
         finally:
             del os.environ["LOOM_TEST_FAULT"]
@@ -78,7 +79,7 @@ class RecoveryAccounting(unittest.TestCase):
         for phase in PHASES:
             self.assertEqual(c.metric_value("loom_recovery_phase_seconds_count", phase=phase), 1.0,
                              phase)
-        # The ended job's series stay for the metrics grace (60 s).
+        # The ended job's series stay for the metrics grace.
         goodput = c.metric_value("loom_job_goodput", job=job_id)
         self.assertIsNotNone(goodput)
         self.assertGreater(goodput, 0)
@@ -89,6 +90,13 @@ class RecoveryAccounting(unittest.TestCase):
         # than all the steps reported.
         all_steps = sum(s["step_seconds"] for s in watch.steps)
         self.assertLess(job.counted_step_seconds, all_steps)
+
+        # The goodput series goes with the job's other series; the histogram,
+        # which has no job label, stays.
+        wait_until(lambda: c.metric_value("loom_job_step", job=job_id) is None, 60,
+                   "the ended job's series to go")
+        self.assertIsNone(c.metric_value("loom_job_goodput", job=job_id))
+        self.assertEqual(c.metric_value("loom_recovery_phase_seconds_count", phase="detection"), 1.0)
 
 
 if __name__ == "__main__":
