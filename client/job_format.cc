@@ -42,6 +42,35 @@ std::string LayoutText(const loom::v1::Layout& l) {
                          l.sequence_parallel() ? " sp" : "", l.recompute());
 }
 
+// One line per recovery: what failed where, each phase's seconds ("-" for a
+// phase not reached), and the total.
+std::string IncidentLine(const loom::v1::RecoveryIncident& in) {
+  std::string line = in.kind();
+  if (in.rank() >= 0) absl::StrAppend(&line, " rank ", in.rank());
+  if (!in.node_id().empty()) absl::StrAppend(&line, " node ", in.node_id());
+  absl::StrAppend(&line, " (attempt ", in.failed_attempt(), "):");
+  const struct {
+    const char* name;
+    int64_t from;
+    int64_t to;
+    double seconds;
+  } phases[] = {
+      {"detect", in.cause_unix_us(), in.declared_unix_us(), in.detection_seconds()},
+      {"stop", in.declared_unix_us(), in.stopped_unix_us(), in.stopping_seconds()},
+      {"place", in.stopped_unix_us(), in.placed_unix_us(), in.placement_seconds()},
+      {"rendezvous", in.placed_unix_us(), in.ready_unix_us(), in.rendezvous_seconds()},
+      {"load", in.ready_unix_us(), in.resumed_unix_us(), in.checkpoint_load_seconds()},
+      {"first-step", in.resumed_unix_us(), in.first_step_unix_us(), in.first_step_seconds()},
+  };
+  for (const auto& p : phases) {
+    absl::StrAppend(&line, " ", p.name, " ",
+                    p.from != 0 && p.to != 0 ? absl::StrFormat("%.2fs", p.seconds) : "-");
+  }
+  absl::StrAppend(&line, absl::StrFormat(" total %.2fs", in.total_seconds()));
+  if (!in.complete()) absl::StrAppend(&line, in.closed() ? " (cut short)" : " (in progress)");
+  return line;
+}
+
 }  // namespace
 
 std::string FormatJobTable(const std::vector<loom::v1::Job>& jobs) {
@@ -74,6 +103,14 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
   if (!job.failure_reason().empty()) absl::StrAppend(&out, "failure:   ", job.failure_reason(), "\n");
   if (!job.last_diagnosis().empty() && job.last_diagnosis() != job.failure_reason()) {
     absl::StrAppend(&out, "diagnosis: ", job.last_diagnosis(), "\n");
+  }
+  if (job.first_running_unix_ms() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("goodput:   %.3f (%s of steps that counted)\n",
+                                          job.goodput(), Duration(job.counted_step_seconds())));
+  }
+  if (job.incidents_size() > 0) {
+    absl::StrAppend(&out, "recoveries:\n");
+    for (const auto& in : job.incidents()) absl::StrAppend(&out, "  ", IncidentLine(in), "\n");
   }
   if (job.placement_size() > 0) {
     absl::StrAppend(&out, "placement:\n");

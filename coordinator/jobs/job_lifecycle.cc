@@ -46,14 +46,36 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (!HoldsDevices(job.state())) return;
   RankState& rank = record.ranks[progress.rank()];
   rank.last = progress;
-  rank.ready = true;
-  if (record.hang) record.hang->Observe(progress, absl::Now());
+  const absl::Time now = absl::Now();
+  // A recovery's phases end at the ranks' own times: reports from different
+  // ranks arrive in any order, and late when the machine is busy.
+  const absl::Time sent =
+      progress.time_unix_us() > 0 ? absl::FromUnixMicros(progress.time_unix_us()) : now;
+  if (!rank.ready) {
+    rank.ready = true;
+    rank.ready_at = sent;
+  }
+  if (record.hang) record.hang->Observe(progress, now);
   if (job.state() == JobState::STARTING &&
       std::all_of(record.ranks.begin(), record.ranks.end(),
                   [](const RankState& r) { return r.ready; })) {
+    absl::Time all_ready = absl::InfinitePast();
+    for (const RankState& r : record.ranks) all_ready = std::max(all_ready, r.ready_at);
+    IncidentCompletedLocked(record, MarkReady(job, all_ready));
+    GoodputTracker::Started(job, now);
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
                                   job.attempt()));
+  }
+  if (progress.phase() == "resumed" && !rank.resumed) {
+    rank.resumed = true;
+    rank.resumed_at = sent;
+    if (std::all_of(record.ranks.begin(), record.ranks.end(),
+                    [](const RankState& r) { return r.resumed; })) {
+      absl::Time all_resumed = absl::InfinitePast();
+      for (const RankState& r : record.ranks) all_resumed = std::max(all_resumed, r.resumed_at);
+      IncidentCompletedLocked(record, MarkResumed(job, all_resumed));
+    }
   }
   // Only step reports move the job's progress; the others say where a rank is.
   if (progress.phase() != "step" || progress.step() <= 0) return;
@@ -103,6 +125,10 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   p.set_time_unix_ms(progress.time_unix_ms());
   record.steps.push_back(p);
   if (record.steps.size() > kWatchBacklogSteps) record.steps.pop_front();
+  // Recovery ends with the new attempt's first step; goodput counts it.
+  if (new_attempt) IncidentCompletedLocked(record, MarkFirstStep(job, sent, progress.step() - 1));
+  record.goodput.OnStep(job, progress.step(), progress.step_seconds());
+  const double goodput = GoodputTracker::Update(job, now);
   if (metrics_ != nullptr) {
     metrics_->SetJobProgress(job.id(), job.name(),
                              {.step = static_cast<double>(p.step()),
@@ -112,6 +138,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
                               .mfu = mfu},
                              static_cast<double>(p.tokens()));
     if (p.has_val_loss()) metrics_->SetJobValLoss(job.id(), job.name(), p.val_loss());
+    metrics_->SetJobGoodput(job.id(), job.name(), goodput);
   }
   loom::v1::WatchJobResponse update;
   *update.mutable_job() = WatchView(job);
@@ -119,7 +146,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   NotifyLocked(record, update);
   // Progress is soft state; persisting it at most once a second keeps the
   // database off the step path.
-  if (absl::Now() - record.last_persist > absl::Seconds(1)) PersistLocked(record);
+  if (now - record.last_persist > absl::Seconds(1)) PersistLocked(record);
 }
 
 void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit) {
@@ -169,10 +196,18 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   const FailureKind kind = exit.signal() == 0 && exit.exit_code() == kExitJobBroken
                                ? FailureKind::kJobBroken
                                : FailureKind::kCrash;
-  HandleFailureLocked(record, kind, reason, node_id);
+  // The agent says when it saw the exit; an agent that does not, or an exit
+  // found missing at a heartbeat, starts the incident now.
+  const absl::Time cause =
+      exit.exited_unix_us() > 0 ? absl::FromUnixMicros(exit.exited_unix_us()) : absl::Now();
+  HandleFailureLocked(record, kind, reason, node_id, exit.rank(), cause);
 }
 
 void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) {
+  // The node's failure began at its last heartbeat (for a session that
+  // ended, that is about when it ended).
+  std::optional<NodeInfo> info = nodes_->Get(node_id);
+  const absl::Time cause = info && info->last_seen != absl::Time() ? info->last_seen : absl::Now();
   absl::MutexLock lock(&mu_);
   for (const std::string& id : order_) {
     JobRecord& record = jobs_.at(id);
@@ -195,7 +230,7 @@ void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) 
     }
     HandleFailureLocked(record, FailureKind::kNodeLost,
                         absl::StrCat("node ", node_id, " was lost (", why, ")"),
-                        node_id);
+                        node_id, /*rank=*/-1, cause);
   }
   ScheduleLocked();
 }
@@ -244,9 +279,27 @@ void JobManager::OnNodeHeartbeat(const std::string& node_id, const loom::v1::Hea
   for (const auto& exit : vanished) OnRankExited(node_id, exit);
 }
 
+void JobManager::ObserveIncidentLocked(
+    const std::optional<loom::v1::RecoveryIncident>& incident) {
+  if (!incident || metrics_ == nullptr) return;
+  for (const auto& [phase, seconds] : MeasuredPhases(*incident)) {
+    metrics_->ObserveRecoveryPhase(kRecoveryPhaseNames[phase], seconds);
+  }
+}
+
+void JobManager::IncidentCompletedLocked(
+    JobRecord& record, const std::optional<loom::v1::RecoveryIncident>& incident) {
+  if (!incident) return;
+  ObserveIncidentLocked(incident);
+  PersistLocked(record);
+}
+
 void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
-                                     const std::string& reason, const std::string& node_id) {
+                                     const std::string& reason, const std::string& node_id,
+                                     int32_t rank, absl::Time cause) {
   Job& job = record.job;
+  const absl::Time now = absl::Now();
+  if (cause > now) cause = now;
   const spec::FaultToleranceSpec& ft = record.spec.fault_tolerance;
   job.set_last_diagnosis(reason);
   // A node that keeps failing this job is cordoned: no new ranks go there.
@@ -293,6 +346,13 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
         std::min(60.0, ft.restart_backoff_s * std::pow(2.0, std::max(0, used)));
     job.set_not_before_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Seconds(backoff)));
     if (metrics_ != nullptr) metrics_->CountRestart(job.id(), job.name());
+    // The recovery starts: its phases are accounted until the next attempt's
+    // first step (persisted with the transition below).
+    const char* incident_kind = kind == FailureKind::kCrash  ? "crash"
+                                : kind == FailureKind::kHang ? "hang"
+                                                             : "node_lost";
+    ObserveIncidentLocked(
+        OpenIncident(job, incident_kind, rank, node_id, reason, cause, now));
     TransitionLocked(record, JobState::RESTARTING,
                      absl::StrCat(what, " restart ", used + 1, " of ", budget, ": ", reason));
     KillRanksLocked(record);
@@ -326,14 +386,20 @@ void JobManager::CheckHealth(absl::Time now) {
           if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
             node = record.job.placement(hang->culprit_rank).node_id();
           }
+          // The hang began when progress stopped.
           HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
-                              node);
+                              node, hang->culprit_rank, now - hang->stalled_for);
           reschedule = true;
         }
       }
       if (state == JobState::RESTARTING &&
           absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
         reschedule = true;
+      }
+      // Goodput falls while a job makes no steps (a recovery, a hang); steps
+      // update it too, this keeps the gauge current between them.
+      if (!IsTerminal(state) && record.job.first_running_unix_ms() != 0 && metrics_ != nullptr) {
+        metrics_->SetJobGoodput(id, record.job.name(), GoodputTracker::Update(record.job, now));
       }
     }
     if (recovered_at_ != absl::InfinitePast() && now - recovered_at_ > options_.recovery_grace) {
@@ -408,6 +474,10 @@ void JobManager::KillRanksLocked(JobRecord& record) {
 }
 
 void JobManager::FinishAttemptLocked(JobRecord& record) {
+  // Every rank of the failed attempt is gone: the stopping phase ends.
+  if (record.job.state() == JobState::RESTARTING) {
+    IncidentCompletedLocked(record, MarkStopped(record.job, absl::Now()));
+  }
   if (!record.job.store_namespace().empty()) kv_->DropNamespace(record.job.store_namespace());
   record.job.clear_store_namespace();
 }

@@ -42,6 +42,7 @@ Job Summary(const Job& job) {
   summary.clear_resolved_spec_yaml();
   summary.clear_placement();
   summary.clear_history();
+  summary.clear_incidents();
   summary.clear_store_namespace();
   if (job.history_size() > 0) *summary.add_history() = job.history(job.history_size() - 1);
   return summary;
@@ -305,7 +306,15 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
   if (to == JobState::FAILED) job.set_failure_reason(message);
   // An ended job's series leave the scrape after a grace (its history stays
   // in GetJob), so series do not pile up over jobs.
-  if (IsTerminal(to)) record.drop_metrics_at = absl::Now() + options_.job_metrics_grace;
+  if (IsTerminal(to)) {
+    record.drop_metrics_at = absl::Now() + options_.job_metrics_grace;
+    // A recovery the job's end cut short; the goodput over its whole run.
+    ObserveIncidentLocked(CloseIncident(job, absl::Now()));
+    const double goodput = GoodputTracker::Update(job, absl::Now());
+    if (metrics_ != nullptr && job.first_running_unix_ms() != 0) {
+      metrics_->SetJobGoodput(job.id(), job.name(), goodput);
+    }
+  }
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
                loom::v1::JobState_Name(to).c_str(), job.attempt(), message.c_str());
   PersistLocked(record);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/health/hang_detector.h"
+#include "coordinator/health/recovery_accounting.h"
 #include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
@@ -167,6 +169,11 @@ class JobManager {
   struct RankState {
     bool ready = false;
     bool exited = false;
+    bool resumed = false;  // reported that its checkpoint load finished
+    // When the rank sent its first report and its "resumed" (its own clock):
+    // a recovery's rendezvous and checkpoint load end at the latest of them.
+    absl::Time ready_at;
+    absl::Time resumed_at;
     loom::v1::RankProgress last;
   };
   struct JobRecord {
@@ -182,6 +189,7 @@ class JobManager {
     int64_t sequence = 0;  // the number in the job's id: ListJobs pages by it
     double peak_flops = 0;  // sum over the current placement (for MFU)
     absl::Time drop_metrics_at = absl::InfiniteFuture();  // set when the job ends
+    GoodputTracker goodput;  // the steps that counted
   };
   // What the scheduler copies out under the lock to place one job without it.
   struct PlacementSnapshot;
@@ -242,8 +250,19 @@ class JobManager {
   void ForgetLocked(const std::vector<std::string>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobMetricsLocked(const JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rank failed (exit, signal, lost node): restart within budget, or fail.
+  // rank: the one that failed or was blamed (-1: a whole node); cause: when
+  // the failure happened (the start of the incident's detection phase).
   void HandleFailureLocked(JobRecord& record, FailureKind kind, const std::string& reason,
-                           const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const std::string& node_id, int32_t rank = -1,
+                           absl::Time cause = absl::InfiniteFuture())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a closed incident's measured phases in the recovery histogram.
+  void ObserveIncidentLocked(const std::optional<loom::v1::RecoveryIncident>& incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An incident the last event completed: counted and persisted at once.
+  void IncidentCompletedLocked(JobRecord& record,
+                               const std::optional<loom::v1::RecoveryIncident>& incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KillRanksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -297,6 +297,8 @@ bool JobManager::CommitLocked(const PlacementSnapshot& snapshot, PlacementResult
   HangPolicy policy = options_.hang_policy;
   policy.fixed_timeout = absl::Seconds(record.spec.fault_tolerance.hang_timeout_s);
   record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
+  // A recovery's placement phase ends.
+  IncidentCompletedLocked(record, MarkPlaced(job, absl::Now()));
   TransitionLocked(record, JobState::STARTING,
                    absl::StrCat("attempt ", attempt, " placed on ", result.nodes_text));
   for (auto& a : result.assignments) {

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/health/recovery_accounting.h"
 
 namespace loom::coordinator {
 namespace {
@@ -46,7 +47,22 @@ CoordinatorMetrics::CoordinatorMetrics()
       job_restarts_(BuildCounter()
                         .Name("loom_job_restarts_total")
                         .Help("Restarts of a job")
-                        .Register(*registry_)) {}
+                        .Register(*registry_)),
+      job_goodput_(Gauge(*registry_, "loom_job_goodput",
+                         "Fraction of a job's wall time since it first ran spent in steps that "
+                         "counted (0-1)")),
+      recovery_phase_seconds_(prometheus::BuildHistogram()
+                                  .Name("loom_recovery_phase_seconds")
+                                  .Help("Duration of each phase of the recoveries from failures")
+                                  .Register(*registry_)) {
+  // Fixed buckets from a fast local restart to a slow placement; every phase
+  // exists from the start, so dashboards and alerts see zeros, not nothing.
+  const prometheus::Histogram::BucketBoundaries buckets = {0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                                           5,    10,  30,   60,  120, 300};
+  for (const char* phase : kRecoveryPhaseNames) {
+    recovery_phases_[phase] = &recovery_phase_seconds_.Add({{"phase", phase}}, buckets);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
     const std::string& listen) {
@@ -120,6 +136,18 @@ void CoordinatorMetrics::CountRestart(const std::string& job_id, const std::stri
   job_restarts_.Add({{"job", job_id}, {"job_name", job_name}}).Increment();
 }
 
+void CoordinatorMetrics::ObserveRecoveryPhase(const std::string& phase, double seconds) {
+  absl::MutexLock lock(&mu_);
+  auto it = recovery_phases_.find(phase);
+  if (it != recovery_phases_.end()) it->second->Observe(seconds);
+}
+
+void CoordinatorMetrics::SetJobGoodput(const std::string& job_id, const std::string& job_name,
+                                       double goodput) {
+  absl::MutexLock lock(&mu_);
+  job_goodput_.Add({{"job", job_id}, {"job_name", job_name}}).Set(goodput);
+}
+
 namespace {
 
 template <typename T>
@@ -134,7 +162,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
   absl::MutexLock lock(&mu_);
   const prometheus::Labels job = {{"job", job_id}, {"job_name", job_name}};
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
-                       &job_tokens_per_second_, &job_mfu_, &job_tokens_}) {
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_}) {
     RemoveSeries(*family, job);
   }
   RemoveSeries(job_restarts_, job);
@@ -152,7 +180,8 @@ size_t CoordinatorMetrics::JobSeriesCount() {
   absl::MutexLock lock(&mu_);
   size_t count = 0;
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
-                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &rank_step_, &rank_loss_,
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_,
+                       &rank_step_, &rank_loss_,
                        &rank_step_seconds_, &rank_tokens_per_second_, &rank_mfu_,
                        &rank_memory_bytes_}) {
     for (const auto& metric : family->Collect()) count += metric.metric.size();

@@ -13,6 +13,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
 namespace loom::coordinator {
@@ -40,6 +41,11 @@ class CoordinatorMetrics {
                       const ProgressSample& sample, double tokens);
   void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
   void CountRestart(const std::string& job_id, const std::string& job_name);
+  // One phase of a recovery (coordinator/health/recovery_accounting.h):
+  // loom_recovery_phase_seconds{phase}, no job label, so its series are six.
+  void ObserveRecoveryPhase(const std::string& phase, double seconds);
+  // loom_job_goodput: the fraction of the job's wall time in steps that counted.
+  void SetJobGoodput(const std::string& job_id, const std::string& job_name, double goodput);
   // Removes every series of a job and of its ranks 0..ranks-1: a job that
   // ended adds nothing to the scrape, so series do not pile up over jobs.
   void RemoveJob(const std::string& job_id, const std::string& job_name, int ranks);
@@ -75,6 +81,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_mfu_;
   prometheus::Family<prometheus::Gauge>& job_tokens_;
   prometheus::Family<prometheus::Counter>& job_restarts_;
+  prometheus::Family<prometheus::Gauge>& job_goodput_;
+  prometheus::Family<prometheus::Histogram>& recovery_phase_seconds_;
+  std::map<std::string, prometheus::Histogram*> recovery_phases_;  // by phase, made up front
 };
 
 }  // namespace loom::coordinator

@@ -107,6 +107,7 @@ TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
   EXPECT_EQ(ranks.RankDir("job-1", 2, 3), rank_dir);
   EXPECT_EQ(exited->exit_code(), 5);
   EXPECT_EQ(exited->signal(), 0);
+  EXPECT_GT(exited->exited_unix_us(), 0);  // where a crash's recovery starts
   EXPECT_EQ(exited->log_path(), rank_dir + "/log.txt");
   // The last 20 lines of the log, the earlier ones left out.
   EXPECT_EQ(exited->log_tail().find("line 9\n"), std::string::npos);

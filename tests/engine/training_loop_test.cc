@@ -215,7 +215,10 @@ TEST_F(TrainingLoopTest, NewestCheckpointCorruptFallsBack) {
   run.checkpoint_root = dir_ / "ckpt2";
   run.stop_after_step = 16;
   run.on_event = [&](const std::string& e) { events.push_back(e); };
+  std::vector<int64_t> resumed;  // once, when the load is over, before any step
+  run.on_resumed = [&](int64_t step) { resumed.push_back(step); };
   ASSERT_TRUE(RunTraining(*loop, run).ok());
+  EXPECT_EQ(resumed, std::vector<int64_t>{15});
   EXPECT_EQ(loop->step(), 16);
   ASSERT_GE(events.size(), 2u);
   EXPECT_THAT(events[0], HasSubstr("step_00000020/model-tp00-pp00.safetensors: size mismatch"));

@@ -5,6 +5,7 @@ failure to the first step of the next attempt (docs/fault_tolerance.md)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -52,6 +53,18 @@ class Watch:
 
     def losses(self, attempt):
         return {s["step"]: s["loss"] for s in self.steps if s["attempt"] == attempt}
+
+
+def incident_lines(status):
+    """The `recoveries:` lines of loomctl status (docs/fault_tolerance.md)."""
+    if "recoveries:\n" not in status:
+        return []
+    lines = []
+    for line in status.split("recoveries:\n", 1)[1].splitlines():
+        if not line.startswith("  "):
+            break  # the next section
+        lines.append(line.strip())
+    return lines
 
 
 def recovery_seconds(watch, failed_at):
@@ -137,7 +150,16 @@ class FaultTolerance(unittest.TestCase):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGCONT)
         self.assertEqual(watch.wait(), 0, c.status(job))
-        print(f"\nhang detected after {detected:.2f} s; recovery: {recovery_seconds(watch, failed_at):.2f} s")
+        # One complete recovery, blamed on rank 1; its detection phase runs
+        # from the last progress to the declaration: the 4 s timeout at least.
+        incidents = incident_lines(c.status(job))
+        self.assertEqual(len(incidents), 1, incidents)
+        found = re.match(r"hang rank 1 node node-a \(attempt 1\): detect (\d+\.\d+)s .* total [\d.]+s$",
+                         incidents[0])
+        self.assertIsNotNone(found, incidents[0])
+        self.assertGreaterEqual(float(found.group(1)), 3.99)
+        print(f"\nhang detected after {detected:.2f} s; recovery: {recovery_seconds(watch, failed_at):.2f} s"
+              f"\n  {incidents[0]}")
 
     def test_lost_node_job_moves_to_remaining_nodes(self):
         c = self.cluster
@@ -160,7 +182,10 @@ class FaultTolerance(unittest.TestCase):
         self.assertNotIn(victim, final_nodes)
         nodes = c.loomctl("nodes").stdout
         self.assertIn("LOST", [line.split()[2] for line in nodes.splitlines() if line.startswith(victim)])
-        print(f"\nrecovery (lost node): {recovery_seconds(watch, failed_at):.2f} s")
+        incidents = incident_lines(status)
+        self.assertEqual(len(incidents), 1, incidents)
+        self.assertRegex(incidents[0], rf"^node_lost node {victim} \(attempt 1\): detect [\d.]+s .* total [\d.]+s$")
+        print(f"\nrecovery (lost node): {recovery_seconds(watch, failed_at):.2f} s\n  {incidents[0]}")
 
     def test_coordinator_restart_mid_run_does_not_restart_the_job(self):
         c = self.cluster

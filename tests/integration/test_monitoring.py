@@ -2,9 +2,12 @@
 during a running job, as deploy/prometheus/prometheus.yml configures it
 (honor_labels, Loom's rules loaded): every query of the Grafana dashboard's
 panels returns data from it, the dashboard's job filter sees Loom's job ids,
-and the recording rules the alerts build on evaluate on the real series."""
+and the recording rules the alerts build on evaluate on the real series. A
+rank of the job crashes once (the LOOM_TEST_FAULT drill), so that the recovery
+panel plots a real recovery: a duration for every phase, and goodput."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,6 +22,10 @@ DASHBOARD = os.path.join(REPO, "deploy", "grafana", "loom-dashboard.json")
 RULES = [os.path.abspath(os.path.join(REPO, "deploy", "prometheus", "rules", f))
          for f in ("loom.rules.yml", "loom-site.rules.yml")]
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+RECOVERY_PANEL = "Recovery phases and goodput"
+PHASES = {"detection", "stopping", "placement", "rendezvous", "checkpoint_load", "first_step"}
 
 
 def dashboard_queries():
@@ -50,7 +57,8 @@ class Monitoring(unittest.TestCase):
         self.assertTrue(os.path.exists(PROMETHEUS), "prometheus is installed by scripts/install_deps.sh")
         c = self.cluster
         c.start_coordinator()
-        c.start_agent("node-a", "cpu:2")
+        # Rank 1 crashes once after step 5: one recovery, scraped as it happens.
+        c.start_agent("node-a", "cpu:2", env={**os.environ, "LOOM_TEST_FAULT": "after_step@5#1"})
         port = free_port()
         config = os.path.join(c.dir, "prometheus.yml")
         with open(config, "w") as f:
@@ -64,12 +72,30 @@ class Monitoring(unittest.TestCase):
                        check=True, capture_output=True)
         c._spawn([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={c.dir}/tsdb",
                   f"--web.listen-address=127.0.0.1:{port}"], "prometheus.log")
-        job = c.submit(tiny_job(steps=100000, ranks=2, eval_interval=5, ckpt_interval=0))
+        # Prometheus has seen the recovery histogram empty before the crash,
+        # so that increase() over the window sees the crash's observations.
+        wait_until(lambda: self.query(port, "loom_recovery_phase_seconds_count"), 60,
+                   "Prometheus to scrape the coordinator")
+        job = c.submit(tiny_job(steps=100000, ranks=2, eval_interval=5, ckpt_interval=0,
+                                max_restarts=1))
         wait_until(lambda: c.state(job) == "RUNNING", 60, "the job to run")
         for title, expr in dashboard_queries():
             with self.subTest(panel=title, expr=expr):
                 wait_until(lambda: self.query(port, expr), 60,
                            f"panel '{title}' query {expr} to return data\n" + c.log("prometheus.log")[-2000:])
+        # The recovery panel: after the crash every phase has a duration (not
+        # the NaN of an empty histogram) and the job's goodput is a fraction.
+        recovery = [expr for title, expr in dashboard_queries() if title == RECOVERY_PANEL]
+        self.assertEqual(len(recovery), 2, "the recovery panel plots phases and goodput")
+
+        def phases_plotted():
+            result = self.query(port, recovery[0]) or []
+            return {r["metric"].get("phase") for r in result
+                    if not math.isnan(float(r["value"][1]))} >= PHASES
+        wait_until(phases_plotted, 90, f"every recovery phase in {recovery[0]}")
+        goodput = self.query(port, recovery[1])
+        self.assertTrue(goodput)
+        self.assertTrue(0 <= float(goodput[0]["value"][1]) <= 1, goodput)
         # The dashboard's job variable (label_values(loom_job_step, job)) lists Loom job ids.
         self.assertTrue(self.query(port, f'loom_job_step{{job="{job}"}}'))
         for expr in ("loom:job_step_seconds:median6h", "loom:rank_memory:capacity_ratio",

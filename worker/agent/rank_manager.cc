@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/confine/path_resolve.h"
 #include "common/confine/path_rules.h"
 #include "common/exit_codes.h"
@@ -197,6 +198,8 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
     loom::v1::RankExited exited = exited_template;
     exited.set_exit_code(exit.exit_code);
     exited.set_signal(exit.signal);
+    // When the exit was seen: where the coordinator's incident begins.
+    exited.set_exited_unix_us(absl::ToUnixMicros(absl::Now()));
     exited.set_log_tail(ReadLogTail(exited.log_path(), 20));
     {
       absl::MutexLock lock(&mu_);

@@ -27,6 +27,7 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
       return loaded.status();
     }
   }
+  if (options.on_resumed) options.on_resumed(loop.step());
   const int64_t interval = loop.spec().checkpoint.interval;
   int64_t saved_step = loop.step();
   while (!loop.done()) {

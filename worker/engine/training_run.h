@@ -25,6 +25,9 @@ struct RunOptions {
   std::function<absl::Status(const StepProgress&)> on_step;
   // Human-readable events: resumed, refused checkpoints, checkpoints saved.
   std::function<void(const std::string&)> on_event;
+  // Called once before the first step, when loading the checkpoint is over
+  // (or there was none), with the step the run resumes after (0: the start).
+  std::function<void(int64_t)> on_resumed;
 };
 
 absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options);

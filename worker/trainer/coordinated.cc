@@ -176,6 +176,13 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   run.on_event = [&a](const std::string& message) {
     std::fprintf(stderr, "loom-trainer: rank %d: %s\n", a.rank(), message.c_str());
   };
+  // The coordinator times a recovery's checkpoint load by these reports.
+  run.on_resumed = [&reporter](int64_t step) {
+    loom::v1::RankProgress resumed;
+    resumed.set_phase("resumed");
+    resumed.set_resumed_step(step);
+    reporter.Report(resumed);
+  };
   run.on_step = [&reporter, &a, &board, &fault](const engine::StepProgress& p) {
     board.SetStep(p.step);
     (*fault)(p.step);

@@ -26,7 +26,9 @@ void ProgressReporter::Report(loom::v1::RankProgress progress) {
   progress.set_job_id(job_id_);
   progress.set_attempt(attempt_);
   progress.set_rank(rank_);
-  progress.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  const absl::Time now = absl::Now();
+  progress.set_time_unix_ms(absl::ToUnixMillis(now));
+  progress.set_time_unix_us(absl::ToUnixMicros(now));
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(progress));
 }

@@ -1,0 +1,103 @@
+"""Recovery, accounted (docs/fault_tolerance.md): a rank of a running job
+kills itself (the LOOM_TEST_FAULT drill); the job's status keeps one incident
+whose six phases were each measured and add up to the recovery the test saw
+from the outside, the coordinator's histogram counts every phase once, and
+the job's goodput lies strictly between 0 and 1 (the steps redone after the
+restart do not count)."""
+
+import os
+import sys
+import unittest
+
+from loom_cluster import BUILD, Cluster, tiny_job, wait_until
+from test_fault_tolerance import Watch
+
+sys.path.insert(0, os.path.join(BUILD, "python"))
+from loom.v1 import job_pb2, job_pb2_grpc  # noqa: E402
+
+PHASES = ["detection", "stopping", "placement", "rendezvous", "checkpoint_load", "first_step"]
+
+
+class RecoveryAccounting(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster(self.id().split(".")[-1])
+        self.addCleanup(self.cluster.stop)
+
+    def test_a_crash_is_one_incident_with_every_phase_measured(self):
+        c = self.cluster
+        # Rank 2 kills itself once step 6 is done (first attempt only); the
+        # checkpoint of step 4 is what attempt 2 resumes from, so steps 5 and
+        # 6 are done twice.
+        os.environ["LOOM_TEST_FAULT"] = "after_step@6#2"
+        try:
+            # The ended job's series go 10 s after it ends (checked at the end).
+            c.start_coordinator(["--job_metrics_grace_s=10"])
+            c.start_agent("node-a", "cpu:4")
+        finally:
+            del os.environ["LOOM_TEST_FAULT"]
+        spec = tiny_job(name="accounted", steps=16, ranks=4, eval_interval=0, ckpt_interval=4,
+                        max_restarts=2).replace("val_path: data/val.txt, ", "")
+        job_id = c.submit(spec, "accounted")
+        watch = Watch(c, job_id)
+        self.assertEqual(watch.wait(), 0, c.status(job_id))
+
+        # The recovery as seen from outside: the last step of attempt 1 (the
+        # crash follows it at once) to the first step of attempt 2.
+        first = [s for s in watch.steps if s["attempt"] == 1]
+        second = [s for s in watch.steps if s["attempt"] == 2]
+        self.assertTrue(first and second, watch.steps)
+        measured = (second[0]["time_unix_ms"] - max(s["time_unix_ms"] for s in first)) / 1000.0
+
+        channel = c.channel()
+        self.addCleanup(channel.close)
+        job = job_pb2_grpc.JobServiceStub(channel).GetJob(job_pb2.GetJobRequest(id=job_id),
+                                                          timeout=10)
+        self.assertEqual(len(job.incidents), 1, job.incidents)
+        incident = job.incidents[0]
+        self.assertEqual(incident.kind, "crash")
+        self.assertEqual(incident.failed_attempt, 1)
+        self.assertTrue(incident.complete and incident.closed)
+        self.assertEqual(incident.resumed_step, second[0]["step"] - 1)
+        phases = {p: getattr(incident, f"{p}_seconds") for p in PHASES}
+        for phase, seconds in phases.items():
+            self.assertGreater(seconds, 0, f"{phase}: {incident}")
+        self.assertAlmostEqual(sum(phases.values()), incident.total_seconds, delta=1e-3)
+        self.assertAlmostEqual(incident.total_seconds, measured, delta=max(0.5, 0.25 * measured),
+                               msg=f"incident {incident} vs measured {measured:.3f} s")
+        # The restart backoff (1 s) runs from the declaration: stopping and
+        # placement together last at least that long.
+        self.assertGreaterEqual(phases["stopping"] + phases["placement"], 0.999)
+        print(f"\nrecovery (crash): measured {measured:.2f} s, accounted "
+              + ", ".join(f"{p} {s:.3f}" for p, s in phases.items())
+              + f", total {incident.total_seconds:.2f} s; goodput {job.goodput:.3f}")
+
+        status = c.status(job_id)
+        self.assertIn("recoveries:", status)
+        self.assertRegex(status, r"crash rank \d node node-a \(attempt 1\): detect \d+\.\d\ds")
+        self.assertIn("goodput:", status)
+
+        for phase in PHASES:
+            self.assertEqual(c.metric_value("loom_recovery_phase_seconds_count", phase=phase), 1.0,
+                             phase)
+        # The ended job's series stay for the metrics grace.
+        goodput = c.metric_value("loom_job_goodput", job=job_id)
+        self.assertIsNotNone(goodput)
+        self.assertGreater(goodput, 0)
+        self.assertLess(goodput, 1)
+        self.assertGreater(job.goodput, 0)
+        self.assertLess(job.goodput, 1)
+        # Steps 5 and 6 were redone: the counted time is that of 16 steps, less
+        # than all the steps reported.
+        all_steps = sum(s["step_seconds"] for s in watch.steps)
+        self.assertLess(job.counted_step_seconds, all_steps)
+
+        # The goodput series goes with the job's other series; the histogram,
+        # which has no job label, stays.
+        wait_until(lambda: c.metric_value("loom_job_step", job=job_id) is None, 60,
+                   "the ended job's series to go")
+        self.assertIsNone(c.metric_value("loom_job_goodput", job=job_id))
+        self.assertEqual(c.metric_value("loom_recovery_phase_seconds_count", phase="detection"), 1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
