@@ -9,6 +9,7 @@
 #include "common/topology/schedule.h"
 #include "common/topology/instruction.h"
 #include "common/topology/stage_partition.h"
+#include "proto/group_members.h"
 
 namespace loom::coordinator {
 
@@ -28,7 +29,7 @@ namespace {
 void AddGroup(loom::v1::RankAssignment& a, const char* axis, const std::vector<int64_t>& ranks) {
   loom::v1::GroupMembers* group = a.add_groups();
   group->set_axis(axis);
-  for (int64_t r : ranks) group->add_ranks(static_cast<int32_t>(r));
+  proto::SetGroupMembers(ranks, group);
 }
 
 }  // namespace

@@ -46,11 +46,12 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (!HoldsDevices(job.state())) return;
   RankState& rank = record.ranks[progress.rank()];
   rank.last = progress;
-  rank.ready = true;
+  if (!rank.ready) {
+    rank.ready = true;
+    ++record.ranks_ready;
+  }
   if (record.hang) record.hang->Observe(progress, absl::Now());
-  if (job.state() == JobState::STARTING &&
-      std::all_of(record.ranks.begin(), record.ranks.end(),
-                  [](const RankState& r) { return r.ready; })) {
+  if (job.state() == JobState::STARTING && record.ranks_ready == record.ranks.size()) {
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
                                   job.attempt()));

@@ -173,6 +173,7 @@ class JobManager {
     loom::v1::Job job;
     spec::JobSpec spec;
     std::vector<RankState> ranks;
+    size_t ranks_ready = 0;  // of ranks: counted, not scanned, on every report
     std::map<int64_t, std::shared_ptr<WatchSink>> watchers;
     absl::Time last_persist = absl::InfinitePast();
     std::map<std::string, int> node_failures;  // this job's failures per node
