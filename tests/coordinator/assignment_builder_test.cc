@@ -3,6 +3,7 @@
 #include "coordinator/jobs/assignment_builder.h"
 
 #include "common/spec/job_spec_rules.h"
+#include "common/topology/mesh.h"
 #include "gtest/gtest.h"
 #include "proto/group_members.h"
 
@@ -115,6 +116,37 @@ TEST(AssignmentBuilder, LargeGroupsAreRuns) {
   EXPECT_EQ(std::vector<int>(tp.ranks().begin(), tp.ranks().end()), (std::vector<int>{2, 3}));
   EXPECT_EQ(proto::GroupMemberList(tp), (std::vector<int>{2, 3}));
   EXPECT_LT(r3.ByteSizeLong(), 1000u);
+}
+
+// Groups are built once per group and shared: every rank still gets exactly
+// the members the mesh gives it.
+TEST(AssignmentBuilder, SharedGroupsMatchTheMesh) {
+  spec::JobSpec s = Spec(12, 2, 2);
+  s.train.micro_batch_size = 1;
+  s.train.global_batch_size = 48;
+  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+                                     .nodes = {{.node_id = "a", .free_devices = 48, .device_ids = {}}},
+                                     .avoid = {}};
+  auto placement = topology::PlaceRanks(request);
+  ASSERT_TRUE(placement.ok());
+  auto assignments = BuildAssignments(s, *placement, AttemptContext{.job_id = "j"}, {});
+  ASSERT_TRUE(assignments.ok()) << assignments.status();
+  auto mesh = topology::RankMesh::Create(MeshShapeOf(s));
+  ASSERT_TRUE(mesh.ok());
+  for (const auto& a : *assignments) {
+    auto groups = mesh->GroupsOf(a.rank());
+    ASSERT_TRUE(groups.ok());
+    auto members = [&](const char* axis) { return proto::GroupMemberList(Group(a, axis)); };
+    auto ints = [](const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+    EXPECT_EQ(members("tp"), ints(groups->tp)) << a.rank();
+    EXPECT_EQ(members("dp"), ints(groups->dp)) << a.rank();
+    EXPECT_EQ(members("pp"), ints(groups->pp)) << a.rank();
+    EXPECT_EQ(members("dp_cp"), ints(groups->dp_cp)) << a.rank();
+    EXPECT_EQ(members("dp_ep_cp"), ints(groups->dp_ep_cp)) << a.rank();
+    EXPECT_EQ(members("tp_cp"), ints(groups->tp_cp)) << a.rank();
+    EXPECT_EQ(members("model"), ints(groups->model)) << a.rank();
+    EXPECT_EQ(a.groups_size(), 9);
+  }
 }
 
 TEST(GroupMembers, IrregularListsRoundTrip) {

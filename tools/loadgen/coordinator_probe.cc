@@ -84,12 +84,13 @@ void CoordinatorProbe::PollJobs() {
       loom::v1::Job job;
       const absl::Time start = absl::Now();
       grpc::Status status = stub_->GetJob(context.get(), request, &job);
+      LatencyRecorder& get_job = get_job_latency(steady_);
       if (status.ok()) {
-        get_job_.Record(absl::Now() - start);
+        get_job.Record(absl::Now() - start);
         absl::MutexLock lock(&mu_);
         last_ = std::move(job);
       } else {
-        get_job_.RecordFailure();
+        get_job.RecordFailure();
       }
     }
     absl::SleepFor(options_.get_job_interval);
@@ -114,19 +115,20 @@ void CoordinatorProbe::RunLists() {
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
     pid_t pid = 0;
+    LatencyRecorder& list = list_latency(steady_);
     const absl::Time start = absl::Now();
     if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
       posix_spawn_file_actions_destroy(&actions);
-      list_.RecordFailure();
+      list.RecordFailure();
       continue;
     }
     posix_spawn_file_actions_destroy(&actions);
     int status = 0;
     waitpid(pid, &status, 0);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      list_.Record(absl::Now() - start);
+      list.Record(absl::Now() - start);
     } else {
-      list_.RecordFailure();
+      list.RecordFailure();
     }
   }
 }

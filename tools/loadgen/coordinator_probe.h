@@ -46,8 +46,11 @@ class CoordinatorProbe {
   loom::v1::Job LastJob() const;
   int64_t max_rss_bytes() const { return max_rss_.load(); }
 
-  LatencyRecorder& get_job_latency() { return get_job_; }
-  LatencyRecorder& list_latency() { return list_; }
+  // Latencies are kept apart for the start (submit, placement, launch,
+  // rendezvous) and the steady state that follows Steady().
+  void Steady() { steady_ = true; }
+  LatencyRecorder& get_job_latency(bool steady) { return steady ? get_job_steady_ : get_job_; }
+  LatencyRecorder& list_latency(bool steady) { return steady ? list_steady_ : list_; }
 
  private:
   void PollJobs();
@@ -57,6 +60,9 @@ class CoordinatorProbe {
   std::unique_ptr<loom::v1::JobService::Stub> stub_;
   LatencyRecorder get_job_;
   LatencyRecorder list_;
+  LatencyRecorder get_job_steady_;
+  LatencyRecorder list_steady_;
+  std::atomic<bool> steady_{false};
   std::atomic<int64_t> max_rss_{0};
   std::atomic<bool> stop_{false};
   mutable absl::Mutex mu_;

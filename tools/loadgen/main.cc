@@ -243,6 +243,7 @@ int Run() {
   double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0;
   if (correct) {
     absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
+    probe.Steady();
     const int pid = probe_options.coordinator_pid;
     absl::StatusOr<ProcSample> before = pid > 0 ? SampleProcess(pid) : absl::StatusOr<ProcSample>();
     const int64_t reports_before = cluster.stats().reports_sent.load();
@@ -346,9 +347,11 @@ int Run() {
 
   std::printf("--- loom-loadgen: %d ranks (%d nodes x %d) ---\n", ranks, nodes, gpus);
   std::printf("submit to RUNNING:   %.2f s\n", to_running_s);
-  std::printf("GetJob latency:      %s\n", probe.get_job_latency().Summary().c_str());
-  std::printf("loomctl list:        %s\n", probe.list_latency().Summary().c_str());
-  std::printf("store calls:         %s\n", stats.store_latency.Summary().c_str());
+  std::printf("GetJob, starting:    %s\n", probe.get_job_latency(false).Summary().c_str());
+  std::printf("GetJob, steady:      %s\n", probe.get_job_latency(true).Summary().c_str());
+  std::printf("loomctl list, start: %s\n", probe.list_latency(false).Summary().c_str());
+  std::printf("loomctl list, steady:%s\n", probe.list_latency(true).Summary().c_str());
+  std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
   std::printf("reports:             %.0f /s (skipped while a write was in flight: %lld)\n",
               reports_per_s, static_cast<long long>(stats.reports_skipped.load()));
   if (probe_options.coordinator_pid > 0) {
@@ -367,12 +370,14 @@ int Run() {
   }
   // One line for scripts (tests/bench/scale).
   std::printf(
-      "RESULT ranks=%d running_s=%.2f getjob_p50_ms=%.1f getjob_p99_ms=%.1f list_p50_ms=%.1f "
-      "list_p99_ms=%.1f store_p99_ms=%.1f cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f "
-      "lost_nodes=%d hang_s=%.2f hang_timeout_s=%.1f named=%d correct=%d\n",
-      ranks, to_running_s, probe.get_job_latency().PercentileMs(0.5),
-      probe.get_job_latency().PercentileMs(0.99), probe.list_latency().PercentileMs(0.5),
-      probe.list_latency().PercentileMs(0.99), stats.store_latency.PercentileMs(0.99),
+      "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
+      "getjob_steady_p99_ms=%.1f list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
+      "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
+      "hang_timeout_s=%.1f named=%d correct=%d\n",
+      ranks, to_running_s, probe.get_job_latency(false).PercentileMs(0.99),
+      probe.get_job_latency(true).PercentileMs(0.5), probe.get_job_latency(true).PercentileMs(0.99),
+      probe.list_latency(false).PercentileMs(0.99), probe.list_latency(true).PercentileMs(0.99),
+      stats.store_latency.PercentileMs(0.99),
       cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
       lost_nodes, hang_after_s, hang_timeout_s, named, correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
