@@ -84,7 +84,7 @@ void CoordinatorProbe::PollJobs() {
       loom::v1::Job job;
       const absl::Time start = absl::Now();
       grpc::Status status = stub_->GetJob(context.get(), request, &job);
-      LatencyRecorder& get_job = get_job_latency(steady_);
+      LatencyRecorder& get_job = get_job_latency(phase_.load());
       if (status.ok()) {
         get_job.Record(absl::Now() - start);
         absl::MutexLock lock(&mu_);
@@ -115,7 +115,7 @@ void CoordinatorProbe::RunLists() {
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
     pid_t pid = 0;
-    LatencyRecorder& list = list_latency(steady_);
+    LatencyRecorder& list = list_latency(phase_.load());
     const absl::Time start = absl::Now();
     if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
       posix_spawn_file_actions_destroy(&actions);

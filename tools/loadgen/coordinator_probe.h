@@ -46,11 +46,12 @@ class CoordinatorProbe {
   loom::v1::Job LastJob() const;
   int64_t max_rss_bytes() const { return max_rss_.load(); }
 
-  // Latencies are kept apart for the start (submit, placement, launch,
-  // rendezvous) and the steady state that follows Steady().
-  void Steady() { steady_ = true; }
-  LatencyRecorder& get_job_latency(bool steady) { return steady ? get_job_steady_ : get_job_; }
-  LatencyRecorder& list_latency(bool steady) { return steady ? list_steady_ : list_; }
+  // Latencies are kept apart by phase: the start (submit, placement, launch,
+  // rendezvous), the steady state, and the end (a hang, the kills, exits).
+  enum Phase { kStart = 0, kSteady = 1, kEnd = 2 };
+  void SetPhase(Phase phase) { phase_ = phase; }
+  LatencyRecorder& get_job_latency(Phase phase) { return get_job_[phase]; }
+  LatencyRecorder& list_latency(Phase phase) { return list_[phase]; }
 
  private:
   void PollJobs();
@@ -58,11 +59,9 @@ class CoordinatorProbe {
 
   const ProbeOptions options_;
   std::unique_ptr<loom::v1::JobService::Stub> stub_;
-  LatencyRecorder get_job_;
-  LatencyRecorder list_;
-  LatencyRecorder get_job_steady_;
-  LatencyRecorder list_steady_;
-  std::atomic<bool> steady_{false};
+  LatencyRecorder get_job_[3];
+  LatencyRecorder list_[3];
+  std::atomic<Phase> phase_{kStart};
   std::atomic<int64_t> max_rss_{0};
   std::atomic<bool> stop_{false};
   mutable absl::Mutex mu_;

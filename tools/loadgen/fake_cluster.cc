@@ -516,7 +516,7 @@ FakeCluster::~FakeCluster() {
   for (auto& node : nodes_) node.release();
 }
 
-absl::Status FakeCluster::Start(absl::Duration timeout) {
+absl::Status FakeCluster::Create() {
   for (int i = 0; i < options_.nodes; ++i) {
     const std::string id = absl::StrFormat("%s-%05d", options_.node_prefix, i);
     std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -534,9 +534,13 @@ absl::Status FakeCluster::Start(absl::Duration timeout) {
     auto node = std::make_unique<FakeNode>(id, options_.gpus_per_node,
                                            rpc::MakeChannel(options_.coordinator, credentials),
                                            &shared_);
-    node->Start();
     nodes_.push_back(std::move(node));
   }
+  return absl::OkStatus();
+}
+
+absl::Status FakeCluster::Connect(absl::Duration timeout) {
+  for (auto& node : nodes_) node->Start();
   const absl::Time deadline = absl::Now() + timeout;
   while (stats_.sessions_registered.load() < options_.nodes) {
     if (absl::Now() > deadline) {

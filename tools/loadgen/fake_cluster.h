@@ -54,9 +54,10 @@ class FakeCluster {
   FakeCluster(ClusterOptions options, NodeCertFactory* certs);
   ~FakeCluster();
 
-  // Issues the certificates, opens every session and waits (up to timeout)
-  // until every node is registered.
-  absl::Status Start(absl::Duration timeout);
+  // Issues the certificates and creates the nodes (Tick may run from now on).
+  absl::Status Create();
+  // Opens every session and waits (up to timeout) until every node is registered.
+  absl::Status Connect(absl::Duration timeout);
 
   // One step of the 1 Hz schedule: call it every tick_interval with slice
   // 0..slices-1 in turn; it serves the nodes whose index % slices == slice

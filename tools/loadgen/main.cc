@@ -163,16 +163,12 @@ int Run() {
               address.c_str());
   std::fflush(stdout);
   const absl::Time start = absl::Now();
-  if (absl::Status s = cluster.Start(absl::Seconds(180)); !s.ok()) {
+  if (absl::Status s = cluster.Create(); !s.ok()) {
     std::fprintf(stderr, "loom-loadgen: %s\n", s.ToString().c_str());
-    cluster.Shutdown();
-    std::fflush(stdout);
-    std::_Exit(1);
+    return 1;
   }
-  std::printf("registered: %d nodes in %.1f s\n", nodes, absl::ToDoubleSeconds(absl::Now() - start));
-  std::fflush(stdout);
-
-  // The 1 Hz schedule, in 20 slices of 50 ms.
+  // The 1 Hz schedule, in 20 slices of 50 ms; it runs from the first
+  // registration on, as each real agent heartbeats once registered.
   std::atomic<bool> ticking{true};
   std::thread ticker([&] {
     constexpr int kSlices = 20;
@@ -183,6 +179,14 @@ int Run() {
       absl::SleepFor(next - absl::Now());
     }
   });
+  if (absl::Status s = cluster.Connect(absl::Seconds(180)); !s.ok()) {
+    std::fprintf(stderr, "loom-loadgen: %s\n", s.ToString().c_str());
+    cluster.Shutdown();
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  std::printf("registered: %d nodes in %.1f s\n", nodes, absl::ToDoubleSeconds(absl::Now() - start));
+  std::fflush(stdout);
 
   CoordinatorProbe probe(probe_options);
   auto job_stub = loom::v1::JobService::NewStub(admin);
@@ -243,7 +247,7 @@ int Run() {
   double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0;
   if (correct) {
     absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
-    probe.Steady();
+    probe.SetPhase(CoordinatorProbe::kSteady);
     const int pid = probe_options.coordinator_pid;
     absl::StatusOr<ProcSample> before = pid > 0 ? SampleProcess(pid) : absl::StatusOr<ProcSample>();
     const int64_t reports_before = cluster.stats().reports_sent.load();
@@ -254,6 +258,7 @@ int Run() {
       if (job.state() != loom::v1::RUNNING) break;
       absl::SleepFor(absl::Milliseconds(200));
     }
+    probe.SetPhase(CoordinatorProbe::kEnd);
     const double window_s = absl::ToDoubleSeconds(absl::Now() - window_start);
     const int64_t reports = cluster.stats().reports_sent.load() - reports_before;
     reports_per_s = static_cast<double>(reports) / window_s;
@@ -347,10 +352,13 @@ int Run() {
 
   std::printf("--- loom-loadgen: %d ranks (%d nodes x %d) ---\n", ranks, nodes, gpus);
   std::printf("submit to RUNNING:   %.2f s\n", to_running_s);
-  std::printf("GetJob, starting:    %s\n", probe.get_job_latency(false).Summary().c_str());
-  std::printf("GetJob, steady:      %s\n", probe.get_job_latency(true).Summary().c_str());
-  std::printf("loomctl list, start: %s\n", probe.list_latency(false).Summary().c_str());
-  std::printf("loomctl list, steady:%s\n", probe.list_latency(true).Summary().c_str());
+  using Probe = CoordinatorProbe;
+  std::printf("GetJob, start:       %s\n", probe.get_job_latency(Probe::kStart).Summary().c_str());
+  std::printf("GetJob, steady:      %s\n", probe.get_job_latency(Probe::kSteady).Summary().c_str());
+  std::printf("GetJob, end:         %s\n", probe.get_job_latency(Probe::kEnd).Summary().c_str());
+  std::printf("loomctl list, start: %s\n", probe.list_latency(Probe::kStart).Summary().c_str());
+  std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
+  std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
   std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
   std::printf("reports:             %.0f /s (skipped while a write was in flight: %lld)\n",
               reports_per_s, static_cast<long long>(stats.reports_skipped.load()));
@@ -374,9 +382,11 @@ int Run() {
       "getjob_steady_p99_ms=%.1f list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
       "hang_timeout_s=%.1f named=%d correct=%d\n",
-      ranks, to_running_s, probe.get_job_latency(false).PercentileMs(0.99),
-      probe.get_job_latency(true).PercentileMs(0.5), probe.get_job_latency(true).PercentileMs(0.99),
-      probe.list_latency(false).PercentileMs(0.99), probe.list_latency(true).PercentileMs(0.99),
+      ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
+      probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
+      probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
+      probe.list_latency(Probe::kStart).PercentileMs(0.99),
+      probe.list_latency(Probe::kSteady).PercentileMs(0.99),
       stats.store_latency.PercentileMs(0.99),
       cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
       lost_nodes, hang_after_s, hang_timeout_s, named, correct ? 1 : 0);
