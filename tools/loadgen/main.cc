@@ -347,8 +347,6 @@ int Run() {
     job_stub->CancelJob(context.get(), cancel, &cancelled);
   }
   absl::SleepFor(absl::Seconds(1));  // the kills and exits
-  ticking = false;
-  ticker.join();
 
   std::printf("--- loom-loadgen: %d ranks (%d nodes x %d) ---\n", ranks, nodes, gpus);
   std::printf("submit to RUNNING:   %.2f s\n", to_running_s);
@@ -392,7 +390,11 @@ int Run() {
       lost_nodes, hang_after_s, hang_timeout_s, named, correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
+  // Sessions end before heartbeats stop, so the coordinator sees agents
+  // leave rather than falling silent.
   cluster.Shutdown();
+  ticking = false;
+  ticker.join();
   // gRPC may still hold callbacks into the cluster; the process ends here.
   std::_Exit(correct ? 0 : 1);
 }
