@@ -355,7 +355,9 @@ void JobManager::CheckHealth(absl::Time now) {
                  node.c_str());
     OnNodeLost(node, "it did not reconnect after the coordinator restarted");
   }
-  // Outside the lock: one transaction however many expired.
+  // Outside the lock: one transaction however many expired, after their
+  // last records (long written: they ended a retention ago).
+  if (!expired.empty()) WaitPersisted();
   if (absl::Status s = store_->Delete(expired); !s.ok()) {
     std::fprintf(stderr, "could not delete %zu jobs past their retention: %s\n", expired.size(),
                  std::string(s.message()).c_str());
