@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -57,7 +58,16 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
     return !stopping_;
   }
 
+  // Starts the rendezvous once at (or after) start_at: real trainers take a
+  // while to start, so their first calls spread out (--rank_start_spread_s).
+  void set_start_at(absl::Time at) { start_at_ = at; }
+  void MaybeBegin(absl::Time now) {
+    if (begun_.load() || now < start_at_) return;
+    if (!begun_.exchange(true)) Begin();
+  }
+
   void Begin() {
+    begun_ = true;
     auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
     if (call == nullptr) return;
     call->request.set_store_namespace(a_.store_namespace());
@@ -290,6 +300,9 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
     return a;
   }
 
+  std::atomic<bool> begun_{false};
+  absl::Time start_at_ = absl::InfinitePast();
+
   loom::v1::RankService::Stub* const stub_;
   const RankAssignment a_;
   FakeCluster::Shared* const shared_;
@@ -364,7 +377,11 @@ class FakeNode final
       }
     }
     Send(std::move(beat));
-    for (FakeRank* rank : ranks) rank->Report();
+    const absl::Time now = absl::Now();
+    for (FakeRank* rank : ranks) {
+      rank->MaybeBegin(now);
+      rank->Report();
+    }
   }
 
   void Cancel() {
@@ -398,11 +415,16 @@ class FakeNode final
       shared_->stats->launches++;
       auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_);
       FakeRank* raw = rank.get();
+      const double spread = shared_->rank_start_spread_s;
+      if (spread > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        raw->set_start_at(absl::Now() + absl::Seconds(spread * uniform_(random_)));
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         ranks_.push_back(std::move(rank));
       }
-      raw->Begin();
+      if (spread <= 0) raw->Begin();
     } else if (in_.has_kill()) {
       shared_->stats->kills++;
       Kill(in_.kill());
@@ -413,6 +435,9 @@ class FakeNode final
   void OnWriteDone(bool ok) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (ok && out_.has_heartbeat()) {
+        shared_->stats->heartbeat_delay.Record(absl::Now() - out_queued_);
+      }
       if (!ok) {
         ended_ = true;
         writing_ = false;
@@ -423,7 +448,8 @@ class FakeNode final
         writing_ = false;
         return;
       }
-      out_ = std::move(outbox_.front());
+      out_ = std::move(outbox_.front().first);
+      out_queued_ = outbox_.front().second;
       outbox_.erase(outbox_.begin());
     }
     StartWrite(&out_);
@@ -444,11 +470,12 @@ class FakeNode final
       std::lock_guard<std::mutex> lock(mu_);
       if (ended_) return;
       if (writing_) {
-        outbox_.push_back(std::move(message));
+        outbox_.emplace_back(std::move(message), absl::Now());
         return;
       }
       writing_ = true;
       out_ = std::move(message);
+      out_queued_ = absl::Now();
     }
     StartWrite(&out_);
   }
@@ -493,9 +520,10 @@ class FakeNode final
   grpc::ClientContext context_;
   loom::v1::CoordinatorMessage in_;
   loom::v1::NodeMessage out_;
+  absl::Time out_queued_;  // when out_ was queued, for the heartbeat delay
 
   mutable std::mutex mu_;
-  std::vector<loom::v1::NodeMessage> outbox_;
+  std::vector<std::pair<loom::v1::NodeMessage, absl::Time>> outbox_;
   std::vector<std::unique_ptr<FakeRank>> ranks_;
   bool writing_ = false;
   bool registered_ = false;
@@ -503,11 +531,14 @@ class FakeNode final
   bool done_ = false;
   bool hold_released_ = false;
   int64_t seq_ = 0;
+  std::mt19937 random_{std::random_device{}()};
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
 };
 
 FakeCluster::FakeCluster(ClusterOptions options, NodeCertFactory* certs)
     : options_(std::move(options)), certs_(certs) {
   shared_.stats = &stats_;
+  shared_.rank_start_spread_s = options_.rank_start_spread_s;
 }
 
 // The nodes and ranks are left to the process's exit: gRPC may still hold

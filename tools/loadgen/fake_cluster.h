@@ -31,6 +31,9 @@ struct ClusterOptions {
   int gpus_per_node = 8;
   std::string node_prefix = "lg";  // node ids are <prefix>-<index>
   bool insecure = false;           // plaintext (a coordinator started with --insecure)
+  // Each rank starts its rendezvous at a uniformly random moment this long
+  // after its launch (on the 1 Hz tick); 0: at once, all in one burst.
+  double rank_start_spread_s = 0;
 };
 
 // Counters every callback updates; read by the driver for its report.
@@ -45,6 +48,9 @@ struct ClusterStats {
   std::atomic<int64_t> streams_failed{0};   // a progress stream ended with an error
   std::atomic<int64_t> rendezvous_failed{0};
   LatencyRecorder store_latency;  // StoreSet / StoreAdd / StoreGet without wait
+  // From queueing a heartbeat to gRPC taking it: when this nears the node
+  // timeout, loadgen itself (not the coordinator) is what lags.
+  LatencyRecorder heartbeat_delay;
 };
 
 class FakeNode;
@@ -79,6 +85,7 @@ class FakeCluster {
   // Shared by the nodes and ranks (read-only after Start).
   struct Shared {
     ClusterStats* stats;
+    double rank_start_spread_s = 0;
     std::atomic<int> stopped_rank{-1};
     std::atomic<int64_t> stopped_at_ms{0};
     std::atomic<bool> shutting_down{false};

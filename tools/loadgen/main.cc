@@ -36,6 +36,9 @@ ABSL_FLAG(bool, insecure, false, "plaintext, for a coordinator started with --in
 ABSL_FLAG(int32_t, nodes, 8, "fake node agents");
 ABSL_FLAG(int32_t, gpus_per_node, 8, "devices (and ranks) per node");
 ABSL_FLAG(std::string, node_prefix, "lg", "node ids are PREFIX-00000, PREFIX-00001, ...");
+ABSL_FLAG(double, rank_start_spread_s, 0,
+          "ranks start their rendezvous at random within this many seconds of their launch, as "
+          "real trainers take a while to start (0: all at once)");
 ABSL_FLAG(double, run_s, 30, "seconds of steady reporting after the job is RUNNING");
 ABSL_FLAG(int32_t, stop_rank, -1, "after run_s, this rank stops reporting (-1: none)");
 ABSL_FLAG(double, hang_wait_s, 60, "how long to wait for the hang of --stop_rank");
@@ -157,7 +160,8 @@ int Run() {
                                  .nodes = nodes,
                                  .gpus_per_node = gpus,
                                  .node_prefix = absl::GetFlag(FLAGS_node_prefix),
-                                 .insecure = insecure};
+                                 .insecure = insecure,
+                                 .rank_start_spread_s = absl::GetFlag(FLAGS_rank_start_spread_s)};
   FakeCluster cluster(cluster_options, certs.get());
   std::printf("loom-loadgen: %d nodes x %d devices = %d ranks against %s\n", nodes, gpus, ranks,
               address.c_str());
@@ -358,6 +362,7 @@ int Run() {
   std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
   std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
   std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
+  std::printf("heartbeat send delay:%s\n", stats.heartbeat_delay.Summary().c_str());
   std::printf("reports:             %.0f /s (skipped while a write was in flight: %lld)\n",
               reports_per_s, static_cast<long long>(stats.reports_skipped.load()));
   if (probe_options.coordinator_pid > 0) {

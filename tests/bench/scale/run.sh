@@ -5,7 +5,9 @@
 # docs/scale.md records its results and how to read them.
 #
 #   tests/bench/scale/run.sh [--build=DIR] [--ranks=1024,4096,16384] [--run_s=30]
-#                            [--perf] [--out=DIR] [-- extra coordinator flags]
+#                            [--spread_s=S] [--perf] [--out=DIR] [-- extra coordinator flags]
+# --spread_s: ranks start their rendezvous at random within S seconds of
+# their launch (loom-loadgen --rank_start_spread_s; default 0: one burst).
 # --perf: records `perf record -g` of the coordinator during each run into
 # OUT/perf-RANKS.data (Debian's linux-perf).
 set -euo pipefail
@@ -15,6 +17,7 @@ root="$(cd "$here/../../.." && pwd)"
 build="$root/build"
 sizes="1024,4096,16384"
 run_s=30
+spread_s=0
 perf=0
 out=""
 extra=()
@@ -23,10 +26,11 @@ while [ $# -gt 0 ]; do
     --build=*) build="${1#*=}" ;;
     --ranks=*) sizes="${1#*=}" ;;
     --run_s=*) run_s="${1#*=}" ;;
+    --spread_s=*) spread_s="${1#*=}" ;;
     --perf) perf=1 ;;
     --out=*) out="${1#*=}" ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "usage: $0 [--build=DIR] [--ranks=N,...] [--run_s=S] [--perf] [--out=DIR] [-- coordinator flags]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--build=DIR] [--ranks=N,...] [--run_s=S] [--spread_s=S] [--perf] [--out=DIR] [-- coordinator flags]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -67,6 +71,7 @@ for ranks in "${counts[@]}"; do
   fi
   "$bin/loom-loadgen" --coordinator="127.0.0.1:$port" --ca_dir="$work/certs/ca" \
     --nodes="$nodes" --gpus_per_node=8 --run_s="$run_s" --stop_rank=$(( ranks / 2 + 3 )) \
+    --rank_start_spread_s="$spread_s" \
     --coordinator_pid="$coordinator" > "$out/loadgen-$ranks.log" 2>&1 || true
   [ -n "$perf_pid" ] && { kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true; }
   kill "$coordinator" 2>/dev/null || true
