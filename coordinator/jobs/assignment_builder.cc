@@ -1,6 +1,8 @@
 #include "coordinator/jobs/assignment_builder.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -9,6 +11,7 @@
 #include "common/topology/schedule.h"
 #include "common/topology/instruction.h"
 #include "common/topology/stage_partition.h"
+#include "proto/group_members.h"
 
 namespace loom::coordinator {
 
@@ -25,11 +28,22 @@ std::string NewStoreNamespace(const std::string& job_id, int32_t attempt) {
 
 namespace {
 
-void AddGroup(loom::v1::RankAssignment& a, const char* axis, const std::vector<int64_t>& ranks) {
-  loom::v1::GroupMembers* group = a.add_groups();
-  group->set_axis(axis);
-  for (int64_t r : ranks) group->add_ranks(static_cast<int32_t>(r));
-}
+// The groups of every assignment, in this order (topology::RankGroups).
+struct GroupKind {
+  const char* axis;
+  topology::AxisSet axes;
+};
+const GroupKind kGroupKinds[] = {
+    {"tp", {topology::Axis::kTp}},
+    {"cp", {topology::Axis::kCp}},
+    {"ep", {topology::Axis::kEp}},
+    {"dp", {topology::Axis::kDp}},
+    {"pp", {topology::Axis::kPp}},
+    {"dp_cp", {topology::Axis::kDp, topology::Axis::kCp}},
+    {"dp_ep_cp", {topology::Axis::kDp, topology::Axis::kEp, topology::Axis::kCp}},
+    {"tp_cp", {topology::Axis::kTp, topology::Axis::kCp}},
+    {"model", {topology::Axis::kTp, topology::Axis::kPp}},
+};
 
 }  // namespace
 
@@ -76,13 +90,40 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     schedule = std::move(*built);
     bubble = topology::AnalyticBubbleFraction(schedule_request);
   }
+  // Every rank of a group carries the same members: each group is built and
+  // encoded once, found again by its lowest coordinates (the group's axes set
+  // to 0). Building it per rank cost world x group size (a sort of 16,384
+  // ranks for each of 16,384 ranks, three times over: 20 s of placement).
+  std::vector<std::map<int64_t, loom::v1::GroupMembers>> built(std::size(kGroupKinds));
+  auto add_groups = [&](loom::v1::RankAssignment& a, int64_t rank,
+                        const topology::MeshCoord& coord) -> absl::Status {
+    for (size_t k = 0; k < std::size(kGroupKinds); ++k) {
+      topology::MeshCoord origin = coord;
+      for (topology::Axis axis : {topology::Axis::kPp, topology::Axis::kDp, topology::Axis::kEp,
+                                  topology::Axis::kCp, topology::Axis::kTp}) {
+        if (kGroupKinds[k].axes.Contains(axis)) origin.Set(axis, 0);
+      }
+      absl::StatusOr<int64_t> key = mesh->RankOf(origin);
+      if (!key.ok()) return key.status();
+      auto it = built[k].find(*key);
+      if (it == built[k].end()) {
+        absl::StatusOr<std::vector<int64_t>> members = mesh->GroupOf(rank, kGroupKinds[k].axes);
+        if (!members.ok()) return members.status();
+        loom::v1::GroupMembers group;
+        group.set_axis(kGroupKinds[k].axis);
+        proto::SetGroupMembers(*members, &group);
+        it = built[k].emplace(*key, std::move(group)).first;
+      }
+      *a.add_groups() = it->second;
+    }
+    return absl::OkStatus();
+  };
   std::vector<loom::v1::RankAssignment> assignments;
+  assignments.reserve(static_cast<size_t>(mesh->world_size()));
   for (int64_t rank = 0; rank < mesh->world_size(); ++rank) {
     absl::StatusOr<topology::MeshCoord> coord = mesh->CoordOf(rank);
-    absl::StatusOr<topology::RankGroups> groups = mesh->GroupsOf(rank);
     absl::StatusOr<std::string> place = mesh->PlaceString(rank);
     if (!coord.ok()) return coord.status();
-    if (!groups.ok()) return groups.status();
     if (!place.ok()) return place.status();
 
     loom::v1::RankAssignment a;
@@ -97,15 +138,7 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     a.mutable_coords()->set_ep(coord->ep);
     a.mutable_coords()->set_cp(coord->cp);
     a.mutable_coords()->set_tp(coord->tp);
-    AddGroup(a, "tp", groups->tp);
-    AddGroup(a, "cp", groups->cp);
-    AddGroup(a, "ep", groups->ep);
-    AddGroup(a, "dp", groups->dp);
-    AddGroup(a, "pp", groups->pp);
-    AddGroup(a, "dp_cp", groups->dp_cp);
-    AddGroup(a, "dp_ep_cp", groups->dp_ep_cp);
-    AddGroup(a, "tp_cp", groups->tp_cp);
-    AddGroup(a, "model", groups->model);
+    if (absl::Status s = add_groups(a, rank, *coord); !s.ok()) return s;
     a.set_node_id(placement.slots[rank].node_id);
     a.set_local_device(static_cast<int32_t>(placement.slots[rank].local_device));
     a.set_store_namespace(context.store_namespace.empty()

@@ -54,11 +54,10 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (!rank.ready) {
     rank.ready = true;
     rank.ready_at = sent;
+    ++record.ranks_ready;
   }
   if (record.hang) record.hang->Observe(progress, now);
-  if (job.state() == JobState::STARTING &&
-      std::all_of(record.ranks.begin(), record.ranks.end(),
-                  [](const RankState& r) { return r.ready; })) {
+  if (job.state() == JobState::STARTING && record.ranks_ready == record.ranks.size()) {
     absl::Time all_ready = absl::InfinitePast();
     for (const RankState& r : record.ranks) all_ready = std::max(all_ready, r.ready_at);
     IncidentCompletedLocked(record, MarkReady(job, all_ready));
@@ -70,8 +69,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (progress.phase() == "resumed" && !rank.resumed) {
     rank.resumed = true;
     rank.resumed_at = sent;
-    if (std::all_of(record.ranks.begin(), record.ranks.end(),
-                    [](const RankState& r) { return r.resumed; })) {
+    if (++record.ranks_resumed == record.ranks.size()) {
       absl::Time all_resumed = absl::InfinitePast();
       for (const RankState& r : record.ranks) all_resumed = std::max(all_resumed, r.resumed_at);
       IncidentCompletedLocked(record, MarkResumed(job, all_resumed));
@@ -420,7 +418,9 @@ void JobManager::CheckHealth(absl::Time now) {
                  node.c_str());
     OnNodeLost(node, "it did not reconnect after the coordinator restarted");
   }
-  // Outside the lock: one transaction however many expired.
+  // Outside the lock: one transaction however many expired, after their
+  // last records (long written: they ended a retention ago).
+  if (!expired.empty()) WaitPersisted();
   if (absl::Status s = store_->Delete(expired); !s.ok()) {
     std::fprintf(stderr, "could not delete %zu jobs past their retention: %s\n", expired.size(),
                  std::string(s.message()).c_str());

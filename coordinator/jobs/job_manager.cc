@@ -61,6 +61,7 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       resolver_(std::move(resolver)) {
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   admission_ = std::thread([this] { AdmissionLoop(); });
+  persister_ = std::thread([this] { PersisterLoop(); });
 }
 
 JobManager::~JobManager() {
@@ -74,6 +75,7 @@ JobManager::~JobManager() {
     stopping_ = true;
   }
   scheduler_.join();
+  persister_.join();  // writes what was queued first
 }
 
 absl::Status JobManager::Recover() {
@@ -215,7 +217,9 @@ absl::Status JobManager::Delete(const std::string& id) {
           "; only a job that has ended can be deleted (loomctl cancel ", id, " first)"));
     }
   }
-  // An ended job never changes again, so the write needs no lock.
+  // An ended job never changes again, so the write needs no lock; its last
+  // record must be written first, or it would come back after the delete.
+  WaitPersisted();
   if (absl::Status s = store_->Delete({id}); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   ForgetLocked({id});
@@ -246,22 +250,28 @@ void JobManager::DropJobMetricsLocked(const JobRecord& record) {
 }
 
 absl::StatusOr<Job> JobManager::Cancel(const std::string& id) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+  Job cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+    }
+    JobRecord& record = it->second;
+    if (IsTerminal(record.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", id, " already ended ", loom::v1::JobState_Name(record.job.state())));
+    }
+    const bool had_ranks = HoldsDevices(record.job.state());
+    TransitionLocked(record, JobState::CANCELLED, "cancelled by the user");
+    if (had_ranks) KillRanksLocked(record);
+    FinishAttemptLocked(record);
+    ScheduleLocked();
+    cancelled = record.job;
   }
-  JobRecord& record = it->second;
-  if (IsTerminal(record.job.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " already ended ", loom::v1::JobState_Name(record.job.state())));
-  }
-  const bool had_ranks = HoldsDevices(record.job.state());
-  TransitionLocked(record, JobState::CANCELLED, "cancelled by the user");
-  if (had_ranks) KillRanksLocked(record);
-  FinishAttemptLocked(record);
-  ScheduleLocked();
-  return record.job;
+  WaitPersisted();  // durable before the caller hears it
+  return cancelled;
 }
 
 absl::StatusOr<int64_t> JobManager::Watch(const std::string& id, std::shared_ptr<WatchSink> sink) {
@@ -327,9 +337,47 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
 
 void JobManager::PersistLocked(JobRecord& record) {
   record.last_persist = absl::Now();
-  if (absl::Status s = store_->Put(record.job); !s.ok()) {
-    std::fprintf(stderr, "job %s: could not persist: %s\n", record.job.id().c_str(),
-                 std::string(s.message()).c_str());
+  persist_pending_[record.job.id()] = record.job;
+  ++persists_queued_;
+}
+
+void JobManager::WaitPersisted() {
+  absl::MutexLock lock(&mu_);
+  const int64_t target = persists_queued_;
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return persists_done_ >= target || persister_stopped_;
+  };
+  mu_.Await(absl::Condition(&done));
+}
+
+void JobManager::PersisterLoop() {
+  // Persisting under mu_ on the reaction that changed the job held every RPC
+  // for a 16,384-rank job's serialization and fsync once a second
+  // (docs/scale.md). One thread writes instead, a batch per transaction.
+  while (true) {
+    std::map<std::string, Job> batch;
+    int64_t target = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !persist_pending_.empty() || stopping_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (persist_pending_.empty()) {  // stopping, and everything is written
+        persister_stopped_ = true;
+        return;
+      }
+      batch.swap(persist_pending_);
+      target = persists_queued_;
+    }
+    std::vector<const Job*> jobs;
+    for (const auto& [id, job] : batch) jobs.push_back(&job);
+    if (absl::Status s = store_->PutAll(jobs); !s.ok()) {
+      std::fprintf(stderr, "could not persist %zu jobs: %s\n", jobs.size(),
+                   std::string(s.message()).c_str());
+    }
+    absl::MutexLock lock(&mu_);
+    persists_done_ = target;
   }
 }
 

@@ -180,6 +180,8 @@ class JobManager {
     loom::v1::Job job;
     spec::JobSpec spec;
     std::vector<RankState> ranks;
+    size_t ranks_ready = 0;    // of ranks: counted, not scanned, on every report
+    size_t ranks_resumed = 0;  // likewise
     std::map<int64_t, std::shared_ptr<WatchSink>> watchers;
     absl::Time last_persist = absl::InfinitePast();
     std::map<std::string, int> node_failures;  // this job's failures per node
@@ -224,7 +226,14 @@ class JobManager {
   std::vector<std::string> SweepEndedJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the job's current record for the persister thread (the newest
+  // record of a job wins): no database write, and no fsync, happens under mu_
+  // or on a gRPC reaction. Callers that acknowledge a change to a client wait
+  // for it with WaitPersisted after unlocking.
   void PersistLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns once everything queued before the call is in the store (durable).
+  void WaitPersisted() ABSL_LOCKS_EXCLUDED(mu_);
+  void PersisterLoop();
   void NotifyLocked(JobRecord& record, const loom::v1::WatchJobResponse& update)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the scheduler thread; placement itself never runs under mu_.
@@ -291,6 +300,10 @@ class JobManager {
   int64_t requests_queued_ ABSL_GUARDED_BY(mu_) = 0;   // for WaitForScheduler
   int64_t requests_handled_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> outbox_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, loom::v1::Job> persist_pending_ ABSL_GUARDED_BY(mu_);
+  int64_t persists_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t persists_done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool persister_stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_retention_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Mutex admission_mu_;
   std::deque<Admission> admissions_ ABSL_GUARDED_BY(admission_mu_);
@@ -298,6 +311,7 @@ class JobManager {
   // Last: they start after every member above exists.
   std::thread scheduler_;
   std::thread admission_;
+  std::thread persister_;
 };
 
 }  // namespace loom::coordinator

@@ -278,6 +278,8 @@ bool JobManager::CommitLocked(const PlacementSnapshot& snapshot, PlacementResult
   job.set_attempt(attempt);
   job.clear_placement();
   record.ranks.assign(result.assignments.size(), RankState{});
+  record.ranks_ready = 0;
+  record.ranks_resumed = 0;
   record.peak_flops = 0;
   for (size_t i = 0; i < result.assignments.size(); ++i) {
     const auto& a = result.assignments[i];

@@ -102,15 +102,24 @@ void CoordinatorMetrics::CountRpc(const std::string& method, const std::string& 
 
 void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::string& job_name,
                                          int rank, const ProgressSample& s) {
+  if (rank < 0) return;
   absl::MutexLock lock(&mu_);
-  const prometheus::Labels labels = {
-      {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
-  rank_step_.Add(labels).Set(s.step);
-  rank_loss_.Add(labels).Set(s.loss);
-  rank_step_seconds_.Add(labels).Set(s.step_seconds);
-  rank_tokens_per_second_.Add(labels).Set(s.tokens_per_second);
-  rank_mfu_.Add(labels).Set(s.mfu);
-  rank_memory_bytes_.Add(labels).Set(s.memory_bytes);
+  std::vector<RankSeries>& ranks = rank_series_[job_id];
+  if (ranks.size() <= static_cast<size_t>(rank)) ranks.resize(rank + 1, RankSeries{});
+  RankSeries& series = ranks[rank];
+  if (series.step == nullptr) {
+    const prometheus::Labels labels = {
+        {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
+    series = {&rank_step_.Add(labels),  &rank_loss_.Add(labels),
+              &rank_step_seconds_.Add(labels), &rank_tokens_per_second_.Add(labels),
+              &rank_mfu_.Add(labels),   &rank_memory_bytes_.Add(labels)};
+  }
+  series.step->Set(s.step);
+  series.loss->Set(s.loss);
+  series.step_seconds->Set(s.step_seconds);
+  series.tokens_per_second->Set(s.tokens_per_second);
+  series.mfu->Set(s.mfu);
+  series.memory_bytes->Set(s.memory_bytes);
 }
 
 void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,
@@ -166,6 +175,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
     RemoveSeries(*family, job);
   }
   RemoveSeries(job_restarts_, job);
+  rank_series_.erase(job_id);
   for (int rank = 0; rank < ranks; ++rank) {
     const prometheus::Labels labels = {
         {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};

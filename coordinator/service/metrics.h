@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -63,6 +64,18 @@ class CoordinatorMetrics {
   int port_ = 0;
 
   absl::Mutex mu_;
+  // A rank's six series, found once: looking them up by their label set on
+  // every report (hashing a map of three strings six times) was a visible
+  // share of the coordinator's CPU at thousands of ranks (docs/scale.md).
+  struct RankSeries {
+    prometheus::Gauge* step;
+    prometheus::Gauge* loss;
+    prometheus::Gauge* step_seconds;
+    prometheus::Gauge* tokens_per_second;
+    prometheus::Gauge* mfu;
+    prometheus::Gauge* memory_bytes;
+  };
+  std::map<std::string, std::vector<RankSeries>> rank_series_ ABSL_GUARDED_BY(mu_);  // by job
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& nodes_live_;
   prometheus::Family<prometheus::Gauge>& devices_live_;

@@ -3,7 +3,9 @@
 #include "coordinator/jobs/assignment_builder.h"
 
 #include "common/spec/job_spec_rules.h"
+#include "common/topology/mesh.h"
 #include "gtest/gtest.h"
+#include "proto/group_members.h"
 
 namespace loom::coordinator {
 namespace {
@@ -88,6 +90,73 @@ TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
   EXPECT_EQ(last.pipeline_instructions().rfind("rA0@0 F0", 0), 0u) << last.pipeline_instructions();
   EXPECT_NE(last.pipeline_instructions().find("RG OPT"), std::string::npos);
   EXPECT_DOUBLE_EQ(first.pipeline_bubble_fraction(), 0.25);  // (p-1)/m
+}
+
+// Large groups travel as arithmetic runs: the size of an assignment must not
+// grow with the data-parallel degree (16,384 ranks would otherwise send
+// 16,384 numbers per group to each of 16,384 ranks).
+TEST(AssignmentBuilder, LargeGroupsAreRuns) {
+  spec::JobSpec s = Spec(64, 2, 1);
+  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+                                     .nodes = {{.node_id = "a", .free_devices = 128, .device_ids = {}}},
+                                     .avoid = {}};
+  auto placement = topology::PlaceRanks(request);
+  ASSERT_TRUE(placement.ok());
+  auto assignments = BuildAssignments(s, *placement, AttemptContext{.job_id = "j"}, {});
+  ASSERT_TRUE(assignments.ok()) << assignments.status();
+  const auto& r3 = (*assignments)[3];  // tp 1, dp 1
+  const auto& dp = Group(r3, "dp");
+  EXPECT_EQ(dp.ranks_size(), 0);
+  ASSERT_EQ(dp.runs_size(), 1);
+  std::vector<int> expected;
+  for (int d = 0; d < 64; ++d) expected.push_back(2 * d + 1);
+  EXPECT_EQ(proto::GroupMemberList(dp), expected);
+  // Small groups stay lists, read the same way.
+  const auto& tp = Group(r3, "tp");
+  EXPECT_EQ(std::vector<int>(tp.ranks().begin(), tp.ranks().end()), (std::vector<int>{2, 3}));
+  EXPECT_EQ(proto::GroupMemberList(tp), (std::vector<int>{2, 3}));
+  EXPECT_LT(r3.ByteSizeLong(), 1000u);
+}
+
+// Groups are built once per group and shared: every rank still gets exactly
+// the members the mesh gives it.
+TEST(AssignmentBuilder, SharedGroupsMatchTheMesh) {
+  spec::JobSpec s = Spec(12, 2, 2);
+  s.train.micro_batch_size = 1;
+  s.train.global_batch_size = 48;
+  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+                                     .nodes = {{.node_id = "a", .free_devices = 48, .device_ids = {}}},
+                                     .avoid = {}};
+  auto placement = topology::PlaceRanks(request);
+  ASSERT_TRUE(placement.ok());
+  auto assignments = BuildAssignments(s, *placement, AttemptContext{.job_id = "j"}, {});
+  ASSERT_TRUE(assignments.ok()) << assignments.status();
+  auto mesh = topology::RankMesh::Create(MeshShapeOf(s));
+  ASSERT_TRUE(mesh.ok());
+  for (const auto& a : *assignments) {
+    auto groups = mesh->GroupsOf(a.rank());
+    ASSERT_TRUE(groups.ok());
+    auto members = [&](const char* axis) { return proto::GroupMemberList(Group(a, axis)); };
+    auto ints = [](const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); };
+    EXPECT_EQ(members("tp"), ints(groups->tp)) << a.rank();
+    EXPECT_EQ(members("dp"), ints(groups->dp)) << a.rank();
+    EXPECT_EQ(members("pp"), ints(groups->pp)) << a.rank();
+    EXPECT_EQ(members("dp_cp"), ints(groups->dp_cp)) << a.rank();
+    EXPECT_EQ(members("dp_ep_cp"), ints(groups->dp_ep_cp)) << a.rank();
+    EXPECT_EQ(members("tp_cp"), ints(groups->tp_cp)) << a.rank();
+    EXPECT_EQ(members("model"), ints(groups->model)) << a.rank();
+    EXPECT_EQ(a.groups_size(), 9);
+  }
+}
+
+TEST(GroupMembers, IrregularListsRoundTrip) {
+  for (const std::vector<int64_t>& ranks :
+       {std::vector<int64_t>{}, {5}, {0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11},
+        {9, 3, 3, 3, 7, 100, 2, 1, 0, 0, 50}}) {
+    loom::v1::GroupMembers group;
+    proto::SetGroupMembers(ranks, &group);
+    EXPECT_EQ(proto::GroupMemberList(group), std::vector<int>(ranks.begin(), ranks.end()));
+  }
 }
 
 TEST(AssignmentBuilder, WrongPlacementSizeIsAnError) {

@@ -10,6 +10,7 @@
 #include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
 #include "common/topology/instruction.h"
+#include "proto/group_members.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/self_communicator.h"
 #include "worker/engine/ops_selection.h"
@@ -34,7 +35,7 @@ std::string Resolve(const std::string& path, const std::string& base) {
 absl::StatusOr<std::vector<int>> GroupMembers(const loom::v1::RankAssignment& a,
                                               const std::string& axis) {
   for (const auto& group : a.groups()) {
-    if (group.axis() == axis) return std::vector<int>(group.ranks().begin(), group.ranks().end());
+    if (group.axis() == axis) return proto::GroupMemberList(group);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("assignment of rank ", a.rank(), " has no ", axis, " group"));

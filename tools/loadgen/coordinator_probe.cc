@@ -1,0 +1,136 @@
+#include "tools/loadgen/coordinator_probe.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc/rpc_settings.h"
+
+extern char** environ;
+
+namespace loom::loadgen {
+
+absl::StatusOr<ProcSample> SampleProcess(int pid) {
+  ProcSample sample;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) {
+    return absl::NotFoundError(absl::StrCat("/proc/", pid, "/stat: no such process (--coordinator_pid)"));
+  }
+  // Fields after the command name, which may hold spaces, start after ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::vector<std::string> fields;
+  for (std::string f; rest >> f;) fields.push_back(f);
+  if (fields.size() < 13) return absl::DataLossError(absl::StrCat("/proc/", pid, "/stat: too short"));
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  sample.cpu_seconds = (std::stod(fields[11]) + std::stod(fields[12])) / ticks;  // utime, stime
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      sample.rss_bytes = std::stoll(line.substr(6)) * 1024;
+      break;
+    }
+  }
+  return sample;
+}
+
+CoordinatorProbe::CoordinatorProbe(ProbeOptions options)
+    : options_(std::move(options)), stub_(loom::v1::JobService::NewStub(options_.admin)) {
+  poller_ = std::thread([this] { PollJobs(); });
+  lister_ = std::thread([this] { RunLists(); });
+}
+
+CoordinatorProbe::~CoordinatorProbe() {
+  stop_ = true;
+  poller_.join();
+  lister_.join();
+}
+
+void CoordinatorProbe::Watch(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  job_id_ = job_id;
+}
+
+loom::v1::Job CoordinatorProbe::LastJob() const {
+  absl::MutexLock lock(&mu_);
+  return last_;
+}
+
+void CoordinatorProbe::PollJobs() {
+  while (!stop_) {
+    if (options_.coordinator_pid > 0) {
+      if (absl::StatusOr<ProcSample> s = SampleProcess(options_.coordinator_pid); s.ok()) {
+        int64_t seen = max_rss_.load();
+        while (s->rss_bytes > seen && !max_rss_.compare_exchange_weak(seen, s->rss_bytes)) {
+        }
+      }
+    }
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = job_id_;
+    }
+    if (!id.empty()) {
+      auto context = rpc::UnaryContext();
+      loom::v1::GetJobRequest request;
+      request.set_id(id);
+      loom::v1::Job job;
+      const absl::Time start = absl::Now();
+      grpc::Status status = stub_->GetJob(context.get(), request, &job);
+      LatencyRecorder& get_job = get_job_latency(phase_.load());
+      if (status.ok()) {
+        get_job.Record(absl::Now() - start);
+        absl::MutexLock lock(&mu_);
+        last_ = std::move(job);
+      } else {
+        get_job.RecordFailure();
+      }
+    }
+    absl::SleepFor(options_.get_job_interval);
+  }
+}
+
+void CoordinatorProbe::RunLists() {
+  while (!stop_) {
+    absl::SleepFor(options_.list_interval);
+    {
+      absl::MutexLock lock(&mu_);
+      if (job_id_.empty() || options_.loomctl.empty()) continue;
+    }
+    std::vector<std::string> args = {options_.loomctl};
+    args.insert(args.end(), options_.loomctl_flags.begin(), options_.loomctl_flags.end());
+    args.push_back("list");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = 0;
+    LatencyRecorder& list = list_latency(phase_.load());
+    const absl::Time start = absl::Now();
+    if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+      posix_spawn_file_actions_destroy(&actions);
+      list.RecordFailure();
+      continue;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      list.Record(absl::Now() - start);
+    } else {
+      list.RecordFailure();
+    }
+  }
+}
+
+}  // namespace loom::loadgen

@@ -1,0 +1,74 @@
+// What loom-loadgen measures on the coordinator's side while the simulated
+// cluster runs: GetJob latency and job state (admin channel), `loomctl list`
+// wall time (the real client, as a user would run it), and the coordinator's
+// CPU time and resident memory from /proc/PID.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/job.grpc.pb.h"
+#include "tools/loadgen/latency.h"
+
+namespace loom::loadgen {
+
+struct ProcSample {
+  double cpu_seconds = 0;  // user + system since the process started
+  int64_t rss_bytes = 0;
+};
+
+// Reads /proc/PID/stat and /proc/PID/status.
+absl::StatusOr<ProcSample> SampleProcess(int pid);
+
+struct ProbeOptions {
+  std::shared_ptr<grpc::Channel> admin;  // admin identity's channel
+  std::string loomctl;                   // path of loomctl; empty: not measured
+  std::vector<std::string> loomctl_flags;  // --coordinator, --tls_dir / --insecure
+  int coordinator_pid = 0;                 // 0: CPU and memory not measured
+  absl::Duration get_job_interval = absl::Milliseconds(250);
+  absl::Duration list_interval = absl::Seconds(2);
+};
+
+class CoordinatorProbe {
+ public:
+  explicit CoordinatorProbe(ProbeOptions options);
+  ~CoordinatorProbe();
+
+  // Starts polling job_id with GetJob and running `loomctl list`.
+  void Watch(const std::string& job_id);
+  // The newest GetJob answer (empty Job before the first).
+  loom::v1::Job LastJob() const;
+  int64_t max_rss_bytes() const { return max_rss_.load(); }
+
+  // Latencies are kept apart by phase: the start (submit, placement, launch,
+  // rendezvous), the steady state, and the end (a hang, the kills, exits).
+  enum Phase { kStart = 0, kSteady = 1, kEnd = 2 };
+  void SetPhase(Phase phase) { phase_ = phase; }
+  LatencyRecorder& get_job_latency(Phase phase) { return get_job_[phase]; }
+  LatencyRecorder& list_latency(Phase phase) { return list_[phase]; }
+
+ private:
+  void PollJobs();
+  void RunLists();
+
+  const ProbeOptions options_;
+  std::unique_ptr<loom::v1::JobService::Stub> stub_;
+  LatencyRecorder get_job_[3];
+  LatencyRecorder list_[3];
+  std::atomic<Phase> phase_{kStart};
+  std::atomic<int64_t> max_rss_{0};
+  std::atomic<bool> stop_{false};
+  mutable absl::Mutex mu_;
+  std::string job_id_ ABSL_GUARDED_BY(mu_);
+  loom::v1::Job last_ ABSL_GUARDED_BY(mu_);
+  std::thread poller_;
+  std::thread lister_;
+};
+
+}  // namespace loom::loadgen

@@ -1,0 +1,604 @@
+#include "tools/loadgen/fake_cluster.h"
+
+#include <cstdio>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/rpc/rpc_settings.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/node.grpc.pb.h"
+#include "loom/v1/rank.grpc.pb.h"
+
+namespace loom::loadgen {
+namespace {
+
+using loom::v1::RankAssignment;
+using loom::v1::RankProgress;
+
+constexpr int kMaxErrorsLogged = 10;
+std::atomic<int> errors_logged{0};
+
+void LogError(const std::string& what) {
+  if (errors_logged.fetch_add(1) < kMaxErrorsLogged) {
+    std::fprintf(stderr, "loom-loadgen: %s\n", what.c_str());
+  }
+}
+
+// One unary RankService call with the rank's token; deleted by its callback.
+template <typename Request, typename Response>
+struct UnaryCall {
+  UnaryCall(const std::string& token, absl::Duration timeout) : start(absl::Now()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    context.set_deadline(absl::ToChronoTime(start + timeout));
+  }
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  absl::Time start;
+};
+
+}  // namespace
+
+// One rank of a launched attempt: rendezvous through the store, then a
+// progress stream with one report per Report() call.
+class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
+ public:
+  FakeRank(loom::v1::RankService::Stub* stub, RankAssignment assignment,
+           FakeCluster::Shared* shared)
+      : stub_(stub), a_(Keep(std::move(assignment))), shared_(shared) {}
+
+  const std::string& job_id() const { return a_.job_id(); }
+  int32_t attempt() const { return a_.attempt(); }
+  int32_t rank() const { return a_.rank(); }
+  bool alive() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !stopping_;
+  }
+
+  // Starts the rendezvous once at (or after) start_at: real trainers take a
+  // while to start, so their first calls spread out (--rank_start_spread_s).
+  void set_start_at(absl::Time at) { start_at_ = at; }
+  void MaybeBegin(absl::Time now) {
+    if (begun_.load() || now < start_at_) return;
+    if (!begun_.exchange(true)) Begin();
+  }
+
+  void Begin() {
+    begun_ = true;
+    auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
+    if (call == nullptr) return;
+    call->request.set_store_namespace(a_.store_namespace());
+    call->request.set_key(absl::StrCat("loadgen/addr/", a_.rank()));
+    call->request.set_value(absl::StrCat("127.0.0.1:", 20000 + a_.local_device()));
+    stub_->async()->StoreSet(&call->context, &call->request, &call->response,
+                             [this, call](grpc::Status status) {
+                               if (Done(call, status, "StoreSet", true)) Join();
+                             });
+  }
+
+  // Sends this second's report unless the previous one is still in flight.
+  void Report() {
+    const int stopped = shared_->stopped_rank.load();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!streaming_ || stopping_ || ended_) return;
+      if (writing_) {
+        shared_->stats->reports_skipped++;
+        return;
+      }
+      if (stopped == a_.rank()) return;  // SIGSTOPped: silent
+      Fill(stopped >= 0);
+      writing_ = true;
+    }
+    StartWrite(&message_);
+  }
+
+  // KillRanks: ends the stream as a dying trainer would.
+  void Stop() {
+    bool writes_done = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      if (pending_ != nullptr) pending_->TryCancel();
+      if (streaming_ && !writing_ && !ended_) writes_done = writes_done_sent_ = true;
+    }
+    if (writes_done) StartWritesDone();
+  }
+
+  // Shutdown of the load generator.
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (pending_ != nullptr) pending_->TryCancel();
+    if (streaming_) context_.TryCancel();
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool writes_done = false;
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) {
+        ended_ = true;
+        release = !hold_released_;
+        hold_released_ = true;
+      } else {
+        if (!ready_sent_) {
+          ready_sent_ = true;
+          shared_->stats->ranks_ready++;
+        }
+        shared_->stats->reports_sent++;
+        if (stopping_ && !writes_done_sent_) writes_done = writes_done_sent_ = true;
+      }
+    }
+    if (writes_done) StartWritesDone();
+    if (release) RemoveHold();
+  }
+
+  void OnWritesDoneDone(bool) override { ReleaseHold(); }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    done_ = true;
+    if (!status.ok() && !stopping_ && !shared_->shutting_down.load()) {
+      shared_->stats->streams_failed++;
+      LogError(absl::StrCat("rank ", a_.rank(), " progress stream ended: ", status.error_message()));
+    }
+  }
+
+ private:
+  template <typename Request, typename Response>
+  UnaryCall<Request, Response>* NewCall(absl::Duration timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || shared_->shutting_down.load()) return nullptr;
+    auto* call = new UnaryCall<Request, Response>(a_.rank_token(), timeout);
+    pending_ = &call->context;
+    return call;
+  }
+
+  // Records the call; true when it succeeded and the rank goes on.
+  template <typename Call>
+  bool Done(Call* call, const grpc::Status& status, const char* what, bool timed) {
+    const absl::Duration took = absl::Now() - call->start;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ = nullptr;
+    }
+    delete call;
+    if (!status.ok()) {
+      if (!alive() || shared_->shutting_down.load()) return false;
+      if (timed) shared_->stats->store_latency.RecordFailure();
+      shared_->stats->rendezvous_failed++;
+      LogError(absl::StrCat("rank ", a_.rank(), " ", what, ": ", status.error_message()));
+      return false;
+    }
+    if (timed) shared_->stats->store_latency.Record(took);
+    return true;
+  }
+
+  void Join() {
+    auto* call = NewCall<loom::v1::StoreAddRequest, loom::v1::StoreAddResponse>(absl::Seconds(30));
+    if (call == nullptr) return;
+    call->request.set_store_namespace(a_.store_namespace());
+    call->request.set_key("loadgen/joined");
+    call->request.set_delta(1);
+    stub_->async()->StoreAdd(&call->context, &call->request, &call->response,
+                             [this, call](grpc::Status status) {
+                               const int64_t joined = call->response.value();
+                               if (!Done(call, status, "StoreAdd", true)) return;
+                               if (joined == a_.world_size()) {
+                                 Release();
+                               } else {
+                                 WaitForAll();
+                               }
+                             });
+  }
+
+  // The last rank to join opens the barrier.
+  void Release() {
+    auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
+    if (call == nullptr) return;
+    call->request.set_store_namespace(a_.store_namespace());
+    call->request.set_key("loadgen/go");
+    call->request.set_value("1");
+    stub_->async()->StoreSet(&call->context, &call->request, &call->response,
+                             [this, call](grpc::Status status) {
+                               if (Done(call, status, "StoreSet go", true)) OpenStream();
+                             });
+  }
+
+  void WaitForAll() {
+    auto* call = NewCall<loom::v1::StoreGetRequest, loom::v1::StoreGetResponse>(absl::Seconds(600));
+    if (call == nullptr) return;
+    call->request.set_store_namespace(a_.store_namespace());
+    call->request.set_key("loadgen/go");
+    call->request.set_wait_ms(590'000);
+    stub_->async()->StoreGet(&call->context, &call->request, &call->response,
+                             [this, call](grpc::Status status) {
+                               if (Done(call, status, "StoreGet go", false)) OpenStream();
+                             });
+  }
+
+  void OpenStream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ || shared_->shutting_down.load()) return;
+      context_.AddMetadata("authorization", absl::StrCat("Bearer ", a_.rank_token()));
+      stub_->async()->ReportProgress(&context_, &response_, this);
+      AddHold();
+      message_.Clear();
+      message_.set_job_id(a_.job_id());
+      message_.set_attempt(a_.attempt());
+      message_.set_rank(a_.rank());
+      message_.set_phase("ready");
+      message_.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+      streaming_ = true;
+      writing_ = true;
+    }
+    StartWrite(&message_);
+    StartCall();
+  }
+
+  void ReleaseHold() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (hold_released_) return;
+      hold_released_ = true;
+    }
+    RemoveHold();
+  }
+
+  // A healthy rank completes a step a second; once a peer is stopped, the
+  // others wait in the data-parallel all-reduce of the next step.
+  void Fill(bool stalled) {
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    message_.Clear();
+    message_.set_job_id(a_.job_id());
+    message_.set_attempt(a_.attempt());
+    message_.set_rank(a_.rank());
+    message_.set_time_unix_ms(now);
+    if (!stalled) {
+      ++step_;
+      message_.set_phase("step");
+      message_.set_step(step_);
+      message_.set_loss(5.0 / static_cast<double>(step_));
+      message_.set_tokens(step_ * 4096 * static_cast<int64_t>(a_.world_size()));
+      message_.set_step_seconds(1.0);
+      message_.set_tokens_per_second(4096.0 * a_.world_size());
+      message_.set_memory_bytes(int64_t{40} << 30);
+      message_.set_flops_per_token(6e9);
+      message_.set_lr(3e-4);
+      message_.set_grad_norm(1.0);
+      return;
+    }
+    const int64_t since = shared_->stopped_at_ms.load();
+    message_.set_phase("forward_backward");
+    message_.set_step(step_);
+    message_.set_micro_batch(0);
+    message_.set_phase_since_unix_ms(since);
+    loom::v1::GroupProgress* group = message_.add_groups();
+    group->set_group("dp");
+    group->set_issued(step_ + 1);
+    group->set_completed(step_);
+    group->set_current_op("all_reduce");
+    group->set_current_since_unix_ms(since);
+  }
+
+  // What a rank needs of its assignment: 16,384 copies of a data-parallel
+  // group's member list would be 1 GiB of the load generator's own memory.
+  static RankAssignment Keep(RankAssignment a) {
+    a.clear_groups();
+    a.clear_spec_yaml();
+    a.clear_pipeline_instructions();
+    a.clear_layers();
+    return a;
+  }
+
+  std::atomic<bool> begun_{false};
+  absl::Time start_at_ = absl::InfinitePast();
+
+  loom::v1::RankService::Stub* const stub_;
+  const RankAssignment a_;
+  FakeCluster::Shared* const shared_;
+  grpc::ClientContext context_;
+  loom::v1::ReportProgressResponse response_;
+  RankProgress message_;
+
+  mutable std::mutex mu_;
+  grpc::ClientContext* pending_ = nullptr;  // the rendezvous call in flight
+  bool streaming_ = false;
+  bool writing_ = false;
+  bool stopping_ = false;
+  bool ended_ = false;
+  bool done_ = false;
+  bool ready_sent_ = false;
+  bool writes_done_sent_ = false;
+  bool hold_released_ = false;
+  int64_t step_ = 0;
+};
+
+// One node agent's session.
+class FakeNode final
+    : public grpc::ClientBidiReactor<loom::v1::NodeMessage, loom::v1::CoordinatorMessage> {
+ public:
+  FakeNode(std::string id, int gpus, std::shared_ptr<grpc::Channel> channel,
+           FakeCluster::Shared* shared)
+      : id_(std::move(id)),
+        gpus_(gpus),
+        node_stub_(loom::v1::NodeService::NewStub(channel)),
+        rank_stub_(loom::v1::RankService::NewStub(channel)),
+        shared_(shared) {}
+
+  void Start() {
+    node_stub_->async()->Session(&context_, this);
+    AddHold();
+    StartRead(&in_);
+    loom::v1::NodeMessage message;
+    loom::v1::RegisterNode* r = message.mutable_register_();
+    r->set_node_id(id_);
+    r->set_hostname(id_);
+    r->set_address("127.0.0.1");
+    loom::v1::Device* d = r->add_devices();
+    d->set_kind("gpu");
+    d->set_count(gpus_);
+    d->set_name("NVIDIA H200");
+    d->set_memory_bytes(int64_t{143771} << 20);
+    d->set_peak_flops(989e12);
+    Send(std::move(message));
+    StartCall();
+  }
+
+  bool registered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registered_;
+  }
+
+  void Tick() {
+    std::vector<FakeRank*> ranks;
+    loom::v1::NodeMessage beat;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_ || ended_) return;
+      beat.mutable_heartbeat()->set_seq(++seq_);
+      for (const auto& rank : ranks_) {
+        if (!rank->alive()) continue;
+        ranks.push_back(rank.get());
+        loom::v1::RunningRank* r = beat.mutable_heartbeat()->add_running();
+        r->set_job_id(rank->job_id());
+        r->set_attempt(rank->attempt());
+        r->set_rank(rank->rank());
+        r->set_pid(100000 + rank->rank());
+      }
+    }
+    Send(std::move(beat));
+    const absl::Time now = absl::Now();
+    for (FakeRank* rank : ranks) {
+      rank->MaybeBegin(now);
+      rank->Report();
+    }
+  }
+
+  void Cancel() {
+    std::vector<FakeRank*> ranks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& rank : ranks_) ranks.push_back(rank.get());
+    }
+    for (FakeRank* rank : ranks) rank->Cancel();
+    context_.TryCancel();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ended_ = true;
+      }
+      if (!shared_->shutting_down.load()) {
+        shared_->stats->sessions_ended++;
+        LogError(absl::StrCat("node ", id_, ": session ended"));
+      }
+      ReleaseHold();
+      return;
+    }
+    if (in_.has_registered()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_) shared_->stats->sessions_registered++;
+      registered_ = true;
+    } else if (in_.has_launch()) {
+      shared_->stats->launches++;
+      auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_);
+      FakeRank* raw = rank.get();
+      const double spread = shared_->rank_start_spread_s;
+      if (spread > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        raw->set_start_at(absl::Now() + absl::Seconds(spread * uniform_(random_)));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ranks_.push_back(std::move(rank));
+      }
+      if (spread <= 0) raw->Begin();
+    } else if (in_.has_kill()) {
+      shared_->stats->kills++;
+      Kill(in_.kill());
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ok && out_.has_heartbeat()) {
+        shared_->stats->heartbeat_delay.Record(absl::Now() - out_queued_);
+      }
+      if (!ok) {
+        ended_ = true;
+        writing_ = false;
+        outbox_.clear();
+        return;
+      }
+      if (outbox_.empty()) {
+        writing_ = false;
+        return;
+      }
+      out_ = std::move(outbox_.front().first);
+      out_queued_ = outbox_.front().second;
+      outbox_.erase(outbox_.begin());
+    }
+    StartWrite(&out_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    done_ = true;
+    if (!status.ok() && !shared_->shutting_down.load()) {
+      LogError(absl::StrCat("node ", id_, ": session status: ", status.error_message()));
+    }
+  }
+
+ private:
+  void Send(loom::v1::NodeMessage message) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ended_) return;
+      if (writing_) {
+        outbox_.emplace_back(std::move(message), absl::Now());
+        return;
+      }
+      writing_ = true;
+      out_ = std::move(message);
+      out_queued_ = absl::Now();
+    }
+    StartWrite(&out_);
+  }
+
+  void Kill(const loom::v1::KillRanks& kill) {
+    std::vector<FakeRank*> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& rank : ranks_) {
+        if (rank->job_id() == kill.job_id() &&
+            (kill.attempt() == 0 || kill.attempt() == rank->attempt()) && rank->alive()) {
+          victims.push_back(rank.get());
+        }
+      }
+    }
+    for (FakeRank* rank : victims) {
+      rank->Stop();
+      loom::v1::NodeMessage message;
+      loom::v1::RankExited* e = message.mutable_rank_exited();
+      e->set_job_id(rank->job_id());
+      e->set_attempt(rank->attempt());
+      e->set_rank(rank->rank());
+      e->set_signal(15);
+      Send(std::move(message));
+    }
+  }
+
+  void ReleaseHold() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (hold_released_) return;
+      hold_released_ = true;
+    }
+    RemoveHold();
+  }
+
+  const std::string id_;
+  const int gpus_;
+  std::unique_ptr<loom::v1::NodeService::Stub> node_stub_;
+  std::unique_ptr<loom::v1::RankService::Stub> rank_stub_;
+  FakeCluster::Shared* const shared_;
+  grpc::ClientContext context_;
+  loom::v1::CoordinatorMessage in_;
+  loom::v1::NodeMessage out_;
+  absl::Time out_queued_;  // when out_ was queued, for the heartbeat delay
+
+  mutable std::mutex mu_;
+  std::vector<std::pair<loom::v1::NodeMessage, absl::Time>> outbox_;
+  std::vector<std::unique_ptr<FakeRank>> ranks_;
+  bool writing_ = false;
+  bool registered_ = false;
+  bool ended_ = false;
+  bool done_ = false;
+  bool hold_released_ = false;
+  int64_t seq_ = 0;
+  std::mt19937 random_{std::random_device{}()};
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
+};
+
+FakeCluster::FakeCluster(ClusterOptions options, NodeCertFactory* certs)
+    : options_(std::move(options)), certs_(certs) {
+  shared_.stats = &stats_;
+  shared_.rank_start_spread_s = options_.rank_start_spread_s;
+}
+
+// The nodes and ranks are left to the process's exit: gRPC may still hold
+// them after a bounded Shutdown, and freeing them then would be a use after free.
+FakeCluster::~FakeCluster() {
+  for (auto& node : nodes_) node.release();
+}
+
+absl::Status FakeCluster::Create() {
+  for (int i = 0; i < options_.nodes; ++i) {
+    const std::string id = absl::StrFormat("%s-%05d", options_.node_prefix, i);
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    if (options_.insecure) {
+      credentials = grpc::InsecureChannelCredentials();
+    } else {
+      absl::StatusOr<PemIdentity> identity = certs_->Issue(id);
+      if (!identity.ok()) return identity.status();
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = identity->ca_pem;
+      ssl.pem_cert_chain = identity->cert_pem;
+      ssl.pem_private_key = identity->key_pem;
+      credentials = grpc::SslCredentials(ssl);
+    }
+    auto node = std::make_unique<FakeNode>(id, options_.gpus_per_node,
+                                           rpc::MakeChannel(options_.coordinator, credentials),
+                                           &shared_);
+    nodes_.push_back(std::move(node));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeCluster::Connect(absl::Duration timeout) {
+  for (auto& node : nodes_) node->Start();
+  const absl::Time deadline = absl::Now() + timeout;
+  while (stats_.sessions_registered.load() < options_.nodes) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          stats_.sessions_registered.load(), " of ", options_.nodes, " nodes registered within ",
+          absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::OkStatus();
+}
+
+void FakeCluster::Tick(int slice, int slices) {
+  for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
+    nodes_[i]->Tick();
+  }
+}
+
+void FakeCluster::StopRank(int rank) {
+  shared_.stopped_at_ms = absl::ToUnixMillis(absl::Now());
+  shared_.stopped_rank = rank;
+}
+
+void FakeCluster::Shutdown() {
+  shared_.shutting_down = true;
+  for (auto& node : nodes_) node->Cancel();
+  absl::SleepFor(absl::Milliseconds(500));  // let the cancellations reach the coordinator
+}
+
+}  // namespace loom::loadgen

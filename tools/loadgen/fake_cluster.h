@@ -1,0 +1,102 @@
+// The simulated cluster of loom-loadgen: N fake node agents with G devices
+// each, and every rank the coordinator launches on them, speaking the same
+// protocol as loom-worker and loom-trainer over real gRPC (one TLS channel per
+// node, with its own node certificate; ranks add their rank token):
+//   node:  NodeService.Session: RegisterNode, Registered, heartbeats with the
+//          running ranks, LaunchRank, KillRanks, RankExited.
+//   rank:  StoreSet of its address, StoreAdd on a join counter, StoreGet of
+//          the "go" key the last joiner sets (a barrier like Gloo's), then
+//          one ReportProgress stream: "ready", then one report a second.
+// Everything is asynchronous (gRPC's callback API), so 2,048 sessions and
+// 16,384 progress streams need no thread each; Tick() is called by one
+// driver thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "tools/loadgen/latency.h"
+#include "tools/loadgen/node_certs.h"
+
+namespace loom::loadgen {
+
+struct ClusterOptions {
+  std::string coordinator;  // HOST:PORT
+  int nodes = 8;
+  int gpus_per_node = 8;
+  std::string node_prefix = "lg";  // node ids are <prefix>-<index>
+  bool insecure = false;           // plaintext (a coordinator started with --insecure)
+  // Each rank starts its rendezvous at a uniformly random moment this long
+  // after its launch (on the 1 Hz tick); 0: at once, all in one burst.
+  double rank_start_spread_s = 0;
+};
+
+// Counters every callback updates; read by the driver for its report.
+struct ClusterStats {
+  std::atomic<int64_t> sessions_registered{0};
+  std::atomic<int64_t> sessions_ended{0};  // a session stream ended before shutdown
+  std::atomic<int64_t> launches{0};
+  std::atomic<int64_t> kills{0};
+  std::atomic<int64_t> ranks_ready{0};
+  std::atomic<int64_t> reports_sent{0};
+  std::atomic<int64_t> reports_skipped{0};  // the previous write had not finished
+  std::atomic<int64_t> streams_failed{0};   // a progress stream ended with an error
+  std::atomic<int64_t> rendezvous_failed{0};
+  LatencyRecorder store_latency;  // StoreSet / StoreAdd / StoreGet without wait
+  // From queueing a heartbeat to gRPC taking it: when this nears the node
+  // timeout, loadgen itself (not the coordinator) is what lags.
+  LatencyRecorder heartbeat_delay;
+};
+
+class FakeNode;
+
+class FakeCluster {
+ public:
+  FakeCluster(ClusterOptions options, NodeCertFactory* certs);
+  ~FakeCluster();
+
+  // Issues the certificates and creates the nodes (Tick may run from now on).
+  absl::Status Create();
+  // Opens every session and waits (up to timeout) until every node is registered.
+  absl::Status Connect(absl::Duration timeout);
+
+  // One step of the 1 Hz schedule: call it every tick_interval with slice
+  // 0..slices-1 in turn; it serves the nodes whose index % slices == slice
+  // (heartbeat, then one report per running rank), spreading a second's
+  // messages evenly instead of sending them in one burst.
+  void Tick(int slice, int slices);
+
+  // From now on the given rank sends nothing and every other rank stops
+  // completing steps (they wait in a data-parallel all-reduce for it), as
+  // when one process of a real job is SIGSTOPped.
+  void StopRank(int rank);
+
+  // Cancels every stream and waits (bounded) until gRPC has let go of them.
+  void Shutdown();
+
+  ClusterStats& stats() { return stats_; }
+  const ClusterOptions& options() const { return options_; }
+
+  // Shared by the nodes and ranks (read-only after Start).
+  struct Shared {
+    ClusterStats* stats;
+    double rank_start_spread_s = 0;
+    std::atomic<int> stopped_rank{-1};
+    std::atomic<int64_t> stopped_at_ms{0};
+    std::atomic<bool> shutting_down{false};
+  };
+
+ private:
+  const ClusterOptions options_;
+  NodeCertFactory* const certs_;
+  ClusterStats stats_;
+  Shared shared_;
+  std::vector<std::unique_ptr<FakeNode>> nodes_;
+};
+
+}  // namespace loom::loadgen
