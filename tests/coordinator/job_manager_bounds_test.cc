@@ -157,16 +157,16 @@ TEST_F(JobManagerBounds, AJobLargerThanTheWholeClusterDoesNotHoldUpTheQueue) {
   AddNode("node-a", 2);
   auto huge = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 8"}, {"dp: 2", "dp: 8"},
                                                         {"global_batch_size: 4", "global_batch_size: 16"}}),
-                            "job.yaml", "");
+                            "job.yaml", "", "alice");
   ASSERT_TRUE(huge.ok()) << huge.status();
-  auto small = jobs_->Submit(kSpec, "job.yaml", "");
+  auto small = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(huge->id())->state(), JobState::PENDING);
   EXPECT_EQ(jobs_->Get(small->id())->state(), JobState::STARTING);
   // A job that the cluster could hold once free still waits its turn.
-  auto waits = jobs_->Submit(kSpec, "job.yaml", "");
+  auto waits = jobs_->Submit(kSpec, "job.yaml", "", "alice");
   auto behind = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1"}, {"dp: 2", "dp: 1"}}),
-                              "job.yaml", "");
+                              "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(waits->id())->state(), JobState::PENDING);
   EXPECT_EQ(jobs_->Get(behind->id())->state(), JobState::PENDING);
