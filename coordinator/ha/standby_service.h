@@ -8,11 +8,12 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/coordinator_channel.h"
 #include "grpcpp/generic/async_generic_service.h"
 
 namespace loom::coordinator::ha {
 
-inline constexpr char kLeaderMetadataKey[] = "loom-leader";
+using rpc::kLeaderMetadataKey;  // one name, shared with the clients that read it
 
 class StandbyService final : public grpc::CallbackGenericService {
  public:
