@@ -13,38 +13,54 @@ bool Unreachable(const grpc::Status& status) {
 
 }  // namespace
 
+EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) {
+  grpc::ChannelArguments args;
+  // A whole job list comes back in one Range.
+  args.SetMaxReceiveMessageSize(-1);
+  // This channel's own connections, not ones shared with earlier channels
+  // to the same member (see Member).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  return {.endpoint = endpoint,
+          .kv = etcdserverpb::KV::NewStub(channel),
+          .lease = etcdserverpb::Lease::NewStub(channel),
+          .connected_at = absl::Now()};
+}
+
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration call_timeout)
     : endpoints_(std::move(endpoints)), call_timeout_(call_timeout) {
-  for (const std::string& endpoint : endpoints_) {
-    grpc::ChannelArguments args;
-    // A whole job list comes back in one Range.
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    auto channel =
-        grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
-    members_.push_back({.endpoint = endpoint,
-                        .kv = etcdserverpb::KV::NewStub(channel),
-                        .lease = etcdserverpb::Lease::NewStub(channel)});
-  }
+  absl::MutexLock lock(&mu_);
+  for (const std::string& endpoint : endpoints_) members_.push_back(Connect(endpoint));
 }
 
 template <typename Response, typename Call>
 absl::StatusOr<Response> EtcdClient::OnAnyMember(const char* what, Call call) {
   grpc::Status last;
   const size_t start = current_.load();
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const size_t index = (start + i) % members_.size();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    const size_t index = (start + i) % endpoints_.size();
+    Member member;
+    {
+      absl::MutexLock lock(&mu_);
+      member = members_[index];
+    }
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(call_timeout_));
     Response response;
-    last = call(members_[index], context, response);
+    last = call(member, context, response);
     if (last.ok()) {
       current_.store(index);
       return response;
     }
     if (!Unreachable(last)) break;
+    // At most one new channel a second per member.
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() - members_[index].connected_at > absl::Seconds(1)) {
+      members_[index] = Connect(members_[index].endpoint);
+    }
   }
   return absl::UnavailableError(absl::StrCat("etcd ", what, ": ", last.error_message(), " (code ",
                                              static_cast<int>(last.error_code()), ")"));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "etcd/etcd_v3.grpc.pb.h"
 
@@ -38,16 +39,23 @@ class EtcdClient {
  private:
   struct Member {
     std::string endpoint;
-    std::unique_ptr<etcdserverpb::KV::Stub> kv;
-    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::shared_ptr<etcdserverpb::KV::Stub> kv;
+    std::shared_ptr<etcdserverpb::Lease::Stub> lease;
+    absl::Time connected_at;  // when the stubs' channel was made
   };
+  // A fresh channel to the member: a gRPC channel whose connection attempts
+  // failed while the member was starting (connection refused, then no
+  // answer before it served) can stay unusable for many seconds after the
+  // member is up; a new channel connects at once.
+  static Member Connect(const std::string& endpoint);
   // Runs call(member, context) on the current member, then on the others
   // while they are unreachable.
   template <typename Response, typename Call>
   absl::StatusOr<Response> OnAnyMember(const char* what, Call call);
 
   std::vector<std::string> endpoints_;
-  std::vector<Member> members_;
+  absl::Mutex mu_;
+  std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> current_{0};
   const absl::Duration call_timeout_;
 };
