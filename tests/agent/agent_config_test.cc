@@ -25,20 +25,20 @@ TEST(AgentConfigTest, ParsesTheContractFlagsWithDefaults) {
 
 TEST(AgentConfigTest, ConfinementRootsDefaultUnderTheWorkDir) {
   absl::StatusOr<AgentConfig> config =
-      ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w"});
+      ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->data_roots, std::vector<std::string>{"/w/data"});
   EXPECT_EQ(config->checkpoint_root, "/w/checkpoints");
   EXPECT_EQ(config->run_as_user, "");
   config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
                                   "--data_roots=/srv/a/,/srv/b", "--checkpoint_root=/ck",
-                                  "--run_as_user=loom"});
+                                  "--run_as_user=loom", "--insecure"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->data_roots, (std::vector<std::string>{"/srv/a", "/srv/b"}));
   EXPECT_EQ(config->checkpoint_root, "/ck");
   EXPECT_EQ(config->run_as_user, "loom");
   config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
-                                  "--data_roots=/srv/../etc"});
+                                  "--data_roots=/srv/../etc", "--insecure"});
   ASSERT_FALSE(config.ok());
   EXPECT_NE(config.status().message().find("--data_roots"), absl::string_view::npos);
 }
