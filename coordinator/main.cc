@@ -259,8 +259,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<auth::UserTokenStore> user_tokens;
   std::optional<auth::RankTokenCodec> rank_tokens;
   if (!tls->insecure) {
+    // With etcd the hashes live there: a standby that takes over knows every
+    // token the leaders before it issued.
     absl::StatusOr<std::unique_ptr<auth::UserTokenStore>> opened =
-        auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"));
+        etcd == nullptr
+            ? auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"))
+            : auth::UserTokenStore::Open(ha::EtcdTokenPersistence(
+                  etcd.get(), etcd_prefix + "/secrets/user_tokens", election->Fence()));
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     user_tokens = *std::move(opened);
     if (etcd != nullptr) {

@@ -26,4 +26,34 @@ absl::StatusOr<std::string> LoadOrCreateShared(EtcdClient* etcd, const std::stri
   return existing.kvs(0).value();
 }
 
+absl::Status FencedPut(EtcdClient* etcd, const etcdserverpb::Compare& fence,
+                       const std::string& key, const std::string& value) {
+  etcdserverpb::TxnRequest txn;
+  *txn.add_compare() = fence;
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key);
+  put->set_value(value);
+  absl::StatusOr<etcdserverpb::TxnResponse> result = etcd->Txn(txn);
+  if (!result.ok()) return result.status();
+  if (!result->succeeded()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("etcd key ", key, ": refused, this coordinator no longer leads"));
+  }
+  return absl::OkStatus();
+}
+
+auth::TokenPersistence EtcdTokenPersistence(EtcdClient* etcd, const std::string& key,
+                                            const etcdserverpb::Compare& fence) {
+  return {.name = absl::StrCat("etcd key ", key),
+          .load = [etcd, key]() -> absl::StatusOr<std::string> {
+            absl::StatusOr<etcdserverpb::KeyValue> kv = etcd->Get(key);
+            if (absl::IsNotFound(kv.status())) return std::string();
+            if (!kv.ok()) return kv.status();
+            return kv->value();
+          },
+          .save = [etcd, key, fence](const std::string& text) {
+            return FencedPut(etcd, fence, key, text);
+          }};
+}
+
 }  // namespace loom::coordinator::ha

@@ -241,6 +241,33 @@ TEST_F(EtcdHa, StandbyLeadsWhenTheLeaderGoesAndTheOldLeaderCannotWrite) {
   EXPECT_TRUE(a_lost);
 }
 
+TEST_F(EtcdHa, UserTokensIssuedByOneLeaderAreKnownToTheNext) {
+  LeaderElection a(client_.get(), Options("a:1"));
+  absl::Notification never;
+  ASSERT_TRUE(a.Campaign(never, [](const std::string&) {}, [](const std::string&) {}).ok());
+  auto a_tokens = auth::UserTokenStore::Open(EtcdTokenPersistence(client_.get(), "/t/tokens", a.Fence()));
+  ASSERT_TRUE(a_tokens.ok()) << a_tokens.status();
+  auto token = (*a_tokens)->Create("alice");
+  ASSERT_TRUE(token.ok()) << token.status();
+  // The value in etcd is the hash, never the token.
+  auto stored = client_->Get("/t/tokens");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->value().find(*token), std::string::npos);
+
+  ASSERT_TRUE(client_->LeaseRevoke(a.lease()).ok());
+  LeaderElection b(client_.get(), Options("b:2"));
+  ASSERT_TRUE(b.Campaign(never, [](const std::string&) {}, [](const std::string&) {}).ok());
+  auto b_tokens = auth::UserTokenStore::Open(EtcdTokenPersistence(client_.get(), "/t/tokens", b.Fence()));
+  ASSERT_TRUE(b_tokens.ok());
+  auto user = (*b_tokens)->Lookup(*token);
+  ASSERT_TRUE(user.ok()) << user.status();
+  EXPECT_EQ(*user, "alice");
+  // The old leader can no longer issue or revoke.
+  EXPECT_TRUE(absl::IsFailedPrecondition((*a_tokens)->Create("mallory").status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*a_tokens)->Revoke("alice").status()));
+  EXPECT_TRUE((*b_tokens)->Lookup(*token).ok());
+}
+
 TEST_F(EtcdHa, SharedValuesAreCreatedOnceForEveryone) {
   auto first = LoadOrCreateShared(client_.get(), "/t/secrets/k", [] { return std::string("one"); });
   auto second = LoadOrCreateShared(client_.get(), "/t/secrets/k", [] { return std::string("two"); });

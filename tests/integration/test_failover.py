@@ -88,6 +88,8 @@ class Failover(unittest.TestCase):
         ranks = c.trainer_pids()
         self.assertEqual(len(ranks), 2)
         before = history(c.status(job))
+        # A user token issued by c1 (its hash is kept in etcd).
+        token = c.loomctl("token", "create", "--user=alice").stdout.strip()
         self.assertTrue(any("RUNNING" in line for line in before), before)
 
         # The leader dies; the standby leads within 10 s.
@@ -104,6 +106,9 @@ class Failover(unittest.TestCase):
         wait_until(lambda: "registered with coordinator " + address["c2"] in c.log("node-a.log"),
                    30, "the agent to register with c2")
         self.assertTrue(all(pid_alive(p) for p in ranks), "the ranks were not restarted")
+        # c2 knows the token c1 issued (and the ranks' tokens: their reports count).
+        self.assertEqual(c.loomctl("whoami", identity=None, token=token).stdout.strip(),
+                         "alice (user)")
 
         # One etcd member dies: the leader keeps leading, the job keeps going.
         c.kill(self.etcd["e0"], signal.SIGKILL)
