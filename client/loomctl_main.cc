@@ -58,6 +58,12 @@ int Fail(const std::string& message, int code = 1) {
 // An RPC error in words; an unreachable coordinator says how to start one.
 int RpcFail(const grpc::Status& status) {
   const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (loom::rpc::SplitAddresses(address).size() > 1 &&
+      (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    return Fail(absl::StrCat("none of the coordinators at ", address, " leads or answers (",
+                             status.error_message(), ")"));
+  }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return Fail(absl::StrCat("cannot reach the coordinator at ", address, " (",

@@ -57,7 +57,8 @@ ABSL_FLAG(std::string, advertise, "",
           "with --state=etcd://: HOST:PORT clients reach this coordinator at, as standbys name it "
           "(default: --listen)");
 ABSL_FLAG(double, leader_lease_s, 5.0,
-          "with --state=etcd://: the leader's etcd lease; a dead leader is replaced after this long");
+          "with --state=etcd://: the leader's etcd lease in whole seconds (at least 2); a dead "
+          "leader is replaced after this long");
 ABSL_FLAG(std::string, data_roots, "",
           "comma-separated directories jobs may read data from; relative data paths resolve "
           "beneath the first (default: <state_dir>/data)");
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
       argc, argv,
       "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
-      "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR]");
+      "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
+      "[--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX [--advertise=HOST:PORT] [--leader_lease_s=S]]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
