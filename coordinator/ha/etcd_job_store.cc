@@ -9,8 +9,10 @@
 namespace loom::coordinator::ha {
 namespace {
 
-// etcd's default --max-txn-ops is 128; one op of each is the fence's range.
+// etcd's defaults: at most 128 operations per transaction (one of ours is
+// the fence) and 1.5 MiB per request.
 constexpr size_t kMaxOpsPerTxn = 100;
+constexpr size_t kMaxBytesPerTxn = 1 << 20;
 
 }  // namespace
 
@@ -22,11 +24,18 @@ EtcdJobStore::EtcdJobStore(EtcdClient* etcd, std::string prefix, etcdserverpb::C
 
 absl::Status EtcdJobStore::Commit(std::vector<etcdserverpb::RequestOp> ops,
                                   const std::string& what) {
-  for (size_t begin = 0; begin < ops.size() || begin == 0; begin += kMaxOpsPerTxn) {
+  size_t next = 0;
+  while (next < ops.size()) {
     etcdserverpb::TxnRequest txn;
     *txn.add_compare() = fence_;
-    const size_t end = std::min(ops.size(), begin + kMaxOpsPerTxn);
-    for (size_t i = begin; i < end; ++i) *txn.add_success() = std::move(ops[i]);
+    size_t bytes = 0;
+    // At least one op per transaction; a single op over the byte budget is
+    // sent alone (etcd refuses it if it is over its own limit).
+    while (next < ops.size() && txn.success_size() < static_cast<int>(kMaxOpsPerTxn) &&
+           (txn.success_size() == 0 || bytes + ops[next].ByteSizeLong() <= kMaxBytesPerTxn)) {
+      bytes += ops[next].ByteSizeLong();
+      *txn.add_success() = std::move(ops[next++]);
+    }
     absl::StatusOr<etcdserverpb::TxnResponse> result = etcd_->Txn(txn);
     if (!result.ok()) {
       return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", result.status().message()));
@@ -36,7 +45,6 @@ absl::Status EtcdJobStore::Commit(std::vector<etcdserverpb::RequestOp> ops,
           "job store: ", what, ": refused, this coordinator no longer leads (leader key ",
           fence_.key(), " is not the one created at revision ", fence_.create_revision(), ")"));
     }
-    if (ops.empty()) break;
   }
   return absl::OkStatus();
 }

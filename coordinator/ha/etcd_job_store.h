@@ -21,8 +21,9 @@ class EtcdJobStore final : public JobStore {
   EtcdJobStore(EtcdClient* etcd, std::string prefix, etcdserverpb::Compare fence);
 
   absl::Status Put(const loom::v1::Job& job) override;
-  // One transaction when it fits etcd's limit on operations per transaction
-  // (128 by default); larger batches are split, each part all or none.
+  // One transaction when it fits etcd's limits per transaction (128
+  // operations, 1.5 MiB by default); larger batches are split, each part all
+  // or none.
   absl::Status PutAll(const std::vector<const loom::v1::Job*>& jobs) override;
   absl::StatusOr<std::vector<loom::v1::Job>> LoadAll() override;
   absl::Status Delete(const std::vector<std::string>& ids) override;

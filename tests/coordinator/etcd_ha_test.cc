@@ -174,6 +174,25 @@ TEST_F(EtcdHa, StoreKeepsJobsAndNeverReusesADeletedSequence) {
   EXPECT_EQ(*max, 10);
 }
 
+TEST_F(EtcdHa, BatchesLargerThanOneTransactionAreAllStored) {
+  LeaderElection election(client_.get(), Options("a:1"));
+  absl::Notification never;
+  ASSERT_TRUE(election.Campaign(never, [](const std::string&) {}, [](const std::string&) {}).ok());
+  EtcdJobStore store(client_.get(), "/t", election.Fence());
+  // 250 jobs (over 128 operations) of 20 KiB (over 1.5 MiB together).
+  std::vector<loom::v1::Job> jobs;
+  for (int i = 1; i <= 250; ++i) {
+    jobs.push_back(MakeJob(absl::StrCat("job-abc123-", 100000 + i), loom::v1::PENDING));
+    jobs.back().set_spec_yaml(std::string(20 << 10, 'x'));
+  }
+  std::vector<const loom::v1::Job*> pointers;
+  for (const loom::v1::Job& job : jobs) pointers.push_back(&job);
+  ASSERT_TRUE(store.PutAll(pointers).ok());
+  auto loaded = store.LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 250u);
+}
+
 TEST_F(EtcdHa, StandbyLeadsWhenTheLeaderGoesAndTheOldLeaderCannotWrite) {
   std::atomic<bool> a_lost{false};
   LeaderElection a(client_.get(), Options("a:1"));
