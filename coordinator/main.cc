@@ -3,9 +3,9 @@
 // reflection with --reflection) on --listen over mutual TLS (--tls_dir;
 // plaintext only with --insecure), Prometheus metrics on --metrics_listen,
 // and keeps jobs, user-token hashes and the rank-token key under --state_dir.
-// With --state=etcd://... jobs, leadership and the rank-token key live in etcd
-// instead: several coordinators run, one leads, the others stand by
-// (coordinator/ha/, docs/ha.md).
+// With --state=etcd://... jobs, leadership, the user-token hashes and the
+// rank-token key live in etcd instead: several coordinators run, one leads,
+// the others stand by (coordinator/ha/, docs/ha.md).
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -21,6 +21,7 @@
 #include "common/confine/path_rules.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
+#include "coordinator/auth/crypto.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/cluster/node_registry.h"
@@ -30,7 +31,6 @@
 #include "coordinator/ha/leader_election.h"
 #include "coordinator/ha/shared_value.h"
 #include "coordinator/ha/standby_service.h"
-#include "coordinator/auth/crypto.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
