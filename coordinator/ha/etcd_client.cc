@@ -26,6 +26,7 @@ EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) {
   return {.endpoint = endpoint,
           .kv = etcdserverpb::KV::NewStub(channel),
           .lease = etcdserverpb::Lease::NewStub(channel),
+          .watch = etcdserverpb::Watch::NewStub(channel),
           .connected_at = absl::Now()};
 }
 
@@ -126,6 +127,38 @@ absl::StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease) {
           });
   if (!response.ok()) return response.status();
   return response->ttl();
+}
+
+absl::Status EtcdClient::WaitForDelete(const std::string& key, int64_t revision,
+                                       absl::Duration timeout) {
+  Member member;
+  {
+    absl::MutexLock lock(&mu_);
+    member = members_[current_.load() % members_.size()];
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  auto stream = member.watch->Watch(&context);
+  etcdserverpb::WatchRequest request;
+  request.mutable_create_request()->set_key(key);
+  request.mutable_create_request()->set_start_revision(revision);
+  bool deleted = false;
+  if (stream->Write(request)) {
+    etcdserverpb::WatchResponse response;
+    while (!deleted && stream->Read(&response)) {
+      if (response.canceled()) break;  // e.g. the revision was compacted
+      for (const etcdserverpb::Event& event : response.events()) {
+        deleted = deleted || event.type() == etcdserverpb::Event::DELETE;
+      }
+    }
+  }
+  context.TryCancel();
+  grpc::Status status = stream->Finish();
+  if (deleted) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::DeadlineExceededError(absl::StrCat("etcd watch of ", key));
+  }
+  return absl::UnavailableError(absl::StrCat("etcd watch of ", key, ": ", status.error_message()));
 }
 
 absl::StatusOr<etcdserverpb::KeyValue> EtcdClient::Get(const std::string& key) {

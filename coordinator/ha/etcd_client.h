@@ -34,6 +34,11 @@ class EtcdClient {
   // The value of one key; NOT_FOUND if it does not exist.
   absl::StatusOr<etcdserverpb::KeyValue> Get(const std::string& key);
 
+  // Watches key from revision on: OK once it is deleted (or expired with its
+  // lease), DEADLINE_EXCEEDED when timeout passed first, UNAVAILABLE when the
+  // watch could not be kept (the caller reads the key again).
+  absl::Status WaitForDelete(const std::string& key, int64_t revision, absl::Duration timeout);
+
   const std::vector<std::string>& endpoints() const { return endpoints_; }
 
  private:
@@ -41,6 +46,7 @@ class EtcdClient {
     std::string endpoint;
     std::shared_ptr<etcdserverpb::KV::Stub> kv;
     std::shared_ptr<etcdserverpb::Lease::Stub> lease;
+    std::shared_ptr<etcdserverpb::Watch::Stub> watch;
     absl::Time connected_at;  // when the stubs' channel was made
   };
   // A fresh channel to the member: a gRPC channel whose connection attempts

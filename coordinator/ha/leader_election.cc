@@ -26,7 +26,7 @@ etcdserverpb::Compare LeaderElection::Fence() const {
   return compare;
 }
 
-absl::Status LeaderElection::TryOnce(std::string* leader_seen) {
+absl::Status LeaderElection::TryOnce(std::string* leader_seen, int64_t* seen_at_revision) {
   absl::StatusOr<etcdserverpb::RangeResponse> current = [&] {
     etcdserverpb::RangeRequest request;
     request.set_key(options_.leader_key);
@@ -35,6 +35,7 @@ absl::Status LeaderElection::TryOnce(std::string* leader_seen) {
   if (!current.ok()) return current.status();
   if (current->kvs_size() > 0) {
     *leader_seen = current->kvs(0).value();
+    *seen_at_revision = current->header().revision();
     return absl::FailedPreconditionError("another coordinator leads");
   }
   absl::StatusOr<etcdserverpb::LeaseGrantResponse> granted =
@@ -81,7 +82,8 @@ absl::Status LeaderElection::Campaign(const absl::Notification& stop,
   bool etcd_reported = false;
   while (!stop.HasBeenNotified()) {
     std::string seen;
-    absl::Status status = TryOnce(&seen);
+    int64_t seen_at_revision = 0;
+    absl::Status status = TryOnce(&seen, &seen_at_revision);
     if (status.ok()) {
       on_lost_ = std::move(on_lost);
       renewer_ = std::thread([this] { Renew(); });
@@ -100,7 +102,13 @@ absl::Status LeaderElection::Campaign(const absl::Notification& stop,
       last_seen = seen;
       on_leader(seen);
     }
-    stop.WaitForNotificationWithTimeout(options_.poll_interval);
+    // Another leads: wait for its key to go (a watch wakes at once; the
+    // timeout bounds how long a stop waits), else poll.
+    if (seen_at_revision > 0 &&
+        etcd_->WaitForDelete(options_.leader_key, seen_at_revision + 1, absl::Seconds(1)).ok()) {
+      continue;
+    }
+    if (!stop.HasBeenNotified()) stop.WaitForNotificationWithTimeout(options_.poll_interval);
   }
   return absl::CancelledError("stopped before leading");
 }

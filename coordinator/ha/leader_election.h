@@ -2,8 +2,9 @@
 // A candidate takes a lease and creates the leader key <prefix>/leader
 // (value: the address clients reach it at) in a transaction that succeeds only
 // if the key does not exist (create_revision == 0). The leader renews the
-// lease; standbys poll the key and campaign again once it is gone (its lease
-// expired or was revoked). Leadership is one term: its proof is the leader
+// lease; standbys watch the key (an etcd Watch from the revision they read it
+// at, re-read at least every second) and campaign again once it is gone (its
+// lease expired or was revoked). Leadership is one term: its proof is the leader
 // key's create_revision (Fence()), which every write of the leader compares,
 // so a coordinator whose term ended can no longer write even if it has not
 // noticed yet. A leader that cannot renew its lease calls on_lost (the
@@ -51,7 +52,7 @@ class LeaderElection {
   // One attempt: OK when this coordinator now leads, FAILED_PRECONDITION when
   // another leads (leader_seen set to its address), UNAVAILABLE when etcd
   // could not be asked.
-  absl::Status TryOnce(std::string* leader_seen);
+  absl::Status TryOnce(std::string* leader_seen, int64_t* seen_at_revision);
   void Renew();
 
   EtcdClient* const etcd_;
