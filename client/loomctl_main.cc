@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/job_format.h"
 #include "common/cli/parse_flags.h"
+#include "common/rpc/coordinator_channel.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
 #include "loom/v1/auth.grpc.pb.h"
@@ -24,7 +25,9 @@
 #include "coordinator/planner/sweep.h"
 #include "worker/engine/export/hf_export.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "address of loom-coordinator");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
+          "address of loom-coordinator; several comma-separated (a highly available cluster): "
+          "loomctl talks to the one that leads");
 ABSL_FLAG(std::string, format, "", "output format: plan: text|json; watch: text|jsonl; export: hf");
 ABSL_FLAG(bool, offline, false, "plan: run the planner here instead of asking the coordinator");
 ABSL_FLAG(int32_t, candidates, 5, "plan: how many layouts to show");
@@ -42,7 +45,7 @@ namespace {
 using loom::v1::JobService;
 
 constexpr char kUsage[] =
-    "loomctl [--coordinator=HOST:PORT] submit JOB.yaml | plan JOB.yaml [--offline] "
+    "loomctl [--coordinator=HOST:PORT[,HOST:PORT...]] submit JOB.yaml | plan JOB.yaml [--offline] "
     "[--format=json] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
     "delete ID | uncordon NODE | export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
     "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
@@ -55,6 +58,12 @@ int Fail(const std::string& message, int code = 1) {
 // An RPC error in words; an unreachable coordinator says how to start one.
 int RpcFail(const grpc::Status& status) {
   const std::string address = absl::GetFlag(FLAGS_coordinator);
+  if (loom::rpc::SplitAddresses(address).size() > 1 &&
+      (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    return Fail(absl::StrCat("none of the coordinators at ", address, " leads or answers (",
+                             status.error_message(), ")"));
+  }
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return Fail(absl::StrCat("cannot reach the coordinator at ", address, " (",
@@ -91,10 +100,10 @@ std::string BearerToken() {
   return token;
 }
 
-// One channel per process, with TLS from the flags or $LOOM_TLS_DIR (a token
-// user needs only ca.crt there) and the bearer token on every call.
-std::shared_ptr<grpc::Channel> Channel() {
-  static std::shared_ptr<grpc::Channel> channel = [] {
+// The coordinators, with TLS from the flags or $LOOM_TLS_DIR (a token user
+// needs only ca.crt there) and the bearer token on every call.
+loom::rpc::CoordinatorChannel& Coordinators() {
+  static loom::rpc::CoordinatorChannel* coordinators = [] {
     loom::rpc::TlsFlagValues flags = loom::rpc::TlsFlagValuesFromFlags(Env("LOOM_TLS_DIR"));
     const std::string token = BearerToken();
     flags.certificate_optional = !token.empty();
@@ -104,9 +113,30 @@ std::shared_ptr<grpc::Channel> Channel() {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         loom::rpc::ChannelCredentials(*tls, tls->insecure ? "" : token);
     if (!credentials.ok()) loom::cli::UsageError(std::string(credentials.status().message()));
-    return loom::rpc::MakeChannel(absl::GetFlag(FLAGS_coordinator), *credentials);
+    return new loom::rpc::CoordinatorChannel(absl::GetFlag(FLAGS_coordinator), *credentials);
   }();
-  return channel;
+  return *coordinators;
+}
+
+// With several coordinators: looks for the leader for up to ~10 s (a standby
+// takes over within its lease); false if none leads.
+bool FindLeader() {
+  loom::rpc::CoordinatorChannel& coordinators = Coordinators();
+  if (!coordinators.several()) return true;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!coordinators.FindLeader()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  return true;
+}
+
+// The channel to the coordinator that leads (the only one, or the one
+// FindLeader found once per process; Watch looks again after a lost stream).
+std::shared_ptr<grpc::Channel> Channel() {
+  static const bool found = FindLeader();
+  (void)found;  // if none leads, calls go to the first address and say so
+  return Coordinators().channel();
 }
 
 std::unique_ptr<JobService::Stub> Stub() { return JobService::NewStub(Channel()); }
@@ -323,6 +353,11 @@ int Watch(const std::string& id) {
     }
     std::fprintf(stderr, "lost the coordinator (%s); reconnecting\n", status.error_message().c_str());
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (Coordinators().several()) {
+      Coordinators().Failed(status, &context);
+      FindLeader();
+      stub = Stub();
+    }
   }
 }
 

@@ -3,6 +3,9 @@
 // reflection with --reflection) on --listen over mutual TLS (--tls_dir;
 // plaintext only with --insecure), Prometheus metrics on --metrics_listen,
 // and keeps jobs, user-token hashes and the rank-token key under --state_dir.
+// With --state=etcd://... jobs, leadership, the user-token hashes and the
+// rank-token key live in etcd instead: several coordinators run, one leads,
+// the others stand by (coordinator/ha/, docs/ha.md).
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -11,6 +14,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -18,11 +22,18 @@
 #include "common/confine/path_rules.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
+#include "coordinator/auth/crypto.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/cluster/node_registry.h"
+#include "coordinator/ha/etcd_client.h"
+#include "coordinator/ha/etcd_job_store.h"
+#include "coordinator/ha/etcd_target.h"
+#include "coordinator/ha/leader_election.h"
+#include "coordinator/ha/shared_value.h"
+#include "coordinator/ha/standby_service.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/job_store.h"
+#include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "coordinator/service/auth_service.h"
 #include "coordinator/service/caller_identity.h"
@@ -38,7 +49,17 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port of the Prometheus endpoint (empty: no metrics endpoint)");
-ABSL_FLAG(std::string, state_dir, "", "directory of the durable job store (required)");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory of the durable job store and this coordinator's local files (required)");
+ABSL_FLAG(std::string, state, "",
+          "where jobs and leadership live: empty = SQLite in --state_dir (one coordinator); "
+          "etcd://HOST:PORT[,HOST:PORT...]/PREFIX = etcd (several coordinators, one leads)");
+ABSL_FLAG(std::string, advertise, "",
+          "with --state=etcd://: HOST:PORT clients reach this coordinator at, as standbys name it "
+          "(default: --listen)");
+ABSL_FLAG(double, leader_lease_s, 5.0,
+          "with --state=etcd://: the leader's etcd lease in whole seconds (at least 2); a dead "
+          "leader is replaced after this long");
 ABSL_FLAG(std::string, data_roots, "",
           "comma-separated directories jobs may read data from; relative data paths resolve "
           "beneath the first (default: <state_dir>/data)");
@@ -98,6 +119,51 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// Serves as a standby on --listen (every Loom RPC refused with the leader's
+// address, health NOT_SERVING) until election makes this coordinator the
+// leader (OK) or shutdown comes (CANCELLED). The leader's server then takes
+// the same port.
+absl::Status StandBy(std::shared_ptr<grpc::ServerCredentials> credentials,
+                     loom::coordinator::ha::LeaderElection* election,
+                     const absl::Notification& shutdown) {
+  loom::coordinator::ha::StandbyService standby;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<WithoutReflection>());
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
+  loom::rpc::ApplyServerSettings(builder);
+  builder.RegisterCallbackGenericService(&standby);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --listen=",
+                                               absl::GetFlag(FLAGS_listen),
+                                               " (is another coordinator running there?)"));
+  }
+  server->GetHealthCheckService()->SetServingStatus(false);
+  std::printf("loom-coordinator: standing by on %s until this coordinator leads\n",
+              absl::GetFlag(FLAGS_listen).c_str());
+  std::fflush(stdout);
+  absl::Status status = election->Campaign(
+      shutdown,
+      [&standby](const std::string& leader) {
+        standby.SetLeader(leader);
+        std::printf("loom-coordinator: standby; leader: %s\n",
+                    leader.empty() ? "(none)" : leader.c_str());
+        std::fflush(stdout);
+      },
+      [](const std::string& why) {
+        // Crash-only: the term is over and every write of it is refused by
+        // etcd anyway; a supervisor restarts this process as a standby.
+        std::fprintf(stderr, "loom-coordinator: leadership lost (%s); exiting\n", why.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      });
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  server->Wait();
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +175,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args = loom::cli::ParseFlagsOrExit(
       argc, argv,
       "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
-      "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR]");
+      "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
+      "[--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX [--advertise=HOST:PORT] [--leader_lease_s=S]]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
@@ -153,24 +220,73 @@ int main(int argc, char** argv) {
     roots.checkpoint_root = *parsed;
   }
 
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(state_dir);
-  if (!store.ok()) return Fail(std::string(store.status().message()));
+  absl::Notification shutdown;
+  g_shutdown = &shutdown;
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
   absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> metrics =
       CoordinatorMetrics::Create(absl::GetFlag(FLAGS_metrics_listen));
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+
+  // High availability: stand by until this coordinator leads, then keep the
+  // jobs in etcd, every write fenced by this term of leadership.
+  std::unique_ptr<JobStore> store;
+  std::unique_ptr<ha::EtcdClient> etcd;
+  std::unique_ptr<ha::LeaderElection> election;
+  std::string etcd_prefix;
+  if (const std::string state = absl::GetFlag(FLAGS_state); !state.empty()) {
+    absl::StatusOr<ha::EtcdTarget> target = ha::ParseEtcdTarget(state);
+    if (!target.ok()) loom::cli::UsageError(std::string(target.status().message()));
+    const double lease_s = absl::GetFlag(FLAGS_leader_lease_s);
+    if (lease_s < 2) loom::cli::UsageError("--leader_lease_s must be at least 2");
+    etcd_prefix = target->prefix;
+    etcd = std::make_unique<ha::EtcdClient>(target->endpoints);
+    std::string advertise = absl::GetFlag(FLAGS_advertise);
+    if (advertise.empty()) advertise = absl::GetFlag(FLAGS_listen);
+    election = std::make_unique<ha::LeaderElection>(
+        etcd.get(), ha::ElectionOptions{.leader_key = etcd_prefix + "/leader",
+                                        .address = advertise,
+                                        .lease_ttl = absl::Seconds(static_cast<int64_t>(lease_s))});
+    if (absl::Status s = StandBy(*server_credentials, election.get(), shutdown); !s.ok()) {
+      if (absl::IsCancelled(s)) return 0;
+      return Fail(std::string(s.message()));
+    }
+    std::printf("loom-coordinator: leading (etcd %s, prefix %s, lease %lld)\n", state.c_str(),
+                etcd_prefix.c_str(), static_cast<long long>(election->lease()));
+    std::fflush(stdout);
+    store = std::make_unique<ha::EtcdJobStore>(etcd.get(), etcd_prefix, election->Fence());
+  } else {
+    absl::StatusOr<std::unique_ptr<SqliteJobStore>> opened = SqliteJobStore::Open(state_dir);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    store = *std::move(opened);
+  }
 
   // Identities: user-token hashes and the rank-token key live in the state dir.
   std::unique_ptr<auth::UserTokenStore> user_tokens;
   std::optional<auth::RankTokenCodec> rank_tokens;
   if (!tls->insecure) {
+    // With etcd the hashes live there: a standby that takes over knows every
+    // token the leaders before it issued.
     absl::StatusOr<std::unique_ptr<auth::UserTokenStore>> opened =
-        auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"));
+        etcd == nullptr
+            ? auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"))
+            : auth::UserTokenStore::Open(ha::EtcdTokenPersistence(
+                  etcd.get(), etcd_prefix + "/secrets/user_tokens", election->Fence()));
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     user_tokens = *std::move(opened);
-    absl::StatusOr<auth::RankTokenCodec> codec =
-        auth::RankTokenCodec::LoadOrCreate(absl::StrCat(state_dir, "/rank_token.key"));
-    if (!codec.ok()) return Fail(std::string(codec.status().message()));
-    rank_tokens.emplace(*std::move(codec));
+    if (etcd != nullptr) {
+      // Every coordinator must verify the rank tokens whichever leader issued.
+      absl::StatusOr<std::string> key = ha::LoadOrCreateShared(
+          etcd.get(), etcd_prefix + "/secrets/rank_token_key", [] { return auth::RandomBytes(32); });
+      if (!key.ok()) return Fail(absl::StrCat("rank token key: ", key.status().message()));
+      rank_tokens.emplace(*std::move(key));
+    } else {
+      absl::StatusOr<auth::RankTokenCodec> codec =
+          auth::RankTokenCodec::LoadOrCreate(absl::StrCat(state_dir, "/rank_token.key"));
+      if (!codec.ok()) return Fail(std::string(codec.status().message()));
+      rank_tokens.emplace(*std::move(codec));
+    }
   }
   const CallerAuth caller_auth(!tls->insecure, user_tokens.get(),
                                rank_tokens.has_value() ? &*rank_tokens : nullptr);
@@ -201,13 +317,16 @@ int main(int argc, char** argv) {
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
   options.job_metrics_grace = absl::Seconds(absl::GetFlag(FLAGS_job_metrics_grace_s));
   options.roots = roots;
-  absl::StatusOr<std::string> prefix = LoadOrCreateJobIdPrefix(state_dir);
+  absl::StatusOr<std::string> prefix =
+      etcd != nullptr ? ha::LoadOrCreateShared(etcd.get(), etcd_prefix + "/meta/job_id_prefix",
+                                               [] { return absl::BytesToHexString(auth::RandomBytes(3)); })
+                      : LoadOrCreateJobIdPrefix(state_dir);
   if (!prefix.ok()) return Fail(std::string(prefix.status().message()));
   options.job_id_prefix = *prefix;
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
-  JobManager jobs(options, *std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
+  JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
@@ -246,11 +365,6 @@ int main(int argc, char** argv) {
               tls->insecure ? "plaintext" : "mutual TLS",
               absl::GetFlag(FLAGS_metrics_listen).c_str(), state_dir.c_str());
   std::fflush(stdout);
-
-  absl::Notification shutdown;
-  g_shutdown = &shutdown;
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
 
   // Liveness: a node that stops sending heartbeats is lost even if its TCP
   // connection lingers. Hangs and restart backoffs are checked on the same tick.

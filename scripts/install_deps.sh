@@ -9,6 +9,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgloo-dev libopenblas-dev
   libsqlite3-dev libyaml-cpp-dev nlohmann-json3-dev
+  etcd-server etcd-client
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy python3-yaml
   prometheus curl openssl systemd shellcheck

@@ -18,12 +18,45 @@ constexpr char kPrefix[] = "loomu1.";
 
 std::string HashOf(const std::string& token) { return ToHex(Sha256(token)); }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::string();  // no tokens issued yet
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  // Written whole with mode 0600, then renamed over the old file.
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", temp));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UserTokenStore>> UserTokenStore::Open(const std::string& path) {
-  std::unique_ptr<UserTokenStore> store(new UserTokenStore(path));
-  std::ifstream in(path);
-  if (!in) return store;  // no tokens issued yet
+  return Open(TokenPersistence{.name = path,
+                               .load = [path] { return ReadFile(path); },
+                               .save = [path](const std::string& text) {
+                                 return WriteFile(path, text);
+                               }});
+}
+
+absl::StatusOr<std::unique_ptr<UserTokenStore>> UserTokenStore::Open(
+    TokenPersistence persistence) {
+  absl::StatusOr<std::string> text = persistence.load();
+  if (!text.ok()) return text.status();
+  std::unique_ptr<UserTokenStore> store(new UserTokenStore(std::move(persistence)));
+  std::istringstream in(*text);
+  const std::string& path = store->persistence_.name;
   std::string line;
   int number = 0;
   absl::MutexLock lock(&store->mu_);
@@ -93,19 +126,9 @@ bool UserTokenStore::LooksLikeUserToken(const std::string& token) {
 }
 
 absl::Status UserTokenStore::SaveLocked() const {
-  // Written whole with mode 0600, then renamed over the old file.
-  const std::string temp = path_ + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", temp));
   std::string text;
   for (const auto& [hash, user] : user_by_hash_) absl::StrAppend(&text, hash, " ", user, "\n");
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || std::rename(temp.c_str(), path_.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot write ", path_));
-  }
-  return absl::OkStatus();
+  return persistence_.save(text);
 }
 
 }  // namespace loom::coordinator::auth

@@ -45,6 +45,10 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   }
   if (!HoldsDevices(job.state())) return;
   RankState& rank = record.ranks[progress.rank()];
+  // A rank re-sends its recent reports on a new stream (the old one may have
+  // died with them unread); what this coordinator already saw is older than
+  // what it holds and says nothing new.
+  if (progress.time_unix_ms() < rank.last.time_unix_ms()) return;
   rank.last = progress;
   const absl::Time now = absl::Now();
   // A recovery's phases end at the ranks' own times: reports from different

@@ -13,6 +13,7 @@
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "coordinator/service/plan_service.h"
 #include "gmock/gmock.h"
@@ -56,7 +57,7 @@ class JobManagerBounds : public ::testing::Test {
   void Start(JobManagerOptions options = {}) {
     jobs_.reset();
     options.state_dir = scratch_ / "state";
-    auto store = JobStore::Open(options.state_dir);
+    auto store = SqliteJobStore::Open(options.state_dir);
     ASSERT_TRUE(store.ok()) << store.status();
     jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
                                          ResolveLayout);

@@ -1,6 +1,6 @@
 // The durable job store: what is put survives closing and reopening the
 // database, in submission order, and sequence numbers continue.
-#include "coordinator/jobs/job_store.h"
+#include "coordinator/jobs/sqlite_job_store.h"
 
 #include <filesystem>
 
@@ -26,16 +26,16 @@ loom::v1::Job MakeJob(const std::string& id, loom::v1::JobState state) {
 
 TEST(JobStore, SurvivesReopen) {
   const loom::testing::ScratchDir scratch("loom_job_store");
-  const std::string dir = scratch / "state";  // JobStore::Open makes it
+  const std::string dir = scratch / "state";  // SqliteJobStore::Open makes it
   {
-    auto store = JobStore::Open(dir);
+    auto store = SqliteJobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->Put(MakeJob("job-000002", loom::v1::RUNNING)).ok());
     ASSERT_TRUE((*store)->Put(MakeJob("job-000001", loom::v1::PENDING)).ok());
     // Replace: the newest record of a job wins.
     ASSERT_TRUE((*store)->Put(MakeJob("job-000001", loom::v1::SUCCEEDED)).ok());
   }
-  auto store = JobStore::Open(dir);
+  auto store = SqliteJobStore::Open(dir);
   ASSERT_TRUE(store.ok());
   auto jobs = (*store)->LoadAll();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -54,7 +54,7 @@ TEST(JobStore, DeletedJobsAreGoneButTheirSequenceIsNeverReused) {
   const loom::testing::ScratchDir scratch("loom_job_store_delete");
   const std::string dir = scratch / "state";
   {
-    auto store = JobStore::Open(dir);
+    auto store = SqliteJobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     for (const char* id : {"job-000001", "job-000002", "job-000003"}) {
       ASSERT_TRUE((*store)->Put(MakeJob(id, loom::v1::SUCCEEDED)).ok());
@@ -62,7 +62,7 @@ TEST(JobStore, DeletedJobsAreGoneButTheirSequenceIsNeverReused) {
     ASSERT_TRUE((*store)->Delete({"job-000002", "job-000003"}).ok());
     ASSERT_TRUE((*store)->Delete({}).ok());
   }
-  auto store = JobStore::Open(dir);
+  auto store = SqliteJobStore::Open(dir);
   ASSERT_TRUE(store.ok());
   auto jobs = (*store)->LoadAll();
   ASSERT_TRUE(jobs.ok());
@@ -72,7 +72,7 @@ TEST(JobStore, DeletedJobsAreGoneButTheirSequenceIsNeverReused) {
 }
 
 TEST(JobStore, UnwritableStateDirIsNamed) {
-  auto store = JobStore::Open("/proc/loom-cannot-exist/state");
+  auto store = SqliteJobStore::Open("/proc/loom-cannot-exist/state");
   ASSERT_FALSE(store.ok());
   EXPECT_NE(std::string(store.status().message()).find("/proc/loom-cannot-exist/state"),
             std::string::npos);

@@ -11,10 +11,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rpc/coordinator_channel.h"
 #include "common/rpc/tls_flags.h"
 #include "common/confine/path_rules.h"
 
-ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of the coordinator's gRPC endpoint");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of the coordinator's gRPC endpoint; several comma-separated for a highly "
+          "available cluster (the agent and its ranks follow the leader)");
 ABSL_FLAG(std::string, devices, "", "cpu:N (N CPU ranks) or gpu (the GPUs nvidia-smi lists)");
 ABSL_FLAG(std::string, work_dir, "", "directory for rank assignments and logs");
 ABSL_FLAG(std::string, node_id, "", "node id (default: host name and a hash of work_dir)");
@@ -87,7 +90,11 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
 
   config.coordinator = absl::GetFlag(FLAGS_coordinator);
   if (config.coordinator.empty()) return absl::InvalidArgumentError("--coordinator is required");
-  if (absl::Status s = ValidateHostPort(config.coordinator); !s.ok()) return s;
+  // Several comma-separated addresses: the coordinators of a highly
+  // available cluster; the session follows the leader.
+  for (const std::string& address : rpc::SplitAddresses(config.coordinator)) {
+    if (absl::Status s = ValidateHostPort(address); !s.ok()) return s;
+  }
 
   const std::string devices = absl::GetFlag(FLAGS_devices);
   if (devices.empty()) return absl::InvalidArgumentError("--devices is required");

@@ -13,7 +13,7 @@
 namespace loom::agent {
 
 inline constexpr char kAgentUsage[] =
-    "usage: loom-worker --coordinator=HOST:PORT --devices=cpu:N|gpu --work_dir=DIR "
+    "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
     "[--run_as_user=USER]";

@@ -53,16 +53,16 @@ void NodeSession::Run() {
     if (stopping_) return;
     running_ = true;
   }
-  auto channel = rpc::MakeChannel(options_.coordinator, options_.credentials != nullptr
-                                                          ? options_.credentials
-                                                          : grpc::InsecureChannelCredentials());
-  auto stub = loom::v1::NodeService::NewStub(channel);
+  rpc::CoordinatorChannel coordinators(options_.coordinator,
+                                       options_.credentials != nullptr
+                                           ? options_.credentials
+                                           : grpc::InsecureChannelCredentials());
   absl::Duration backoff = options_.initial_backoff;
   int failures_in_a_row = 0;
   std::unique_lock lock(mu_);
   while (!stopping_) {
     lock.unlock();
-    const bool registered = RunStream(*stub);
+    const bool registered = RunStream(coordinators);
     lock.lock();
     if (stopping_) break;
     if (registered) {
@@ -78,7 +78,11 @@ void NodeSession::Run() {
               absl::FormatDuration(options_.max_backoff).c_str());
     }
     cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff), [&] { return stopping_; });
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    // With several coordinators a standby takes over within its lease: look
+    // for the new leader often.
+    backoff = std::min(backoff * 2, coordinators.several()
+                                        ? std::min(options_.max_backoff, absl::Seconds(1))
+                                        : options_.max_backoff);
   }
   running_ = false;
   cv_.notify_all();
@@ -95,7 +99,7 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
       next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
       cv_.notify_all();
       fprintf(stderr, "loom-worker: registered with coordinator %s as %s (heartbeat %s)\n",
-              options_.coordinator.c_str(), message.registered().node_id().c_str(),
+              address_.c_str(), message.registered().node_id().c_str(),
               absl::FormatDuration(heartbeat_interval_).c_str());
       return;
     }
@@ -110,11 +114,18 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
   }
 }
 
-bool NodeSession::RunStream(loom::v1::NodeService::Stub& stub) {
+bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
+  if (coordinators.several() && !coordinators.FindLeader()) {
+    std::lock_guard lock(mu_);
+    last_error_ = "none of the coordinators leads right now";
+    return false;
+  }
+  auto stub = loom::v1::NodeService::NewStub(coordinators.channel());
   grpc::ClientContext context;
   int64_t registrations_before = 0;
   {
     std::lock_guard lock(mu_);
+    address_ = coordinators.address();
     if (stopping_) return false;
     context_ = &context;
     registered_ = false;
@@ -125,8 +136,10 @@ bool NodeSession::RunStream(loom::v1::NodeService::Stub& stub) {
   // Wait for the channel instead of failing fast: a restarted coordinator is
   // then reached as soon as the channel reconnects (its backoff is at most 2 s),
   // not at the next step of this loop's longer backoff.
-  context.set_wait_for_ready(true);
-  auto stream = stub.Session(&context);
+  // (With several coordinators FindLeader just reached the leader: fail
+  // fast instead, so a leader that dies now is not waited for.)
+  context.set_wait_for_ready(!coordinators.several());
+  auto stream = stub->Session(&context);
 
   loom::v1::NodeMessage hello;
   *hello.mutable_register_() = options_.registration;
@@ -199,6 +212,7 @@ bool NodeSession::RunStream(loom::v1::NodeService::Stub& stub) {
   context.TryCancel();
   reader.join();
   grpc::Status status = stream->Finish();
+  coordinators.Failed(status, &context);
   lock.lock();
   context_ = nullptr;
   if (!stopping_) {

@@ -4,6 +4,8 @@
 // arrives, heartbeats and rank exits; carries LaunchRank and KillRanks down to
 // the rank commands. When the stream fails it reconnects with exponential
 // backoff and never touches the ranks: a coordinator restart kills nothing.
+// Given several coordinator addresses (a highly available cluster), each new
+// stream goes to the one that leads (rpc::CoordinatorChannel).
 #pragma once
 
 #include <chrono>
@@ -17,13 +19,14 @@
 
 #include "absl/time/time.h"
 #include "grpcpp/security/credentials.h"
+#include "common/rpc/coordinator_channel.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/rank_commands.h"
 
 namespace loom::agent {
 
 struct NodeSessionOptions {
-  std::string coordinator;  // HOST:PORT
+  std::string coordinator;  // HOST:PORT, or several comma-separated
   // From rpc::ChannelCredentials (mutual TLS); null: plaintext (in-process tests).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent at the start of every stream; its `running` list is filled in then.
@@ -58,7 +61,7 @@ class NodeSession {
 
  private:
   // Runs one stream until it fails or Shutdown; true when it got Registered.
-  bool RunStream(loom::v1::NodeService::Stub& stub);
+  bool RunStream(rpc::CoordinatorChannel& coordinators);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
 
   const NodeSessionOptions options_;
@@ -78,6 +81,7 @@ class NodeSession {
   int64_t streams_opened_ = 0;
   int64_t registrations_ = 0;
   std::string last_error_;  // how the last stream ended
+  std::string address_;     // of the coordinator the current stream goes to
 };
 
 }  // namespace loom::agent

@@ -117,9 +117,10 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       rpc::ChannelCredentials(tls, a.rank_token());
   if (!credentials.ok()) return credentials.status();
-  std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(coordinator, *credentials);
-  ProgressReporter reporter(channel, a.job_id(), a.attempt(), a.rank());
-  GrpcStore store(channel, a.store_namespace());
+  // One address, or all coordinators of a highly available cluster.
+  auto coordinators = std::make_shared<rpc::CoordinatorChannel>(coordinator, *credentials);
+  ProgressReporter reporter(coordinators, a.job_id(), a.attempt(), a.rank());
+  GrpcStore store(coordinators, a.store_namespace());
 
   // Every rank creates its groups in the same order (tp, then dp), so the
   // rendezvous of one group never waits on a rank still in another's.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/rpc/coordinator_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/rank.grpc.pb.h"
 #include "worker/comm/store.h"
@@ -14,14 +15,14 @@ namespace loom::trainer {
 
 class GrpcStore final : public comm::Store {
  public:
-  GrpcStore(std::shared_ptr<grpc::Channel> channel, std::string store_namespace);
+  GrpcStore(std::shared_ptr<rpc::CoordinatorChannel> coordinators, std::string store_namespace);
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
 
  private:
-  std::unique_ptr<loom::v1::RankService::Stub> stub_;
+  std::shared_ptr<rpc::CoordinatorChannel> coordinators_;
   const std::string namespace_;
 };
 

@@ -19,7 +19,9 @@
 #endif
 
 ABSL_FLAG(std::string, standalone, "", "JOB.yaml: train this job as one rank, without a coordinator");
-ABSL_FLAG(std::string, coordinator, "", "HOST:PORT of loom-coordinator (coordinated mode)");
+ABSL_FLAG(std::string, coordinator, "",
+          "HOST:PORT of loom-coordinator (coordinated mode); several comma-separated: follow the "
+          "leader");
 ABSL_FLAG(std::string, assignment, "", "the rank's assignment file written by loom-worker");
 ABSL_FLAG(std::string, work_dir, "",
           "directory for run state; in standalone mode a relative checkpoint.dir resolves "

@@ -4,10 +4,18 @@
 #include "grpcpp/grpcpp.h"
 
 namespace loom::trainer {
+namespace {
 
-ProgressReporter::ProgressReporter(std::shared_ptr<grpc::Channel> channel, std::string job_id,
-                                   int32_t attempt, int32_t rank)
-    : stub_(loom::v1::RankService::NewStub(std::move(channel))),
+// Longer than keepalive needs to notice a dead connection (10 s + 5 s), and
+// enough reports for that long at a fast step rate.
+constexpr absl::Duration kResendWindow = absl::Seconds(30);
+constexpr size_t kResendMax = 8192;
+
+}  // namespace
+
+ProgressReporter::ProgressReporter(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
+                                   std::string job_id, int32_t attempt, int32_t rank)
+    : coordinators_(std::move(coordinators)),
       job_id_(std::move(job_id)),
       attempt_(attempt),
       rank_(rank),
@@ -50,10 +58,26 @@ void ProgressReporter::Run() {
       mu_.Await(absl::Condition(&ready));
       if (stopping_ && queue_.empty()) return;
     }
+    // With several coordinators, write only to the one that leads: a
+    // standby refuses the stream, but a report written before its refusal
+    // arrived would be lost.
+    if (coordinators_->several() && !coordinators_->FindLeader()) {
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      continue;
+    }
     grpc::ClientContext context;
     loom::v1::ReportProgressResponse response;
-    auto writer = stub_->ReportProgress(&context, &response);
+    auto writer =
+        loom::v1::RankService::NewStub(coordinators_->channel())->ReportProgress(&context, &response);
     bool broken = false;
+    // Reports written on this stream. A write that succeeded only reached the
+    // local buffers: if the coordinator dies (or a standby refused the stream)
+    // it may never have read them, so recent ones are sent again on the next
+    // stream; the coordinator ignores steps it already has.
+    std::deque<std::pair<absl::Time, loom::v1::RankProgress>> sent;
     while (!broken) {
       loom::v1::RankProgress next;
       {
@@ -70,6 +94,11 @@ void ProgressReporter::Run() {
         break;
       }
       backoff = absl::Milliseconds(100);
+      const absl::Time now = absl::Now();
+      sent.emplace_back(now, std::move(next));
+      while (sent.size() > kResendMax || sent.front().first < now - kResendWindow) {
+        sent.pop_front();
+      }
       absl::MutexLock lock(&mu_);
       queue_.pop_front();  // only after the write went through
     }
@@ -78,8 +107,13 @@ void ProgressReporter::Run() {
       writer->Finish();
       return;
     }
-    writer->Finish();
-    // The coordinator went away; keep the queue and try again.
+    coordinators_->Failed(writer->Finish(), &context);
+    // The coordinator went away; keep the queue (and what it may not have
+    // read) and try again.
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = sent.rbegin(); it != sent.rend(); ++it) queue_.push_front(std::move(it->second));
+    }
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
     absl::MutexLock lock(&mu_);

@@ -1,6 +1,7 @@
 // Streams a rank's progress to the coordinator on one long-lived
 // ReportProgress stream, from a background thread so the training loop never
-// waits on the network. The stream is re-opened after a coordinator restart;
+// waits on the network. The stream is re-opened after a coordinator restart
+// (on the new leader, when there are several coordinators);
 // step reports queued meanwhile are delivered in order.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/coordinator_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/rank.grpc.pb.h"
 
@@ -17,8 +19,8 @@ namespace loom::trainer {
 
 class ProgressReporter {
  public:
-  ProgressReporter(std::shared_ptr<grpc::Channel> channel, std::string job_id, int32_t attempt,
-                   int32_t rank);
+  ProgressReporter(std::shared_ptr<rpc::CoordinatorChannel> coordinators, std::string job_id,
+                   int32_t attempt, int32_t rank);
   ~ProgressReporter();  // flushes (bounded) and closes the stream
 
   // Fills job, attempt, rank and time; queues the report.
@@ -29,7 +31,7 @@ class ProgressReporter {
  private:
   void Run();
 
-  std::unique_ptr<loom::v1::RankService::Stub> stub_;
+  std::shared_ptr<rpc::CoordinatorChannel> coordinators_;
   const std::string job_id_;
   const int32_t attempt_;
   const int32_t rank_;
