@@ -175,6 +175,7 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
                 l.virtual_stages = interleaved ? s.virtual_stages : 1;
                 l.sequence_parallel = s.sequence_parallel ? *s.sequence_parallel : tp > 1;
                 l.recompute = rc;
+                if (s.accept && !s.accept(l)) continue;
                 out.push_back(l);
               }
             }
@@ -220,7 +221,8 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
         "no layout of ", c.world_size(), " ranks satisfies the rules: dp*tp*pp*cp*ep must equal the ",
         "ranks, train.global_batch_size=", w.global_batch,
         " must be divisible by dp*micro_batch_size, tp must divide the heads and fit in a node, pp ",
-        "must divide the layers; fixed axes and micro_batch_size must agree with these"));
+        "must divide the layers; fixed axes and micro_batch_size must agree with these",
+        s.accept ? ", and the engine must run the layout" : ""));
   }
   PlanResult result;
   result.layouts_considered = static_cast<int64_t>(layouts.size());

@@ -68,6 +68,46 @@ TEST(JobSpecYaml, ResumeFromRoundTrips) {
   EXPECT_EQ(ToYaml(Parse(kValid)).find("resume_from"), std::string::npos);  // absent: not written
 }
 
+TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("ranks: 2}"), 9, "ranks: 2, memory_mb: 88}");
+  JobSpec s = Parse(yaml);
+  EXPECT_EQ(s.resources.memory_mb, 88);
+  EXPECT_EQ(Parse(ToYaml(s)).resources.memory_mb, 88);
+  EXPECT_EQ(ToYaml(Parse(kValid)).find("memory_mb"), std::string::npos);  // 0: not written
+  s.resources.memory_mb = -1;
+  EXPECT_THAT(Errors(s), HasSubstr("resources.memory_mb=-1 must not be negative"));
+}
+
+// The engine's limits on a resolved layout, each naming its field.
+TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
+  JobSpec s = Parse(kValid);
+  Layout l = LayoutOf(s);
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty());
+  l.dp = 2;
+  l.tp = 2;
+  l.pp = 2;
+  l.zero_stage = 2;
+  l.sequence_parallel = true;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.zero_stage = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.zero_stage=3 with parallelism.pp=2 and parallelism.dp=2"));
+  l.zero_stage = 1;
+  l.cp = 2;
+  l.tp = 3;
+  const std::string refused(ValidateEngineRuns(s, l).message());
+  EXPECT_THAT(refused, HasSubstr("parallelism.cp=2 is not supported"));
+  EXPECT_THAT(refused, HasSubstr("model.num_heads=4 must be divisible by parallelism.tp=3"));
+  l = LayoutOf(s);
+  l.pp = 2;
+  l.schedule = Schedule::kInterleaved;
+  l.virtual_stages = 2;
+  l.grad_accum = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("multiple of parallelism.pp=2"));
+}
+
 TEST(JobSpecYaml, UnknownFieldNamesItsPath) {
   std::string yaml = kValid;
   yaml.replace(yaml.find("num_kv_heads"), 12, "num_kv_head");
