@@ -4,6 +4,7 @@
 
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
+#include "common/spec/precision_recipe.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -77,6 +78,19 @@ TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
   EXPECT_EQ(ToYaml(Parse(kValid)).find("memory_mb"), std::string::npos);  // 0: not written
   s.resources.memory_mb = -1;
   EXPECT_THAT(Errors(s), HasSubstr("resources.memory_mb=-1 must not be negative"));
+}
+
+// One descriptor per train.precision, named as the spec spells it.
+TEST(PrecisionRecipe, OneEntryPerPrecision) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp8}) {
+    const PrecisionRecipe& r = RecipeOf(p);
+    EXPECT_EQ(r.precision, p);
+    EXPECT_EQ(r.name, PrecisionName(p));
+    EXPECT_EQ(r.bytes_per_value, 4);  // the engine keeps fp32 masters, gradients and states
+    EXPECT_EQ(r.gemm, r.peak);
+  }
+  EXPECT_EQ(RecipeOf(Precision::kBf16).gemm, hardware::Dtype::kBf16);
+  EXPECT_EQ(RecipeOf(Precision::kFp8).planner_recipe, "loom-fp8-cast");
 }
 
 // The engine's limits on a resolved layout, each naming its field.
