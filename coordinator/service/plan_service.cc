@@ -35,10 +35,26 @@ void RestrictToEngine(const spec::JobSpec& job, planner::SearchSpace& space) {
 }
 
 absl::StatusOr<std::pair<planner::PlanRequest, planner::PlanResult>> Search(
-    const spec::JobSpec& spec, bool restrict_to_engine) {
+    const spec::JobSpec& spec, bool restrict_to_engine, std::string_view profile = "") {
   absl::StatusOr<planner::PlanRequest> request = planner::PlanRequestFromJob(spec);
   if (!request.ok()) return request.status();
   if (restrict_to_engine) RestrictToEngine(spec, request->space);
+  if (!profile.empty()) {
+    absl::StatusOr<planner::PlannerConstants> constants =
+        planner::ConstantsForProfile(profile, request->cluster.is_cpu);
+    if (!constants.ok()) return constants.status();
+    request->constants = *constants;
+    request->space.allow_uneven_stages = profile == "nanotron";  // nanotron balances unevenly
+    if (profile == "nanotron" || profile == "megatron") {
+      // Those frameworks keep bf16 working weights over an fp32 master copy
+      // (Transformer Engine for fp8), not Loom's fp32 weights cast per GEMM.
+      planner::RecipeKind& recipe = request->workload.recipe;
+      if (recipe == planner::RecipeKind::kLoomBf16Cast) recipe = planner::RecipeKind::kBf16Fp32Accum;
+      if (recipe == planner::RecipeKind::kLoomFp8Cast) {
+        recipe = planner::RecipeKind::kFp8TransformerEngine;
+      }
+    }
+  }
   absl::StatusOr<planner::PlanResult> result = planner::PlanLayouts(*request);
   if (!result.ok()) return result.status();
   return std::make_pair(*std::move(request), *std::move(result));
@@ -108,7 +124,7 @@ absl::StatusOr<loom::v1::PlanJobResponse> PlanJob(const loom::v1::PlanJobRequest
   }
   // The plan shows what the model predicts for every layout, including those
   // the engine cannot run yet; submission is what restricts them.
-  auto searched = Search(*spec, /*restrict_to_engine=*/false);
+  auto searched = Search(*spec, /*restrict_to_engine=*/false, request.profile());
   if (!searched.ok()) {
     return absl::Status(searched.status().code(),
                         absl::StrCat(source, ": ", searched.status().message()));
@@ -131,7 +147,9 @@ absl::StatusOr<loom::v1::PlanJobResponse> PlanJob(const loom::v1::PlanJobRequest
   }
   response.set_layouts_considered(result.layouts_considered);
   response.set_layouts_rejected(static_cast<int64_t>(result.rejected.size()));
-  response.set_text(planner::RenderPlanText(plan_request, result, options));
+  response.set_text(absl::StrCat(
+      request.profile().empty() || request.profile() == "loom" ? "" : absl::StrCat("Framework profile: ", request.profile(), "\n"),
+      planner::RenderPlanText(plan_request, result, options)));
   response.set_json(planner::PlanToJson(plan_request, result, options).dump(2));
   return response;
 }

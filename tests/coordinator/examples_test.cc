@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
 #include "coordinator/planner/plan_request.h"
@@ -135,6 +137,40 @@ TEST(AutoLayoutTest, SearchesOnlyLayoutsTheEngineRuns) {
   EXPECT_EQ(picked.ep, 1);
   EXPECT_EQ(picked.world(), 8);
   EXPECT_TRUE(CheckEngineSupports(job).ok()) << CheckEngineSupports(job);
+}
+
+// `loomctl plan --profile=...`: the framework profiles the planner has, for
+// GPU jobs; a CPU job has only Loom's engine; an unknown name lists the known.
+TEST(PlanProfileTest, PlansWithEachFrameworkProfile) {
+  spec::JobSpec job = ActivationHeavyAutoJob();
+  job.resources.device = spec::DeviceKind::kGpu;
+  job.resources.gpu = "h100-sxm";
+  job.resources.nodes = 1;
+  job.resources.gpus_per_node = 8;
+  job.train.global_batch_size = 64;
+  loom::v1::PlanJobRequest request;
+  request.set_spec_yaml(spec::ToYaml(job));
+  std::string best[3];
+  int i = 0;
+  for (const char* profile : {"loom", "nanotron", "megatron"}) {
+    request.set_profile(profile);
+    absl::StatusOr<loom::v1::PlanJobResponse> plan = PlanJob(request);
+    ASSERT_TRUE(plan.ok()) << profile << ": " << plan.status();
+    ASSERT_GT(plan->candidates_size(), 0) << profile;
+    EXPECT_EQ(plan->text().find("Framework profile: megatron") != std::string::npos,
+              std::string(profile) == "megatron");
+    best[i++] = absl::StrCat(plan->candidates(0).step_seconds());
+  }
+  EXPECT_NE(best[0], best[2]) << "the profiles predict the same step time";
+  request.set_profile("deepspeed");
+  absl::StatusOr<loom::v1::PlanJobResponse> unknown = PlanJob(request);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("loom, nanotron or megatron"), std::string::npos);
+  request.set_spec_yaml(spec::ToYaml(ActivationHeavyAutoJob()));
+  request.set_profile("megatron");
+  absl::StatusOr<loom::v1::PlanJobResponse> cpu = PlanJob(request);
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_NE(cpu.status().message().find("resources.device=cpu"), std::string::npos);
 }
 
 }  // namespace
