@@ -45,6 +45,10 @@ struct SearchSpace {
   // spec's rules and the engine's (spec::CheckJobSpec, spec::CheckEngineRuns)
   // so that `parallelism: auto` answers with a layout the ranks run.
   std::function<bool(const Layout&)> accept;
+  // Also search the pipeline schedule (1f1b, afab, interleaved with two
+  // virtual stages) when pp > 1, and sequence parallelism on and off when
+  // tp > 1 and `sequence_parallel` is unset: what `parallelism: auto` does.
+  bool search_schedules = false;
 };
 
 struct PlanRequest {

@@ -19,13 +19,14 @@ bool AllAxesGiven(const spec::ParallelismSpec& p) {
   return !p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep && p.zero_stage;
 }
 
-// `auto` searches every layout the engine runs: every tp, pp and ZeRO stage
-// (with the spec's schedule) that passes the spec's rules and the engine's
+// `auto` searches every layout the engine runs: every tp (with and without
+// sequence parallelism), pp (with each schedule) and ZeRO stage that passes the spec's rules and the engine's
 // (spec::CheckJobSpec and spec::CheckEngineRuns, checked on the spec as it
 // would be stored); cp and ep, which the engine refuses, stay 1.
 void RestrictToEngine(const spec::JobSpec& job, planner::SearchSpace& space) {
   if (!space.cp) space.cp = 1;
   if (!space.ep) space.ep = 1;
+  space.search_schedules = job.parallelism.auto_all;
   space.accept = [job](const planner::Layout& layout) {
     spec::JobSpec resolved = job;
     spec::ApplyLayout(layout, &resolved);
