@@ -31,6 +31,8 @@ ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
 ABSL_FLAG(std::string, format, "", "output format: plan: text|json; watch: text|jsonl; export: hf");
 ABSL_FLAG(bool, offline, false, "plan: run the planner here instead of asking the coordinator");
 ABSL_FLAG(int32_t, candidates, 5, "plan: how many layouts to show");
+ABSL_FLAG(std::string, profile, "loom",
+          "plan: the framework the estimates model: loom (this engine), nanotron or megatron");
 ABSL_FLAG(bool, sweep, false,
           "plan: the best layout per (model size, node count) cell, like the Ultra-Scale Playbook");
 ABSL_FLAG(std::string, svg, "loom-plan-sweep.svg", "plan --sweep: where to write the heatmap SVG");
@@ -46,7 +48,7 @@ using loom::v1::JobService;
 
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT[,HOST:PORT...]] submit JOB.yaml | plan JOB.yaml [--offline] "
-    "[--format=json] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "[--format=json] [--profile=loom|nanotron|megatron] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
     "delete ID | uncordon NODE | export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
     "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
 
@@ -166,6 +168,7 @@ int Plan(const std::string& path) {
   }
   request.set_source_name(path);
   request.set_max_candidates(absl::GetFlag(FLAGS_candidates));
+  request.set_profile(absl::GetFlag(FLAGS_profile));
   loom::v1::PlanJobResponse response;
   if (absl::GetFlag(FLAGS_offline)) {
     absl::StatusOr<loom::v1::PlanJobResponse> plan = loom::coordinator::PlanJob(request);

@@ -76,6 +76,9 @@ enum class DeviceKind { kCpu, kGpu };
 struct ResourcesSpec {
   DeviceKind device = DeviceKind::kCpu;
   int64_t ranks = 1;        // cpu: number of rank processes
+  // cpu: the memory one rank may use, in MiB, as the planner counts it (the
+  // layout search rejects layouts above it); 0: the CPU preset's 8 GiB.
+  int64_t memory_mb = 0;
   std::string gpu;          // gpu: preset name, e.g. h100-sxm
   int64_t nodes = 1;        // gpu
   int64_t gpus_per_node = 8;

@@ -66,6 +66,7 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
   const ResourcesSpec& r = s.resources;
   if (r.device == DeviceKind::kCpu) {
     b.AtMost("resources.ranks", r.ranks, l.max_ranks);
+    b.AtMost("resources.memory_mb", r.memory_mb, int64_t{1} << 30);  // 1 PiB
   } else {
     b.AtMost("resources.gpus_per_node", r.gpus_per_node, l.max_gpus_per_node);
     b.AtMost("resources.nodes", r.nodes, l.max_ranks);

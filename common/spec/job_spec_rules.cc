@@ -172,6 +172,8 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   const ResourcesSpec& r = s.resources;
   if (r.device == DeviceKind::kCpu) {
     c.Require(r.ranks >= 1, "resources.ranks", r.ranks, "must be positive");
+    c.Require(r.memory_mb >= 0, "resources.memory_mb", r.memory_mb,
+              "must not be negative (0: the CPU preset's 8 GiB)");
   } else {
     c.Require(r.nodes >= 1, "resources.nodes", r.nodes, "must be positive");
     c.Require(r.gpus_per_node >= 1, "resources.gpus_per_node", r.gpus_per_node, "must be positive");
@@ -216,6 +218,63 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
   std::vector<std::string> errors = CheckJobSpec(spec);
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
+std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
+  Checker c;
+  for (const auto& [name, value] : {std::pair{"cp", l.cp}, std::pair{"ep", l.ep}}) {
+    c.Require(value == 1, absl::StrCat("parallelism.", name), value,
+              "is not supported by this engine yet (use 1)");
+  }
+  c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
+            "must be 0, 1, 2 or 3");
+  const ModelSpec& m = s.model;
+  if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
+    c.Require(m.num_heads % l.tp == 0, "model.num_heads", m.num_heads,
+              absl::StrCat("must be divisible by ", Axis("tp", l.tp)));
+    c.Require(m.ffn_hidden_size % l.tp == 0, "model.ffn_hidden_size", m.ffn_hidden_size,
+              absl::StrCat("must be divisible by ", Axis("tp", l.tp)));
+    const int64_t kv = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+    c.Require(kv % l.tp == 0 || l.tp % kv == 0, "model.num_kv_heads", kv,
+              absl::StrCat("must divide or be divisible by ", Axis("tp", l.tp),
+                           " (kv heads are split or replicated)"));
+    c.Require(m.vocab_size >= l.tp, "model.vocab_size", m.vocab_size,
+              absl::StrCat("must be at least ", Axis("tp", l.tp),
+                           " (vocabulary-parallel embedding; submission also wants it divisible)"));
+    if (l.sequence_parallel) {  // the token rows of a micro-batch are split over TP
+      const int64_t rows = s.train.micro_batch_size * s.train.seq_len;
+      c.Require(rows % l.tp == 0, "train.seq_len", s.train.seq_len,
+                absl::StrCat("x train.micro_batch_size=", s.train.micro_batch_size, " = ", rows,
+                             " token rows over tp=", l.tp,
+                             " must divide evenly (parallelism.sequence_parallel=true)"));
+    }
+  }
+  if (l.pp > 1) {
+    // A pipeline stage keeps its parameters: ZeRO-3 would gather them for
+    // every micro-batch in flight.
+    if (l.dp > 1) {
+      c.Require(l.zero_stage != 3, "parallelism.zero_stage", l.zero_stage,
+                absl::StrCat("with ", Axis("pp", l.pp), " and ", Axis("dp", l.dp),
+                             " is not supported by this engine (use 0, 1 or 2)"));
+    }
+    c.Require(m.num_layers >= l.pp * l.virtual_stages, "model.num_layers", m.num_layers,
+              absl::StrCat("must be at least ", Axis("pp", l.pp), " x parallelism.virtual_stages=",
+                           l.virtual_stages, " (one layer per pipeline chunk)"));
+    if (l.schedule == Schedule::kInterleaved) {
+      c.Require(l.grad_accum % l.pp == 0, "parallelism.schedule", "interleaved",
+                absl::StrCat("needs the micro-batches per step (", l.grad_accum,
+                             " = train.global_batch_size / (train.micro_batch_size x "
+                             "parallelism.dp)) to be a multiple of ",
+                             Axis("pp", l.pp)));
+    }
+  }
+  return c.Take();
+}
+
+absl::Status ValidateEngineRuns(const JobSpec& spec, const Layout& layout) {
+  std::vector<std::string> errors = CheckEngineRuns(spec, layout);
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/layout.h"
 
 namespace loom::spec {
 
@@ -16,6 +17,15 @@ std::vector<std::string> CheckJobSpec(const JobSpec& spec);
 
 // OK, or INVALID_ARGUMENT whose message lists every broken rule ("; "-joined).
 absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// What this engine runs, for a resolved layout (on top of CheckJobSpec): the
+// one place its limits live. Submission checks the spec's layout
+// (spec::LayoutOf), `parallelism: auto` searches only layouts that pass, and
+// the trainer checks the layout of its parallel context. Every broken rule,
+// each naming its field; empty when the engine runs the layout.
+std::vector<std::string> CheckEngineRuns(const JobSpec& spec, const Layout& layout);
+// OK, or INVALID_ARGUMENT listing every broken rule ("; "-joined).
+absl::Status ValidateEngineRuns(const JobSpec& spec, const Layout& layout);
 
 // Fills the parallel axes the user left out when only one layout is possible
 // without the planner: every other axis defaults to 1 (zero_stage to 0) and dp

@@ -196,6 +196,7 @@ Section ParallelismFields(ParallelismSpec& p) {
 Section ResourcesFields(ResourcesSpec& r) {
   return {{"device", Enum(&r.device, {{"cpu", DeviceKind::kCpu}, {"gpu", DeviceKind::kGpu}})},
           {"ranks", Int(&r.ranks)},
+          {"memory_mb", Int(&r.memory_mb)},
           {"gpu", String(&r.gpu)},
           {"nodes", Int(&r.nodes)},
           {"gpus_per_node", Int(&r.gpus_per_node)}};
@@ -346,6 +347,7 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "device" << YAML::Value << DeviceKindName(r.device);
   if (r.device == DeviceKind::kCpu) {
     out << YAML::Key << "ranks" << YAML::Value << r.ranks;
+    if (r.memory_mb > 0) out << YAML::Key << "memory_mb" << YAML::Value << r.memory_mb;
   } else {
     out << YAML::Key << "gpu" << YAML::Value << r.gpu;
     out << YAML::Key << "nodes" << YAML::Value << r.nodes;

@@ -36,7 +36,7 @@ auto& AxisField(PerAxis& x, Axis axis) {
 
 }  // namespace
 
-int64_t MeshShape::Size(Axis axis) const { return AxisField(*this, axis); }
+int64_t AxisSize(const MeshShape& shape, Axis axis) { return AxisField(shape, axis); }
 
 int64_t MeshCoord::Get(Axis axis) const { return AxisField(*this, axis); }
 
@@ -64,15 +64,15 @@ RankMesh::RankMesh(const MeshShape& shape) : shape_(shape) {
   int64_t stride = 1;
   for (int i = kNumAxes - 1; i >= 0; --i) {
     stride_[i] = stride;
-    stride *= shape_.Size(kAllAxes[i]);
+    stride *= AxisSize(shape_, kAllAxes[i]);
   }
 }
 
 absl::StatusOr<RankMesh> RankMesh::Create(const MeshShape& shape) {
   for (Axis a : kAllAxes) {
-    if (shape.Size(a) < 1) {
+    if (AxisSize(shape, a) < 1) {
       return absl::InvalidArgumentError(absl::StrCat("mesh axis ", AxisName(a), "=",
-                                                     shape.Size(a), " must be >= 1"));
+                                                     AxisSize(shape, a), " must be >= 1"));
     }
   }
   return RankMesh(shape);
@@ -81,7 +81,7 @@ absl::StatusOr<RankMesh> RankMesh::Create(const MeshShape& shape) {
 MeshCoord RankMesh::CoordOfUnchecked(int64_t rank) const {
   MeshCoord c;
   for (int i = 0; i < kNumAxes; ++i) {
-    c.Set(kAllAxes[i], (rank / stride_[i]) % shape_.Size(kAllAxes[i]));
+    c.Set(kAllAxes[i], (rank / stride_[i]) % AxisSize(shape_, kAllAxes[i]));
   }
   return c;
 }
@@ -102,9 +102,9 @@ absl::StatusOr<MeshCoord> RankMesh::CoordOf(int64_t rank) const {
 
 absl::StatusOr<int64_t> RankMesh::RankOf(const MeshCoord& coord) const {
   for (Axis a : kAllAxes) {
-    if (coord.Get(a) < 0 || coord.Get(a) >= shape_.Size(a)) {
+    if (coord.Get(a) < 0 || coord.Get(a) >= AxisSize(shape_, a)) {
       return absl::OutOfRangeError(absl::StrCat("coordinate ", AxisName(a), "=", coord.Get(a),
-                                                " is outside [0, ", shape_.Size(a), ")"));
+                                                " is outside [0, ", AxisSize(shape_, a), ")"));
     }
   }
   return RankOfUnchecked(coord);
@@ -126,9 +126,9 @@ std::vector<int64_t> RankMesh::GroupOfUnchecked(int64_t rank, AxisSet axes) cons
   for (Axis a : free_axes) {  // slowest first; expand like an odometer
     const int64_t stride = stride_[static_cast<int>(a)];
     std::vector<int64_t> next;
-    next.reserve(members.size() * shape_.Size(a));
+    next.reserve(members.size() * AxisSize(shape_, a));
     for (int64_t m : members) {
-      for (int64_t i = 0; i < shape_.Size(a); ++i) next.push_back(m + i * stride);
+      for (int64_t i = 0; i < AxisSize(shape_, a); ++i) next.push_back(m + i * stride);
     }
     members = std::move(next);
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/spec/layout.h"
 
 namespace loom::topology {
 
@@ -26,17 +27,12 @@ inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::kPp, Axis::kDp, Ax
 // "pp", "dp", "ep", "cp", "tp".
 const char* AxisName(Axis axis);
 
-struct MeshShape {
-  int64_t pp = 1;
-  int64_t dp = 1;
-  int64_t ep = 1;
-  int64_t cp = 1;
-  int64_t tp = 1;
+// A mesh's shape is the job's layout (common/spec/layout.h): RankMesh reads
+// its five axes and nothing else.
+using MeshShape = spec::Layout;
 
-  int64_t Size(Axis axis) const;
-  int64_t WorldSize() const { return pp * dp * ep * cp * tp; }
-  bool operator==(const MeshShape&) const = default;
-};
+// The size of `axis` in `shape`.
+int64_t AxisSize(const MeshShape& shape, Axis axis);
 
 // 0-based coordinates of one rank on each axis.
 struct MeshCoord {
@@ -88,7 +84,7 @@ class RankMesh {
   static absl::StatusOr<RankMesh> Create(const MeshShape& shape);
 
   const MeshShape& shape() const { return shape_; }
-  int64_t world_size() const { return shape_.WorldSize(); }
+  int64_t world_size() const { return shape_.world(); }
 
   absl::StatusOr<MeshCoord> CoordOf(int64_t rank) const;
   absl::StatusOr<int64_t> RankOf(const MeshCoord& coord) const;

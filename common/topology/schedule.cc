@@ -158,15 +158,6 @@ absl::StatusOr<std::vector<std::vector<Instruction>>> PlaceTransfers(
 
 }  // namespace
 
-const char* ScheduleKindName(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kAfab: return "afab";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-  }
-  return "?";
-}
-
 absl::Status ValidateScheduleRequest(const ScheduleRequest& r) {
   if (r.pp < 1) return absl::InvalidArgumentError(absl::StrCat("pp=", r.pp, " must be >= 1"));
   if (r.microbatches < 1) {
@@ -180,7 +171,7 @@ absl::Status ValidateScheduleRequest(const ScheduleRequest& r) {
   if (r.virtual_stages > 1 && r.kind != ScheduleKind::kInterleaved) {
     return absl::InvalidArgumentError(absl::StrCat(
         "virtual_stages=", r.virtual_stages, " needs schedule interleaved, not ",
-        ScheduleKindName(r.kind)));
+        spec::ScheduleName(r.kind)));
   }
   if (r.kind == ScheduleKind::kInterleaved && r.virtual_stages > 1 && r.microbatches % r.pp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

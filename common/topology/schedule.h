@@ -26,14 +26,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
 #include "common/topology/instruction.h"
 
 namespace loom::topology {
 
-enum class ScheduleKind { kAfab, k1F1B, kInterleaved };
-
-// "afab", "1f1b", "interleaved": the job spec's spelling.
-const char* ScheduleKindName(ScheduleKind kind);
+// The job spec's schedule enum (spec::ScheduleName spells it).
+using ScheduleKind = spec::Schedule;
 
 struct ScheduleRequest {
   ScheduleKind kind = ScheduleKind::k1F1B;

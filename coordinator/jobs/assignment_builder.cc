@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
-#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/topology/mesh.h"
-#include "common/topology/schedule.h"
 #include "common/topology/instruction.h"
-#include "common/topology/stage_partition.h"
+#include "common/topology/job_plan.h"
+#include "common/topology/mesh.h"
 #include "proto/group_members.h"
 
 namespace loom::coordinator {
@@ -50,46 +48,17 @@ const GroupKind kGroupKinds[] = {
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     const spec::JobSpec& spec, const topology::Placement& placement,
     const AttemptContext& context, const std::map<std::string, std::string>& node_addresses) {
-  absl::StatusOr<topology::RankMesh> mesh = topology::RankMesh::Create(MeshShapeOf(spec));
+  // The plan the trainer derives from the same spec with the same function
+  // (worker/engine/pipeline_parallel/pipeline_plan.h checks they agree).
+  absl::StatusOr<topology::JobPlan> plan = topology::DeriveJobPlan(spec);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<topology::RankMesh> mesh = topology::RankMesh::Create(plan->layout);
   if (!mesh.ok()) return mesh.status();
   if (static_cast<int64_t>(placement.slots.size()) != mesh->world_size()) {
     return absl::InternalError(absl::StrCat("placement has ", placement.slots.size(),
                                             " slots for a world of ", mesh->world_size()));
   }
-  const loom::v1::Layout layout = LayoutOf(spec);
-  // [pp] Each stage's layers: the partition the trainer derives from the same
-  // spec (worker/engine/pipeline_parallel/pipeline_plan.h checks they agree).
-  std::optional<topology::StagePartition> stages;
-  std::optional<topology::PipelineSchedule> schedule;  // every stage's instruction list
-  double bubble = 0;
-  if (spec.parallelism.pp.value_or(1) > 1) {
-    topology::PartitionRequest request;
-    request.num_layers = spec.model.num_layers;
-    request.pp = *spec.parallelism.pp;
-    request.virtual_stages = spec.parallelism.virtual_stages;
-    request.dims = {spec.model.hidden_size, spec.model.ffn_hidden_size, spec.model.vocab_size,
-                    spec.train.seq_len, spec.model.num_heads, spec.model.num_kv_heads,
-                    spec.model.tie_embeddings};
-    absl::StatusOr<topology::StagePartition> partition = topology::PartitionLayers(request);
-    if (!partition.ok()) return partition.status();
-    stages = std::move(*partition);
-    const int64_t microbatches =
-        spec.train.global_batch_size /
-        std::max<int64_t>(1, spec.train.micro_batch_size * spec.parallelism.dp.value_or(1));
-    topology::ScheduleRequest schedule_request;
-    schedule_request.kind = spec.parallelism.schedule == spec::Schedule::kAfab
-                                ? topology::ScheduleKind::kAfab
-                                : spec.parallelism.schedule == spec::Schedule::kInterleaved
-                                      ? topology::ScheduleKind::kInterleaved
-                                      : topology::ScheduleKind::k1F1B;
-    schedule_request.pp = *spec.parallelism.pp;
-    schedule_request.virtual_stages = spec.parallelism.virtual_stages;
-    schedule_request.microbatches = microbatches;
-    absl::StatusOr<topology::PipelineSchedule> built = topology::BuildSchedule(schedule_request);
-    if (!built.ok()) return built.status();
-    schedule = std::move(*built);
-    bubble = topology::AnalyticBubbleFraction(schedule_request);
-  }
+  const loom::v1::Layout layout = LayoutToProto(plan->layout);
   // Every rank of a group carries the same members: each group is built and
   // encoded once, found again by its lowest coordinates (the group's axes set
   // to 0). Building it per rank cost world x group size (a sort of 16,384
@@ -145,19 +114,10 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
                               ? StoreNamespace(context.job_id, context.attempt)
                               : context.store_namespace);
     a.set_place(*place);
-    if (stages.has_value()) {  // [pp] ascending over the stage's chunks
-      std::vector<int64_t> layers;
-      for (const topology::ModelChunk& c : stages->ChunksOfStage(coord->pp)) {
-        for (int64_t l = 0; l < c.num_layers; ++l) layers.push_back(c.first_layer + l);
-      }
-      std::sort(layers.begin(), layers.end());
-      for (int64_t layer : layers) a.add_layers(static_cast<int32_t>(layer));
-      a.set_pipeline_instructions(topology::FormatInstructions(schedule->stages[coord->pp]));
-      a.set_pipeline_bubble_fraction(bubble);
-    } else {
-      for (int64_t layer = 0; layer < spec.model.num_layers; ++layer) {
-        a.add_layers(static_cast<int32_t>(layer));
-      }
+    for (int64_t layer : plan->LayersOf(coord->pp)) a.add_layers(static_cast<int32_t>(layer));
+    if (plan->pipelined()) {
+      a.set_pipeline_instructions(topology::FormatInstructions(plan->InstructionsOf(coord->pp)));
+      a.set_pipeline_bubble_fraction(plan->bubble_fraction);
     }
     a.set_checkpoint_dir(context.checkpoint_dir);
     a.set_data_dir(context.data_dir);

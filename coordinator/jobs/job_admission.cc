@@ -158,7 +158,7 @@ void JobManager::AdmitBatch(std::vector<Admission>& batch) {
       job.set_state(JobState::PENDING);
       job.set_spec_yaml(batch[i].spec_yaml);
       job.set_resolved_spec_yaml(spec::ToYaml(spec));
-      *job.mutable_layout() = LayoutOf(spec);
+      *job.mutable_layout() = LayoutToProto(spec::LayoutOf(spec));
       job.set_base_dir(options_.roots.data_roots.front());
       absl::Status paths = AssignCheckpointDirLocked(spec, job);
       if (!paths.ok()) {

@@ -174,7 +174,7 @@ JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot)
   const spec::JobSpec& spec = snapshot.spec;
   const std::string kind = spec::DeviceKindName(spec.resources.device);
   topology::PlacementRequest request;
-  request.shape = MeshShapeOf(spec);
+  request.shape = spec::LayoutOf(spec);
   request.avoid = snapshot.avoid;
   std::map<std::string, NodeInfo> live;
   for (const NodeInfo& node : nodes_->LiveNodes()) {

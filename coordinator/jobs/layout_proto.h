@@ -1,14 +1,13 @@
-// A job's resolved layout as the wire contract and the mesh see it.
+// The job's layout (common/spec/layout.h) in its wire form, loom.v1.Layout:
+// the one converter, used for a job's record, each rank's assignment and the
+// planner's candidates.
 #pragma once
 
-#include "common/spec/job_spec.h"
-#include "common/topology/mesh.h"
+#include "common/spec/layout.h"
 #include "loom/v1/job.pb.h"
 
 namespace loom::coordinator {
 
-// The layout of a spec whose axes are all set (unset axes count as 1).
-loom::v1::Layout LayoutOf(const spec::JobSpec& spec);
-topology::MeshShape MeshShapeOf(const spec::JobSpec& spec);
+loom::v1::Layout LayoutToProto(const spec::Layout& layout);
 
 }  // namespace loom::coordinator

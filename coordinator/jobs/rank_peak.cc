@@ -3,15 +3,14 @@
 #include <optional>
 
 #include "common/hardware/device_peaks.h"
+#include "common/spec/precision_recipe.h"
 
 namespace loom::coordinator {
 
 double RankPeakFlops(const NodeInfo& node, spec::Precision precision) {
   if (node.device_kind != "gpu") return node.peak_flops_per_device;
-  hardware::Dtype dtype = hardware::Dtype::kFp32;
-  if (precision == spec::Precision::kBf16) dtype = hardware::Dtype::kBf16;
-  if (precision == spec::Precision::kFp8) dtype = hardware::Dtype::kFp8;
-  const std::optional<double> peak = hardware::DensePeakFlops(node.device_name, dtype);
+  const std::optional<double> peak =
+      hardware::DensePeakFlops(node.device_name, spec::RecipeOf(precision).peak);
   return peak ? *peak : node.peak_flops_per_device;
 }
 

@@ -74,6 +74,7 @@ double ClusterSpec::PeakFlops(ComputeDtype dtype) const {
     case ComputeDtype::kBf16:
       if (peak_flops_bf16 > 0) return peak_flops_bf16;
       [[fallthrough]];
+    case ComputeDtype::kTf32:  // no preset records tf32: the fp32 rate
     case ComputeDtype::kFp32:
       break;
   }

@@ -3,6 +3,8 @@
 // and keep docs/planner.md's tables and tests/planner's floors in step.
 #include "coordinator/planner/constants.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace loom::planner {
 
 PlannerConstants NanotronConstants() {
@@ -137,6 +139,22 @@ PlannerConstants CpuEngineConstants() {
   k.memory_overhead_bytes = 64.0 * (1 << 20);
   k.dp_overlap = 0.0;
   return k;
+}
+
+absl::StatusOr<PlannerConstants> ConstantsForProfile(std::string_view profile, bool cpu_job) {
+  if (profile.empty() || profile == "loom") {
+    return cpu_job ? CpuEngineConstants() : DefaultConstants();
+  }
+  if (profile != "nanotron" && profile != "megatron") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile=", std::string(profile), " is not a framework profile (loom, nanotron or megatron)"));
+  }
+  if (cpu_job) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile=", std::string(profile), " describes a GPU framework; the job has resources.device=cpu "
+        "(use --profile=loom, or a GPU job)"));
+  }
+  return profile == "nanotron" ? NanotronConstants() : MegatronConstants();
 }
 
 }  // namespace loom::planner

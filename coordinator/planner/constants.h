@@ -4,6 +4,10 @@
 // (tools/planner/calibrate), never per model or per cluster cell.
 #pragma once
 
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
 namespace loom::planner {
 
 struct PlannerConstants {
@@ -151,5 +155,11 @@ PlannerConstants DefaultConstants();
 // CUDA overhead, checked against the peaks its MemoryTracker measures per layout
 // (tools/planner/data/engine_memory.csv, tests/planner/engine_memory_test.cc).
 PlannerConstants CpuEngineConstants();
+
+// The profile `loomctl plan --profile=NAME` names: "loom" (Loom's engine:
+// CpuEngineConstants for CPU jobs, DefaultConstants for GPU jobs),
+// "nanotron" or "megatron" (GPU frameworks: INVALID_ARGUMENT for a CPU job).
+// An unknown name is INVALID_ARGUMENT listing the known ones.
+absl::StatusOr<PlannerConstants> ConstantsForProfile(std::string_view profile, bool cpu_job);
 
 }  // namespace loom::planner

@@ -8,28 +8,15 @@
 #include <string>
 
 #include "common/spec/job_spec.h"
+#include "common/spec/layout.h"
 #include "coordinator/planner/model_math.h"
 #include "coordinator/planner/precision.h"
 
 namespace loom::planner {
 
-struct Layout {
-  int64_t dp = 1;
-  int64_t tp = 1;
-  int64_t pp = 1;
-  int64_t cp = 1;
-  int64_t ep = 1;
-  int zero_stage = 0;
-  int64_t micro_batch_size = 1;  // sequences per forward/backward on one DP rank
-  int64_t grad_accum = 1;        // micro-batches per optimizer step
-  spec::Schedule schedule = spec::Schedule::k1F1B;
-  int64_t virtual_stages = 1;    // model chunks per pipeline rank (interleaved)
-  bool sequence_parallel = false;
-  spec::Recompute recompute = spec::Recompute::kNone;
-
-  int64_t world() const { return dp * tp * pp * cp * ep; }
-  bool operator==(const Layout&) const = default;
-};
+// The job's layout type (common/spec/layout.h): what the planner ranks is what
+// submission writes into the spec and the mesh runs.
+using Layout = spec::Layout;
 
 // "dp=8 tp=2 pp=1 cp=1 ep=1 zero=1 mbs=2 gas=8 1f1b sp recompute=none".
 std::string LayoutToString(const Layout& layout);

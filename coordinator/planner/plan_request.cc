@@ -42,6 +42,9 @@ absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
   if (!cluster.ok()) return cluster.status();
   PlanRequest req;
   req.cluster = *cluster;
+  if (cluster->is_cpu && job.resources.memory_mb > 0) {  // a CPU rank's memory limit
+    req.cluster.memory_bytes = static_cast<double>(job.resources.memory_mb) * (1 << 20);
+  }
   req.workload = MakeWorkload(ModelShapeFromSpec(job.model, job.name), job.train.seq_len,
                               job.train.global_batch_size, RecipeForPrecision(job.train.precision));
   req.workload.dp_bucket_bytes = static_cast<double>(job.parallelism.bucket_mb) * (1 << 20);
@@ -63,22 +66,6 @@ absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
     s.sequence_parallel = p.sequence_parallel;
   }
   return req;
-}
-
-void ApplyLayoutToJob(const Layout& l, spec::JobSpec* job) {
-  spec::ParallelismSpec& p = job->parallelism;
-  p.auto_all = false;
-  p.dp = l.dp;
-  p.tp = l.tp;
-  p.pp = l.pp;
-  p.cp = l.cp;
-  p.ep = l.ep;
-  p.zero_stage = l.zero_stage;
-  p.schedule = l.schedule;
-  p.virtual_stages = l.virtual_stages;
-  p.sequence_parallel = l.sequence_parallel;
-  p.recompute = l.recompute;
-  job->train.micro_batch_size = l.micro_batch_size;
 }
 
 }  // namespace loom::planner

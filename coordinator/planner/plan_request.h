@@ -1,7 +1,7 @@
 // From a job spec to a planner request, and back: which cluster preset and
 // recipe a spec means, which axes it fixes and which it leaves to the
-// search, and how a chosen layout is written into the spec the coordinator
-// stores with the job.
+// search (a chosen layout is written back with spec::ApplyLayout,
+// common/spec/layout.h).
 #pragma once
 
 #include "absl/status/statusor.h"
@@ -23,10 +23,5 @@ absl::StatusOr<ClusterSpec> ClusterForJob(const spec::ResourcesSpec& resources,
 // parallelism.sequence_parallel. CPU jobs use CpuEngineConstants().
 absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
                                                const ClusterOverrides& overrides = {});
-
-// Writes a layout into the spec: every parallelism axis, the ZeRO stage,
-// schedule, virtual stages, sequence parallelism, recompute and
-// train.micro_batch_size; clears `auto_all`.
-void ApplyLayoutToJob(const Layout& layout, spec::JobSpec* job);
 
 }  // namespace loom::planner

@@ -4,6 +4,8 @@
 // GEMMs with bf16 Adam moments and fp32 master weights and gradients).
 #include "coordinator/planner/precision.h"
 
+#include "common/spec/precision_recipe.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -57,15 +59,9 @@ absl::StatusOr<RecipeKind> RecipeByName(std::string_view name) {
 }
 
 RecipeKind RecipeForPrecision(spec::Precision precision) {
-  switch (precision) {
-    case spec::Precision::kFp32:
-      return RecipeKind::kFp32;
-    case spec::Precision::kBf16:
-      return RecipeKind::kLoomBf16Cast;
-    case spec::Precision::kFp8:
-      return RecipeKind::kLoomFp8Cast;
-  }
-  return RecipeKind::kFp32;
+  absl::StatusOr<RecipeKind> kind =
+      RecipeByName(spec::RecipeOf(precision).planner_recipe);
+  return kind.ok() ? *kind : RecipeKind::kFp32;
 }
 
 }  // namespace loom::planner

@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/hardware/device_peaks.h"
 #include "common/spec/job_spec.h"
 
 namespace loom::planner {
 
-enum class ComputeDtype { kFp32, kBf16, kFp8 };
+// The dtype a recipe's GEMMs run in: the peak table's (common/hardware).
+using ComputeDtype = hardware::Dtype;
 
 enum class RecipeKind {
   kFp32,              // CPU engine: fp32 everything
@@ -54,7 +56,8 @@ const std::vector<PrecisionRecipe>& AllRecipes();
 // loom-fp8-cast.
 absl::StatusOr<RecipeKind> RecipeByName(std::string_view name);
 // The recipe Loom's engine uses for train.precision (what it stores, not the
-// textbook recipe of the same name: the cast recipes above for bf16 and fp8).
+// textbook recipe of the same name: the cast recipes above for bf16 and fp8),
+// as the precision descriptor names it (common/spec/precision_recipe.h).
 RecipeKind RecipeForPrecision(spec::Precision precision);
 
 }  // namespace loom::planner

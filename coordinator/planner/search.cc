@@ -151,11 +151,28 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
           if (w.global_batch % dp != 0) continue;
           const int64_t per_dp = w.global_batch / dp;
           const int max_zero = (dp * cp == 1) ? 0 : s.max_zero_stage;
+          // (schedule, virtual stages) pairs: the space's, or every schedule.
+          std::vector<std::pair<spec::Schedule, int64_t>> schedules = {
+              {s.schedule, s.virtual_stages}};
+          if (s.search_schedules && pp > 1) {
+            schedules = {{spec::Schedule::k1F1B, 1},
+                         {spec::Schedule::kAfab, 1},
+                         {spec::Schedule::kInterleaved, 2}};
+          }
+          std::vector<bool> sps = {s.sequence_parallel ? *s.sequence_parallel : tp > 1};
+          if (s.search_schedules && !s.sequence_parallel && tp > 1) sps = {true, false};
+          for (const auto& [schedule, virtual_stages] : schedules)
+          for (bool sp : sps)
           for (int64_t mbs : Choices(s.micro_batch_size, per_dp)) {
             if (per_dp % mbs != 0) continue;
             const int64_t gas = per_dp / mbs;
-            const bool interleaved = s.schedule == spec::Schedule::kInterleaved && pp > 1;
+            const bool interleaved = schedule == spec::Schedule::kInterleaved && pp > 1;
             if (interleaved && gas % pp != 0) continue;
+            if (interleaved && pp * virtual_stages > w.model.num_layers) continue;
+            if (interleaved && !s.allow_uneven_stages &&
+                w.model.num_layers % (pp * virtual_stages) != 0) {
+              continue;
+            }
             for (int zero = 0; zero <= 3; ++zero) {
               if (s.zero_stage ? zero != *s.zero_stage : zero > max_zero) continue;
               // Unless asked, ZeRO-2/3 are not combined with a pipeline: they would
@@ -171,10 +188,11 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
                 l.zero_stage = zero;
                 l.micro_batch_size = mbs;
                 l.grad_accum = gas;
-                l.schedule = pp > 1 ? s.schedule : spec::Schedule::k1F1B;
-                l.virtual_stages = interleaved ? s.virtual_stages : 1;
-                l.sequence_parallel = s.sequence_parallel ? *s.sequence_parallel : tp > 1;
+                l.schedule = pp > 1 ? schedule : spec::Schedule::k1F1B;
+                l.virtual_stages = interleaved ? virtual_stages : 1;
+                l.sequence_parallel = sp;
                 l.recompute = rc;
+                if (s.accept && !s.accept(l)) continue;
                 out.push_back(l);
               }
             }
@@ -220,7 +238,8 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
         "no layout of ", c.world_size(), " ranks satisfies the rules: dp*tp*pp*cp*ep must equal the ",
         "ranks, train.global_batch_size=", w.global_batch,
         " must be divisible by dp*micro_batch_size, tp must divide the heads and fit in a node, pp ",
-        "must divide the layers; fixed axes and micro_batch_size must agree with these"));
+        "must divide the layers; fixed axes and micro_batch_size must agree with these",
+        s.accept ? ", and the engine must run the layout" : ""));
   }
   PlanResult result;
   result.layouts_considered = static_cast<int64_t>(layouts.size());

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,14 @@ struct SearchSpace {
   // library workspaces). In the playbook, runs predicted above 75% of the
   // device crashed 2.6-5x as often as the rest (docs/planner.md).
   double memory_headroom = 0.10;
+  // When set, only layouts it accepts are enumerated: submission passes the
+  // spec's rules and the engine's (spec::CheckJobSpec, spec::CheckEngineRuns)
+  // so that `parallelism: auto` answers with a layout the ranks run.
+  std::function<bool(const Layout&)> accept;
+  // Also search the pipeline schedule (1f1b, afab, interleaved with two
+  // virtual stages) when pp > 1, and sequence parallelism on and off when
+  // tp > 1 and `sequence_parallel` is unset: what `parallelism: auto` does.
+  bool search_schedules = false;
 };
 
 struct PlanRequest {

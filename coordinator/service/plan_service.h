@@ -10,8 +10,9 @@
 
 namespace loom::coordinator {
 
-// OK when the engine of this version can run the spec's layout; else
-// INVALID_ARGUMENT naming each field it cannot run yet.
+// OK when the engine of this version can run the spec's layout
+// (spec::ValidateEngineRuns on spec::LayoutOf(spec)); else INVALID_ARGUMENT
+// naming each field it cannot run yet.
 absl::Status CheckEngineSupports(const spec::JobSpec& spec);
 
 // Fills every axis the spec leaves to the planner with the fastest layout

@@ -33,7 +33,7 @@ const loom::v1::GroupMembers& Group(const loom::v1::RankAssignment& a, const std
 
 TEST(AssignmentBuilder, Dp2Tp2Pp2OnTwoNodes) {
   spec::JobSpec s = Spec(2, 2, 2);
-  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+  topology::PlacementRequest request{.shape = spec::LayoutOf(s),
                                      .nodes = {{.node_id = "a", .free_devices = 4, .device_ids = {}},
                                                {.node_id = "b", .free_devices = 4, .device_ids = {}}},
                                      .avoid = {}};
@@ -72,7 +72,7 @@ TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
   spec::JobSpec s = Spec(1, 1, 2);
   s.train.global_batch_size = 8;
   s.train.micro_batch_size = 2;  // 4 micro-batches
-  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+  topology::PlacementRequest request{.shape = spec::LayoutOf(s),
                                      .nodes = {{.node_id = "a", .free_devices = 2, .device_ids = {}}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);

@@ -3,7 +3,8 @@
 // steps and saves; a run of another layout restores it and trains steps 6-10,
 // which must equal the uninterrupted single-process run within 1e-5 relative
 // (loss, gradient norm, validation loss, and every parameter afterwards):
-// dp2·tp2 -> tp2·pp2, pp2 -> one process, one process -> pp2 interleaved.
+// dp2·tp2 -> tp2·pp2, pp2 -> one process, one process -> pp2 interleaved, and
+// the resharding matrix over five layouts (every ordered pair).
 // Resuming the same layout (dp2·tp2·pp2) reproduces the uninterrupted run of
 // that layout bit for bit. The committed index lists every tensor once, whole.
 #include <gtest/gtest.h>
@@ -85,6 +86,9 @@ class PipelineCheckpointTest : public ::testing::Test {
         absl::StatusOr<std::string> saved = loop.SaveCheckpoint(save_root);
         ASSERT_TRUE(saved.ok()) << saved.status();
         run.saved = *saved;
+      }
+      if (loop.zero_stage() == 3) {  // sharded parameters: gather them (collective over DP)
+        ASSERT_TRUE(loop.dp_engine()->MaterializeParameters().ok());
       }
       const std::vector<TensorView> params = loop.pipeline_stage() != nullptr
           ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
@@ -252,6 +256,32 @@ TEST_F(PipelineCheckpointTest, TiedAcrossStagesResumes) {
   const std::vector<RankRun> one = Run(job, {}, root, kSteps, "");
   ExpectRestored(one);
   ExpectContinues(one, Run(job, {}, "", kSteps, "")[0], kSaveAt, kTolerance);
+}
+
+// The resharding matrix: a checkpoint saved at step 5 under each of five
+// layouts resumes under each of the other four, and every resumed run ends
+// the uninterrupted one-process run within 1e-5 (losses, gradient norms,
+// parameters).
+TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
+  const std::vector<std::pair<std::string, Layout>> layouts = {
+      {"one process", {}},
+      {"dp2 zero3", {.dp = 2, .zero_stage = 3}},
+      {"tp2 pp2", {.pp = 2, .tp = 2}},
+      {"dp2 tp2 zero1", {.dp = 2, .tp = 2, .zero_stage = 1}},
+      {"pp2 interleaved", {.pp = 2, .schedule = spec::Schedule::kInterleaved, .virtual_stages = 2}},
+  };
+  const RankRun reference = Reference();
+  for (size_t from = 0; from < layouts.size(); ++from) {
+    const std::string root = dir_ / ("matrix-" + std::to_string(from));
+    Run(Job(), layouts[from].second, "", kSaveAt, root);
+    for (size_t to = 0; to < layouts.size(); ++to) {
+      if (to == from) continue;
+      SCOPED_TRACE(layouts[from].first + " -> " + layouts[to].first);
+      const std::vector<RankRun> resumed = Run(Job(), layouts[to].second, root, kSteps, "");
+      ExpectRestored(resumed);
+      ExpectContinues(resumed, reference, kSaveAt, kTolerance);
+    }
+  }
 }
 
 // An empty root is a fresh start under PP as under any layout.

@@ -156,5 +156,45 @@ class ParallelJobs(unittest.TestCase):
         self.assertEqual(sorted(fp8), list(range(1, 11)))
         self.assertTrue(all(math.isfinite(loss) and loss > 0 for loss in fp8.values()), fp8)
 
+    def test_auto_picks_tp_or_pp_when_one_rank_cannot_hold_the_model(self):
+        # The activation-heavy model of tests/coordinator/examples_test.cc
+        # (AutoLayoutTest): under a rank memory limit of AUTO_MEMORY_MB no
+        # data-parallel layout of 2 ranks fits (whatever its ZeRO stage), a
+        # tensor- or pipeline-parallel one does. `auto` must pick that, and the
+        # job must train.
+        c = self.cluster
+        job = c.submit(AUTO_SPEC.format(memory_mb=AUTO_MEMORY_MB), "auto-split")
+        watch = subprocess.run(c.loomctl_argv("watch", job, "--format=jsonl"),
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(watch.returncode, 0, watch.stderr + c.status(job))
+        steps = [json.loads(line) for line in watch.stdout.splitlines() if line.strip()]
+        losses = {s["step"]: s["loss"] for s in steps}
+        self.assertEqual(sorted(losses), [1, 2, 3])
+        self.assertTrue(all(math.isfinite(x) and x > 0 for x in losses.values()), losses)
+        layout = [line for line in c.status(job).splitlines() if line.startswith("layout:")]
+        self.assertEqual(len(layout), 1, c.status(job))
+        fields = dict(f.split("=", 1) for f in layout[0].split() if "=" in f)
+        self.assertTrue(fields["tp"] != "1" or fields["pp"] != "1", layout[0])
+        self.assertEqual(int(fields["dp"]) * int(fields["tp"]) * int(fields["pp"]), 2, layout[0])
+
+
+# Memory per rank: the planner predicts less than this for the best tp2 or pp2
+# layout and more for every dp2 layout (tests/coordinator/examples_test.cc
+# prints both and fails when the model stops separating them).
+AUTO_MEMORY_MB = 88
+AUTO_SPEC = """
+name: auto-split
+model: {{vocab_size: 256, hidden_size: 128, num_layers: 4, num_heads: 4, num_kv_heads: 4,
+        ffn_hidden_size: 384, max_seq_len: 1024}}
+train: {{steps: 3, global_batch_size: 2, micro_batch_size: 1, seq_len: 1024, lr: 3.0e-3,
+        warmup_steps: 1, seed: 7, eval_interval: 0}}
+data: {{train_path: data/train.txt, format: text}}
+parallelism: auto
+resources: {{device: cpu, ranks: 2, memory_mb: {memory_mb}}}
+checkpoint: {{dir: ckpt-auto, interval: 0, keep: 1}}
+fault_tolerance: {{max_restarts: 0}}
+"""
+
+
 if __name__ == "__main__":
     unittest.main()

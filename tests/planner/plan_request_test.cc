@@ -94,7 +94,7 @@ TEST(PlanRequestFromJob, GpuPresetAndRecipe) {
   EXPECT_NE(bad.status().message().find("resources.gpu 'tpu-v9'"), std::string::npos) << bad.status();
 }
 
-TEST(ApplyLayoutToJob, WritesEveryAxis) {
+TEST(ApplyLayout, WritesEveryAxis) {
   spec::JobSpec job = CpuJob();
   job.parallelism.auto_all = true;
   Layout l;
@@ -104,7 +104,7 @@ TEST(ApplyLayoutToJob, WritesEveryAxis) {
   l.micro_batch_size = 4;
   l.grad_accum = 2;
   l.recompute = spec::Recompute::kFull;
-  ApplyLayoutToJob(l, &job);
+  spec::ApplyLayout(l, &job);
   EXPECT_FALSE(job.parallelism.auto_all);
   EXPECT_EQ(job.parallelism.dp, 2);
   EXPECT_EQ(job.parallelism.tp, 1);

@@ -90,6 +90,29 @@ TEST(Enumerate, FixedAxesHold) {
   }
 }
 
+// What `parallelism: auto` searches: every schedule under a pipeline and
+// sequence parallelism on and off under TP, each layout valid; the
+// accept hook drops what it refuses.
+TEST(Enumerate, SearchSchedulesCoversEverySchedule) {
+  SearchSpace s;
+  s.tp = 2;
+  s.pp = 2;
+  s.cp = 1;
+  s.ep = 1;
+  s.search_schedules = true;
+  std::set<std::pair<spec::Schedule, bool>> seen;
+  for (const Layout& l : EnumerateLayouts(Model(), H100(1), s)) {
+    EXPECT_TRUE(ValidateLayout(Model(), H100(1), l).ok()) << LayoutToString(l);
+    EXPECT_EQ(l.virtual_stages, l.schedule == spec::Schedule::kInterleaved ? 2 : 1);
+    seen.insert({l.schedule, l.sequence_parallel});
+  }
+  EXPECT_EQ(seen.size(), 6u);  // 3 schedules x sequence parallelism on/off
+  s.accept = [](const Layout& l) { return l.schedule != spec::Schedule::kAfab; };
+  for (const Layout& l : EnumerateLayouts(Model(), H100(1), s)) {
+    EXPECT_NE(l.schedule, spec::Schedule::kAfab);
+  }
+}
+
 TEST(Validate, NamesTheFieldAndRule) {
   const Workload w = Model();
   const ClusterSpec c = H100(1);

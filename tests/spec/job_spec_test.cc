@@ -4,6 +4,7 @@
 
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
+#include "common/spec/precision_recipe.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -66,6 +67,59 @@ TEST(JobSpecYaml, ResumeFromRoundTrips) {
   EXPECT_EQ(s.checkpoint.resume_from, "job-ab12cd-000003");
   EXPECT_EQ(Parse(ToYaml(s)).checkpoint.resume_from, "job-ab12cd-000003");
   EXPECT_EQ(ToYaml(Parse(kValid)).find("resume_from"), std::string::npos);  // absent: not written
+}
+
+TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("ranks: 2}"), 9, "ranks: 2, memory_mb: 88}");
+  JobSpec s = Parse(yaml);
+  EXPECT_EQ(s.resources.memory_mb, 88);
+  EXPECT_EQ(Parse(ToYaml(s)).resources.memory_mb, 88);
+  EXPECT_EQ(ToYaml(Parse(kValid)).find("memory_mb"), std::string::npos);  // 0: not written
+  s.resources.memory_mb = -1;
+  EXPECT_THAT(Errors(s), HasSubstr("resources.memory_mb=-1 must not be negative"));
+}
+
+// One descriptor per train.precision, named as the spec spells it.
+TEST(PrecisionRecipe, OneEntryPerPrecision) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp8}) {
+    const PrecisionRecipe& r = RecipeOf(p);
+    EXPECT_EQ(r.precision, p);
+    EXPECT_EQ(r.name, PrecisionName(p));
+    EXPECT_EQ(r.bytes_per_value, 4);  // the engine keeps fp32 masters, gradients and states
+    EXPECT_EQ(r.gemm, r.peak);
+  }
+  EXPECT_EQ(RecipeOf(Precision::kBf16).gemm, hardware::Dtype::kBf16);
+  EXPECT_EQ(RecipeOf(Precision::kFp8).planner_recipe, "loom-fp8-cast");
+}
+
+// The engine's limits on a resolved layout, each naming its field.
+TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
+  JobSpec s = Parse(kValid);
+  Layout l = LayoutOf(s);
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty());
+  l.dp = 2;
+  l.tp = 2;
+  l.pp = 2;
+  l.zero_stage = 2;
+  l.sequence_parallel = true;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.zero_stage = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.zero_stage=3 with parallelism.pp=2 and parallelism.dp=2"));
+  l.zero_stage = 1;
+  l.cp = 2;
+  l.tp = 3;
+  const std::string refused(ValidateEngineRuns(s, l).message());
+  EXPECT_THAT(refused, HasSubstr("parallelism.cp=2 is not supported"));
+  EXPECT_THAT(refused, HasSubstr("model.num_heads=4 must be divisible by parallelism.tp=3"));
+  l = LayoutOf(s);
+  l.pp = 2;
+  l.schedule = Schedule::kInterleaved;
+  l.virtual_stages = 2;
+  l.grad_accum = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("multiple of parallelism.pp=2"));
 }
 
 TEST(JobSpecYaml, UnknownFieldNamesItsPath) {

@@ -105,7 +105,7 @@ TEST(MeshTest, GroupsPartitionTheWorldForManyShapes) {
         for (int64_t cp = 1; cp <= 3; ++cp)
           for (int64_t tp = 1; tp <= 3; ++tp) {
             const MeshShape shape{pp, dp, ep, cp, tp};
-            if (shape.WorldSize() > 36) continue;
+            if (shape.world() > 36) continue;
             ++shapes;
             RankMesh mesh = Mesh(pp, dp, ep, cp, tp);
             for (int64_t r = 0; r < mesh.world_size(); ++r) {
@@ -119,7 +119,7 @@ TEST(MeshTest, GroupsPartitionTheWorldForManyShapes) {
               for (Axis a : kAllAxes) {
                 if (bits >> static_cast<int>(a) & 1u) {
                   axes = axes.With(a);
-                  group_size *= shape.Size(a);
+                  group_size *= AxisSize(shape, a);
                 }
               }
               Groups all = mesh.AllGroups(axes);

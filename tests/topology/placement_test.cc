@@ -112,10 +112,10 @@ TEST(PlacementTest, PropertiesOverManyShapes) {
           continue;
         }
         ++placed;
-        ASSERT_EQ(static_cast<int64_t>(p->slots.size()), shape.WorldSize());
+        ASSERT_EQ(static_cast<int64_t>(p->slots.size()), shape.world());
         std::set<std::pair<std::string, int64_t>> used;
         for (const DeviceSlot& s : p->slots) ASSERT_TRUE(used.insert({s.node_id, s.local_device}).second);
-        for (int64_t r = 0; r < shape.WorldSize(); r += tp) {
+        for (int64_t r = 0; r < shape.world(); r += tp) {
           for (int64_t i = 1; i < tp; ++i) ASSERT_EQ(p->slots[r + i].node_id, p->slots[r].node_id);
         }
         int64_t next = 0;
@@ -124,13 +124,13 @@ TEST(PlacementTest, PropertiesOverManyShapes) {
           ASSERT_EQ(n.num_ranks % tp, 0);
           next += n.num_ranks;
         }
-        ASSERT_EQ(next, shape.WorldSize());
+        ASSERT_EQ(next, shape.world());
         // n2 is avoided: used only when the others cannot hold the world.
         int64_t others = 0;
         for (const NodeDevices& n : nodes) {
           if (n.node_id != "n2") others += (n.free_devices / tp) * tp;
         }
-        ASSERT_EQ(p->avoided_nodes_used, others >= shape.WorldSize() ? 0 : 1);
+        ASSERT_EQ(p->avoided_nodes_used, others >= shape.world() ? 0 : 1);
       }
   EXPECT_GT(placed, 30);
 }

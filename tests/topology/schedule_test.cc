@@ -127,7 +127,7 @@ TEST(ScheduleTest, SweepNeverDeadlocksAndMeetsAnalyticBubbles) {
             ASSERT_FALSE(BuildSchedule(req).ok());
             continue;
           }
-          SCOPED_TRACE(::testing::Message() << ScheduleKindName(kind) << " pp=" << p << " v=" << v
+          SCOPED_TRACE(::testing::Message() << spec::ScheduleName(kind) << " pp=" << p << " v=" << v
                                             << " m=" << m);
           absl::StatusOr<PipelineSchedule> s = BuildSchedule(req);
           ASSERT_TRUE(s.ok()) << s.status();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/precision_recipe.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/fp8_emulation_ops.h"
 #include "kernels/cpu/bf16_emulation_ops.h"
@@ -14,11 +15,13 @@ namespace loom::engine {
 namespace {
 
 #if defined(LOOM_ENGINE_HAVE_CUDA)
-kernels::cuda::CudaRecipe RecipeFor(spec::Precision precision) {
-  switch (precision) {
-    case spec::Precision::kBf16: return kernels::cuda::CudaRecipe::kBf16;
-    case spec::Precision::kFp8: return kernels::cuda::CudaRecipe::kFp8;
-    case spec::Precision::kFp32: break;
+// The CUDA backend's recipe for the descriptor's GEMM dtype.
+kernels::cuda::CudaRecipe CudaRecipeFor(hardware::Dtype gemm) {
+  switch (gemm) {
+    case hardware::Dtype::kBf16: return kernels::cuda::CudaRecipe::kBf16;
+    case hardware::Dtype::kFp8: return kernels::cuda::CudaRecipe::kFp8;
+    case hardware::Dtype::kTf32:
+    case hardware::Dtype::kFp32: break;
   }
   return kernels::cuda::CudaRecipe::kFp32;
 }
@@ -29,7 +32,7 @@ absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeGpuOps(const spec::JobSpec& jo
 #if defined(LOOM_ENGINE_HAVE_CUDA)
   kernels::cuda::CudaOpsOptions options;
   options.device = local_device;
-  options.recipe = RecipeFor(job.train.precision);
+  options.recipe = CudaRecipeFor(spec::RecipeOf(job.train.precision).gemm);
   std::string error;
   std::unique_ptr<kernels::cuda::CudaOps> ops = kernels::cuda::CudaOps::Create(options, &error);
   if (ops == nullptr) {
@@ -61,14 +64,15 @@ bool BuiltWithCuda() {
 absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeOpsForJob(const spec::JobSpec& job,
                                                             int local_device) {
   if (job.resources.device == spec::DeviceKind::kGpu) return MakeGpuOps(job, local_device);
-  switch (job.train.precision) {
-    case spec::Precision::kFp32:
+  switch (spec::RecipeOf(job.train.precision).gemm) {
+    case hardware::Dtype::kFp32:
+    case hardware::Dtype::kTf32:
       return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeCpuOps());
-    case spec::Precision::kFp8:
+    case hardware::Dtype::kFp8:
       // The linear layers' GEMMs see e4m3-rounded inputs with DeepSeek-V3
       // scaling, emulated on the CPU.
       return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeFp8EmulationOps());
-    case spec::Precision::kBf16:
+    case hardware::Dtype::kBf16:
       // Every GEMM's and attention's operands rounded to bf16, as CudaOps's
       // bf16 recipe computes them.
       return std::shared_ptr<kernels::Ops>(kernels::cpu::MakeBf16EmulationOps());

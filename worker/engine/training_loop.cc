@@ -6,6 +6,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_rules.h"
+#include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
@@ -65,19 +67,19 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_size) {
   return absl::OkStatus();
 }
 
-// [tp] What tensor parallelism needs of the spec. Without a group the whole
-// model runs on this rank whatever parallelism.tp says (the standalone
-// trainer ignores the layout, as it does dp).
-absl::Status CheckTensorParallelSpec(const spec::JobSpec& spec, int tp) {
-  if (tp == 1) return absl::OkStatus();
-  if (absl::Status s = CheckTensorParallel(spec.model, tp); !s.ok()) return s;
-  const spec::TrainSpec& t = spec.train;
-  if (spec.parallelism.sequence_parallel && (t.micro_batch_size * t.seq_len) % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.sequence_parallel splits train.micro_batch_size x train.seq_len = ",
-        t.micro_batch_size * t.seq_len, " token rows over tp=", tp, ": they must divide evenly"));
-  }
-  return absl::OkStatus();
+// The layout this rank runs: the spec's with the axes of its context (without
+// a group the axis runs as 1 whatever the spec says: the standalone trainer
+// ignores the layout). CP and EP have no group in the context.
+spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx) {
+  spec::Layout l = spec::LayoutOf(spec);
+  l.dp = ctx.dp_size;
+  l.tp = ctx.tp_size();
+  l.pp = ctx.pp_size();
+  l.cp = 1;
+  l.ep = 1;
+  const int64_t per_step = spec.train.micro_batch_size * ctx.dp_size;
+  l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
+  return l;
 }
 
 }  // namespace
@@ -109,7 +111,11 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
   if (absl::Status s = CheckSpec(resolved, ctx.dp_size); !s.ok()) return s;
   if (absl::Status s = CheckContextMatchesSpec(ctx, resolved); !s.ok()) return s;
-  if (absl::Status s = CheckTensorParallelSpec(resolved, ctx.tp_size()); !s.ok()) return s;  // [tp]
+  // The engine's limits for this layout (common/spec/job_spec_rules.h, the
+  // same check as at submission).
+  if (absl::Status s = spec::ValidateEngineRuns(resolved, ContextLayout(resolved, ctx)); !s.ok()) {
+    return s;
+  }
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, ctx));
   const spec::JobSpec& job = loop->spec_;
   const spec::TrainSpec& t = job.train;

@@ -30,11 +30,7 @@ absl::Status TrainingLoop::CreatePipeline() {
   const spec::TrainSpec& t = job.train;
   const int pp = ctx_.pp_size();
   const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
-  if (ctx_.dp != nullptr && zero == 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.zero_stage=3 with pp=", pp,
-        " is not supported (stages 0, 1 and 2 are): a pipeline stage keeps its parameters"));
-  }
+  // ZeRO-3 under PP and DP was refused by spec::CheckEngineRuns in Create.
   const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
   absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.pp->rank(), pp, microbatches);
   if (!plan.ok()) return plan.status();

@@ -1,7 +1,7 @@
 // What one pipeline stage runs: its model chunks (layers, embedding, head) and
-// its instruction list for one optimizer step, derived from the job spec with
-// the same functions the coordinator uses (common/topology: the stage
-// partition with the default FLOP end costs, and the schedule). The trainer
+// its instruction list for one optimizer step: the stage's view of the one
+// derivation the coordinator uses too (topology::DeriveJobPlan,
+// common/topology/job_plan.h). The trainer
 // can therefore run a pipeline with nothing but the spec, its stage and the
 // pp group; an assignment's `layers` are checked against the result.
 // Pure logic, no I/O.
