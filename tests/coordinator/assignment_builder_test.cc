@@ -97,7 +97,7 @@ TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
 // 16,384 numbers per group to each of 16,384 ranks).
 TEST(AssignmentBuilder, LargeGroupsAreRuns) {
   spec::JobSpec s = Spec(64, 2, 1);
-  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+  topology::PlacementRequest request{.shape = spec::LayoutOf(s),
                                      .nodes = {{.node_id = "a", .free_devices = 128, .device_ids = {}}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
@@ -124,14 +124,14 @@ TEST(AssignmentBuilder, SharedGroupsMatchTheMesh) {
   spec::JobSpec s = Spec(12, 2, 2);
   s.train.micro_batch_size = 1;
   s.train.global_batch_size = 48;
-  topology::PlacementRequest request{.shape = MeshShapeOf(s),
+  topology::PlacementRequest request{.shape = spec::LayoutOf(s),
                                      .nodes = {{.node_id = "a", .free_devices = 48, .device_ids = {}}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
   ASSERT_TRUE(placement.ok());
   auto assignments = BuildAssignments(s, *placement, AttemptContext{.job_id = "j"}, {});
   ASSERT_TRUE(assignments.ok()) << assignments.status();
-  auto mesh = topology::RankMesh::Create(MeshShapeOf(s));
+  auto mesh = topology::RankMesh::Create(spec::LayoutOf(s));
   ASSERT_TRUE(mesh.ok());
   for (const auto& a : *assignments) {
     auto groups = mesh->GroupsOf(a.rank());
