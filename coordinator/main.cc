@@ -371,8 +371,12 @@ int main(int argc, char** argv) {
   const absl::Duration node_timeout = absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s));
   const absl::Duration cordon_expiry = absl::Seconds(absl::GetFlag(FLAGS_cordon_expiry_s));
   std::thread liveness([&] {
+    int64_t tick = 0;
     while (!shutdown.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       jobs.CheckHealth(absl::Now());
+      // Cordons are set by the job manager and lifted by loomctl or expiry:
+      // the node gauges follow them once a second.
+      if (++tick % 4 == 0) node_service.UpdateNodeGauges();
       for (const std::string& node : nodes.ExpireSilent(absl::Now(), node_timeout)) {
         std::fprintf(stderr, "node %s: no heartbeat for %s; node lost\n", node.c_str(),
                      absl::FormatDuration(node_timeout).c_str());

@@ -22,6 +22,8 @@ CoordinatorMetrics::CoordinatorMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       jobs_(Gauge(*registry_, "loom_jobs", "Jobs by state")),
       nodes_live_(Gauge(*registry_, "loom_nodes_live", "Nodes with a live agent session")),
+      nodes_cordoned_(Gauge(*registry_, "loom_nodes_cordoned",
+                            "Known nodes cordoned (used for new ranks only when nothing else fits)")),
       devices_live_(Gauge(*registry_, "loom_devices_live", "Devices on live nodes, by kind")),
       rpcs_(BuildCounter()
                 .Name("loom_rpcs_total")
@@ -86,9 +88,11 @@ void CoordinatorMetrics::SetJobsByState(const std::map<std::string, int>& counts
   for (const auto& [state, count] : counts) jobs_.Add({{"state", state}}).Set(count);
 }
 
-void CoordinatorMetrics::SetNodes(int live_nodes, const std::map<std::string, int>& devices) {
+void CoordinatorMetrics::SetNodes(int live_nodes, int cordoned_nodes,
+                                  const std::map<std::string, int>& devices) {
   absl::MutexLock lock(&mu_);
   nodes_live_.Add({}).Set(live_nodes);
+  nodes_cordoned_.Add({}).Set(cordoned_nodes);
   for (const auto& kind : {"cpu", "gpu"}) {
     auto it = devices.find(kind);
     devices_live_.Add({{"kind", kind}}).Set(it == devices.end() ? 0 : it->second);

@@ -34,7 +34,8 @@ class CoordinatorMetrics {
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(const std::string& listen);
 
   void SetJobsByState(const std::map<std::string, int>& counts);
-  void SetNodes(int live_nodes, const std::map<std::string, int>& devices_by_kind);
+  void SetNodes(int live_nodes, int cordoned_nodes,
+                const std::map<std::string, int>& devices_by_kind);
   void CountRpc(const std::string& method, const std::string& code);
   void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
                        const ProgressSample& sample);
@@ -78,6 +79,7 @@ class CoordinatorMetrics {
   std::map<std::string, std::vector<RankSeries>> rank_series_ ABSL_GUARDED_BY(mu_);  // by job
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& nodes_live_;
+  prometheus::Family<prometheus::Gauge>& nodes_cordoned_;
   prometheus::Family<prometheus::Gauge>& devices_live_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Gauge>& rank_step_;

@@ -218,9 +218,15 @@ grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Sessi
 void NodeServiceImpl::UpdateNodeGauges() {
   if (metrics_ == nullptr) return;
   std::map<std::string, int> devices;
-  const auto live = nodes_->LiveNodes();
-  for (const NodeInfo& node : live) devices[node.device_kind] += node.device_count;
-  metrics_->SetNodes(static_cast<int>(live.size()), devices);
+  int live = 0;
+  int cordoned = 0;
+  for (const NodeInfo& node : nodes_->AllNodes()) {
+    if (node.cordoned) ++cordoned;
+    if (!node.live) continue;
+    ++live;
+    devices[node.device_kind] += node.device_count;
+  }
+  metrics_->SetNodes(live, cordoned, devices);
 }
 
 }  // namespace loom::coordinator
