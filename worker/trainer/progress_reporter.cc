@@ -114,7 +114,13 @@ void ProgressReporter::Run() {
       absl::MutexLock lock(&mu_);
       for (auto it = sent.rbegin(); it != sent.rend(); ++it) queue_.push_front(std::move(it->second));
     }
-    absl::SleepFor(backoff);
+    // A channel whose connection failed can rest in IDLE and fail every new
+    // stream at once without dialling again (seen with TLS after a
+    // coordinator restart): ask it to connect, waiting at most the backoff.
+    const absl::Time until = absl::Now() + backoff;
+    if (!coordinators_->channel()->WaitForConnected(absl::ToChronoTime(until))) {
+      absl::SleepFor(until - absl::Now());
+    }
     backoff = std::min(backoff * 2, absl::Seconds(2));
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
