@@ -60,6 +60,11 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(double, leader_lease_s, 5.0,
           "with --state=etcd://: the leader's etcd lease in whole seconds (at least 2); a dead "
           "leader is replaced after this long");
+ABSL_FLAG(std::string, etcd_tls_dir, "",
+          "with --state=etcd://: directory with ca.crt (the CA of etcd's certificate) and, when etcd "
+          "asks for client certificates, tls.crt and tls.key");
+ABSL_FLAG(bool, etcd_insecure, false,
+          "with --state=etcd://: plaintext gRPC to etcd (a trusted network or loopback only; warns)");
 ABSL_FLAG(std::string, data_roots, "",
           "comma-separated directories jobs may read data from; relative data paths resolve "
           "beneath the first (default: <state_dir>/data)");
@@ -176,7 +181,8 @@ int main(int argc, char** argv) {
       argc, argv,
       "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
       "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-      "[--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX [--advertise=HOST:PORT] [--leader_lease_s=S]]");
+      "[--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX (--etcd_tls_dir=DIR | --etcd_insecure) "
+      "[--advertise=HOST:PORT] [--leader_lease_s=S]]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) loom::cli::UsageError("--state_dir is required");
@@ -241,7 +247,32 @@ int main(int argc, char** argv) {
     const double lease_s = absl::GetFlag(FLAGS_leader_lease_s);
     if (lease_s < 2) loom::cli::UsageError("--leader_lease_s must be at least 2");
     etcd_prefix = target->prefix;
-    etcd = std::make_unique<ha::EtcdClient>(target->endpoints);
+    // TLS to etcd too, unless plaintext is asked for by name: whoever can
+    // write there can lead, or forge every job.
+    const std::string etcd_tls_dir = absl::GetFlag(FLAGS_etcd_tls_dir);
+    if (etcd_tls_dir.empty() == !absl::GetFlag(FLAGS_etcd_insecure)) {
+      loom::cli::UsageError(
+          "--state=etcd:// needs exactly one of --etcd_tls_dir=DIR (ca.crt[, tls.crt, tls.key]) "
+          "and --etcd_insecure");
+    }
+    absl::StatusOr<loom::rpc::TlsSettings> etcd_tls = loom::rpc::ResolveTls(
+        {.tls_dir = etcd_tls_dir,
+         .insecure = absl::GetFlag(FLAGS_etcd_insecure),
+         .certificate_optional = true});
+    if (!etcd_tls.ok()) {
+      loom::cli::UsageError(absl::StrCat("--etcd_tls_dir: ", etcd_tls.status().message()));
+    }
+    if (etcd_tls->insecure) {
+      std::fprintf(stderr,
+                   "loom-coordinator: WARNING: --etcd_insecure: plaintext to etcd; anyone on "
+                   "that network can read jobs and tokens and take leadership\n");
+    }
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
+        loom::rpc::ChannelCredentials(*etcd_tls);
+    if (!etcd_credentials.ok()) {
+      loom::cli::UsageError(std::string(etcd_credentials.status().message()));
+    }
+    etcd = std::make_unique<ha::EtcdClient>(target->endpoints, *etcd_credentials);
     std::string advertise = absl::GetFlag(FLAGS_advertise);
     if (advertise.empty()) advertise = absl::GetFlag(FLAGS_listen);
     election = std::make_unique<ha::LeaderElection>(

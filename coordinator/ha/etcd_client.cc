@@ -13,7 +13,7 @@ bool Unreachable(const grpc::Status& status) {
 
 }  // namespace
 
-EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) {
+EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) const {
   grpc::ChannelArguments args;
   // A whole job list comes back in one Range.
   args.SetMaxReceiveMessageSize(-1);
@@ -22,7 +22,7 @@ EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(endpoint, credentials_, args);
   return {.endpoint = endpoint,
           .kv = etcdserverpb::KV::NewStub(channel),
           .lease = etcdserverpb::Lease::NewStub(channel),
@@ -30,8 +30,12 @@ EtcdClient::Member EtcdClient::Connect(const std::string& endpoint) {
           .connected_at = absl::Now()};
 }
 
-EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration call_timeout)
-    : endpoints_(std::move(endpoints)), call_timeout_(call_timeout) {
+EtcdClient::EtcdClient(std::vector<std::string> endpoints,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials,
+                       absl::Duration call_timeout)
+    : endpoints_(std::move(endpoints)),
+      credentials_(std::move(credentials)),
+      call_timeout_(call_timeout) {
   absl::MutexLock lock(&mu_);
   for (const std::string& endpoint : endpoints_) members_.push_back(Connect(endpoint));
 }

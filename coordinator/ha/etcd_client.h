@@ -14,14 +14,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "etcd/etcd_v3.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
 
 namespace loom::coordinator::ha {
 
 class EtcdClient {
  public:
-  // endpoints: HOST:PORT of each member (plaintext gRPC).
-  explicit EtcdClient(std::vector<std::string> endpoints,
-                      absl::Duration call_timeout = absl::Seconds(2));
+  // endpoints: HOST:PORT of each member; credentials: TLS to etcd
+  // (rpc::ChannelCredentials), or plaintext only where --etcd_insecure says so.
+  EtcdClient(std::vector<std::string> endpoints,
+             std::shared_ptr<grpc::ChannelCredentials> credentials,
+             absl::Duration call_timeout = absl::Seconds(2));
 
   absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& request);
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(const etcdserverpb::TxnRequest& request);
@@ -53,13 +56,14 @@ class EtcdClient {
   // failed while the member was starting (connection refused, then no
   // answer before it served) can stay unusable for many seconds after the
   // member is up; a new channel connects at once.
-  static Member Connect(const std::string& endpoint);
+  Member Connect(const std::string& endpoint) const;
   // Runs call(member, context) on the current member, then on the others
   // while they are unreachable.
   template <typename Response, typename Call>
   absl::StatusOr<Response> OnAnyMember(const char* what, Call call);
 
   std::vector<std::string> endpoints_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
   absl::Mutex mu_;
   std::vector<Member> members_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> current_{0};

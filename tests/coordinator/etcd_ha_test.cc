@@ -114,7 +114,8 @@ class EtcdHa : public ::testing::Test {
     if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
     ASSERT_GT(pid_, 0);
-    client_ = std::make_unique<EtcdClient>(std::vector<std::string>{endpoint_});
+    client_ = std::make_unique<EtcdClient>(std::vector<std::string>{endpoint_},
+                                           grpc::InsecureChannelCredentials());
     for (int i = 0; i < 200; ++i) {
       if (absl::IsNotFound(client_->Get("/probe").status())) return;
       absl::SleepFor(absl::Milliseconds(100));
@@ -156,7 +157,7 @@ TEST_F(EtcdHa, StoreKeepsJobsAndNeverReusesADeletedSequence) {
   ASSERT_TRUE(store.Put(MakeJob("job-abc123-000002", loom::v1::STARTING)).ok());
 
   // Another client (a coordinator taking over) reads what was acknowledged.
-  EtcdClient other({endpoint_});
+  EtcdClient other({endpoint_}, grpc::InsecureChannelCredentials());
   EtcdJobStore reader(&other, "/t", election.Fence());
   auto jobs = reader.LoadAll();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -204,7 +205,7 @@ TEST_F(EtcdHa, StandbyLeadsWhenTheLeaderGoesAndTheOldLeaderCannotWrite) {
   ASSERT_TRUE(a_store.Put(MakeJob("job-abc123-000001", loom::v1::RUNNING)).ok());
 
   // b stands by and sees a as the leader.
-  EtcdClient b_client({endpoint_});
+  EtcdClient b_client({endpoint_}, grpc::InsecureChannelCredentials());
   LeaderElection b(&b_client, Options("b:2"));
   absl::Notification stop_b;
   std::atomic<bool> b_leads{false};

@@ -25,11 +25,23 @@ ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
 
 
-def stored_job(endpoints, prefix, job_id):
+def etcd_tls_flags(cluster):
+    """etcd serves clients over TLS and asks for a certificate of the
+    cluster's CA (the coordinator's stands in as both sides' here)."""
+    d = cluster.tls_dir("coordinator")
+    return [f"--cert-file={d}/tls.crt", f"--key-file={d}/tls.key",
+            f"--trusted-ca-file={d}/ca.crt", "--client-cert-auth"]
+
+
+def stored_job(cluster, endpoints, prefix, job_id):
     """The job record as the store holds it in etcd (loom.v1.Job)."""
     sys.path.insert(0, os.path.join(os.environ.get("LOOM_BUILD_DIR", "build"), "python"))
     from loom.v1 import job_pb2
-    out = subprocess.run([ETCDCTL, f"--endpoints={endpoints}", "get", f"{prefix}/jobs/{job_id}",
+    d = cluster.tls_dir("coordinator")
+    https = ",".join(f"https://{e}" for e in endpoints.split(","))
+    out = subprocess.run([ETCDCTL, f"--endpoints={https}", f"--cacert={d}/ca.crt",
+                          f"--cert={d}/tls.crt", f"--key={d}/tls.key",
+                          "get", f"{prefix}/jobs/{job_id}",
                           "-w", "json"], capture_output=True, text=True, timeout=30,
                          env={**os.environ, "ETCDCTL_API": "3"}, check=True).stdout
     job = job_pb2.Job()
@@ -63,8 +75,9 @@ class Failover(unittest.TestCase):
         for n in names:
             self.etcd[n] = c._spawn(
                 [ETCD, f"--name={n}", f"--data-dir={os.path.join(c.dir, 'etcd-' + n)}",
-                 f"--listen-client-urls=http://127.0.0.1:{client[n]}",
-                 f"--advertise-client-urls=http://127.0.0.1:{client[n]}",
+                 f"--listen-client-urls=https://127.0.0.1:{client[n]}",
+                 f"--advertise-client-urls=https://127.0.0.1:{client[n]}",
+                 *etcd_tls_flags(c),
                  f"--listen-peer-urls=http://127.0.0.1:{peer[n]}",
                  f"--initial-advertise-peer-urls=http://127.0.0.1:{peer[n]}",
                  f"--initial-cluster={initial}", "--initial-cluster-state=new",
@@ -83,7 +96,8 @@ class Failover(unittest.TestCase):
              f"--state_dir={os.path.join(c.dir, 'state-' + name)}", f"--state={state}",
              "--leader_lease_s=3", "--recovery_grace_s=10",
              "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
-             f"--tls_dir={c.tls_dir('coordinator')}", *c.root_flags()],
+             f"--tls_dir={c.tls_dir('coordinator')}", f"--etcd_tls_dir={c.tls_dir('coordinator')}",
+             *c.root_flags()],
             f"{name}.log")
 
     def test_standby_takes_over_and_the_job_carries_on(self):
@@ -103,7 +117,7 @@ class Failover(unittest.TestCase):
         job = c.submit(job_spec("survivor", 2, steps=2500, ckpt=1000), "survivor")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= 5 for s in watch.steps), 120, "step 5")
-        wait_until(lambda: stored_job(self.endpoints, "/loom-failover", job).last_progress.step > 0,
+        wait_until(lambda: stored_job(self.cluster, self.endpoints, "/loom-failover", job).last_progress.step > 0,
                    30, "c1 to store the job's progress")
         ranks = c.trainer_pids()
         self.assertEqual(len(ranks), 2)
@@ -118,7 +132,7 @@ class Failover(unittest.TestCase):
         c.kill(coordinator["c1"], signal.SIGKILL)
         # The last step c1 stored (progress is stored at most once a second;
         # c2 cannot write before c1's lease has run out).
-        stored_step = stored_job(self.endpoints, "/loom-failover", job).last_progress.step
+        stored_step = stored_job(self.cluster, self.endpoints, "/loom-failover", job).last_progress.step
         self.assertGreater(stored_step, 0)
         wait_until(lambda: "serving on" in c.log("c2.log"), 10, "c2 to lead within 10 s")
         took_over = time.monotonic() - killed_at
