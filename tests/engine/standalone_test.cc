@@ -142,7 +142,7 @@ TEST_F(StandaloneTest, InvalidSpecNamesTheField) {
 
 TEST_F(StandaloneTest, CorruptCheckpoints) {
   ASSERT_EQ(Train("c", "--stop_after_step=10").code, 0);
-  const std::string shard = dir_ / "c/ckpt/step_00000010/optimizer-tp00-pp00-dp00.safetensors";
+  const std::string shard = dir_ / "c/ckpt/step_00000010/optimizer-r00000.safetensors";
   std::string bytes = ReadFile(shard);
   bytes[bytes.size() / 2] ^= 0x10;
   WriteFile(shard, bytes);

@@ -1,6 +1,7 @@
 // An in-process Communicator over threads, for data-parallel tests of the
 // training loop without sockets: AllReduce (sum, in rank order, so results are
-// deterministic), Broadcast and Barrier. Other operations are UNIMPLEMENTED.
+// deterministic), Broadcast, AllGather (the checkpoint's digests) and Barrier.
+// Other operations are UNIMPLEMENTED.
 #pragma once
 
 #include <condition_variable>
@@ -79,7 +80,20 @@ class ThreadCommunicator : public comm::Communicator {
     return absl::OkStatus();
   }
   absl::Status ReduceScatter(std::span<const float>, std::span<float>) override { return No(); }
-  absl::Status AllGather(std::span<const float>, std::span<float>) override { return No(); }
+  absl::Status AllGather(std::span<const float> in, std::span<float> out) override {
+    // Each rank's input and output side by side in one rendezvous buffer list:
+    // rank r publishes its output; the inputs are copied before anyone leaves.
+    const size_t n = in.size();
+    std::vector<float> mine(in.begin(), in.end());
+    mine.resize(n + out.size());
+    group_->Rendezvous(rank_, mine.data(), [n](std::vector<float*>& ptrs) {
+      for (float* p : ptrs) {
+        for (size_t r = 0; r < ptrs.size(); ++r) std::memcpy(p + n + r * n, ptrs[r], n * 4);
+      }
+    });
+    std::memcpy(out.data(), mine.data() + n, out.size() * 4);
+    return absl::OkStatus();
+  }
   absl::Status Send(std::span<const float>, int, uint32_t) override { return No(); }
   absl::Status Recv(std::span<float>, int, uint32_t) override { return No(); }
   absl::Status AllToAll(std::span<const float>, const std::vector<int64_t>&, std::span<float>,

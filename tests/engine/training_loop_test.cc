@@ -206,7 +206,7 @@ TEST_F(TrainingLoopTest, NewestCheckpointCorruptFallsBack) {
   std::sort(kept.begin(), kept.end());
   EXPECT_EQ(kept, (std::vector<std::string>{"step_00000010", "step_00000015", "step_00000020"}));
 
-  const std::string shard = dir_ / "ckpt2/step_00000020/model-tp00-pp00.safetensors";
+  const std::string shard = dir_ / "ckpt2/step_00000020/model-r00000.safetensors";
   std::string bytes = testing::ReadFile(shard);
   WriteFile(shard, bytes.substr(0, bytes.size() / 2));
   auto loop = Make(Job());
@@ -221,7 +221,7 @@ TEST_F(TrainingLoopTest, NewestCheckpointCorruptFallsBack) {
   EXPECT_EQ(resumed, std::vector<int64_t>{15});
   EXPECT_EQ(loop->step(), 16);
   ASSERT_GE(events.size(), 2u);
-  EXPECT_THAT(events[0], HasSubstr("step_00000020/model-tp00-pp00.safetensors: size mismatch"));
+  EXPECT_THAT(events[0], HasSubstr("step_00000020/model-r00000.safetensors: size mismatch"));
   EXPECT_THAT(events[1], HasSubstr("resumed from"));
   EXPECT_THAT(events[1], HasSubstr("at step 15"));
 }

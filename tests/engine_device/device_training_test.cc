@@ -146,7 +146,7 @@ TEST_P(DeviceTrainingTest, CheckpointResumeAndExportOnDevice) {
     }
   }
   // The device wrote the same tensors, byte for byte, as the CPU did.
-  for (const char* file : {"model-tp00-pp00.safetensors", "optimizer-tp00-pp00-dp00.safetensors"}) {
+  for (const char* file : {"model-r00000.safetensors", "optimizer-r00000.safetensors"}) {
     const std::string a = ReadFile(dev_root + "/step_00000010/" + file);
     const std::string b = ReadFile(cpu_root + "/step_00000010/" + file);
     ASSERT_FALSE(a.empty()) << file;

@@ -109,9 +109,9 @@ TEST_F(ZeroCheckpointTest, ShardedIndexHasGlobalShapesAndExportReadsIt) {
   const std::string root = dir_ / "z3";
   SaveAt5({3, 2}, root);
   const std::string step = root + "/step_00000005";
-  EXPECT_TRUE(std::filesystem::exists(step + "/model-tp00-pp00-dp00.safetensors"));
-  EXPECT_TRUE(std::filesystem::exists(step + "/model-tp00-pp00-dp01.safetensors"));
-  EXPECT_TRUE(std::filesystem::exists(step + "/optimizer-tp00-pp00-dp01.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(step + "/model-r00000.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(step + "/model-r00001.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(step + "/optimizer-r00001.safetensors"));
   std::ifstream in(step + "/index.json");
   const nlohmann::json index = nlohmann::json::parse(in);
   const nlohmann::json& emb = index["tensors"]["model.embed_tokens.weight"];

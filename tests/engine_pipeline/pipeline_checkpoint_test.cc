@@ -4,12 +4,13 @@
 // which must equal the uninterrupted single-process run within 1e-5 relative
 // (loss, gradient norm, validation loss, and every parameter afterwards):
 // dp2·tp2 -> tp2·pp2, pp2 -> one process, one process -> pp2 interleaved, and
-// the resharding matrix over five layouts (every ordered pair).
+// the resharding matrix over seven layouts (every ordered pair).
 // Resuming the same layout (dp2·tp2·pp2) reproduces the uninterrupted run of
 // that layout bit for bit. The committed index lists every tensor once, whole.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -175,14 +176,44 @@ TEST_F(PipelineCheckpointTest, Pp2ResumesInOneProcess) {
     EXPECT_EQ(info.shards[0].shape, info.shape) << info.name;
   }
   EXPECT_NE(reader->Find("model.embed_tokens.weight"), nullptr);
-  EXPECT_EQ(reader->Find("model.embed_tokens.weight")->file, "model-tp00-pp00.safetensors");
+  EXPECT_EQ(reader->Find("model.embed_tokens.weight")->file, "model-r00000.safetensors");
   ASSERT_NE(reader->Find("lm_head.weight"), nullptr);
-  EXPECT_EQ(reader->Find("lm_head.weight")->file, "model-tp00-pp01.safetensors");
+  EXPECT_EQ(reader->Find("lm_head.weight")->file, "model-r00001.safetensors");
   EXPECT_EQ(reader->state()["layout"]["pp"], 2);
 
   const std::vector<RankRun> resumed = Run(Job(), {}, root, kSteps, "");
   ExpectRestored(resumed);
   ExpectContinues(resumed, reference, kSaveAt, kTolerance);
+}
+
+// Under dp2·tp2·pp2 with ZeRO-1 each rank writes only what it holds uniquely
+// (mesh rank = tp + 2 * (dp + 2 * pp)): TP slices from both TP ranks of DP
+// rank 0; a norm weight (replicated over TP and, its parameter, over DP)
+// once; its moments (ZeRO's DP shards) from TP rank 0 of each DP rank.
+TEST_F(PipelineCheckpointTest, EachPieceWrittenOnceWithItsPlace) {
+  const std::string root = dir_ / "ckpt";
+  const std::vector<RankRun> saved =
+      Run(Job(), {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 1}, "", kSaveAt, root);
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(saved[0].saved);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CheckpointTensorInfo* q = reader->Find("model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(q->shards.size(), 2u);
+  std::set<std::string> q_files;
+  for (const CheckpointShardInfo& s : q->shards) q_files.insert(s.file);
+  EXPECT_EQ(q_files, (std::set<std::string>{"model-r00000.safetensors", "model-r00001.safetensors"}));
+  EXPECT_EQ(q->shards[0].shape[0] + q->shards[1].shape[0], q->shape[0]);  // rows split over TP
+  const CheckpointTensorInfo* norm = reader->Find("model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  ASSERT_EQ(norm->shards.size(), 1u);
+  EXPECT_EQ(norm->shards[0].file, "model-r00004.safetensors");
+  const CheckpointTensorInfo* m = reader->Find("optimizer.exp_avg.model.norm.weight");
+  ASSERT_NE(m, nullptr);
+  for (const CheckpointShardInfo& s : m->shards) {
+    EXPECT_TRUE(s.file == "optimizer-r00004.safetensors" || s.file == "optimizer-r00006.safetensors")
+        << s.file;
+  }
+  EXPECT_EQ(reader->state()["layout"]["tp"], 2);
 }
 
 TEST_F(PipelineCheckpointTest, OneProcessResumesAtPp2Interleaved) {
@@ -258,8 +289,9 @@ TEST_F(PipelineCheckpointTest, TiedAcrossStagesResumes) {
   ExpectContinues(one, Run(job, {}, "", kSteps, "")[0], kSaveAt, kTolerance);
 }
 
-// The resharding matrix: a checkpoint saved at step 5 under each of five
-// layouts resumes under each of the other four, and every resumed run ends
+// The resharding matrix: a checkpoint saved at step 5 under each of seven
+// layouts (one process, ZeRO-3, TP x PP, ZeRO-1 under TP, interleaved PP,
+// ZeRO-3 under TP, ZeRO-2 under TP x PP) resumes under each of the other six, and every resumed run ends
 // the uninterrupted one-process run within 1e-5 (losses, gradient norms,
 // parameters).
 TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
@@ -269,6 +301,8 @@ TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
       {"tp2 pp2", {.pp = 2, .tp = 2}},
       {"dp2 tp2 zero1", {.dp = 2, .tp = 2, .zero_stage = 1}},
       {"pp2 interleaved", {.pp = 2, .schedule = spec::Schedule::kInterleaved, .virtual_stages = 2}},
+      {"dp2 tp2 zero3", {.dp = 2, .tp = 2, .zero_stage = 3}},
+      {"dp2 tp2 pp2 zero2", {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 2}},
   };
   const RankRun reference = Reference();
   for (size_t from = 0; from < layouts.size(); ++from) {

@@ -8,19 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/layout.h"
-#include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
-#include "worker/engine/data_parallel/sharded_checkpoint.h"
 
 namespace loom::engine {
 namespace {
-
-constexpr char kSamplerName[] = "splitmix64-window-v1";
 
 int64_t PeakRssBytes() {
   struct rusage usage {};
@@ -358,7 +354,7 @@ absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
   return loss;
 }
 
-// ---- [tp] Checkpoints under tensor parallelism --------------------------------
+// ---- The model parts --------------------------------------------------------
 
 std::vector<LlamaModel*> TrainingLoop::Parts() {
   if (!pipeline_) return {model_.get()};
@@ -375,225 +371,12 @@ std::vector<TensorView> TrainingLoop::PartParameters() {
   return all;
 }
 
-absl::Status TrainingLoop::UnshardForCheckpoint() {
-  full_states_.clear();
-  for (const auto& e : dp_engines_) {
-    const int64_t n = e->partition().total();
-    kernels::Buffer m = ops_->AllocateFloats(n), v = ops_->AllocateFloats(n);
-    ops_->Fill(m.f32(), n, 0.0f);
-    ops_->Fill(v.f32(), n, 0.0f);
-    if (absl::Status s = e->GatherOptimizerStates(m.f32(), v.f32()); !s.ok()) return s;
-    if (absl::Status s = e->MaterializeParameters(); !s.ok()) return s;
-    full_states_.emplace_back(std::move(m), std::move(v));
-  }
-  return absl::OkStatus();
-}
-
-void TrainingLoop::ReshardAfterCheckpoint(bool loaded) {
-  for (size_t i = 0; i < dp_engines_.size() && i < full_states_.size(); ++i) {
-    if (loaded) {
-      dp_engines_[i]->ScatterOptimizerStates(full_states_[i].first.f32(),
-                                             full_states_[i].second.f32());
-    }
-    dp_engines_[i]->ShardParameters();  // ZeRO-3: the (loaded) parameters become the shard
-  }
-  full_states_.clear();
-}
-
-std::vector<TensorView> TrainingLoop::OptimizerStates() {
-  if (optimizer_) return optimizer_->States();
-  std::vector<TensorView> m, v;
-  const std::vector<LlamaModel*> parts = Parts();  // engine i reduces part i
-  for (size_t i = 0; i < dp_engines_.size() && i < full_states_.size(); ++i) {
-    const std::vector<TensorView> params = parts[i]->Parameters();
-    const std::vector<FlatTensor>& flat = dp_engines_[i]->partition().tensors();
-    for (size_t j = 0; j < params.size(); ++j) {
-      m.push_back({"optimizer.exp_avg." + params[j].name, params[j].shape,
-                   full_states_[i].first.f32() + flat[j].offset});
-      v.push_back({"optimizer.exp_avg_sq." + params[j].name, params[j].shape,
-                   full_states_[i].second.f32() + flat[j].offset});
-    }
-  }
-  for (TensorView& t : v) m.push_back(std::move(t));
-  return m;
-}
-
-// The parameters (the whole model's, or a pipeline stage's) and their AdamW
-// moments, each moment with its parameter's sharding.
-std::vector<TrainingLoop::TpStaged> TrainingLoop::CheckpointState(
-    const std::vector<TensorView>& parameters) {
-  std::vector<TpStaged> staged;
-  std::map<std::string, TensorView> by_name;
-  for (const TensorView& p : parameters) {
-    by_name[p.name] = p;
-    staged.push_back({p, {}});
-  }
-  for (TensorView s : OptimizerStates()) {
-    // "optimizer.exp_avg.<param>" / "optimizer.exp_avg_sq.<param>"
-    const std::string param = s.name.substr(s.name.find('.', sizeof("optimizer")) + 1);
-    const TensorView& p = by_name.at(param);
-    s.global_shape = p.global_shape;
-    s.shard_axis = p.shard_axis;
-    s.shard_offset = p.shard_offset;
-    s.replicas = p.replicas;
-    staged.push_back({s, {}});
-  }
-  return staged;
-}
-
-absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std::string& root,
-                                                                       CheckpointContent content) {
-  std::vector<TpStaged> staged = CheckpointState(PartParameters());
-  CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
-  CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
-  // DP rank 0's TP group writes (the DP ranks hold the same values).
-  for (TpStaged& t : staged) {
-    if (ctx_.dp_rank != 0) break;
-    if (absl::Status s = GatherGlobal(*ops_, t.local, ctx_.tp, &t.global); !s.ok()) return s;
-    CheckpointFile& file = t.local.name.rfind("optimizer.", 0) == 0 ? optimizer : model;
-    file.tensors.push_back({t.local.name, t.local.GlobalShape(), t.global.data()});
-  }
-  content.state["layout"]["tp"] = ctx_.tp->size();
-  content.files = {std::move(model), std::move(optimizer)};
-  absl::StatusOr<std::string> dir = std::string();
-  if (ctx_.dp_rank == 0 && ctx_.tp->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
-  // The writer tells its TP group, then each of those tells its DP group;
-  // this is also the barrier.
-  int32_t ok = dir.ok() ? 1 : 0;
-  if (ctx_.dp_rank == 0) {
-    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.tp, &ok, 1, 0);
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (ctx_.dp != nullptr) {
-    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (!dir.ok()) return dir;
-  if (ok != 1) {
-    return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
-                                            step_, " under ", root));
-  }
-  return dir;
-}
-
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
   // ZeRO-3 (not under PP) holds only shards: gathered over DP.
   if (!pipeline_ && dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
   out->clear();
   DownloadTensors(*ops_, PartParameters(), out);
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root) {
-  Phase("checkpoint");
-  CheckpointContent content;
-  content.step = step_;
-  content.model = spec_.model;
-  content.state = {
-      {"tokens", tokens_},
-      {"optimizer_step", optimizer_step()},
-      {"data", {{"sampler", kSamplerName}, {"seed", spec_.train.seed}, {"next_step", step_ + 1},
-                {"seq_len", spec_.train.seq_len},
-                {"global_batch_size", spec_.train.global_batch_size}}},
-      {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
-      {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
-  if (pipeline_ || ctx_.tp != nullptr) {  // [tp] [pp] global tensors
-    const bool unshard = zero_stage() > 0;
-    if (unshard) {
-      if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
-    }
-    absl::StatusOr<std::string> dir = pipeline_ ? SavePipelineCheckpoint(root, std::move(content))
-                                                : SaveTensorParallelCheckpoint(root, std::move(content));
-    if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);
-    return dir;
-  }
-  if (zero_stage() > 0) {
-    return SaveShardedCheckpoint(root, content, *model_, *dp_engine(), *ctx_.dp,
-                                 spec_.checkpoint.keep);
-  }
-  absl::StatusOr<std::string> dir = std::string();
-  if (ctx_.dp_rank == 0) {
-    // The writer reads host memory: a device backend's tensors are copied
-    // down first, one tensor at a time (nothing to copy on the CPU).
-    const HostStaging params(*ops_, model_->Parameters(), /*download=*/true);
-    const HostStaging states(*ops_, optimizer_->States(), /*download=*/true);
-    content.files.push_back({"model-tp00-pp00.safetensors", "model", params.host(), {}});
-    content.files.push_back(
-        {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", states.host(), {}});
-    dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
-  }
-  if (ctx_.dp != nullptr) {
-    // Rank 0 tells everyone whether the commit happened; this is also the barrier.
-    int32_t ok = dir.ok() ? 1 : 0;
-    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
-        !s.ok()) {
-      return s;
-    }
-    if (ctx_.dp_rank != 0 && ok != 1) {
-      return absl::InternalError(absl::StrCat("DP rank 0 failed to write the checkpoint of step ",
-                                              step_, " under ", root));
-    }
-  }
-  return dir;
-}
-
-absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {
-  // [tp] [pp] with ZeRO: loaded as whole tensors, sharded over DP after.
-  const bool unshard = (pipeline_ || ctx_.tp != nullptr) && zero_stage() > 0;
-  if (unshard) {
-    if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
-  }
-  std::vector<FlatSlice> into;
-  std::vector<TpStaged> tp_staged;  // [tp] global tensors, loaded then sliced
-  std::unique_ptr<HostStaging> staged;  // one rank: host copies for a device backend
-  std::unique_ptr<RestoreStaging> sharded;  // ZeRO: host copies of the shards
-  if (pipeline_ && ctx_.tp == nullptr && HostAddressable(*ops_)) {  // [pp] whole tensors, in place
-    for (const TpStaged& t : CheckpointState(PartParameters())) {
-      into.push_back({t.local.name, t.local.shape, 0, t.local.numel(), t.local.data});
-    }
-  } else if (ctx_.tp != nullptr || pipeline_) {  // [tp] [pp] host globals, sliced up after
-    tp_staged = CheckpointState(PartParameters());  // [pp]
-    for (TpStaged& t : tp_staged) {
-      const std::vector<int64_t>& shape = t.local.GlobalShape();
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      t.global.assign(static_cast<size_t>(n), 0.0f);
-      into.push_back({t.local.name, shape, 0, n, t.global.data()});
-    }
-  } else if (zero_stage() > 0) {
-    // As below: the shards go up only once the step has loaded completely.
-    sharded = std::make_unique<RestoreStaging>(*ops_, ShardedRestoreTargets(*model_, *dp_engine()));
-    into = sharded->host();
-  } else {
-    std::vector<TensorView> whole = model_->Parameters();
-    for (TensorView& s : optimizer_->States()) whole.push_back(std::move(s));
-    // The loader writes host memory; the tensors go up only once a step has
-    // loaded completely (a refused step leaves the backend untouched).
-    staged = std::make_unique<HostStaging>(*ops_, whole, /*download=*/false);
-    for (const TensorView& t : staged->host()) into.push_back({t.name, t.shape, 0, t.numel(), t.data});
-  }
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
-  if (!loaded.ok()) {
-    if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);  // as it was
-    return loaded.status();
-  }
-  if (staged != nullptr) staged->Upload();
-  if (sharded != nullptr) sharded->Upload();
-  for (const TpStaged& t : tp_staged) ScatterGlobal(*ops_, t.global, t.local);  // [tp] [pp]
-  if (unshard) ReshardAfterCheckpoint(/*loaded=*/true);
-  const nlohmann::json& state = loaded->state;
-  auto get_int = [&state](const char* key, int64_t fallback) {
-    return state.contains(key) && state[key].is_number_integer() ? state[key].get<int64_t>()
-                                                                  : fallback;
-  };
-  step_ = loaded->step;
-  tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
-  set_optimizer_step(get_int("optimizer_step", step_));
-  return loaded;
 }
 
 }  // namespace loom::engine

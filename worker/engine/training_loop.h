@@ -35,7 +35,7 @@
 
 namespace loom::engine {
 
-struct CheckpointContent;
+struct StatePiece;
 
 inline constexpr char kTiedEmbedding[] = "model.embed_tokens.weight";
 
@@ -83,18 +83,17 @@ class TrainingLoop {
   absl::StatusOr<double> Evaluate();
 
   // Commits <root>/step_NNNNNNNN with parameters, AdamW moments and loop state
-  // and prunes to checkpoint.keep. Unsharded: DP rank 0 writes; under ZeRO
-  // (DP alone) every rank writes its shards and rank 0 commits
-  // (data_parallel/sharded_checkpoint.h).
-  // [tp] [pp] Under TP or PP the files hold global tensors (under PP each
-  // stage writes its chunks' and stage 0 commits, docs/pipeline.md); with
-  // ZeRO the DP-sharded states are gathered whole for the save and sharded
-  // again after it. Loading takes each rank's tensors from any layout's
-  // checkpoint.
-  // Every rank waits for the commit. Returns the step directory on rank 0.
+  // and prunes to checkpoint.keep, the same way under every layout: each rank
+  // that holds a unique piece (ParallelContext::writes_shards) writes its
+  // shards with their place in the global tensors, and the first rank of the
+  // mesh commits one index (checkpoint/distributed_save.h). Collective over
+  // every group; every rank waits for the commit. Returns the step directory
+  // on the first rank, "" on the others.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& root);
   // Loads the newest loadable checkpoint under root (falling back past refused
-  // ones, listed in the result). NOT_FOUND when root holds none.
+  // ones, listed in the result), saved under any layout: each rank copies
+  // its pieces out of whatever shards the step holds. NOT_FOUND when root
+  // holds none.
   absl::StatusOr<LoadedCheckpoint> RestoreNewest(const std::string& root);
 
   // Told where the loop is (phase name, micro-batch or -1) at each phase
@@ -136,29 +135,13 @@ class TrainingLoop {
  private:
   TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx);
   bool IsEvalStep(int64_t step) const;
-  // [tp] Checkpoints of a TP layout hold GLOBAL tensors, gathered over the
-  // TP group (the same files one process writes, so they load under any tp).
-  struct TpStaged {
-    TensorView local;          // this rank's shard (parameter or AdamW moment)
-    std::vector<float> global;  // the whole tensor
-  };
-  // The given parameters and their AdamW moments, moments sharded as their parameters.
-  std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
-  absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
-                                                           CheckpointContent content);
   // The model parts this rank trains: the model, or the stage's chunks (one
   // DataParallelEngine each under DP); their parameters, part after part.
   std::vector<LlamaModel*> Parts();
   std::vector<TensorView> PartParameters();
-  // [tp] [pp] with ZeRO: the checkpoint of a TP or PP layout holds whole
-  // global tensors, so the DP-sharded state is made whole first (the moments
-  // gathered into full_states_, ZeRO-3's parameters into the model) and
-  // sharded again after a save or a restore.
-  absl::Status UnshardForCheckpoint();
-  void ReshardAfterCheckpoint(bool loaded);
-  // The AdamW moments of PartParameters(), named optimizer.exp_avg.<param> /
-  // optimizer.exp_avg_sq.<param>: AdamW's own, or (ZeRO) full_states_.
-  std::vector<TensorView> OptimizerStates();
+  // The state this rank holds, piece by piece, for checkpoints
+  // (training_loop_checkpoint.cc).
+  std::vector<StatePiece> CheckpointPieces();
   // The gradient this rank's optimizer reads, for ClipGradients.
   std::vector<GradientPiece> GradientPiecesToClip();
   // Clips the reduced gradient over the context's groups; the norm.
@@ -177,14 +160,6 @@ class TrainingLoop {
   // The mean loss of the validation windows in batch_ (this stage's share
   // under PP: 0 before the last stage).
   absl::StatusOr<double> EvaluateBatch();
-  // [pp] Checkpoints: each stage's DP-rank-0, TP-rank-0 writes its chunks'
-  // global tensors (gathered over TP) and moments; stage 0 commits the step
-  // with one index, so it loads under any layout (docs/pipeline.md).
-  absl::StatusOr<std::string> SavePipelineCheckpoint(const std::string& root,
-                                                     CheckpointContent content);
-  absl::StatusOr<std::string> WriteAndCommitPipelineStep(
-      const std::string& root, const CheckpointContent& content,
-      const std::map<std::string, float*>& values);
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;
   // [pp] Tied embeddings across stages (TiedAcrossStages): this stage's
@@ -207,8 +182,6 @@ class TrainingLoop {
   MemoryTracker memory_;
   // With a DP group: one per model part (the model, or each pipeline chunk).
   std::vector<std::unique_ptr<DataParallelEngine>> dp_engines_;
-  // [tp] [pp] with ZeRO, during a checkpoint: per engine, the whole moments.
-  std::vector<std::pair<kernels::Buffer, kernels::Buffer>> full_states_;
   void Phase(const char* phase, int64_t micro_batch = -1) const {
     if (phase_listener_) phase_listener_(phase, micro_batch);
   }

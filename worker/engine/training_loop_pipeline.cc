@@ -1,11 +1,9 @@
 // [pp] The training loop under pipeline parallelism (docs/pipeline.md): this
 // rank runs one stage's chunks by its instruction list; the loss lives on the
-// last stage and the gradient norm spans every stage (and TP shard);
-// checkpoints hold global tensors written stage by stage under one index.
+// last stage and the gradient norm spans every stage (and TP shard).
+// Checkpoints take the one path of every layout (training_loop_checkpoint.cc).
 // Kept apart from training_loop.cc, which calls in here when a pp group is
 // given.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,11 +11,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
-#include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -163,188 +157,6 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
   }
   memory_.Set(MemoryKind::kActivations, stage_->ActivationBytes());
   return FinishStep(std::move(p), step, loss, start);
-}
-
-// ---- Checkpoints ---------------------------------------------------------------
-// Files per stage S: model-tp00-ppSS.safetensors (its chunks' parameters) and
-// optimizer-tp00-ppSS-dp00.safetensors (their AdamW moments), whole global
-// tensors under their global names, so the index is the one a single process
-// writes, split over files: any layout loads it.
-
-absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::string& root,
-                                                                  CheckpointContent content) {
-  content.state["layout"]["pp"] = ctx_.pp->size();
-  content.state["layout"]["tp"] = ctx_.tp != nullptr ? ctx_.tp->size() : 1;
-  // DP rank 0's TP group of each stage gathers (the DP ranks hold the same
-  // values); its TP rank 0 writes.
-  kernels::Ops& ops = stage_->ops();
-  absl::StatusOr<std::string> result = std::string();
-  int32_t ok = 1;
-  if (ctx_.dp_rank == 0) {
-    std::vector<TpStaged> staged = CheckpointState(PartParameters());
-    std::map<std::string, float*> values;
-    for (TpStaged& t : staged) {
-      if (ctx_.tp != nullptr || !HostAddressable(ops)) {
-        // Global tensors in host memory: gathered over TP in backend memory,
-        // then copied down (the writer reads the host).
-        if (absl::Status s = GatherGlobal(ops, t.local, ctx_.tp, &t.global); !s.ok()) return s;
-        values[t.local.name] = t.global.data();
-      } else {
-        values[t.local.name] = t.local.data;
-      }
-    }
-    if (ctx_.tp == nullptr || ctx_.tp->rank() == 0) {
-      result = WriteAndCommitPipelineStep(root, content, values);
-    }
-    ok = result.ok() ? 1 : 0;
-    // The writer tells its TP group, then each of those its DP group; this is
-    // also the barrier.
-    if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
-  }
-  if (absl::Status s = BroadcastHostInts(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
-  if (!result.ok()) return result;
-  if (ok != 1) {
-    return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
-                                            " was not committed (a pipeline stage's writer failed)"));
-  }
-  return result;
-}
-
-namespace {
-
-constexpr int kFilesPerStage = 2;
-
-std::string StageFileName(bool optimizer, int64_t stage) {
-  return optimizer ? absl::StrFormat("optimizer-tp00-pp%02d-dp00.safetensors", stage)
-                   : absl::StrFormat("model-tp00-pp%02d.safetensors", stage);
-}
-
-// Stage `stage`'s two files, described from the spec alone (names and global
-// shapes, no data): the committing stage lists every stage's tensors in the
-// index without receiving them.
-absl::StatusOr<std::vector<CheckpointFile>> DescribeStageFiles(const spec::JobSpec& spec,
-                                                               int64_t stage, int64_t pp,
-                                                               int64_t microbatches) {
-  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(spec, stage, pp, microbatches);
-  if (!plan.ok()) return plan.status();
-  const TpPlan whole = MakeTpPlan(spec.model, 0, 1, false);
-  CheckpointFile model{StageFileName(false, stage), "model", {}, {}};
-  CheckpointFile optimizer{StageFileName(true, stage), "optimizer", {}, {}};
-  std::vector<TensorView> exp_avg_sq;
-  for (const PipelineChunk& c : plan->chunks) {
-    const ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
-    for (const ParameterEntry& e : MakeParameterLayout(spec.model, whole, part).entries) {
-      // A tied head's copy of the embedding: the first stage writes it.
-      if (!c.embedding && e.name == kTiedEmbedding) continue;
-      model.tensors.push_back({e.name, e.shape, nullptr});
-      optimizer.tensors.push_back({"optimizer.exp_avg." + e.name, e.shape, nullptr});
-      exp_avg_sq.push_back({"optimizer.exp_avg_sq." + e.name, e.shape, nullptr});
-    }
-  }
-  for (TensorView& v : exp_avg_sq) optimizer.tensors.push_back(std::move(v));
-  std::vector<CheckpointFile> files;
-  files.push_back(std::move(model));
-  files.push_back(std::move(optimizer));
-  return files;
-}
-
-}  // namespace
-
-// Collective over the pp group of DP rank 0 / TP rank 0 (the stage writers):
-// stage 0 opens the temporary directory, every stage writes its files, the
-// digests travel to stage 0, which commits when all arrived and tells the
-// others. Returns the step directory on stage 0, "" on the others.
-absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
-    const std::string& root, const CheckpointContent& content,
-    const std::map<std::string, float*>& values) {
-  const int pp = ctx_.pp->size();
-  const int stage = ctx_.pp->rank();
-  const spec::TrainSpec& t = spec_.train;
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
-  absl::StatusOr<std::string> begun = std::string();
-  int32_t header[2] = {0, 0};  // started, pid
-  if (stage == 0) {
-    begun = BeginCheckpointStep(root, content.step, ::getpid());
-    header[0] = begun.ok() ? 1 : 0;
-    header[1] = static_cast<int32_t>(::getpid());
-  }
-  kernels::Ops& ops = stage_->ops();
-  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, header, 2, 0); !s.ok()) return s;
-  if (header[0] != 1) {
-    if (stage == 0) return begun.status();
-    return absl::InternalError(absl::StrCat("pipeline stage 0 could not start the checkpoint of step ",
-                                            content.step, " under ", root));
-  }
-  const std::string tmp = CheckpointTempDir(root, content.step, static_cast<int64_t>(header[1]));
-
-  std::vector<int32_t> mine_digests(static_cast<size_t>(kFilesPerStage * kDigestInts), 0);
-  absl::Status write_status;
-  absl::StatusOr<std::vector<CheckpointFile>> mine = DescribeStageFiles(spec_, stage, pp, microbatches);
-  if (!mine.ok()) write_status = mine.status();
-  for (size_t i = 0; write_status.ok() && i < mine->size(); ++i) {
-    CheckpointFile& file = (*mine)[i];
-    for (TensorView& v : file.tensors) {
-      auto it = values.find(v.name);
-      if (it == values.end()) {
-        write_status = absl::InternalError(absl::StrCat(
-            "pipeline stage ", stage, " holds no tensor ", v.name, " for ", file.name));
-        break;
-      }
-      v.data = it->second;
-    }
-    if (!write_status.ok()) break;
-    absl::StatusOr<FileDigest> d = WriteCheckpointFile(tmp, file);
-    if (!d.ok()) {
-      write_status = d.status();
-      break;
-    }
-    EncodeFileDigest(*d, &mine_digests[i * kDigestInts]);
-  }
-  std::vector<int32_t> digests(static_cast<size_t>(pp) * mine_digests.size(), 0);
-  if (absl::Status s = AllGatherHostInts(ops, ctx_.pp, mine_digests.data(),
-                                         static_cast<int64_t>(mine_digests.size()), digests.data());
-      !s.ok()) {
-    return s;
-  }
-
-  absl::StatusOr<std::string> committed = std::string();
-  int32_t ok = 0;
-  if (stage == 0) {
-    CheckpointContent all = content;
-    all.files.clear();
-    std::vector<FileDigest> file_digests;
-    std::vector<std::string> missing;
-    for (int s = 0; s < pp && committed.ok(); ++s) {
-      absl::StatusOr<std::vector<CheckpointFile>> files = DescribeStageFiles(spec_, s, pp, microbatches);
-      if (!files.ok()) {
-        committed = files.status();
-        break;
-      }
-      for (size_t i = 0; i < files->size(); ++i) {
-        const int32_t* slot = &digests[(s * kFilesPerStage + i) * kDigestInts];
-        if (slot[0] != 1) missing.push_back((*files)[i].name);
-        file_digests.push_back(DecodeFileDigest(slot));
-        all.files.push_back(std::move((*files)[i]));
-      }
-    }
-    if (committed.ok() && !missing.empty()) {
-      committed = absl::InternalError(absl::StrCat(
-          "checkpoint of step ", content.step, ": not every pipeline stage wrote its files (",
-          absl::StrJoin(missing, ", "), ")",
-          write_status.ok() ? "" : ": " + write_status.ToString()));
-    } else if (committed.ok()) {
-      committed = CommitCheckpointStep(root, tmp, all, file_digests, spec_.checkpoint.keep);
-    }
-    ok = committed.ok() ? 1 : 0;
-  }
-  if (absl::Status s = BroadcastHostInts(ops, ctx_.pp, &ok, 1, 0); !s.ok()) return s;
-  if (stage == 0) return committed;
-  if (!write_status.ok()) return write_status;
-  if (ok != 1) {
-    return absl::InternalError(absl::StrCat("pipeline stage 0 failed to commit the checkpoint of step ",
-                                            content.step, " under ", root));
-  }
-  return std::string();
 }
 
 }  // namespace loom::engine

@@ -1,14 +1,17 @@
 // The on-disk layout of a Loom checkpoint, shared by the writer, the reader
 // and export:
 //   <root>/step_00000010/            one committed step (atomic rename from a
-//     model-tp00-pp00.safetensors      temporary sibling ".step_00000010.tmp-<pid>")
-//     optimizer-tp00-pp00-dp00.safetensors
+//     model-r00000.safetensors         temporary sibling ".step_00000010.tmp-<pid>")
+//     optimizer-r00000.safetensors     (one pair per rank that holds a unique
+//     ...                              piece: its shards, "<tensor>@<offset>")
 //     index.json                     global tensor names, dtypes, shapes, groups
-//                                    and the file (and slice) that holds each
+//                                    and the shards (file, key, offset, shape)
+//                                    that tile each
 //     metadata.json                  written last: step, model config, loop
 //                                    state, every file's size and CRC-32
-// File names are a convention; readers go through index.json, so sharded
-// layouts only add shards to an index entry.
+// File names are a convention; readers go through index.json, so every
+// layout (one process, TP, PP, ZeRO, any mix) writes the same format and any
+// layout reads it (checkpoint/distributed_save.h).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +30,11 @@ namespace loom::engine {
 inline constexpr char kCheckpointMetadataFile[] = "metadata.json";
 inline constexpr char kCheckpointIndexFile[] = "index.json";
 inline constexpr char kCheckpointFormat[] = "loom-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+// Version 2: every tensor stored as shards with their place in the global
+// tensor, written by the ranks that hold them. Version 1 (whole tensors or
+// ZeRO's flat shards, under the same index format) still loads.
+inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kOldestReadableCheckpointVersion = 1;
 
 std::string StepDirName(int64_t step);  // "step_00000010"
 std::optional<int64_t> ParseStepDirName(std::string_view name);

@@ -16,11 +16,14 @@ std::vector<FlatSlice> WholeTensors(const std::vector<TensorView>& into) {
   return out;
 }
 
-}  // namespace
+const std::vector<int64_t>& GlobalShapeOf(const FlatSlice& t) { return t.shape; }
+const std::vector<int64_t>& GlobalShapeOf(const CheckpointRect& t) { return t.global_shape; }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
-                                                    const spec::ModelSpec& model,
-                                                    const std::vector<FlatSlice>& into) {
+// Verifies the step and every target's name and global shape before anything
+// is copied, so a refused step leaves the targets untouched.
+template <typename Target>
+absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& step_dir, const spec::ModelSpec& model,
+                                          const std::vector<Target>& into) {
   absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(step_dir);
   if (!reader.ok()) return reader.status();
   if (absl::Status s = CheckSameModelShape(model, reader->model(),
@@ -28,19 +31,20 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
       !s.ok()) {
     return s;
   }
-  for (const FlatSlice& t : into) {
+  for (const Target& t : into) {
     const CheckpointTensorInfo* info = reader->Find(t.name);
     if (info == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", step_dir, ": model mismatch: tensor ", t.name, " is not in index.json"));
     }
-    if (info->shape != t.shape) {
+    if (info->shape != GlobalShapeOf(t)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", step_dir, "/", info->file, ": model mismatch: tensor ", t.name,
-          " has shape ", ShapeString(info->shape), " but the model has ", ShapeString(t.shape)));
+          " has shape ", ShapeString(info->shape), " but the model has ",
+          ShapeString(GlobalShapeOf(t))));
     }
   }
-  for (const FlatSlice& t : into) {
+  for (const Target& t : into) {
     if (absl::Status s = reader->CopyTo(t); !s.ok()) return s;
   }
   LoadedCheckpoint out;
@@ -48,6 +52,41 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
   out.dir = step_dir;
   out.state = reader->state();
   return out;
+}
+
+template <typename Target>
+absl::StatusOr<LoadedCheckpoint> LoadNewest(const std::string& root, const spec::ModelSpec& model,
+                                            const std::vector<Target>& into) {
+  const auto steps = ListStepDirs(root);
+  if (steps.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
+  }
+  std::vector<std::string> refused;
+  for (const auto& [step, dir] : steps) {
+    absl::StatusOr<LoadedCheckpoint> loaded = LoadStep(dir, model, into);
+    if (loaded.ok()) {
+      loaded->refused = std::move(refused);
+      return loaded;
+    }
+    refused.push_back(absl::StrCat(dir, ": ", loaded.status().message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "every checkpoint under ", root, " was refused: ", absl::StrJoin(refused, "; "),
+      " (remove or repair them, or point checkpoint.dir elsewhere to start fresh)"));
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<FlatSlice>& into) {
+  return LoadStep(step_dir, model, into);
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<CheckpointRect>& into) {
+  return LoadStep(step_dir, model, into);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
@@ -59,22 +98,13 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
                                                       const spec::ModelSpec& model,
                                                       const std::vector<FlatSlice>& into) {
-  const auto steps = ListStepDirs(root);
-  if (steps.empty()) {
-    return absl::NotFoundError(absl::StrCat("no checkpoint under ", root));
-  }
-  std::vector<std::string> refused;
-  for (const auto& [step, dir] : steps) {
-    absl::StatusOr<LoadedCheckpoint> loaded = LoadCheckpointStep(dir, model, into);
-    if (loaded.ok()) {
-      loaded->refused = std::move(refused);
-      return loaded;
-    }
-    refused.push_back(absl::StrCat(dir, ": ", loaded.status().message()));
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "every checkpoint under ", root, " was refused: ", absl::StrJoin(refused, "; "),
-      " (remove or repair them, or point checkpoint.dir elsewhere to start fresh)"));
+  return LoadNewest(root, model, into);
+}
+
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<CheckpointRect>& into) {
+  return LoadNewest(root, model, into);
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,

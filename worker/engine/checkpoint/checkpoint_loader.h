@@ -48,4 +48,14 @@ absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
                                                       const spec::ModelSpec& model,
                                                       const std::vector<FlatSlice>& into);
 
+// The same for rectangular slices of global tensors: what a rank of any
+// layout (TP shards, ZeRO's ranges of them) loads from a step saved under
+// any other.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
+                                                    const spec::ModelSpec& model,
+                                                    const std::vector<CheckpointRect>& into);
+absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
+                                                      const spec::ModelSpec& model,
+                                                      const std::vector<CheckpointRect>& into);
+
 }  // namespace loom::engine

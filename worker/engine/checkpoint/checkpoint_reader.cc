@@ -166,10 +166,15 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
   }
   absl::StatusOr<json> meta = ParseJson(*meta_text, meta_path);
   if (!meta.ok()) return meta.status();
-  if (meta->value("format", "") != kCheckpointFormat || !(*meta)["version"].is_number_integer() ||
-      (*meta)["version"].get<int>() != kCheckpointVersion) {
-    return Fault(meta_path, absl::StrCat("not a ", kCheckpointFormat, " version ",
-                                         kCheckpointVersion, " metadata file"));
+  if (meta->value("format", "") != kCheckpointFormat || !(*meta)["version"].is_number_integer()) {
+    return Fault(meta_path, absl::StrCat("not a ", kCheckpointFormat, " metadata file"));
+  }
+  if (const int64_t version = (*meta)["version"].get<int64_t>();
+      version < kOldestReadableCheckpointVersion || version > kCheckpointVersion) {
+    return Fault(meta_path, absl::StrCat(kCheckpointFormat, " version ", version,
+                                         " cannot be read: this build reads versions ",
+                                         kOldestReadableCheckpointVersion, " to ",
+                                         kCheckpointVersion));
   }
   if (!(*meta)["step"].is_number_integer() || !(*meta)["files"].is_object() ||
       !meta->contains("model")) {
@@ -286,6 +291,58 @@ absl::Status CheckpointReader::CopyTo(const FlatSlice& dst) const {
     ForEachRow(info->shape, s, [&](int64_t g, int64_t local, int64_t len) {
       const int64_t a = std::max(lo, g), z = std::min(hi, g + len);
       if (a < z) f.CopyElements(*e, local + (a - g), z - a, dst.data + (a - lo));
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::CopyTo(const CheckpointRect& dst) const {
+  const CheckpointTensorInfo* info = Find(dst.name);
+  if (info == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", dir_, ": model mismatch: tensor ", dst.name, " is not in index.json"));
+  }
+  if (info->shape != dst.global_shape) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", dir_, ": model mismatch: tensor ", dst.name, " has shape ",
+        ShapeString(info->shape), " in the checkpoint but ", ShapeString(dst.global_shape),
+        " in the model"));
+  }
+  const size_t dims = info->shape.size();
+  if (dst.offset.size() != dims || dst.shape.size() != dims) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", dir_, ": a slice of ", dst.name,
+                                                   " has the wrong number of dimensions"));
+  }
+  for (size_t d = 0; d < dims; ++d) {
+    if (!FitsWithin(dst.offset[d], dst.shape[d], info->shape[d])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint ", dir_, ": the slice at ", ShapeString(dst.offset), " of shape ",
+          ShapeString(dst.shape), " lies outside tensor ", dst.name, " ", ShapeString(info->shape)));
+    }
+  }
+  if (dims == 0) return CopyTo(FlatSlice{dst.name, info->shape, 0, 1, dst.data});
+  // Every stored row (a run of the last dimension) that meets the slice is
+  // copied into the slice's row-major place.
+  std::vector<int64_t> stride(dims, 1), dst_stride(dims, 1);
+  for (size_t d = dims - 1; d > 0; --d) {
+    stride[d - 1] = stride[d] * info->shape[d];
+    dst_stride[d - 1] = dst_stride[d] * dst.shape[d];
+  }
+  const int64_t lo = dst.offset[dims - 1], hi = lo + dst.shape[dims - 1];
+  for (const CheckpointShardInfo& s : info->shards) {
+    const SafetensorsFile& f = files_.at(s.file);
+    const SafetensorsEntry* e = f.Find(s.key);
+    ForEachRow(info->shape, s, [&](int64_t g, int64_t local, int64_t len) {
+      int64_t at = 0;  // the row's place in dst, without the last dimension
+      int64_t rest = g;
+      for (size_t d = 0; d + 1 < dims; ++d) {
+        const int64_t i = rest / stride[d] - dst.offset[d];
+        rest %= stride[d];
+        if (i < 0 || i >= dst.shape[d]) return;
+        at += i * dst_stride[d];
+      }
+      const int64_t a = std::max(lo, rest), z = std::min(hi, rest + len);
+      if (a < z) f.CopyElements(*e, local + (a - rest), z - a, dst.data + at + (a - lo));
     });
   }
   return absl::OkStatus();

@@ -48,6 +48,18 @@ struct FlatSlice {
   float* data = nullptr;
 };
 
+// The rectangular slice at `offset` (per dimension) of shape `shape` of the
+// global tensor `name` of shape `global_shape`, row-major at data: what a
+// rank of any layout loads (a TP shard, or a rectangle of a ZeRO flat range
+// within it).
+struct CheckpointRect {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+};
+
 class CheckpointReader {
  public:
   static absl::StatusOr<CheckpointReader> Open(const std::string& step_dir);
@@ -65,6 +77,9 @@ class CheckpointReader {
   // Copies a flat range of the named tensor, assembled from its shards; the
   // global shapes must match and the range must lie inside the tensor.
   absl::Status CopyTo(const FlatSlice& dst) const;
+  // Copies a rectangular slice of the named tensor, assembled from whatever
+  // shards the step holds (saved under any layout).
+  absl::Status CopyTo(const CheckpointRect& dst) const;
   absl::StatusOr<std::vector<float>> Values(const std::string& name) const;
 
  private:

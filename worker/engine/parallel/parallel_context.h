@@ -44,6 +44,20 @@ struct ParallelContext {
   // (checkpoint files of a stage, its commit).
   bool block_writer() const { return dp_rank == 0 && tp_rank() == 0; }
 
+  // Whether this rank writes a checkpoint piece it holds: of the ranks that
+  // hold the same values along a replicated axis, the lowest writes. DP
+  // replicates everything but what ZeRO shards over it (dp_sharded); TP
+  // replicates a slice held by `tp_replicas` consecutive ranks (norm weights,
+  // kv heads the TP size does not divide). A new replicated axis adds its
+  // term here.
+  bool writes_shards(bool dp_sharded, int tp_replicas = 1) const {
+    return (dp_sharded || dp_rank == 0) && tp_rank() % tp_replicas == 0;
+  }
+  // Every axis's group, innermost first (null: an axis of one rank): the
+  // mesh a checkpoint's control values cross (checkpoint/distributed_save.h).
+  // A new axis adds its group here.
+  std::vector<comm::Communicator*> MeshGroups() const { return {tp, dp, pp}; }
+
   // The groups whose ranks hold different parts of one gradient, over which
   // a norm's sums of squares add up: TP and PP always, DP when the reduced
   // gradient is sharded over DP (ZeRO >= 2).
