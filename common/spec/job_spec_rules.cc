@@ -252,13 +252,6 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
     }
   }
   if (l.pp > 1) {
-    // A pipeline stage keeps its parameters: ZeRO-3 would gather them for
-    // every micro-batch in flight.
-    if (l.dp > 1) {
-      c.Require(l.zero_stage != 3, "parallelism.zero_stage", l.zero_stage,
-                absl::StrCat("with ", Axis("pp", l.pp), " and ", Axis("dp", l.dp),
-                             " is not supported by this engine (use 0, 1 or 2)"));
-    }
     c.Require(m.num_layers >= l.pp * l.virtual_stages, "model.num_layers", m.num_layers,
               absl::StrCat("must be at least ", Axis("pp", l.pp), " x parallelism.virtual_stages=",
                            l.virtual_stages, " (one layer per pipeline chunk)"));

@@ -2,6 +2,7 @@
 // tensors (no model needed).
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -101,6 +102,37 @@ TEST(CheckpointTest, KeepsNewestAndLoadsNewest) {
   EXPECT_EQ(t.w[3], 23.0f);
   EXPECT_EQ(t.n[1], -21.0f);
   EXPECT_EQ(t.m[0], 10.0f);
+}
+
+// Version 1 steps (the same index format) still load; a version this build
+// does not know is refused naming it. A rectangle of a tensor is assembled
+// from its shards.
+TEST(CheckpointTest, VersionsAndRectangles) {
+  ScratchDir dir;
+  State s;
+  Save(dir.path(), s, 10, 0);
+  const std::string meta_path = dir.path() + "/step_00000010/metadata.json";
+  nlohmann::json meta = nlohmann::json::parse(ReadFile(meta_path));
+  EXPECT_EQ(meta["version"], kCheckpointVersion);
+  meta["version"] = 1;
+  WriteFile(meta_path, meta.dump());
+  State t;
+  auto loaded = LoadCheckpointStep(dir.path() + "/step_00000010", t.model, t.All());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(t.w[3], 13.0f);
+
+  std::vector<float> rect(4);  // w[1:3, 1:3]
+  loaded = LoadCheckpointStep(dir.path() + "/step_00000010", t.model,
+                              std::vector<CheckpointRect>{{"w", {3, 4}, {1, 1}, {2, 2}, rect.data()}});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(rect, (std::vector<float>{15, 16, 19, 20}));
+
+  meta["version"] = kCheckpointVersion + 1;
+  WriteFile(meta_path, meta.dump());
+  loaded = LoadCheckpointStep(dir.path() + "/step_00000010", t.model, t.All());
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.status().message(),
+              HasSubstr(absl::StrCat("version ", kCheckpointVersion + 1, " cannot be read")));
 }
 
 TEST(CheckpointTest, RewritingAStepReplacesIt) {

@@ -88,12 +88,16 @@ class PipelineCheckpointTest : public ::testing::Test {
         ASSERT_TRUE(saved.ok()) << saved.status();
         run.saved = *saved;
       }
-      if (loop.zero_stage() == 3) {  // sharded parameters: gather them (collective over DP)
-        ASSERT_TRUE(loop.dp_engine()->MaterializeParameters().ok());
-      }
+      // Through GatherParameters (collective over DP): ZeRO-3 holds shards.
+      std::vector<float> flat;
+      ASSERT_TRUE(loop.GatherParameters(&flat).ok());
       const std::vector<TensorView> params = loop.pipeline_stage() != nullptr
           ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
-      for (const TensorView& v : params) {
+      int64_t offset = 0;
+      for (TensorView v : params) {
+        ASSERT_LE(offset + v.numel(), static_cast<int64_t>(flat.size()));
+        v.data = flat.data() + offset;
+        offset += v.numel();
         std::vector<float> global;
         ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
         run.params[v.name] = std::move(global);
@@ -227,7 +231,8 @@ TEST_F(PipelineCheckpointTest, OneProcessResumesAtPp2Interleaved) {
 }
 
 // Same layout: the resumed steps are the uninterrupted run's bit for bit,
-// also with the optimizer states sharded over DP (ZeRO 1, 2).
+// also with the optimizer states (ZeRO 1, 2) and the parameters (ZeRO 3)
+// sharded over DP.
 class PipelineBitForBitTest : public PipelineCheckpointTest,
                               public ::testing::WithParamInterface<int> {};
 
@@ -253,7 +258,7 @@ TEST_P(PipelineBitForBitTest, Dp2Tp2Pp2ResumeIsBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineBitForBitTest, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(ZeroStages, PipelineBitForBitTest, ::testing::Values(0, 1, 2, 3));
 
 // A ZeRO-2 pipeline's checkpoint holds whole global tensors: one process
 // resumes it.
@@ -291,7 +296,7 @@ TEST_F(PipelineCheckpointTest, TiedAcrossStagesResumes) {
 
 // The resharding matrix: a checkpoint saved at step 5 under each of seven
 // layouts (one process, ZeRO-3, TP x PP, ZeRO-1 under TP, interleaved PP,
-// ZeRO-3 under TP, ZeRO-2 under TP x PP) resumes under each of the other six, and every resumed run ends
+// ZeRO-3 under TP, ZeRO-3 under TP x PP) resumes under each of the other six, and every resumed run ends
 // the uninterrupted one-process run within 1e-5 (losses, gradient norms,
 // parameters).
 TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
@@ -302,7 +307,7 @@ TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
       {"dp2 tp2 zero1", {.dp = 2, .tp = 2, .zero_stage = 1}},
       {"pp2 interleaved", {.pp = 2, .schedule = spec::Schedule::kInterleaved, .virtual_stages = 2}},
       {"dp2 tp2 zero3", {.dp = 2, .tp = 2, .zero_stage = 3}},
-      {"dp2 tp2 pp2 zero2", {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 2}},
+      {"dp2 tp2 pp2 zero3", {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 3}},
   };
   const RankRun reference = Reference();
   for (size_t from = 0; from < layouts.size(); ++from) {

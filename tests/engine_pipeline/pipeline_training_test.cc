@@ -91,7 +91,14 @@ class PipelineTrainingTest : public ::testing::Test {
       TrainedRun& run = runs[mesh.Rank(p, d, t)];
       run.steps = testing::TrainUntil(**loop, steps);
       ASSERT_NE((*loop)->pipeline_stage(), nullptr);
-      for (const TensorView& v : (*loop)->pipeline_stage()->Parameters()) {
+      // Through GatherParameters: under ZeRO-3 the stage holds only shards.
+      std::vector<float> flat;
+      ASSERT_TRUE((*loop)->GatherParameters(&flat).ok());
+      int64_t offset = 0;
+      for (TensorView v : (*loop)->pipeline_stage()->Parameters()) {
+        ASSERT_LE(offset + v.numel(), static_cast<int64_t>(flat.size()));
+        v.data = flat.data() + offset;
+        offset += v.numel();
         std::vector<float> global;
         ASSERT_TRUE(GatherGlobal(v, tp_comm, &global).ok());
         run.params[v.name] = std::move(global);
@@ -166,15 +173,21 @@ TEST_F(PipelineTrainingTest, Dp2Tp2Pp2EqualsOneProcess) {
 }
 
 // ZeRO under PP (Megatron's distributed optimizer): each chunk's optimizer
-// states, and at stage 2 its reduced gradient, sharded over DP.
+// states, from stage 2 its reduced gradient, at stage 3 its parameters
+// (gathered unit by unit when the schedule runs the chunk), sharded over DP.
 TEST_F(PipelineTrainingTest, ZeroUnderPipelineEqualsOneProcess) {
   const spec::JobSpec job = Job();
   const TrainedRun one = RunSingle(job);
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     SCOPED_TRACE("zero_stage " + std::to_string(zero));
     ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .zero_stage = zero}, kSteps), one);
   }
   ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 1}, kSteps), one);
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .tp = 2, .zero_stage = 3}, kSteps), one);
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .schedule = spec::Schedule::kInterleaved,
+                             .virtual_stages = 2, .zero_stage = 3},
+                       kSteps),
+             one);
   ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .schedule = spec::Schedule::kInterleaved,
                              .virtual_stages = 2, .zero_stage = 1},
                        kSteps),
@@ -183,7 +196,7 @@ TEST_F(PipelineTrainingTest, ZeroUnderPipelineEqualsOneProcess) {
 
 // Tied embeddings across stages: the last stage's copy of the embedding and
 // the first stage's receive the same summed gradient (also with middle
-// stages, and with ZeRO-2 over DP).
+// stages, and with ZeRO-2 and ZeRO-3 over DP).
 TEST_F(PipelineTrainingTest, TiedEmbeddingsAcrossStagesEqualOneProcess) {
   spec::JobSpec job = Job();
   job.model.tie_embeddings = true;
@@ -191,6 +204,7 @@ TEST_F(PipelineTrainingTest, TiedEmbeddingsAcrossStagesEqualOneProcess) {
   const Layout layouts[] = {{.pp = 2},
                             {.pp = 4, .schedule = spec::Schedule::kAfab},
                             {.pp = 2, .dp = 2, .zero_stage = 2},
+                            {.pp = 2, .dp = 2, .zero_stage = 3},
                             {.pp = 2, .tp = 2}};
   for (const Layout& l : layouts) {
     SCOPED_TRACE(::testing::Message() << "pp" << l.pp << " dp" << l.dp << " tp" << l.tp

@@ -104,9 +104,8 @@ TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
   l.zero_stage = 2;
   l.sequence_parallel = true;
   EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
-  l.zero_stage = 3;
-  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
-              HasSubstr("parallelism.zero_stage=3 with parallelism.pp=2 and parallelism.dp=2"));
+  l.zero_stage = 3;  // ZeRO-3 under PP x DP x TP
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
   l.zero_stage = 1;
   l.cp = 2;
   l.tp = 3;

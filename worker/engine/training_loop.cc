@@ -372,10 +372,19 @@ std::vector<TensorView> TrainingLoop::PartParameters() {
 }
 
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
-  // ZeRO-3 (not under PP) holds only shards: gathered over DP.
-  if (!pipeline_ && dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
+  // Part by part; a part with a DP engine through it (ZeRO-3 holds only
+  // shards: gathered over DP).
   out->clear();
-  DownloadTensors(*ops_, PartParameters(), out);
+  const std::vector<LlamaModel*> parts = Parts();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::vector<float> part;
+    if (i < dp_engines_.size()) {
+      if (absl::Status s = dp_engines_[i]->GatherParameters(&part); !s.ok()) return s;
+    } else {
+      DownloadTensors(*ops_, parts[i]->Parameters(), &part);
+    }
+    out->insert(out->end(), part.begin(), part.end());
+  }
   return absl::OkStatus();
 }
 

@@ -24,7 +24,6 @@ absl::Status TrainingLoop::CreatePipeline() {
   const spec::TrainSpec& t = job.train;
   const int pp = ctx_.pp_size();
   const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
-  // ZeRO-3 under PP and DP was refused by spec::CheckEngineRuns in Create.
   const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
   absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.pp->rank(), pp, microbatches);
   if (!plan.ok()) return plan.status();
@@ -35,9 +34,9 @@ absl::Status TrainingLoop::CreatePipeline() {
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
   if (ctx_.dp != nullptr && zero > 0) {
-    // [dp] ZeRO 1/2 under PP: each chunk's optimizer states (and at stage 2
-    // its reduced gradient) sharded over DP, as Megatron's distributed
-    // optimizer does within each TP x PP coordinate.
+    // [dp] ZeRO under PP: each chunk's optimizer states (from stage 2 its
+    // reduced gradient, at stage 3 its parameters) sharded over DP, as
+    // Megatron's distributed optimizer does within each TP x PP coordinate.
     DataParallelOptions options;
     options.zero_stage = zero;
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
@@ -46,6 +45,9 @@ absl::Status TrainingLoop::CreatePipeline() {
           DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
       if (!engine.ok()) return engine.status();
       if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
+      // ZeRO-3: the chunk keeps only its DP shard of the parameters; each
+      // unit is gathered when the schedule runs it and released after.
+      (*engine)->ShardParameters();
       dp_engines_.push_back(std::move(*engine));
     }
   } else {

@@ -333,7 +333,16 @@ void DataParallelEngine::MarkGradientsLive(int64_t unit) {
   }
 }
 
+int64_t DataParallelEngine::WholeModelUnit(int64_t unit) const {
+  const ModelPart& part = model_->part();
+  const int64_t local_layers = part.num_layers < 0 ? layers_ - part.first_layer : part.num_layers;
+  if (unit == 0) return 0;
+  if (unit <= local_layers) return part.first_layer + unit;
+  return layers_ + 1;
+}
+
 void DataParallelEngine::BeforeUse(int64_t unit, bool backward) {
+  unit = WholeModelUnit(unit);
   if (unit == 0 && !backward) {
     memory_->Set(MemoryKind::kActivations, model_->ActivationBytes());
   }
@@ -349,6 +358,7 @@ void DataParallelEngine::BeforeUse(int64_t unit, bool backward) {
 }
 
 void DataParallelEngine::AfterUse(int64_t unit, bool backward) {
+  unit = WholeModelUnit(unit);
   const int64_t head = layers_ + 1;
   // The embedding's backward comes right after the lowest unit that backward reads.
   if (stage_ >= 2 && backward && training_pass_ && unit == (layers_ > 0 ? 1 : head)) {
@@ -360,6 +370,7 @@ void DataParallelEngine::AfterUse(int64_t unit, bool backward) {
 }
 
 void DataParallelEngine::GradientsReady(int64_t unit) {
+  unit = WholeModelUnit(unit);
   const bool reduce = stage_ >= 2 ? training_pass_ : training_pass_ && last_micro_;
   if (!reduce) return;
   // No Synchronize before posting (this runs once per layer in backward): a

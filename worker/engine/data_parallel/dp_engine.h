@@ -129,6 +129,10 @@ class DataParallelEngine : public ModelHooks {
  private:
   DataParallelEngine(LlamaModel* model, comm::Communicator* comm, int stage,
                      FlatPartition partition, MemoryTracker* memory);
+  // [pp] The model numbers a part's units locally (0 the embedding, 1 + l
+  // its l-th layer, then the head); the partition by the whole model's
+  // layers (the parameters' names). Identity for a whole model.
+  int64_t WholeModelUnit(int64_t unit) const;
   void Note(const absl::Status& s);
   // ZeRO-3: holds a unit's parameters (gathering buckets nobody holds).
   void Acquire(int64_t unit, bool wait);
