@@ -122,7 +122,13 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
   MemoryBreakdown b;
   b.stage = stage;
   b.weights = params * r.weight_bytes / (l.zero_stage >= 3 ? shard : 1.0);
-  b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) / (l.zero_stage >= 2 ? shard : 1.0);
+  // [pp] Under a pipeline a chunk's gradient is reduced once per step, after
+  // its last micro-batch (ZeRO 2/3 too): it stays full-size through the
+  // step, next to the reduced shard.
+  const bool whole_gradients = l.pp > 1 && l.zero_stage >= 2 && shard > 1;
+  b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) /
+                (l.zero_stage >= 2 && !whole_gradients ? shard : 1.0);
+  if (whole_gradients) b.gradients += params * r.grad_bytes / shard;
   b.optimizer = params * (r.master_bytes + r.optimizer_bytes) / (l.zero_stage >= 1 ? shard : 1.0);
 
   const double in_flight = MicroBatchesInFlight(l, stage);
@@ -163,15 +169,15 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
 
   const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
   const double layer_grad = layer * (r.grad_bytes + r.grad_accum_bytes);
-  if (l.zero_stage == 2 && shard > 1) {
+  if (l.zero_stage == 2 && shard > 1 && !whole_gradients) {
     // Full-size gradients of the layers whose reduce-scatter is pending.
     b.gradients += k.zero2_unreduced_gradient_layers * layer_grad;
   }
   if (l.zero_stage >= 3 && shard > 1) {
     // Two layers gathered (the current one and the prefetched next), and
     // the unsharded gradients before their reduce-scatter.
-    b.zero3_gathered =
-        layer * 2.0 * r.weight_bytes + k.zero3_unreduced_gradient_layers * layer_grad;
+    b.zero3_gathered = layer * 2.0 * r.weight_bytes +
+                       (whole_gradients ? 0.0 : k.zero3_unreduced_gradient_layers * layer_grad);
     if (sp.lm_head_rows > 0) b.zero3_gathered += sp.lm_head_rows * h * r.weight_bytes;
   }
 

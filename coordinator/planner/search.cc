@@ -175,9 +175,6 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
             }
             for (int zero = 0; zero <= 3; ++zero) {
               if (s.zero_stage ? zero != *s.zero_stage : zero > max_zero) continue;
-              // Unless asked, ZeRO-2/3 are not combined with a pipeline: they would
-              // reduce-scatter or gather for every micro-batch in flight.
-              if (!s.zero_stage && zero >= 2 && pp > 1) continue;
               for (spec::Recompute rc : recomputes) {
                 Layout l;
                 l.dp = dp;

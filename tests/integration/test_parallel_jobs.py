@@ -119,6 +119,8 @@ class ParallelJobs(unittest.TestCase):
             ("tp4-dp2-zero1", dict(tp=4, dp=2, zero=1)),
             ("dp8-zero3", dict(dp=8, zero=3)),
             ("pp2-tp4", dict(pp=2, tp=4)),
+            ("pp2-dp2-zero3", dict(pp=2, dp=2, zero=3)),
+            ("tp2-pp2-dp2-zero3", dict(tp=2, pp=2, dp=2, zero=3)),
         ]
         for name, layout in layouts:
             with self.subTest(layout=name):

@@ -59,7 +59,6 @@ TEST(Enumerate, MatchesBruteForce) {
             if (256 % (dp * mbs)) continue;
             for (int z = 0; z <= 3; ++z) {
               if (dp * cp == 1 && z > 0) continue;
-              if (pp > 1 && z >= 2) continue;
               for (int rc = 0; rc < 3; ++rc) want.insert(Key{dp, tp, pp, cp, z, mbs, rc});
             }
           }

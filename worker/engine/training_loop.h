@@ -3,8 +3,8 @@
 // optimizer steps (gradient accumulation over this rank's micro-batches, DP
 // gradient reduction and the ZeRO stage of parallelism.zero_stage through the
 // DataParallelEngine, one global-norm clipping over the context's groups,
-// AdamW), evaluation and checkpoints. The axes compose: ZeRO 1-3 under TP,
-// ZeRO 1-2 under PP (one DataParallelEngine per pipeline chunk). Deterministic: the same spec gives the
+// AdamW), evaluation and checkpoints. The axes compose: ZeRO 1-3 under TP
+// and under PP (one DataParallelEngine per pipeline chunk). Deterministic: the same spec gives the
 // same losses bit for bit, and a loop restored from a checkpoint continues
 // exactly as the uninterrupted one would have.
 #pragma once
@@ -43,8 +43,8 @@ class TrainingLoop {
  public:
   // spec.data paths are used as given (resolve relative paths first). ctx:
   // this rank's groups (parallel/parallel_context.h); the default is one
-  // rank. parallelism.zero_stage (0..3) applies when there is a DP group
-  // (ZeRO-3 not under PP). Fails with
+  // rank. parallelism.zero_stage (0..3) applies when there is a DP group.
+  // Fails with
   // INVALID_ARGUMENT naming the field for a spec this engine cannot run (batch
   // not divisible, seq_len > max_seq_len, bf16 or fp8 with pp > 1), and
   // with the data loader's error for a missing or malformed data file.

@@ -347,7 +347,9 @@ void DataParallelEngine::BeforeUse(int64_t unit, bool backward) {
     memory_->Set(MemoryKind::kActivations, model_->ActivationBytes());
   }
   const int64_t head = layers_ + 1;
-  if (stage_ >= 2 && backward && training_pass_) {
+  // Backward writes the unit's full-size gradient (also under PP, where it
+  // stays whole until ReduceWholeGradients at the end of the step).
+  if (stage_ >= 2 && backward) {
     MarkGradientsLive(unit);
     if (unit == head && tied_) MarkGradientsLive(0);  // lm_head's gradient is embed's
   }
@@ -361,7 +363,7 @@ void DataParallelEngine::AfterUse(int64_t unit, bool backward) {
   unit = WholeModelUnit(unit);
   const int64_t head = layers_ + 1;
   // The embedding's backward comes right after the lowest unit that backward reads.
-  if (stage_ >= 2 && backward && training_pass_ && unit == (layers_ > 0 ? 1 : head)) {
+  if (stage_ >= 2 && backward && unit == (layers_ > 0 ? 1 : head)) {
     MarkGradientsLive(0);
   }
   if (stage_ != 3) return;
