@@ -1,15 +1,11 @@
 // Names of the spec's enums as they are written in YAML.
 #include "common/spec/job_spec.h"
+#include "common/spec/precision_recipe.h"
 
 namespace loom::spec {
 
 const char* PrecisionName(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp8: return "fp8";
-  }
-  return "?";
+  return RecipeOf(p).name.data();  // a literal: NUL-terminated
 }
 
 const char* ScheduleName(Schedule s) {

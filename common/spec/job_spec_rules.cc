@@ -18,6 +18,9 @@ class Checker {
   void Require(bool ok, const std::string& field, const T& value, const std::string& rule) {
     if (!ok) errors_.push_back(absl::StrCat(field, "=", value, " ", rule));
   }
+  void Add(std::vector<std::string> broken) {
+    for (std::string& e : broken) errors_.push_back(std::move(e));
+  }
   std::vector<std::string> Take() { return std::move(errors_); }
 
  private:
@@ -36,7 +39,96 @@ bool ValidName(const std::string& name) {
 
 std::string Axis(const char* name, int64_t v) { return absl::StrCat("parallelism.", name, "=", v); }
 
+// The model's own shape: heads that divide hidden_size with an even head
+// dimension (RoPE), kv heads that divide the heads.
+void RequireModelShape(Checker& c, const ModelSpec& m) {
+  if (m.num_heads >= 1 && m.hidden_size >= 1) {
+    c.Require(m.hidden_size % m.num_heads == 0, "model.hidden_size", m.hidden_size,
+              absl::StrCat("must be divisible by model.num_heads=", m.num_heads));
+    if (m.hidden_size % m.num_heads == 0) {
+      c.Require(m.head_dim() % 2 == 0, "model.hidden_size", m.hidden_size,
+                absl::StrCat("must give an even head dimension for RoPE (hidden_size/num_heads=",
+                             m.head_dim(), ")"));
+    }
+  }
+  if (m.num_kv_heads >= 1 && m.num_heads >= 1) {
+    c.Require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
+              absl::StrCat("must be divisible by model.num_kv_heads=", m.num_kv_heads));
+  }
+
+}
+
+// The batch splits into micro-batches over dp ranks.
+void RequireBatchSplit(Checker& c, const TrainSpec& t, int64_t dp) {
+  if (dp >= 1 && t.micro_batch_size >= 1) {
+    c.Require(t.global_batch_size % (dp * t.micro_batch_size) == 0, "train.global_batch_size",
+              t.global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", dp), " x train.micro_batch_size=",
+                           t.micro_batch_size));
+  }
+}
+
 }  // namespace
+
+AxisShape AxisShapeOf(const JobSpec& s) {
+  return {s.model.num_heads, s.model.num_kv_heads, s.model.ffn_hidden_size, s.model.vocab_size,
+          s.model.num_layers, s.train.seq_len};
+}
+
+std::vector<std::string> CheckTpSplit(const AxisShape& m, int64_t tp) {
+  Checker c;
+  if (tp < 1) {
+    c.Require(false, "parallelism.tp", tp, "must be positive");
+    return c.Take();
+  }
+  if (tp == 1) return c.Take();
+  c.Require(m.num_heads % tp == 0, "model.num_heads", m.num_heads,
+            absl::StrCat("must be divisible by ", Axis("tp", tp)));
+  c.Require(m.ffn_hidden_size % tp == 0, "model.ffn_hidden_size", m.ffn_hidden_size,
+            absl::StrCat("must be divisible by ", Axis("tp", tp)));
+  const int64_t kv = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+  if (kv >= 1) {
+    c.Require(kv % tp == 0 || tp % kv == 0, "model.num_kv_heads", kv,
+              absl::StrCat("must divide or be divisible by ", Axis("tp", tp),
+                           " (kv heads are split or replicated)"));
+  }
+  c.Require(m.vocab_size >= tp, "model.vocab_size", m.vocab_size,
+            absl::StrCat("must be at least ", Axis("tp", tp), " (vocabulary-parallel embedding)"));
+  return c.Take();
+}
+
+std::vector<std::string> CheckPpSplit(const AxisShape& m, int64_t pp, int64_t virtual_stages) {
+  Checker c;
+  if (pp < 1 || virtual_stages < 1) {
+    c.Require(false, "parallelism.pp", pp, "and parallelism.virtual_stages must be positive");
+    return c.Take();
+  }
+  if (pp == 1) return c.Take();
+  c.Require(m.num_layers >= pp * virtual_stages, "model.num_layers", m.num_layers,
+            absl::StrCat("must be at least ", Axis("pp", pp), " x parallelism.virtual_stages=",
+                         virtual_stages, " (one layer per pipeline chunk)"));
+  return c.Take();
+}
+
+std::vector<std::string> CheckCpSplit(const AxisShape& m, int64_t cp) {
+  Checker c;
+  if (cp < 1) {
+    c.Require(false, "parallelism.cp", cp, "must be positive");
+    return c.Take();
+  }
+  if (cp > 1) {
+    c.Require(m.seq_len % (2 * cp) == 0, "train.seq_len", m.seq_len,
+              absl::StrCat("must be divisible by 2 x ", Axis("cp", cp),
+                           " (load-balanced context parallelism)"));
+  }
+  return c.Take();
+}
+
+std::vector<std::string> CheckEpSplit(const AxisShape&, int64_t ep) {
+  Checker c;
+  c.Require(ep == 1, "parallelism.ep", ep, "must be 1: the model has no experts");
+  return c.Take();
+}
 
 std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   // Sizes above their bounds are reported alone: the rules below multiply
@@ -58,19 +150,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   c.Require(m.max_seq_len >= 1, "model.max_seq_len", m.max_seq_len, "must be positive");
   c.Require(m.rope_theta > 0, "model.rope_theta", m.rope_theta, "must be positive");
   c.Require(m.norm_eps > 0, "model.norm_eps", m.norm_eps, "must be positive");
-  if (m.num_heads >= 1 && m.hidden_size >= 1) {
-    c.Require(m.hidden_size % m.num_heads == 0, "model.hidden_size", m.hidden_size,
-              absl::StrCat("must be divisible by model.num_heads=", m.num_heads));
-    if (m.hidden_size % m.num_heads == 0) {
-      c.Require(m.head_dim() % 2 == 0, "model.hidden_size", m.hidden_size,
-                absl::StrCat("must give an even head dimension for RoPE (hidden_size/num_heads=",
-                             m.head_dim(), ")"));
-    }
-  }
-  if (m.num_kv_heads >= 1 && m.num_heads >= 1) {
-    c.Require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
-              absl::StrCat("must be divisible by model.num_kv_heads=", m.num_kv_heads));
-  }
+  RequireModelShape(c, m);
 
   const TrainSpec& t = s.train;
   c.Require(t.steps >= 1, "train.steps", t.steps, "must be positive");
@@ -135,12 +215,10 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
                            ")"));
   }
   c.Require(p.bucket_mb >= 1, "parallelism.bucket_mb", p.bucket_mb, "must be positive");
+  const AxisShape shape = AxisShapeOf(s);
   if (p.tp && *p.tp >= 1) {
     const int64_t tp = *p.tp;
-    c.Require(m.num_heads % tp == 0, "model.num_heads", m.num_heads,
-              absl::StrCat("must be divisible by ", Axis("tp", tp)));
-    c.Require(m.ffn_hidden_size % tp == 0, "model.ffn_hidden_size", m.ffn_hidden_size,
-              absl::StrCat("must be divisible by ", Axis("tp", tp)));
+    c.Add(CheckTpSplit(shape, tp));
     c.Require(m.vocab_size % tp == 0, "model.vocab_size", m.vocab_size,
               absl::StrCat("must be divisible by ", Axis("tp", tp), " (vocabulary-parallel embedding)"));
     if (p.sequence_parallel) {
@@ -149,25 +227,10 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
                              " with parallelism.sequence_parallel=true"));
     }
   }
-  if (p.pp && *p.pp >= 1 && p.virtual_stages >= 1) {
-    c.Require(m.num_layers >= *p.pp * p.virtual_stages, "model.num_layers", m.num_layers,
-              absl::StrCat("must be at least ", Axis("pp", *p.pp), " x parallelism.virtual_stages=",
-                           p.virtual_stages, " (one layer per pipeline chunk)"));
-  }
-  if (p.cp && *p.cp > 1) {
-    c.Require(t.seq_len % (2 * *p.cp) == 0, "train.seq_len", t.seq_len,
-              absl::StrCat("must be divisible by 2 x ", Axis("cp", *p.cp),
-                           " (load-balanced context parallelism)"));
-  }
-  if (p.ep && *p.ep > 1) {
-    c.Require(false, "parallelism.ep", *p.ep, "must be 1: the model has no experts");
-  }
-  if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
-    c.Require(t.global_batch_size % (*p.dp * t.micro_batch_size) == 0, "train.global_batch_size",
-              t.global_batch_size,
-              absl::StrCat("must be divisible by ", Axis("dp", *p.dp), " x train.micro_batch_size=",
-                           t.micro_batch_size));
-  }
+  if (p.pp && *p.pp >= 1 && p.virtual_stages >= 1) c.Add(CheckPpSplit(shape, *p.pp, p.virtual_stages));
+  if (p.cp && *p.cp >= 1) c.Add(CheckCpSplit(shape, *p.cp));
+  if (p.ep && *p.ep > 1) c.Add(CheckEpSplit(shape, *p.ep));
+  if (p.dp && *p.dp >= 1) RequireBatchSplit(c, t, *p.dp);
 
   const ResourcesSpec& r = s.resources;
   if (r.device == DeviceKind::kCpu) {
@@ -224,25 +287,29 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 
 std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   Checker c;
+  // What every layout needs (the trainer checked these itself before).
+  const TrainSpec& t = s.train;
+  const ModelSpec& m = s.model;
+  c.Require(t.steps >= 1 && t.micro_batch_size >= 1 && t.global_batch_size >= 1 && t.seq_len >= 1,
+            "train", "steps/global_batch_size/micro_batch_size/seq_len", "must be positive");
+  c.Require(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
+            absl::StrCat("must not exceed model.max_seq_len=", m.max_seq_len));
+  c.Require(m.num_heads >= 1 && m.num_kv_heads >= 1, "model.num_heads", m.num_heads,
+            absl::StrCat("and model.num_kv_heads=", m.num_kv_heads, " must be positive"));
+  RequireModelShape(c, m);
+  c.Require(!s.data.train_path.empty(), "data.train_path", "''", "is required");
+  c.Require(s.parallelism.bucket_mb >= 1, "parallelism.bucket_mb", s.parallelism.bucket_mb,
+            "must be positive");
+  RequireBatchSplit(c, t, l.dp);
   for (const auto& [name, value] : {std::pair{"cp", l.cp}, std::pair{"ep", l.ep}}) {
     c.Require(value == 1, absl::StrCat("parallelism.", name), value,
               "is not supported by this engine yet (use 1)");
   }
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
-  const ModelSpec& m = s.model;
+  const AxisShape shape = AxisShapeOf(s);
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
-    c.Require(m.num_heads % l.tp == 0, "model.num_heads", m.num_heads,
-              absl::StrCat("must be divisible by ", Axis("tp", l.tp)));
-    c.Require(m.ffn_hidden_size % l.tp == 0, "model.ffn_hidden_size", m.ffn_hidden_size,
-              absl::StrCat("must be divisible by ", Axis("tp", l.tp)));
-    const int64_t kv = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
-    c.Require(kv % l.tp == 0 || l.tp % kv == 0, "model.num_kv_heads", kv,
-              absl::StrCat("must divide or be divisible by ", Axis("tp", l.tp),
-                           " (kv heads are split or replicated)"));
-    c.Require(m.vocab_size >= l.tp, "model.vocab_size", m.vocab_size,
-              absl::StrCat("must be at least ", Axis("tp", l.tp),
-                           " (vocabulary-parallel embedding; submission also wants it divisible)"));
+    c.Add(CheckTpSplit(shape, l.tp));
     if (l.sequence_parallel) {  // the token rows of a micro-batch are split over TP
       const int64_t rows = s.train.micro_batch_size * s.train.seq_len;
       c.Require(rows % l.tp == 0, "train.seq_len", s.train.seq_len,
@@ -252,9 +319,7 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
     }
   }
   if (l.pp > 1) {
-    c.Require(m.num_layers >= l.pp * l.virtual_stages, "model.num_layers", m.num_layers,
-              absl::StrCat("must be at least ", Axis("pp", l.pp), " x parallelism.virtual_stages=",
-                           l.virtual_stages, " (one layer per pipeline chunk)"));
+    c.Add(CheckPpSplit(shape, l.pp, l.virtual_stages));
     if (l.schedule == Schedule::kInterleaved) {
       c.Require(l.grad_accum % l.pp == 0, "parallelism.schedule", "interleaved",
                 absl::StrCat("needs the micro-batches per step (", l.grad_accum,

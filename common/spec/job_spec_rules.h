@@ -3,6 +3,7 @@
 // rule, e.g. "model.num_heads=12 must be divisible by parallelism.tp=5".
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,31 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 std::vector<std::string> CheckEngineRuns(const JobSpec& spec, const Layout& layout);
 // OK, or INVALID_ARGUMENT listing every broken rule ("; "-joined).
 absl::Status ValidateEngineRuns(const JobSpec& spec, const Layout& layout);
+
+// The rules that cut a model along one axis, the same wherever a layout is
+// checked: submission (CheckJobSpec for the axes the user gave,
+// CheckEngineRuns for the resolved layout), the planner's search
+// (coordinator/planner/search.cc) and the engine (the TP plan, the trainer).
+// Each returns the broken rules, each naming its field; empty when the axis
+// can be cut that way.
+struct AxisShape {
+  int64_t num_heads = 1;
+  int64_t num_kv_heads = 1;  // 0: num_heads
+  int64_t ffn_hidden_size = 1;
+  int64_t vocab_size = 1;
+  int64_t num_layers = 1;
+  int64_t seq_len = 1;
+};
+AxisShape AxisShapeOf(const JobSpec& spec);
+// Query heads, FFN columns and vocabulary rows split over tp; kv heads split
+// when tp divides them, replicated when they divide tp.
+std::vector<std::string> CheckTpSplit(const AxisShape& shape, int64_t tp);
+// At least one layer per pipeline chunk (pp x virtual_stages chunks).
+std::vector<std::string> CheckPpSplit(const AxisShape& shape, int64_t pp, int64_t virtual_stages);
+// Load-balanced context parallelism cuts each sequence into 2 x cp chunks.
+std::vector<std::string> CheckCpSplit(const AxisShape& shape, int64_t cp);
+// Experts split over ep (the model has none yet: ep must be 1).
+std::vector<std::string> CheckEpSplit(const AxisShape& shape, int64_t ep);
 
 // Fills the parallel axes the user left out when only one layout is possible
 // without the planner: every other axis defaults to 1 (zero_stage to 0) and dp

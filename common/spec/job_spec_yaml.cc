@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/precision_recipe.h"
 #include "yaml-cpp/yaml.h"
 
 namespace loom::spec {
@@ -110,6 +111,13 @@ FieldParser Enum(E* out, std::vector<std::pair<const char*, E>> names) {
   };
 }
 
+// train.precision's spellings, from the one descriptor (precision_recipe.h).
+std::vector<std::pair<const char*, Precision>> PrecisionSpellings() {
+  std::vector<std::pair<const char*, Precision>> out;
+  for (const PrecisionRecipe& r : kPrecisionRecipes) out.emplace_back(r.name.data(), r.precision);
+  return out;
+}
+
 absl::Status ParseSection(const YAML::Node& node, const std::string& path, const Section& fields) {
   if (!node.IsMap()) return TypeError(path, node, "a mapping");
   for (const auto& item : node) {
@@ -162,9 +170,7 @@ Section TrainFields(TrainSpec& t) {
           {"eps", Double(&t.eps)},
           {"grad_clip", Double(&t.grad_clip)},
           {"seed", Uint(&t.seed)},
-          {"precision", Enum(&t.precision, {{"fp32", Precision::kFp32},
-                                            {"bf16", Precision::kBf16},
-                                            {"fp8", Precision::kFp8}})},
+          {"precision", Enum(&t.precision, PrecisionSpellings())},
           {"eval_interval", Int(&t.eval_interval)},
           {"eval_windows", Int(&t.eval_windows)}};
 }

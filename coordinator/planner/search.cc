@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/spec/job_spec_rules.h"
 
 namespace loom::planner {
 namespace {
@@ -26,21 +27,20 @@ std::vector<int64_t> Choices(const std::optional<int64_t>& fixed, int64_t n) {
 
 absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(std::move(message)); }
 
-// The rules of one axis, independent of the others.
-absl::Status CheckTp(const Workload& w, const ClusterSpec& c, int64_t tp, const SearchSpace& s) {
+// The rules of one axis, independent of the others: the rulebook's
+// (common/spec/job_spec_rules.h, the same at submission and in the engine),
+// plus what this search chooses not to try (TP across nodes, uneven stages).
+spec::AxisShape ShapeOf(const Workload& w) {
   const ModelShape& m = w.model;
-  if (tp < 1) return Invalid(absl::StrCat("parallelism.tp=", tp, " must be at least 1"));
-  if (m.num_heads % tp != 0) {
-    return Invalid(absl::StrCat("parallelism.tp=", tp, " must divide model.num_heads=", m.num_heads));
-  }
-  if (m.num_kv_heads % tp != 0 && tp % m.num_kv_heads != 0) {
-    return Invalid(absl::StrCat("parallelism.tp=", tp, " must divide model.num_kv_heads=",
-                                m.num_kv_heads, " or be a multiple of it"));
-  }
-  if (m.ffn_hidden_size % tp != 0) {
-    return Invalid(absl::StrCat("parallelism.tp=", tp,
-                                " must divide model.ffn_hidden_size=", m.ffn_hidden_size));
-  }
+  return {m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size, m.num_layers, w.seq_len};
+}
+
+absl::Status FirstBroken(const std::vector<std::string>& broken) {
+  return broken.empty() ? absl::OkStatus() : Invalid(broken.front());
+}
+
+absl::Status CheckTp(const Workload& w, const ClusterSpec& c, int64_t tp, const SearchSpace& s) {
+  if (absl::Status st = FirstBroken(spec::CheckTpSplit(ShapeOf(w), tp)); !st.ok()) return st;
   if (s.tp_within_node && tp > c.devices_per_node) {
     return Invalid(absl::StrCat("parallelism.tp=", tp, " must fit inside a node of ",
                                 c.devices_per_node, " devices"));
@@ -49,23 +49,16 @@ absl::Status CheckTp(const Workload& w, const ClusterSpec& c, int64_t tp, const 
 }
 
 absl::Status CheckCp(const Workload& w, int64_t cp) {
-  if (cp < 1) return Invalid(absl::StrCat("parallelism.cp=", cp, " must be at least 1"));
-  // Causal load balancing cuts each sequence into 2·cp chunks.
-  if (cp > 1 && w.seq_len % (2 * cp) != 0) {
-    return Invalid(absl::StrCat("parallelism.cp=", cp, ": train.seq_len=", w.seq_len,
-                                " must be divisible by 2*cp=", 2 * cp));
-  }
-  return absl::OkStatus();
+  return FirstBroken(spec::CheckCpSplit(ShapeOf(w), cp));
 }
 
 absl::Status CheckPp(const Workload& w, int64_t pp, const SearchSpace& s) {
-  const int64_t layers = w.model.num_layers;
-  if (pp < 1) return Invalid(absl::StrCat("parallelism.pp=", pp, " must be at least 1"));
   const bool interleaved = s.schedule == spec::Schedule::kInterleaved && pp > 1;
-  const int64_t chunks = pp * (interleaved ? s.virtual_stages : 1);
-  if (chunks > layers) {
-    return Invalid(absl::StrCat("parallelism.pp=", pp, " (x virtual_stages) must not exceed model.num_layers=", layers));
+  const int64_t virtual_stages = interleaved ? s.virtual_stages : 1;
+  if (absl::Status st = FirstBroken(spec::CheckPpSplit(ShapeOf(w), pp, virtual_stages)); !st.ok()) {
+    return st;
   }
+  const int64_t layers = w.model.num_layers, chunks = pp * virtual_stages;
   if (!s.allow_uneven_stages && layers % chunks != 0) {
     return Invalid(absl::StrCat("parallelism.pp=", pp,
                                 interleaved ? absl::StrCat(" x virtual_stages=", s.virtual_stages) : "",
@@ -75,10 +68,7 @@ absl::Status CheckPp(const Workload& w, int64_t pp, const SearchSpace& s) {
 }
 
 absl::Status CheckEp(const Workload& w, int64_t ep) {
-  if (ep != 1) {
-    return Invalid(absl::StrCat("parallelism.ep=", ep, " must be 1: the model has no experts"));
-  }
-  return absl::OkStatus();
+  return FirstBroken(spec::CheckEpSplit(ShapeOf(w), ep));
 }
 
 }  // namespace

@@ -241,7 +241,7 @@ TEST_F(TrainingLoopTest, CreateErrorsNameTheCause) {
   job = Job();
   job.train.global_batch_size = 7;
   EXPECT_THAT(TrainingLoop::Create(job).status().message(),
-              HasSubstr("train.global_batch_size=7 must be a multiple"));
+              HasSubstr("train.global_batch_size=7 must be divisible by parallelism.dp=1 x train.micro_batch_size"));
   job = Job();
   job.train.seq_len = 64;
   EXPECT_THAT(TrainingLoop::Create(job).status().message(), HasSubstr("model.max_seq_len=32"));

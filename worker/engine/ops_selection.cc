@@ -14,25 +14,12 @@
 namespace loom::engine {
 namespace {
 
-#if defined(LOOM_ENGINE_HAVE_CUDA)
-// The CUDA backend's recipe for the descriptor's GEMM dtype.
-kernels::cuda::CudaRecipe CudaRecipeFor(hardware::Dtype gemm) {
-  switch (gemm) {
-    case hardware::Dtype::kBf16: return kernels::cuda::CudaRecipe::kBf16;
-    case hardware::Dtype::kFp8: return kernels::cuda::CudaRecipe::kFp8;
-    case hardware::Dtype::kTf32:
-    case hardware::Dtype::kFp32: break;
-  }
-  return kernels::cuda::CudaRecipe::kFp32;
-}
-#endif
-
 absl::StatusOr<std::shared_ptr<kernels::Ops>> MakeGpuOps(const spec::JobSpec& job,
                                                          int local_device) {
 #if defined(LOOM_ENGINE_HAVE_CUDA)
   kernels::cuda::CudaOpsOptions options;
   options.device = local_device;
-  options.recipe = CudaRecipeFor(spec::RecipeOf(job.train.precision).gemm);
+  options.recipe = spec::RecipeOf(job.train.precision).gemm;  // CudaRecipe is the GEMM dtype
   std::string error;
   std::unique_ptr<kernels::cuda::CudaOps> ops = kernels::cuda::CudaOps::Create(options, &error);
   if (ops == nullptr) {

@@ -28,41 +28,6 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-absl::Status CheckSpec(const spec::JobSpec& spec, int dp_size) {
-  const spec::TrainSpec& t = spec.train;
-  if (t.steps < 1 || t.micro_batch_size < 1 || t.global_batch_size < 1 || t.seq_len < 1) {
-    return absl::InvalidArgumentError("train.steps, global_batch_size, micro_batch_size and seq_len must be positive");
-  }
-  if (t.global_batch_size % (t.micro_batch_size * dp_size) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.global_batch_size=", t.global_batch_size, " must be a multiple of train.micro_batch_size=",
-        t.micro_batch_size, " x dp=", dp_size));
-  }
-  if (t.seq_len > spec.model.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("train.seq_len=", t.seq_len,
-                                                   " exceeds model.max_seq_len=", spec.model.max_seq_len));
-  }
-  const spec::ModelSpec& m = spec.model;
-  if (m.num_heads < 1 || m.num_kv_heads < 1 || m.hidden_size % m.num_heads != 0 ||
-      m.num_heads % m.num_kv_heads != 0 || m.head_dim() % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.hidden_size=", m.hidden_size, ", num_heads=", m.num_heads, ", num_kv_heads=",
-        m.num_kv_heads, ": heads must divide hidden_size with an even head dimension, and kv "
-        "heads must divide heads"));
-  }
-  if (spec.data.train_path.empty()) return absl::InvalidArgumentError("data.train_path is required");
-  const int64_t zero = spec.parallelism.zero_stage.value_or(0);
-  if (zero < 0 || zero > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallelism.zero_stage=", zero, " must be 0, 1, 2 or 3"));
-  }
-  if (spec.parallelism.bucket_mb < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("parallelism.bucket_mb=",
-                                                   spec.parallelism.bucket_mb, " must be positive"));
-  }
-  return absl::OkStatus();
-}
-
 // The layout this rank runs: the spec's with the axes of its context (without
 // a group the axis runs as 1 whatever the spec says: the standalone trainer
 // ignores the layout). CP and EP have no group in the context.
@@ -105,10 +70,9 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     const spec::JobSpec& spec, const ParallelContext& ctx, std::shared_ptr<kernels::Ops> ops) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
-  if (absl::Status s = CheckSpec(resolved, ctx.dp_size); !s.ok()) return s;
   if (absl::Status s = CheckContextMatchesSpec(ctx, resolved); !s.ok()) return s;
-  // The engine's limits for this layout (common/spec/job_spec_rules.h, the
-  // same check as at submission).
+  // What the engine needs for this layout (common/spec/job_spec_rules.h, the
+  // same rulebook as at submission and in the planner's search).
   if (absl::Status s = spec::ValidateEngineRuns(resolved, ContextLayout(resolved, ctx)); !s.ok()) {
     return s;
   }
@@ -246,7 +210,7 @@ std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
     for (LlamaModel* part : Parts()) {
       for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
     }
-    if (pipeline_ && TiedAcrossStages(spec_.model, ctx_.pp_size())) {
+    if (TiedAcrossStages(spec_.model, ctx_.pp_size())) {
       // The first and the last stage hold the same summed gradient: once.
       for (TensorView& g : grads) {
         if (g.name == kTiedEmbedding) g.replicas *= 2;
@@ -336,11 +300,10 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   }
   // The sum crosses the DP group, and under PP the stages (only the last
   // one's is not zero), as a float; alone, the double stays as it is.
-  comm::Communicator* pp = pipeline_ ? ctx_.pp : nullptr;
-  if (ctx_.dp != nullptr || pp != nullptr) {
+  if (ctx_.dp != nullptr || ctx_.pp != nullptr) {
     float total = static_cast<float>(sum);
     if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.dp, &total, 1); !s.ok()) return s;
-    if (absl::Status s = AllReduceHostFloats(*ops_, pp, &total, 1); !s.ok()) return s;
+    if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.pp, &total, 1); !s.ok()) return s;
     sum = total;
   }
   return sum / static_cast<double>(windows);

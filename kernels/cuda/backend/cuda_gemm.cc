@@ -82,6 +82,7 @@ void CudaOps::Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, i
     return;
   }
   switch (options_.recipe) {
+    case CudaRecipe::kTf32:
     case CudaRecipe::kFp32:
       ++gemm_counts_.fp32;
       LtGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, /*bf16_inputs=*/false, beta, c,

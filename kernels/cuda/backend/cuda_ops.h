@@ -32,16 +32,20 @@
 #include <mutex>
 #include <string>
 
+#include "common/hardware/device_peaks.h"
 #include "kernels/cuda/backend/caching_allocator.h"
 #include "kernels/ops.h"
 
 namespace loom::kernels::cuda {
 
-// train.precision on a GPU (docs/gpu.md): which GEMMs run in which inputs.
-// kFp32: every GEMM in fp32; kBf16: every GEMM takes bf16 inputs with fp32
-// accumulation and output; kFp8: GEMMs in GemmScope::kLinear take e4m3 inputs
-// with DeepSeek-V3's 1x128 / 128x128 scaling, the rest as kBf16.
-enum class CudaRecipe { kFp32, kBf16, kFp8 };
+// train.precision on a GPU (docs/gpu.md): which GEMMs run in which inputs,
+// named by the GEMM dtype of the one precision descriptor
+// (spec::RecipeOf(precision).gemm), so no mapping stands between them.
+// kFp32 (and kTf32, which allow_tf32 governs): every GEMM in fp32; kBf16:
+// every GEMM takes bf16 inputs with fp32 accumulation and output; kFp8: GEMMs
+// in GemmScope::kLinear take e4m3 inputs with DeepSeek-V3's 1x128 / 128x128
+// scaling, the rest as kBf16.
+using CudaRecipe = hardware::Dtype;
 
 struct CudaOpsOptions {
   int device = 0;

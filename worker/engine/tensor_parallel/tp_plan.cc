@@ -3,33 +3,23 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/spec/job_spec_rules.h"
 
 namespace loom::engine {
 
 absl::Status CheckTensorParallel(const spec::ModelSpec& c, int tp) {
-  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("parallelism.tp=", tp, " must be >= 1"));
-  if (tp == 1) return absl::OkStatus();
-  const std::string where = absl::StrCat(" (parallelism.tp=", tp, ")");
-  if (c.num_heads % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.num_heads=", c.num_heads, " must be divisible by the tensor-parallel size", where));
-  }
-  if (c.ffn_hidden_size % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.ffn_hidden_size=", c.ffn_hidden_size,
-                                                   " must be divisible by the tensor-parallel size",
-                                                   where));
-  }
-  const int64_t kv = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
-  if (kv % tp != 0 && tp % kv != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.num_kv_heads=", kv, " must divide or be divisible by the tensor-parallel size",
-        where, ": kv heads are split when tp divides them and replicated when they divide tp"));
-  }
-  if (c.vocab_size < tp) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.vocab_size=", c.vocab_size, " must be at least the tensor-parallel size", where));
-  }
-  return absl::OkStatus();
+  // The rulebook's TP rules (common/spec/job_spec_rules.h), as submission
+  // and the planner apply them.
+  spec::AxisShape shape;
+  shape.num_heads = c.num_heads;
+  shape.num_kv_heads = c.num_kv_heads;
+  shape.ffn_hidden_size = c.ffn_hidden_size;
+  shape.vocab_size = c.vocab_size;
+  shape.num_layers = c.num_layers;
+  const std::vector<std::string> broken = spec::CheckTpSplit(shape, tp);
+  if (broken.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(broken, "; "));
 }
 
 TpPlan MakeTpPlan(const spec::ModelSpec& c, int rank, int size, bool sequence_parallel) {
