@@ -294,10 +294,10 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
             "train", "steps/global_batch_size/micro_batch_size/seq_len", "must be positive");
   c.Require(t.seq_len <= m.max_seq_len, "train.seq_len", t.seq_len,
             absl::StrCat("must not exceed model.max_seq_len=", m.max_seq_len));
-  c.Require(m.num_heads >= 1 && m.num_kv_heads >= 1, "model.num_heads", m.num_heads,
-            absl::StrCat("and model.num_kv_heads=", m.num_kv_heads, " must be positive"));
+  c.Require(m.num_heads >= 1, "model.num_heads", m.num_heads, "must be positive");
+  c.Require(m.num_kv_heads >= 0, "model.num_kv_heads", m.num_kv_heads,
+            "must not be negative (0: model.num_heads)");
   RequireModelShape(c, m);
-  c.Require(!s.data.train_path.empty(), "data.train_path", "''", "is required");
   c.Require(s.parallelism.bucket_mb >= 1, "parallelism.bucket_mb", s.parallelism.bucket_mb,
             "must be positive");
   RequireBatchSplit(c, t, l.dp);
