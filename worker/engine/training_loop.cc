@@ -102,40 +102,65 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     ops = *std::move(made);
   }
   loop->ops_ = ops;
-  if (loop->ctx_.pp != nullptr) {  // [pp] training_loop_pipeline.cc
-    if (absl::Status s = loop->CreatePipeline(); !s.ok()) return s;
-    return loop;
-  }
-
-  loop->model_ = std::make_unique<LlamaModel>(
-      job.model, job.parallelism.recompute, ops,
-      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel});  // [tp]
-  loop->model_->InitParameters(t.seed);
-  const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));
-  int zero_stage = 0;
-  if (loop->ctx_.dp != nullptr) {
-    DataParallelOptions options;
-    options.zero_stage = static_cast<int>(job.parallelism.zero_stage.value_or(0));
-    options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
-    absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine = DataParallelEngine::Create(
-        loop->model_.get(), loop->ctx_.dp, options, t, &loop->memory_);
-    if (!engine.ok()) return engine.status();
-    (*engine)->ShardParameters();
-    loop->dp_engines_.push_back(std::move(*engine));
-    zero_stage = options.zero_stage;
-  } else {
-    loop->memory_.Add(MemoryKind::kParameters, param_bytes);
-    loop->memory_.Add(MemoryKind::kGradients, param_bytes);
-  }
-  if (zero_stage == 0) {
-    // Moments in the backend's memory, updated by ops->AdamW.
-    loop->optimizer_ = std::make_unique<AdamW>(loop->model_->Parameters(),
-                                               loop->model_->Gradients(), t, ops.get());
-    loop->memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
-  }
-  loop->flops_per_token_ =
-      ModelFlopsPerToken(job.model, loop->model_->NumGlobalParameters(), t.seq_len);
+  if (absl::Status s = loop->CreateParts(); !s.ok()) return s;
   return loop;
+}
+
+// The model parts this rank trains, the same structure for every layout: a
+// stage of chunks (one chunk, the whole model, without a pp group), one
+// DataParallelEngine per chunk under DP, and the optimizer of what the
+// engines do not shard.
+absl::Status TrainingLoop::CreateParts() {
+  const spec::JobSpec& job = spec_;
+  const spec::TrainSpec& t = job.train;
+  const int pp = ctx_.pp_size();
+  const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
+  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.stage(), pp, microbatches);
+  if (!plan.ok()) return plan.status();
+  stage_ = std::make_unique<PipelineStage>(
+      job.model, job.parallelism.recompute, *plan,
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);  // [tp]
+  stage_->InitParameters(t.seed);
+  if (ctx_.pp != nullptr) pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
+  const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
+  // [dp] One engine per chunk: ZeRO shards each chunk's optimizer states
+  // (from stage 2 its reduced gradient, at stage 3 its parameters) over DP,
+  // as Megatron's distributed optimizer does within each TP x PP coordinate.
+  // At ZeRO 0 a single chunk's engine all-reduces buckets during backward;
+  // a pipeline's chunks interleave, so their arrays are summed at the step's
+  // end instead (PipelineTrainStep).
+  if (ctx_.dp != nullptr && (zero > 0 || pipeline_ == nullptr)) {
+    DataParallelOptions options;
+    options.zero_stage = zero;
+    options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
+    for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
+      absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
+          DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
+      if (!engine.ok()) return engine.status();
+      if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
+      (*engine)->ShardParameters();  // ZeRO-3: the chunk keeps only its shard
+      dp_engines_.push_back(std::move(*engine));
+    }
+  } else {
+    memory_.Add(MemoryKind::kParameters, param_bytes);
+    memory_.Add(MemoryKind::kGradients, param_bytes);
+  }
+  if (zero == 0 || ctx_.dp == nullptr) {
+    // Moments in the backend's memory, stepped by ops->AdamW.
+    optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t, ops_.get());
+    memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
+  }
+  flops_per_token_ =
+      ModelFlopsPerToken(job.model, stage_->model(0).NumGlobalParameters(), t.seq_len);
+  if (TiedAcrossStages(job.model, pp) && TiedGradient() == nullptr) {
+    // [pp] A middle stage adds zeros to the first and last stages' sum.
+    const TpPlan tp = MakeTpPlan(job.model, ctx_.tp_rank(), ctx_.tp_size(),
+                                 job.parallelism.sequence_parallel);
+    tied_count_ = tp.vocab * job.model.hidden_size;
+    tied_zeros_ = ops_->AllocateFloats(tied_count_);
+  }
+  return absl::OkStatus();
 }
 
 void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const {
@@ -167,25 +192,26 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
 
   memory_.ResetPeaks();
   ops_->ResetPeakDeviceMemory();
+  LlamaModel& model = stage_->model(0);  // one stage of one chunk
   DataParallelEngine* dp = dp_engine();
   if (dp != nullptr) {
     dp->BeginStep();
   } else {
-    model_->ZeroGradients();
+    model.ZeroGradients();
   }
   double loss_sum = 0.0;
   for (int64_t micro = 0; micro < local_micro; ++micro) {
     FillTrainMicroBatch(step, micro, &batch_);
     Phase("forward_backward", micro);
     if (dp != nullptr) dp->BeginMicroBatch(micro + 1 == local_micro);
-    loss_sum += model_->ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
-                                        batch_.seq, loss_scale);
-    if (!model_->status().ok()) return model_->status();  // [tp] a failed TP collective
+    loss_sum += model.ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
+                                      batch_.seq, loss_scale);
+    if (!model.status().ok()) return model.status();  // [tp] a failed TP collective
     if (dp != nullptr) {
       if (absl::Status s = dp->EndMicroBatch(); !s.ok()) return s;
     }
   }
-  memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
+  memory_.Set(MemoryKind::kActivations, model.ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
   Phase("reduce_gradients");
@@ -311,16 +337,16 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
 
 absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
   if (pipeline_) return pipeline_->ForwardLoss(batch_);  // [pp]
-  const double loss = model_->ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
-                                          batch_.batch, batch_.seq);
-  if (!model_->status().ok()) return model_->status();  // [tp]
+  LlamaModel& model = stage_->model(0);
+  const double loss = model.ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
+                                        batch_.batch, batch_.seq);
+  if (!model.status().ok()) return model.status();  // [tp]
   return loss;
 }
 
 // ---- The model parts --------------------------------------------------------
 
 std::vector<LlamaModel*> TrainingLoop::Parts() {
-  if (!pipeline_) return {model_.get()};
   std::vector<LlamaModel*> parts;
   for (int64_t c = 0; c < stage_->num_chunks(); ++c) parts.push_back(&stage_->model(c));
   return parts;

@@ -109,10 +109,10 @@ class TrainingLoop {
   const spec::JobSpec& spec() const { return spec_; }
   // Under ZeRO-3 the model's own parameter array holds only the units in use
   // (zeros elsewhere): read parameters through GatherParameters.
-  // [pp] Not under pipeline parallelism (no whole model): see pipeline_stage().
-  LlamaModel& model() { return *model_; }
+  // The first model part: the whole model without PP (a stage of one chunk).
+  LlamaModel& model() { return stage_->model(0); }
   // [pp] This rank's pipeline stage (its chunks); null without PP.
-  PipelineStage* pipeline_stage() { return stage_.get(); }
+  PipelineStage* pipeline_stage() { return pipeline_ != nullptr ? stage_.get() : nullptr; }
   // The unsharded optimizer (ZeRO stage 0); see dp_engine() otherwise.
   AdamW& optimizer() { return *optimizer_; }
   // Null without a DP group. [pp] Under PP: the first chunk's (there is one
@@ -135,7 +135,7 @@ class TrainingLoop {
  private:
   TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx);
   bool IsEvalStep(int64_t step) const;
-  // The model parts this rank trains: the model, or the stage's chunks (one
+  // The model parts this rank trains: the stage's chunks (one
   // DataParallelEngine each under DP); their parameters, part after part.
   std::vector<LlamaModel*> Parts();
   std::vector<TensorView> PartParameters();
@@ -150,8 +150,9 @@ class TrainingLoop {
   int64_t optimizer_step() const;
   void set_optimizer_step(int64_t step);
 
+  // The model parts, engines and optimizer, one structure for every layout.
+  absl::Status CreateParts();
   // [pp] Pipeline parallelism (training_loop_pipeline.cc).
-  absl::Status CreatePipeline();
   absl::StatusOr<StepProgress> PipelineTrainStep();
   // The end of every step, pipeline or not: counters, the record, the
   // evaluation when due, this step's memory peaks.
@@ -160,6 +161,8 @@ class TrainingLoop {
   // The mean loss of the validation windows in batch_ (this stage's share
   // under PP: 0 before the last stage).
   absl::StatusOr<double> EvaluateBatch();
+  // The model parts: a stage of chunks, the whole model as one chunk of one
+  // stage without a pp group (then no executor).
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;
   // [pp] Tied embeddings across stages (TiedAcrossStages): this stage's
@@ -177,7 +180,6 @@ class TrainingLoop {
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
   std::shared_ptr<kernels::Ops> ops_;  // the model's backend; outlives the optimizer's buffers
-  std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;
   // With a DP group: one per model part (the model, or each pipeline chunk).

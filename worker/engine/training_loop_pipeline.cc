@@ -19,57 +19,6 @@
 
 namespace loom::engine {
 
-absl::Status TrainingLoop::CreatePipeline() {
-  const spec::JobSpec& job = spec_;
-  const spec::TrainSpec& t = job.train;
-  const int pp = ctx_.pp_size();
-  const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
-  absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.pp->rank(), pp, microbatches);
-  if (!plan.ok()) return plan.status();
-  stage_ = std::make_unique<PipelineStage>(
-      job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);
-  stage_->InitParameters(t.seed);
-  pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
-  const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
-  if (ctx_.dp != nullptr && zero > 0) {
-    // [dp] ZeRO under PP: each chunk's optimizer states (from stage 2 its
-    // reduced gradient, at stage 3 its parameters) sharded over DP, as
-    // Megatron's distributed optimizer does within each TP x PP coordinate.
-    DataParallelOptions options;
-    options.zero_stage = zero;
-    options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
-    for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
-      absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
-          DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
-      if (!engine.ok()) return engine.status();
-      if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
-      // ZeRO-3: the chunk keeps only its DP shard of the parameters; each
-      // unit is gathered when the schedule runs it and released after.
-      (*engine)->ShardParameters();
-      dp_engines_.push_back(std::move(*engine));
-    }
-  } else {
-    // Moments in the backend's memory, stepped by ops->AdamW.
-    optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t,
-                                         &stage_->ops());
-    memory_.Add(MemoryKind::kParameters, param_bytes);
-    memory_.Add(MemoryKind::kGradients, param_bytes);
-    memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
-  }
-  flops_per_token_ =
-      ModelFlopsPerToken(job.model, stage_->model(0).NumGlobalParameters(), t.seq_len);
-  if (TiedAcrossStages(job.model, pp) && TiedGradient() == nullptr) {
-    // A middle stage adds zeros to the first and last stages' sum.
-    const TpPlan tp = MakeTpPlan(job.model, ctx_.tp_rank(), ctx_.tp_size(),
-                                 job.parallelism.sequence_parallel);
-    tied_count_ = tp.vocab * job.model.hidden_size;
-    tied_zeros_ = ops_->AllocateFloats(tied_count_);
-  }
-  return absl::OkStatus();
-}
-
 float* TrainingLoop::TiedGradient() {
   for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
     for (const TensorView& g : stage_->model(c).Gradients()) {

@@ -13,6 +13,15 @@ absl::StatusOr<PipelinePlan> MakePipelinePlan(const spec::JobSpec& spec, int64_t
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline stage ", stage, " of parallelism.pp=", pp, " does not exist"));
   }
+  if (pp == 1) {
+    // The degenerate pipeline: one stage of one chunk, the whole model (the
+    // training loop's parts when there is no pp group). No instructions: the
+    // loop trains it with fused forward-backward passes.
+    PipelinePlan plan;
+    plan.microbatches = microbatches;
+    plan.chunks.push_back({0, 0, 0, spec.model.num_layers, true, true});
+    return plan;
+  }
   spec::Layout layout = spec::LayoutOf(spec);
   layout.pp = pp;
   layout.grad_accum = microbatches;

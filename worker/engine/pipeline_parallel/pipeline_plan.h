@@ -38,7 +38,8 @@ struct PipelinePlan {
 // `microbatches` micro-batches per step. INVALID_ARGUMENT (naming the field)
 // for what the partition or schedule refuses: fewer layers than pp *
 // virtual_stages, virtual_stages > 1 without the interleaved schedule,
-// interleaved with micro-batches not a multiple of pp.
+// interleaved with micro-batches not a multiple of pp. pp = 1: one stage of
+// one chunk (the whole model), without instructions.
 absl::StatusOr<PipelinePlan> MakePipelinePlan(const spec::JobSpec& spec, int64_t stage, int64_t pp,
                                               int64_t microbatches);
 
