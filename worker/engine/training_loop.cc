@@ -122,15 +122,15 @@ absl::Status TrainingLoop::CreateParts() {
       job.model, job.parallelism.recompute, *plan,
       TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);  // [tp]
   stage_->InitParameters(t.seed);
-  if (ctx_.pp != nullptr) pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
+  pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);  // pp null: one stage
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
   // [dp] One engine per chunk: ZeRO shards each chunk's optimizer states
   // (from stage 2 its reduced gradient, at stage 3 its parameters) over DP,
   // as Megatron's distributed optimizer does within each TP x PP coordinate.
   // At ZeRO 0 a single chunk's engine all-reduces buckets during backward;
   // a pipeline's chunks interleave, so their arrays are summed at the step's
-  // end instead (PipelineTrainStep).
-  if (ctx_.dp != nullptr && (zero > 0 || pipeline_ == nullptr)) {
+  // end instead (RunScheduledStep).
+  if (ctx_.dp != nullptr && (zero > 0 || ctx_.pp == nullptr)) {
     DataParallelOptions options;
     options.zero_stage = zero;
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
@@ -177,57 +177,10 @@ bool TrainingLoop::IsEvalStep(int64_t step) const {
 }
 
 absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
-  const spec::TrainSpec& t = spec_.train;
   if (done()) {
     return absl::FailedPreconditionError(absl::StrCat("training already finished at step ", step_));
   }
-  if (pipeline_) return PipelineTrainStep();  // [pp]
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t step = step_ + 1;
-  const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
-  const int64_t local_micro = total_micro / ctx_.dp_size;
-  // Each micro-batch's gradient is scaled so the DP sum is the mean over the
-  // whole global batch.
-  const float loss_scale = 1.0f / static_cast<float>(total_micro);
-
-  memory_.ResetPeaks();
-  ops_->ResetPeakDeviceMemory();
-  LlamaModel& model = stage_->model(0);  // one stage of one chunk
-  DataParallelEngine* dp = dp_engine();
-  if (dp != nullptr) {
-    dp->BeginStep();
-  } else {
-    model.ZeroGradients();
-  }
-  double loss_sum = 0.0;
-  for (int64_t micro = 0; micro < local_micro; ++micro) {
-    FillTrainMicroBatch(step, micro, &batch_);
-    Phase("forward_backward", micro);
-    if (dp != nullptr) dp->BeginMicroBatch(micro + 1 == local_micro);
-    loss_sum += model.ForwardBackward(batch_.inputs.data(), batch_.targets.data(), batch_.batch,
-                                      batch_.seq, loss_scale);
-    if (!model.status().ok()) return model.status();  // [tp] a failed TP collective
-    if (dp != nullptr) {
-      if (absl::Status s = dp->EndMicroBatch(); !s.ok()) return s;
-    }
-  }
-  memory_.Set(MemoryKind::kActivations, model.ActivationBytes());
-  float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-  StepProgress p;
-  Phase("reduce_gradients");
-  if (dp != nullptr) {
-    if (absl::Status s = dp->FinishReduction(); !s.ok()) return s;
-  }
-  if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.dp, &loss, 1); !s.ok()) return s;
-  absl::StatusOr<double> norm = ClipStepGradients();
-  if (!norm.ok()) return norm.status();
-  p.grad_norm = *norm;
-  p.lr = LearningRate(t, step);
-  Phase("optimizer");
-  absl::Status updated;
-  OptimizerUpdate(p.lr, &updated);
-  if (!updated.ok()) return updated;
-  return FinishStep(std::move(p), step, loss, start);
+  return RunScheduledStep();  // training_loop_pipeline.cc: one path for every layout
 }
 
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
@@ -336,7 +289,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
 }
 
 absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
-  if (pipeline_) return pipeline_->ForwardLoss(batch_);  // [pp]
+  if (ctx_.pp != nullptr) return pipeline_->ForwardLoss(batch_);  // [pp] stage by stage
   LlamaModel& model = stage_->model(0);
   const double loss = model.ForwardLoss(batch_.inputs.data(), batch_.targets.data(),
                                         batch_.batch, batch_.seq);

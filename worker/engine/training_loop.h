@@ -112,7 +112,7 @@ class TrainingLoop {
   // The first model part: the whole model without PP (a stage of one chunk).
   LlamaModel& model() { return stage_->model(0); }
   // [pp] This rank's pipeline stage (its chunks); null without PP.
-  PipelineStage* pipeline_stage() { return pipeline_ != nullptr ? stage_.get() : nullptr; }
+  PipelineStage* pipeline_stage() { return ctx_.pp != nullptr ? stage_.get() : nullptr; }
   // The unsharded optimizer (ZeRO stage 0); see dp_engine() otherwise.
   AdamW& optimizer() { return *optimizer_; }
   // Null without a DP group. [pp] Under PP: the first chunk's (there is one
@@ -153,7 +153,8 @@ class TrainingLoop {
   // The model parts, engines and optimizer, one structure for every layout.
   absl::Status CreateParts();
   // [pp] Pipeline parallelism (training_loop_pipeline.cc).
-  absl::StatusOr<StepProgress> PipelineTrainStep();
+  // The step of every layout: the executor runs this stage's instruction list.
+  absl::StatusOr<StepProgress> RunScheduledStep();
   // The end of every step, pipeline or not: counters, the record, the
   // evaluation when due, this step's memory peaks.
   absl::StatusOr<StepProgress> FinishStep(StepProgress p, int64_t step, double loss,
@@ -162,7 +163,7 @@ class TrainingLoop {
   // under PP: 0 before the last stage).
   absl::StatusOr<double> EvaluateBatch();
   // The model parts: a stage of chunks, the whole model as one chunk of one
-  // stage without a pp group (then no executor).
+  // stage without a pp group (the executor then runs a one-stage schedule).
   std::unique_ptr<PipelineStage> stage_;
   std::unique_ptr<PipelineExecutor> pipeline_;
   // [pp] Tied embeddings across stages (TiedAcrossStages): this stage's

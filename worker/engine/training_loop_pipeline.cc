@@ -1,6 +1,7 @@
-// [pp] The training loop under pipeline parallelism (docs/pipeline.md): this
-// rank runs one stage's chunks by its instruction list; the loss lives on the
-// last stage and the gradient norm spans every stage (and TP shard).
+// The training step of every layout (docs/pipeline.md): this rank runs its
+// stage's chunks by its instruction list (without a pp group one stage of one
+// chunk: forward-backward per micro-batch, then RG, OS); the loss lives on
+// the last stage and the gradient norm spans every stage (and TP shard).
 // Checkpoints take the one path of every layout (training_loop_checkpoint.cc).
 // Kept apart from training_loop.cc, which calls in here when a pp group is
 // given.
@@ -41,15 +42,19 @@ absl::Status TrainingLoop::SumTiedEmbeddingGradients() {
   return ctx_.pp->AllReduce(std::span<float>(g, static_cast<size_t>(tied_count_)));
 }
 
-absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
+absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
   const spec::TrainSpec& t = spec_.train;
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = step_ + 1;
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
   memory_.ResetPeaks();
   ops_->ResetPeakDeviceMemory();
-  stage_->ZeroGradients();
-  for (const auto& e : dp_engines_) e->BeginStep();
+  if (dp_engines_.empty()) stage_->ZeroGradients();
+  for (const auto& e : dp_engines_) e->BeginStep();  // zeroes or releases what it reduces
+  // [dp] Without a pp group the one chunk's engine reduces buckets while
+  // backward runs (each micro-batch a fused forward-backward pass); a
+  // pipeline's chunks interleave, so each reduces once, at RG.
+  const bool reduce_in_backward = ctx_.pp == nullptr && !dp_engines_.empty();
   StepProgress p;
   p.lr = LearningRate(t, step);
   float loss = 0.0f;
@@ -63,7 +68,9 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
     kernels::Ops& ops = stage_->ops();
     // [tied] The embedding's gradient, first stage + last stage's copy.
     if (absl::Status s = SumTiedEmbeddingGradients(); !s.ok()) return s;
-    if (!dp_engines_.empty()) {
+    if (reduce_in_backward) {
+      if (absl::Status s = dp_engines_[0]->FinishReduction(); !s.ok()) return s;
+    } else if (!dp_engines_.empty()) {
       // [dp] ZeRO: each chunk's engine reduces (and shards) its gradient.
       for (const auto& e : dp_engines_) {
         if (absl::Status s = e->ReduceWholeGradients(); !s.ok()) return s;
@@ -93,6 +100,11 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
     p.grad_norm = *norm;
     return absl::OkStatus();
   };
+  if (reduce_in_backward) {
+    DataParallelEngine* dp = dp_engines_[0].get();
+    hooks.before_backward = [dp](bool last) { dp->BeginMicroBatch(last); };
+    hooks.after_backward = [dp]() { return dp->EndMicroBatch(); };
+  }
   hooks.optimizer_step = [&]() -> absl::Status {
     Phase("optimizer");
     absl::Status updated;
@@ -103,7 +115,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
     return s;
   }
   if (optimizer_step() != step) {
-    return absl::InternalError(absl::StrCat("pipeline stage ", ctx_.pp->rank(),
+    return absl::InternalError(absl::StrCat("pipeline stage ", ctx_.stage(),
                                             ": the instruction list has no OptimizerStep"));
   }
   memory_.Set(MemoryKind::kActivations, stage_->ActivationBytes());

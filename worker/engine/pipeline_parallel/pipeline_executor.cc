@@ -85,6 +85,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
   std::map<int64_t, Batch> batches;
   std::map<Key, Tensor> act_in, grad_in, act_out, grad_out;
   double loss_sum = 0.0;
+  std::map<int64_t, int64_t> backwards;  // per chunk, this step
   auto batch_of = [&](int64_t mb) -> const Batch& {
     auto it = batches.find(mb);
     if (it == batches.end()) {
@@ -153,11 +154,16 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
           dy = std::move(*got);
         }
         if (!ch.embedding) dx = Acquire(model.PartActivationFloats(b.batch, b.seq));
+        const bool last = ++backwards[in.chunk] == plan.microbatches;
+        if (hooks.before_backward) hooks.before_backward(last);
         const float loss = model.PartForwardBackward(
             b.inputs.data(), ch.embedding ? nullptr : x.data(), b.targets.data(),
             ch.head ? nullptr : dy.data(), b.batch, b.seq, loss_scale,
             ch.embedding ? nullptr : dx.data());
         if (!model.status().ok()) return model.status();
+        if (hooks.after_backward) {
+          if (absl::Status s = hooks.after_backward(); !s.ok()) return s;
+        }
         Release(std::move(x));
         Release(std::move(dy));
         if (ch.head) loss_sum += loss;

@@ -48,6 +48,11 @@ struct PipelineStepHooks {
   std::function<absl::Status(double loss_sum)> reduce_gradients;
   // At OptimizerStep.
   std::function<absl::Status()> optimizer_step;
+  // Optional, around each backward pass: a data-parallel engine that reduces
+  // buckets while backward runs (a single chunk's) is told where the step is;
+  // `last`: the chunk's last micro-batch of the step.
+  std::function<void(bool last)> before_backward;
+  std::function<absl::Status()> after_backward;
 };
 
 class PipelineExecutor {

@@ -15,11 +15,18 @@ absl::StatusOr<PipelinePlan> MakePipelinePlan(const spec::JobSpec& spec, int64_t
   }
   if (pp == 1) {
     // The degenerate pipeline: one stage of one chunk, the whole model (the
-    // training loop's parts when there is no pp group). No instructions: the
-    // loop trains it with fused forward-backward passes.
+    // training loop's parts when there is no pp group), each micro-batch's
+    // forward and backward in turn (the executor runs them as one fused pass
+    // on a chunk with the head), then the reduction and the step.
     PipelinePlan plan;
     plan.microbatches = microbatches;
     plan.chunks.push_back({0, 0, 0, spec.model.num_layers, true, true});
+    for (int64_t mb = 0; mb < microbatches; ++mb) {
+      plan.instructions.push_back(topology::Instruction::Forward(mb, 0));
+      plan.instructions.push_back(topology::Instruction::Backward(mb, 0));
+    }
+    plan.instructions.push_back(topology::Instruction::ReduceGradients());
+    plan.instructions.push_back(topology::Instruction::OptimizerStep());
     return plan;
   }
   spec::Layout layout = spec::LayoutOf(spec);

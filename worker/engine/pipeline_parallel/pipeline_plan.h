@@ -39,7 +39,7 @@ struct PipelinePlan {
 // for what the partition or schedule refuses: fewer layers than pp *
 // virtual_stages, virtual_stages > 1 without the interleaved schedule,
 // interleaved with micro-batches not a multiple of pp. pp = 1: one stage of
-// one chunk (the whole model), without instructions.
+// one chunk (the whole model): F, B per micro-batch, then RG, OS.
 absl::StatusOr<PipelinePlan> MakePipelinePlan(const spec::JobSpec& spec, int64_t stage, int64_t pp,
                                               int64_t microbatches);
 
