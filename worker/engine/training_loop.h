@@ -45,9 +45,10 @@ class TrainingLoop {
   // this rank's groups (parallel/parallel_context.h); the default is one
   // rank. parallelism.zero_stage (0..3) applies when there is a DP group.
   // Fails with
-  // INVALID_ARGUMENT naming the field for a spec this engine cannot run (batch
-  // not divisible, seq_len > max_seq_len, bf16 or fp8 with pp > 1), and
-  // with the data loader's error for a missing or malformed data file.
+  // INVALID_ARGUMENT naming the field for a spec this engine cannot run
+  // (spec::ValidateEngineRuns on the context's layout: batch not divisible,
+  // seq_len > max_seq_len, an axis the model cannot be cut along), and with
+  // the data loader's error for a missing or malformed data file.
   //
   // [tp] ctx.tp: this rank's tensor-parallel group (the assignment's "tp"
   // group); its size must be parallelism.tp. The ranks of one TP group share the DP coordinate
@@ -152,8 +153,8 @@ class TrainingLoop {
 
   // The model parts, engines and optimizer, one structure for every layout.
   absl::Status CreateParts();
-  // [pp] Pipeline parallelism (training_loop_pipeline.cc).
-  // The step of every layout: the executor runs this stage's instruction list.
+  // The step of every layout: the executor runs this stage's instruction list
+  // (training_loop_pipeline.cc).
   absl::StatusOr<StepProgress> RunScheduledStep();
   // The end of every step, pipeline or not: counters, the record, the
   // evaluation when due, this step's memory peaks.
