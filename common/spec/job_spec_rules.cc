@@ -224,9 +224,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 
 std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   Checker c;
-  for (const auto& [name, value] : {std::pair{"cp", l.cp}, std::pair{"ep", l.ep}}) {
-    c.Require(value == 1, absl::StrCat("parallelism.", name), value,
-              "is not supported by this engine yet (use 1)");
+  c.Require(l.ep == 1, "parallelism.ep", l.ep, "is not supported by this engine yet (use 1)");
+  if (l.cp > 1) {  // context parallelism: the zigzag split (worker/engine/context_parallel/)
+    c.Require(s.train.seq_len % (2 * l.cp) == 0, "train.seq_len", s.train.seq_len,
+              absl::StrCat("must be divisible by 2 x ", Axis("cp", l.cp),
+                           " (each sequence is cut into 2 x cp chunks, rank r holding chunks r "
+                           "and 2 x cp - 1 - r)"));
   }
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");

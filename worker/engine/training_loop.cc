@@ -9,6 +9,7 @@
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
+#include "worker/engine/context_parallel/cp_batch.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
@@ -69,13 +70,13 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_size) {
 
 // The layout this rank runs: the spec's with the axes of its context (without
 // a group the axis runs as 1 whatever the spec says: the standalone trainer
-// ignores the layout). CP and EP have no group in the context.
+// ignores the layout). EP has no group in the context.
 spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx) {
   spec::Layout l = spec::LayoutOf(spec);
   l.dp = ctx.dp_size;
   l.tp = ctx.tp_size();
   l.pp = ctx.pp_size();
-  l.cp = 1;
+  l.cp = ctx.cp_size();
   l.ep = 1;
   const int64_t per_step = spec.train.micro_batch_size * ctx.dp_size;
   l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
@@ -149,16 +150,17 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
 
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, ops,
-      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel});  // [tp]
+      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel,
+                            loop->ctx_.cp});  // [tp] [cp]
   loop->model_->InitParameters(t.seed);
   const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));
   int zero_stage = 0;
-  if (loop->ctx_.dp != nullptr) {
+  if (loop->ctx_.grad_group() != nullptr) {  // [cp] DP x CP
     DataParallelOptions options;
     options.zero_stage = static_cast<int>(job.parallelism.zero_stage.value_or(0));
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
     absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine = DataParallelEngine::Create(
-        loop->model_.get(), loop->ctx_.dp, options, t, &loop->memory_);
+        loop->model_.get(), loop->ctx_.grad_group(), options, t, &loop->memory_);
     if (!engine.ok()) return engine.status();
     (*engine)->ShardParameters();
     loop->dp_engines_.push_back(std::move(*engine));
@@ -183,6 +185,8 @@ void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) 
   sampler_->Fill(step,
                  MicroBatchFirst(t.global_batch_size, ctx_.dp_size, ctx_.dp_rank, t.micro_batch_size, micro),
                  t.micro_batch_size, out);
+  // [cp] This rank's chunks (seq_len was checked against 2 * cp in Create).
+  KeepLocalChunks(ctx_, out).IgnoreError();
 }
 
 bool TrainingLoop::IsEvalStep(int64_t step) const {
@@ -334,6 +338,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   for (int64_t first = begin; first < end; first += t.micro_batch_size) {
     const int64_t count = std::min(t.micro_batch_size, end - first);
     FillValidationWindows(*val_data_, t.seq_len, first, count, &batch_);
+    if (absl::Status s = KeepLocalChunks(ctx_, &batch_); !s.ok()) return s;  // [cp]
     absl::StatusOr<double> loss = EvaluateBatch();
     if (!loss.ok()) return loss.status();
     sum += *loss * static_cast<double>(count);
@@ -456,7 +461,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   content.state["layout"]["tp"] = ctx_.tp->size();
   content.files = {std::move(model), std::move(optimizer)};
   absl::StatusOr<std::string> dir = std::string();
-  if (ctx_.dp_rank == 0 && ctx_.tp->rank() == 0) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
+  if (ctx_.block_writer()) dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   // The writer tells its TP group, then each of those tells its DP group;
   // this is also the barrier.
   int32_t ok = dir.ok() ? 1 : 0;
@@ -472,6 +477,8 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
       return s;
     }
   }
+  // [cp] CP rank 0 tells its CP group (the CP ranks hold the same values).
+  if (absl::Status s = BroadcastHostInts(*ops_, ctx_.cp, &ok, 1, 0); !s.ok()) return s;
   if (!dir.ok()) return dir;
   if (ok != 1) {
     return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
@@ -500,7 +507,8 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"seq_len", spec_.train.seq_len},
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
-      {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
+      {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"cp", ctx_.cp_size()},
+                  {"zero_stage", zero_stage()}}}};
   if (pipeline_ || ctx_.tp != nullptr) {  // [tp] [pp] global tensors
     const bool unshard = zero_stage() > 0;
     if (unshard) {
@@ -512,11 +520,11 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
     return dir;
   }
   if (zero_stage() > 0) {
-    return SaveShardedCheckpoint(root, content, *model_, *dp_engine(), *ctx_.dp,
-                                 spec_.checkpoint.keep);
+    return SaveShardedCheckpoint(root, content, *model_, *dp_engine(), *ctx_.grad_group(),
+                                 spec_.checkpoint.keep);  // [cp] shards over DP x CP
   }
   absl::StatusOr<std::string> dir = std::string();
-  if (ctx_.dp_rank == 0) {
+  if (ctx_.replica_writer()) {  // [cp] one of the DP x CP replicas
     // The writer reads host memory: a device backend's tensors are copied
     // down first, one tensor at a time (nothing to copy on the CPU).
     const HostStaging params(*ops_, model_->Parameters(), /*download=*/true);
@@ -526,14 +534,14 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
         {"optimizer-tp00-pp00-dp00.safetensors", "optimizer", states.host(), {}});
     dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
   }
-  if (ctx_.dp != nullptr) {
+  if (ctx_.grad_group() != nullptr) {  // [cp] DP x CP
     // Rank 0 tells everyone whether the commit happened; this is also the barrier.
     int32_t ok = dir.ok() ? 1 : 0;
-    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0);
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.grad_group(), &ok, 1, 0);
         !s.ok()) {
       return s;
     }
-    if (ctx_.dp_rank != 0 && ok != 1) {
+    if (!ctx_.replica_writer() && ok != 1) {
       return absl::InternalError(absl::StrCat("DP rank 0 failed to write the checkpoint of step ",
                                               step_, " under ", root));
     }

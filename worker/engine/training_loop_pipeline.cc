@@ -36,11 +36,11 @@ absl::Status TrainingLoop::CreatePipeline() {
   if (!plan.ok()) return plan.status();
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel, ctx_.cp}, ops_);
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
-  if (ctx_.dp != nullptr && zero > 0) {
+  if (ctx_.grad_group() != nullptr && zero > 0) {  // [cp] DP x CP
     // [dp] ZeRO 1/2 under PP: each chunk's optimizer states (and at stage 2
     // its reduced gradient) sharded over DP, as Megatron's distributed
     // optimizer does within each TP x PP coordinate.
@@ -49,7 +49,7 @@ absl::Status TrainingLoop::CreatePipeline() {
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
     for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
       absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
-          DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
+          DataParallelEngine::Create(&stage_->model(c), ctx_.grad_group(), options, t, &memory_);
       if (!engine.ok()) return engine.status();
       if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
       dp_engines_.push_back(std::move(*engine));
@@ -123,7 +123,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
       for (const auto& e : dp_engines_) {
         if (absl::Status s = e->ReduceWholeGradients(); !s.ok()) return s;
       }
-    } else if (ctx_.dp != nullptr) {
+    } else if (ctx_.grad_group() != nullptr) {  // [cp] DP x CP
       // DP without ZeRO: sum each chunk's whole gradient array, in backend
       // memory.
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
@@ -132,7 +132,8 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
         // The views tile one contiguous array in order.
         const TensorView& last = g.back();
         const int64_t n = (last.data + last.numel()) - g.front().data;
-        if (absl::Status s = ctx_.dp->AllReduce(std::span<float>(g.front().data, n)); !s.ok()) {
+        if (absl::Status s = ctx_.grad_group()->AllReduce(std::span<float>(g.front().data, n));
+            !s.ok()) {
           return s;
         }
       }
@@ -180,7 +181,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   kernels::Ops& ops = stage_->ops();
   absl::StatusOr<std::string> result = std::string();
   int32_t ok = 1;
-  if (ctx_.dp_rank == 0) {
+  if (ctx_.replica_writer()) {  // [cp] CP ranks hold what DP ranks do
     std::vector<TpStaged> staged = CheckpointState(PartParameters());
     std::map<std::string, float*> values;
     for (TpStaged& t : staged) {
@@ -202,6 +203,7 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
     if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
   }
   if (absl::Status s = BroadcastHostInts(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
+  if (absl::Status s = BroadcastHostInts(ops, ctx_.cp, &ok, 1, 0); !s.ok()) return s;  // [cp]
   if (!result.ok()) return result;
   if (ok != 1) {
     return absl::InternalError(absl::StrCat("the checkpoint of step ", step_, " under ", root,
