@@ -575,6 +575,12 @@ float LlamaModel::PartForwardLoss(const int32_t* inputs, const float* x, const i
   return m.Failed() ? std::numeric_limits<float>::quiet_NaN() : loss;
 }
 
+int64_t LlamaModel::ContextParallelAttentionFlops() const {  // [cp]
+  if (impl_->ring == nullptr) return 0;
+  const RingFlops f = impl_->ring->flops();
+  return f.forward + f.backward;
+}
+
 // [hooks] The data-parallel engine's hooks and memory accounting.
 void LlamaModel::SetHooks(ModelHooks* hooks) { impl_->hooks = hooks; }
 

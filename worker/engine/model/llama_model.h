@@ -153,6 +153,10 @@ class LlamaModel {
   // This rank's cut of the model (size 1 without TP).
   const TpPlan& tp_plan() const;
 
+  // [cp] Attention FLOPs this rank's ring computed so far (zero without CP):
+  // the counter behind the zigzag's load balance (docs/context_parallel.md).
+  int64_t ContextParallelAttentionFlops() const;
+
   // Installs hooks (null: none); they must outlive every later pass.
   void SetHooks(ModelHooks* hooks);
   static int64_t NumUnits(const spec::ModelSpec& config) { return config.num_layers + 2; }
