@@ -4,13 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <span>
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/rope_tables.h"
 #include "worker/engine/context_parallel/ring_attention.h"
 #include "worker/engine/context_parallel/zigzag.h"
+#include "worker/engine/model/host_floats.h"
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
@@ -136,8 +136,9 @@ struct LlamaModel::Impl {
   // [cp] The sum of `x` over the CP group (x itself without CP).
   double SumOverCp(double x) {
     if (ring == nullptr || !cp_status.ok()) return x;
+    // Through backend memory: NCCL takes no host pointers.
     float v = static_cast<float>(x);
-    cp_status.Update(cp->AllReduce(std::span<float>(&v, 1)));
+    cp_status.Update(AllReduceHostFloats(*ops, cp, &v, 1));
     return v;
   }
   // Clears the previous call's status; false (status set) when the token
