@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <vector>
 
+#include "coordinator/planner/constants.h"
+#include "coordinator/planner/memory_model.h"
+#include "coordinator/planner/model_math.h"
 #include "coordinator/planner/time_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -93,6 +96,58 @@ TEST(CpMeasure, Cp2BytesAsPlanned) {
   const Measured m = Measure(2, 2, 64);
   for (int64_t b : m.bytes) EXPECT_EQ(b, m.predicted_bytes);
   EXPECT_EQ(m.flops[0], m.flops[1]);
+}
+
+// What CP saves in memory: the activations each rank allocates (the model's
+// buffers, the ring's included) fall with cp as the planner's memory model
+// says (activations and logits divided by cp, plus the ring's buffers): the
+// ratio to one process's within 10% for cp2 and cp4.
+TEST(CpMeasure, ActivationMemoryFallsAsPlanned) {
+  spec::ModelSpec c = testing::TinyModel(4, 2, false);
+  c.max_seq_len = 256;
+  const int64_t batch = 2, seq = 256;
+  const testing::TokenBatch b = testing::RandomTokens(batch, seq, static_cast<int32_t>(c.vocab_size), 9);
+  int64_t whole = 0;
+  {
+    LlamaModel model(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps(1));
+    model.InitParameters(3);
+    model.ForwardBackward(b.inputs.data(), b.targets.data(), batch, seq, 1.0f);
+    whole = model.ActivationBytes();
+  }
+  const planner::Workload w = planner::MakeWorkload(planner::ModelShapeFromSpec(c), seq, batch,
+                                                    planner::RecipeKind::kFp32);
+  auto planned = [&](int cp) {
+    planner::Layout l;
+    l.cp = cp;
+    l.micro_batch_size = batch;
+    l.grad_accum = 1;
+    const planner::MemoryBreakdown m = planner::EstimateMemory(w, l, planner::CpuEngineConstants());
+    return m.activations + m.logits + m.comm_buffers;  // the ring's blocks are buffers
+  };
+  for (int cp : {2, 4}) {
+    auto z = ZigzagSplit::Make(seq, cp);
+    ASSERT_TRUE(z.ok());
+    comm::InProcessStore store;
+    auto group = comm::testing::MakeGroup(store, cp, absl::Seconds(60), "cp");
+    std::vector<int64_t> bytes(cp);
+    comm::testing::RunRanks(group, [&](int r, comm::Communicator& g) {
+      TensorParallelOptions parallel;
+      parallel.cp = &g;
+      LlamaModel model(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps(1), parallel);
+      model.InitParameters(3);
+      const std::vector<int32_t> in = LocalTokens(*z, r, b.inputs.data(), batch);
+      const std::vector<int32_t> tg = LocalTokens(*z, r, b.targets.data(), batch);
+      model.ForwardBackward(in.data(), tg.data(), batch, z->local_seq(), 1.0f);
+      bytes[r] = model.ActivationBytes();
+    });
+    const double engine_ratio = static_cast<double>(bytes[0]) / static_cast<double>(whole);
+    const double planner_ratio = planned(cp) / planned(1);
+    std::printf("cp%d: activation bytes per rank %lld (one process %lld): ratio %.3f, planner %.3f\n",
+                cp, static_cast<long long>(bytes[0]), static_cast<long long>(whole), engine_ratio,
+                planner_ratio);
+    for (int r = 1; r < cp; ++r) EXPECT_EQ(bytes[r], bytes[0]);
+    EXPECT_NEAR(engine_ratio / planner_ratio, 1.0, 0.10) << "cp" << cp;
+  }
 }
 
 }  // namespace

@@ -40,6 +40,13 @@ RingFlops RingAttention::flops() const {
   return f;
 }
 
+int64_t RingAttention::BufferBytes() const {
+  int64_t bytes = q_.bytes() + dq_.bytes();
+  for (int i = 0; i < 2; ++i) bytes += kv_[i].bytes() + dkv_[i].bytes();
+  if (blocks_ != nullptr) bytes += blocks_->ScratchBytes();
+  return bytes;
+}
+
 void RingAttention::Prepare(const RingDims& d, const ZigzagSplit& z, const float* qkv,
                             int64_t qkv_stride) {
   const bool same = blocks_ != nullptr && d.batch == dims_.batch && d.heads == dims_.heads &&

@@ -47,6 +47,9 @@ class RingAttention {
 
   // Attention FLOPs this rank computed so far (ring_blocks.h counts them).
   RingFlops flops() const;
+  // Backend bytes the ring holds (gathered q, two K/V and two dK/dV blocks,
+  // dq, a block's scratch): part of the model's activation memory.
+  int64_t BufferBytes() const;
   comm::Communicator& group() { return cp_; }
 
  private:

@@ -59,6 +59,10 @@ class RingBlocks {
                      const float* lse, const float* d_out, float* dq, float* dkv);
 
   const RingFlops& flops() const { return flops_; }
+  int64_t ScratchBytes() const {
+    return out_blk_.bytes() + lse_blk_.bytes() + dq_blk_.bytes() + dk_blk_.bytes() +
+           dv_blk_.bytes();
+  }
 
  private:
   kernels::AttentionDims BlockDims(int64_t q_chunk, int64_t kv_chunk) const;

@@ -588,6 +588,7 @@ void LlamaModel::SetHooks(ModelHooks* hooks) { impl_->hooks = hooks; }
 int64_t LlamaModel::ActivationBytes() const {
   int64_t bytes = impl_->rope_cos.bytes() + impl_->rope_sin.bytes();
   for (const Buffer& b : impl_->pool) bytes += b.bytes();
+  if (impl_->ring != nullptr) bytes += impl_->ring->BufferBytes();  // [cp]
   return bytes;
 }
 
