@@ -20,6 +20,7 @@
 #include "tests/engine/train_steps.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
+#include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/training_loop.h"
 
@@ -111,7 +112,8 @@ class CpTrainingTest : public ::testing::Test {
   }
 
   std::vector<TrainedRun> RunLayout(spec::JobSpec job, const Layout& l, int64_t until = 0,
-                                    const std::string& save = "") {
+                                    const std::string& save = "",
+                                    const std::string& restore = "") {
     job.parallelism.dp = l.dp;
     job.parallelism.tp = l.tp;
     job.parallelism.pp = l.pp;
@@ -131,6 +133,10 @@ class CpTrainingTest : public ::testing::Test {
         absl::StatusOr<std::unique_ptr<TrainingLoop>> loop = TrainingLoop::Create(job, *ctx);
         ASSERT_TRUE(loop.ok()) << loop.status();
         TrainedRun& run = runs[r];
+        if (!restore.empty()) {
+          absl::StatusOr<LoadedCheckpoint> loaded = (*loop)->RestoreNewest(restore);
+          ASSERT_TRUE(loaded.ok()) << loaded.status();
+        }
         run.steps = testing::TrainUntil(**loop, until > 0 ? until : job.train.steps);
         if (!save.empty()) {
           absl::StatusOr<std::string> saved = (*loop)->SaveCheckpoint(save);
@@ -228,6 +234,34 @@ TEST_F(CpTrainingTest, Cp2CheckpointResumesOnOneProcess) {
     }
     testing::ExpectMapsNear(resumed.params, straight.params, kTolerance,
                             "cp2 checkpoint resumed on one process", true);
+  }
+}
+
+// And the other way: one process's step-5 checkpoint resumed at cp2 x tp2
+// (SP) and at cp2 x dp2 under ZeRO-2.
+TEST_F(CpTrainingTest, OneProcessCheckpointResumesUnderCp) {
+  const spec::JobSpec job = Job();
+  const TrainedRun straight = RunSingle(job);
+  const std::string root = dir_ / "ckpt_single_for_cp";
+  {
+    auto single = TrainingLoop::Create(job);
+    ASSERT_TRUE(single.ok());
+    testing::TrainUntil(**single, 5);
+    ASSERT_TRUE((*single)->SaveCheckpoint(root).ok());
+  }
+  for (const Layout& l : {Layout{.cp = 2, .tp = 2, .sp = true}, Layout{.dp = 2, .cp = 2, .zero = 2}}) {
+    SCOPED_TRACE("cp" + std::to_string(l.cp) + " tp" + std::to_string(l.tp) + " dp" +
+                 std::to_string(l.dp));
+    const std::vector<TrainedRun> runs = RunLayout(job, l, 0, "", root);
+    for (const TrainedRun& run : runs) {
+      ASSERT_EQ(run.steps.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) {
+        EXPECT_NEAR(run.steps[i].loss, straight.steps[5 + i].loss,
+                    kTolerance * straight.steps[5 + i].loss);
+      }
+      testing::ExpectMapsNear(run.params, straight.params, kTolerance,
+                              "one process's checkpoint resumed under CP", true);
+    }
   }
 }
 
