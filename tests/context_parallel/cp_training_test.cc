@@ -3,8 +3,9 @@
 // 10 optimizer steps with accumulation, clipping and evaluations: every
 // step's loss, gradient norm and validation loss, and (without PP) every
 // parameter after the last step, equal the single-process run's within 1e-5
-// relative. Layouts: cp2, cp4, cp2 x tp2 with SP, cp2 x dp2 under ZeRO 0-3,
-// cp2 x pp2 (1F1B), cp2 x tp2 x dp2; a cp2 checkpoint resumes on one process.
+// relative. Layouts: cp2, cp4, cp2 x tp2 with SP, cp2 x dp2 under ZeRO 0/2/3,
+// cp2 x pp2 (1F1B, AFAB, interleaved; with dp2 under ZeRO-1), cp2 x tp2 x dp2;
+// checkpoints move between cp layouts and one process.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -211,6 +212,21 @@ TEST_F(CpTrainingTest, Cp2Pp2MatchesOneProcess) {
   spec::JobSpec job = Job();
   job.parallelism.schedule = spec::Schedule::k1F1B;
   ExpectSame(RunLayout(job, {.pp = 2, .cp = 2}), RunSingle(job));
+}
+
+// Every pipeline schedule composes with CP; ZeRO-1 under PP shards over DP x CP.
+TEST_F(CpTrainingTest, Cp2Pp2OtherSchedulesAndZeroMatchOneProcess) {
+  spec::JobSpec job = Job();
+  job.model.num_layers = 4;  // interleaved: 2 stages x 2 chunks
+  const TrainedRun one = RunSingle(job);
+  job.parallelism.schedule = spec::Schedule::kAfab;
+  ExpectSame(RunLayout(job, {.pp = 2, .cp = 2}), one);
+  job.parallelism.schedule = spec::Schedule::kInterleaved;
+  job.parallelism.virtual_stages = 2;
+  ExpectSame(RunLayout(job, {.pp = 2, .cp = 2}), one);
+  job.parallelism.schedule = spec::Schedule::k1F1B;
+  job.parallelism.virtual_stages = 1;
+  ExpectSame(RunLayout(job, {.pp = 2, .dp = 2, .cp = 2, .zero = 1}), one);
 }
 
 TEST_F(CpTrainingTest, Cp2Tp2Dp2MatchesOneProcess) {
