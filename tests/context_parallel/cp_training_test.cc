@@ -253,6 +253,28 @@ TEST_F(CpTrainingTest, Cp2CheckpointResumesOnOneProcess) {
   }
 }
 
+// The context refuses CP without its DP x CP group, and one of the wrong
+// size; with DP of one the CP group is the DP x CP group.
+TEST(CpContext, NeedsTheDpCpGroup) {
+  comm::InProcessStore store;
+  auto cp = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "cp");
+  auto dp = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "dp");
+  absl::StatusOr<ParallelContext> alone =
+      ParallelContext::Make(0, 1, nullptr, nullptr, nullptr, cp[0].get());
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->grad_group(), cp[0].get());
+  EXPECT_EQ(alone->cp_size(), 2);
+  absl::StatusOr<ParallelContext> missing =
+      ParallelContext::Make(0, 2, dp[0].get(), nullptr, nullptr, cp[0].get());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("needs a DP x CP communicator of 4 ranks"),
+            std::string::npos)
+      << missing.status();
+  absl::StatusOr<ParallelContext> wrong =
+      ParallelContext::Make(0, 2, dp[0].get(), nullptr, nullptr, cp[0].get(), dp[0].get());
+  EXPECT_FALSE(wrong.ok());
+}
+
 // And the other way: one process's step-5 checkpoint resumed at cp2 x tp2
 // (SP) and at cp2 x dp2 under ZeRO-2.
 TEST_F(CpTrainingTest, OneProcessCheckpointResumesUnderCp) {

@@ -38,6 +38,13 @@ absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
           "cp size ", cp->size(), " with dp size ", dp_size, " needs a DP x CP communicator of ",
           dp_size * cp->size(), " ranks", dp_cp == nullptr ? " (none given)" : ""));
     }
+    // Its rank 0 is the replicas' writer, which the checkpoint's broadcasts
+    // take as their root.
+    if ((dp_cp->rank() == 0) != (dp_rank == 0 && cp->rank() == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the DP x CP communicator's rank 0 must be dp rank 0 and cp rank 0 (this rank: dp ",
+          dp_rank, ", cp ", cp->rank(), ", dp_cp ", dp_cp->rank(), ")"));
+    }
     ctx.cp = cp;
     ctx.dp_cp = dp_cp;
   }

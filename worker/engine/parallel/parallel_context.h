@@ -32,8 +32,9 @@ struct ParallelContext {
 
   // Validates and normalizes: groups of one become null; dp_size > 1 needs a
   // DP group of that size (whose rank is then dp_rank); a CP group needs a
-  // DP x CP group of dp_size x cp ranks (with dp_size 1 it may be omitted:
-  // it is then the CP group). INVALID_ARGUMENT naming what is wrong.
+  // DP x CP group of dp_size x cp ranks whose rank 0 is DP rank 0 and CP
+  // rank 0 (with dp_size 1 it may be omitted: it is then the CP group).
+  // INVALID_ARGUMENT naming what is wrong.
   static absl::StatusOr<ParallelContext> Make(int dp_rank, int dp_size, comm::Communicator* dp,
                                               comm::Communicator* tp = nullptr,
                                               comm::Communicator* pp = nullptr,
