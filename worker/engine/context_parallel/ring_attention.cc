@@ -43,6 +43,7 @@ RingFlops RingAttention::flops() const {
 int64_t RingAttention::BufferBytes() const {
   int64_t bytes = q_.bytes() + dq_.bytes();
   for (int i = 0; i < 2; ++i) bytes += kv_[i].bytes() + dkv_[i].bytes();
+  bytes += dkv_share_.bytes();
   if (blocks_ != nullptr) bytes += blocks_->ScratchBytes();
   return bytes;
 }
@@ -67,6 +68,7 @@ void RingAttention::Prepare(const RingDims& d, const ZigzagSplit& z, const float
       kv_[i] = ops_.AllocateFloats(RingKvFloats(d, z));
       dkv_[i] = ops_.AllocateFloats(RingKvFloats(d, z));
     }
+    dkv_share_ = ops_.AllocateFloats(RingKvFloats(d, z));
   }
   const int64_t rows = d.batch * z.local_seq(), qw = d.q_width(), kw = d.kv_width();
   ops_.CopyRows(rows, qw, qkv, qkv_stride, q_.f32(), qw);
@@ -118,27 +120,39 @@ absl::Status RingAttention::Backward(const RingDims& d, const ZigzagSplit& z, co
   const uint32_t call = calls_++;
   const int64_t kv_floats = RingKvFloats(d, z);
   ops_.Fill(dq_.f32(), RingQFloats(d, z), 0.0f);
-  ops_.Fill(dkv_[0].f32(), kv_floats, 0.0f);
   int cur = 0, dcur = 0;
   absl::Status status;
+  // The dK/dV accumulators' hop, posted at the end of one step and waited
+  // for in the next, after its blocks: it overlaps them as the K/V hop does.
+  std::unique_ptr<comm::Work> dsent, dreceived;
   for (int step = 0; step < n && status.ok(); ++step) {
-    std::unique_ptr<comm::Work> sent, received, dsent, dreceived;
+    std::unique_ptr<comm::Work> sent, received;
     if (step + 1 < n) {
       status = Exchange(kv_[cur], kv_[1 - cur], kv_floats, Tag(call, step, 0), &sent, &received);
     }
-    // At step s this rank holds owner r - s's K/V and its dK/dV so far.
+    // This step's share of owner r - s's dK/dV (at step 0, this rank's own:
+    // the accumulator starts from it).
+    float* share = step == 0 ? dkv_[dcur].f32() : dkv_share_.f32();
+    ops_.Fill(share, kv_floats, 0.0f);
     blocks_->BackwardBlock(q_.f32(), kv_[cur].f32(), (r - step + n) % n, out, lse, d_out,
-                           dq_.f32(), dkv_[dcur].f32());
-    // The accumulator travels on with its K/V; after the last step it
-    // reaches its owner (r - (n - 1) = r + 1, the next rank).
+                           dq_.f32(), share);
     if (n > 1 && status.ok()) {
-      status = Exchange(dkv_[dcur], dkv_[1 - dcur], kv_floats, Tag(call, step, 1), &dsent,
-                        &dreceived);
-      dcur = 1 - dcur;
+      if (step > 0) {  // the owner's accumulator from the previous rank, plus this share
+        status = Join(Join(status, dsent), dreceived);
+        if (status.ok()) ops_.Axpy(kv_floats, 1.0f, share, dkv_[dcur].f32());
+      }
+      // On to the next rank; after the last step each reaches its owner
+      // (r - (n - 1) = r + 1, the next rank), and this rank receives its own.
+      if (status.ok()) {
+        status = Exchange(dkv_[dcur], dkv_[1 - dcur], kv_floats, Tag(call, step, 1), &dsent,
+                          &dreceived);
+        dcur = 1 - dcur;
+      }
     }
-    status = Join(Join(Join(Join(status, sent), received), dsent), dreceived);
+    status = Join(Join(status, sent), received);
     cur = 1 - cur;
   }
+  status = Join(Join(status, dsent), dreceived);
   if (!status.ok()) return status;
   const int64_t rows = d.batch * z.local_seq(), qw = d.q_width(), kw = d.kv_width();
   ops_.CopyRows(rows, qw, dq_.f32(), qw, dqkv, qkv_stride);

@@ -3,8 +3,9 @@
 // values circulate around the ring, one step per peer, each step's send and
 // receive posted before the step's blocks are computed (RingBlocks), so the
 // transfer overlaps the arithmetic. The backward circulates K/V again, and
-// with them each owner's dK/dV accumulator, which after the last step is
-// sent home. Works on backend memory: host buffers over Gloo, device
+// with them each owner's dK/dV accumulator (a step's share is computed while
+// the accumulator is still arriving, then added), which after the last step
+// is sent home. Works on backend memory: host buffers over Gloo, device
 // buffers over NCCL.
 #pragma once
 
@@ -47,8 +48,9 @@ class RingAttention {
 
   // Attention FLOPs this rank computed so far (ring_blocks.h counts them).
   RingFlops flops() const;
-  // Backend bytes the ring holds (gathered q, two K/V and two dK/dV blocks,
-  // dq, a block's scratch): part of the model's activation memory.
+  // Backend bytes the ring holds (gathered q and dq, two K/V blocks, two
+  // dK/dV accumulators and one step's dK/dV share, a block's scratch): part
+  // of the model's activation memory.
   int64_t BufferBytes() const;
   comm::Communicator& group() { return cp_; }
 
@@ -66,7 +68,7 @@ class RingAttention {
   ZigzagSplit split_{};
   std::unique_ptr<RingBlocks> blocks_;
   RingFlops done_{};  // flops of earlier RingBlocks (dims changed)
-  kernels::Buffer q_, kv_[2], dq_, dkv_[2];
+  kernels::Buffer q_, kv_[2], dq_, dkv_[2], dkv_share_;
   uint32_t calls_ = 0;
 };
 
