@@ -92,6 +92,16 @@ class ForwardingOps : public Ops {
                          float* dq, float* dk, float* dv) override {
     inner_->AttentionBackward(dims, q, k, v, out, lse, d_out, dq, dk, dv);
   }
+  void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                      int64_t out_row_stride, float* lse, const float* block_out,
+                      int64_t block_row_stride, const float* block_lse) override {
+    inner_->AttentionMerge(seq, heads, head_dim, out, out_row_stride, lse, block_out,
+                           block_row_stride, block_lse);
+  }
+  void CopyRows(int64_t rows, int64_t cols, const float* src, int64_t src_stride, float* dst,
+                int64_t dst_stride) override {
+    inner_->CopyRows(rows, cols, src, src_stride, dst, dst_stride);
+  }
   void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
                            int64_t vocab, float* row_loss) override {
     inner_->CrossEntropyForward(logits, targets, rows, vocab, row_loss);

@@ -188,6 +188,22 @@ class Ops {
   virtual void AttentionBackward(const AttentionDims& dims, const float* q, const float* k,
                                  const float* v, const float* out, const float* lse,
                                  const float* d_out, float* dq, float* dk, float* dv) = 0;
+  // Merges a partial result of the same queries against other keys into an
+  // accumulated one by the log-sum-exp rule (ring attention): with
+  // L = log(exp(lse) + exp(block_lse)),
+  //   out = out * exp(lse - L) + block_out * exp(block_lse - L),  lse = L.
+  // out/block_out are [seq, heads, head_dim] with their row strides, lse and
+  // block_lse [heads, seq]; a -inf lse (a row that saw no key) contributes
+  // nothing. In place on out and lse.
+  virtual void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                              int64_t out_row_stride, float* lse, const float* block_out,
+                              int64_t block_row_stride, const float* block_lse) = 0;
+
+  // ---- Strided copy ----------------------------------------------------------------
+  // dst[r, 0:cols] = src[r, 0:cols] for r < rows, rows at element strides
+  // (gathers a column slice of a fused tensor, or scatters into one).
+  virtual void CopyRows(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                        float* dst, int64_t dst_stride) = 0;
 
   // ---- Cross-entropy fused with softmax -----------------------------------------
   // Rows with target < 0 are ignored (loss 0, gradient 0). row_loss[r] =

@@ -119,7 +119,8 @@ std::vector<std::string> CheckCpSplit(const AxisShape& m, int64_t cp) {
   if (cp > 1) {
     c.Require(m.seq_len % (2 * cp) == 0, "train.seq_len", m.seq_len,
               absl::StrCat("must be divisible by 2 x ", Axis("cp", cp),
-                           " (load-balanced context parallelism)"));
+                           " (load-balanced context parallelism cuts each sequence into 2 x cp "
+                           "chunks, rank r holding chunks r and 2 x cp - 1 - r)"));
   }
   return c.Take();
 }
@@ -301,13 +302,12 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   c.Require(s.parallelism.bucket_mb >= 1, "parallelism.bucket_mb", s.parallelism.bucket_mb,
             "must be positive");
   RequireBatchSplit(c, t, l.dp);
-  for (const auto& [name, value] : {std::pair{"cp", l.cp}, std::pair{"ep", l.ep}}) {
-    c.Require(value == 1, absl::StrCat("parallelism.", name), value,
-              "is not supported by this engine yet (use 1)");
-  }
+  c.Require(l.ep == 1, "parallelism.ep", l.ep, "is not supported by this engine yet (use 1)");
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const AxisShape shape = AxisShapeOf(s);
+  // Context parallelism: the zigzag split (worker/engine/context_parallel/).
+  c.Add(CheckCpSplit(shape, l.cp));
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
     c.Add(CheckTpSplit(shape, l.tp));
     if (l.sequence_parallel) {  // the token rows of a micro-batch are split over TP

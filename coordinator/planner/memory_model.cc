@@ -195,6 +195,16 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
     buffers += (k.tp_token_buffers + k.tp_row_buffers / sp_div) * tokens * h * e;
   }
   if (l.pp > 1) buffers += 2.0 * tokens * h / (l.sequence_parallel ? l.tp : 1) * e;
+  if (l.cp > 1) {
+    // The CP ring (worker/engine/context_parallel/ring_attention.h): this
+    // rank's q and dq, two K/V blocks in flight, two dK/dV accumulators and
+    // one step's dK/dV share, in fp32 (the ops API's dtype) whatever the
+    // recipe.
+    const ModelShape& m = w.model;
+    const double q_local = static_cast<double>(m.num_heads) * m.head_dim() / l.tp;
+    const double kv_local = std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
+    buffers += tokens * (2.0 * q_local + 10.0 * kv_local) * 4.0;
+  }
   b.comm_buffers = buffers;
   b.overhead = k.memory_overhead_bytes;
   return b;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/planner/memory_model.h"
 
 namespace loom::planner {
 namespace {
@@ -44,6 +45,28 @@ std::string DescribeCandidate(const Candidate& c, double capacity) {
                       m.logits / kGiB, m.zero3_gathered / kGiB, m.comm_buffers / kGiB,
                       m.overhead / kGiB),
       c.tight ? "  tight: inside the memory headroom; no layout with headroom was found\n" : "");
+}
+
+// What context parallelism saves: the same layout with its CP ranks turned
+// into DP ranks (same world, same ZeRO stage) holds whole sequences.
+std::string DescribeCpSaving(const PlanRequest& req, const Candidate& c) {
+  const Layout& l = c.layout;
+  if (l.cp <= 1) return "";
+  Layout whole = l;
+  whole.dp = l.dp * l.cp;
+  whole.cp = 1;
+  const MemoryBreakdown without = EstimateMemory(req.workload, whole, req.constants);
+  const MemoryBreakdown& with = c.memory;
+  const int64_t seq = req.workload.seq_len;
+  return absl::StrFormat(
+      "  context parallelism: cp=%d gives each rank %d of the %d tokens of a sequence (2 zigzag "
+      "chunks of %d; ring attention passes K/V around the cp group). Activations %.1f GiB and "
+      "logits %.1f GiB per rank, where cp=1 (dp=%d) would hold %.1f GiB and %.1f GiB: %.1f GiB "
+      "per rank in all instead of %.1f GiB, %.1f GiB saved%s\n",
+      l.cp, seq / l.cp, seq, seq / (2 * l.cp), with.activations / kGiB, with.logits / kGiB,
+      whole.dp, without.activations / kGiB, without.logits / kGiB, with.total() / kGiB,
+      without.total() / kGiB, (without.total() - with.total()) / kGiB,
+      without.total() > req.cluster.memory_bytes ? " (cp=1 does not fit the device)" : "");
 }
 
 std::vector<const Rejection*> ClosestRejections(const PlanResult& r, int n) {
@@ -90,7 +113,8 @@ std::string RenderPlanText(const PlanRequest& req, const PlanResult& r, const Re
   if (r.ranked.empty()) {
     absl::StrAppend(&out, "\nNo layout fits in memory. Closest:\n");
   } else {
-    absl::StrAppend(&out, "\nBest:\n", DescribeCandidate(r.ranked.front(), c.memory_bytes));
+    absl::StrAppend(&out, "\nBest:\n", DescribeCandidate(r.ranked.front(), c.memory_bytes),
+                    DescribeCpSaving(req, r.ranked.front()));
     const int shown = std::min<int>(o.runners_up, static_cast<int>(r.ranked.size()) - 1);
     if (shown > 0) {
       absl::StrAppend(&out, "\nRunners-up:\n",

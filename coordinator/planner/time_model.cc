@@ -41,6 +41,12 @@ double CollectiveSeconds(double bytes, int64_t group, double passes, int64_t ran
                    inter_steps * k.inter_latency_s);
 }
 
+CpRingBytes CpRingBytesPerLayer(double kv_bytes, int64_t cp) {
+  if (cp <= 1) return {};
+  const double block = kv_bytes / static_cast<double>(cp);
+  return {static_cast<double>(cp - 1) * block, static_cast<double>(2 * cp - 1) * block};
+}
+
 StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec& c,
                           const PlannerConstants& k) {
   const ModelShape& m = w.model;
@@ -69,10 +75,16 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
       (full ? 6.0 : 4.0) * CollectiveSeconds(tp_bytes, l.tp, 2.0, tp_per_node, c, k);
   const double kv_bytes = static_cast<double>(l.micro_batch_size) * s * 2.0 * m.kv_dim() / l.tp * e;
   const int64_t cp_per_node = GroupRanksPerNode(l.cp, l.tp, node);
-  // Forward all-gathers K and V; backward gathers them again and
-  // reduce-scatters their gradients.
-  const double cp_per_layer =
-      (full ? 4.0 : 3.0) * CollectiveSeconds(kv_bytes, l.cp, 1.0, cp_per_node, c, k);
+  // The ring (CpRingBytesPerLayer): cp - 1 K/V blocks forward (again under
+  // full recompute), 2 cp - 1 blocks backward; in passes of an all-gather
+  // of kv_bytes, which moves (cp - 1) / cp of it.
+  double cp_per_layer = 0;
+  if (l.cp > 1) {
+    const CpRingBytes ring = CpRingBytesPerLayer(kv_bytes, l.cp);
+    const double pass = kv_bytes * static_cast<double>(l.cp - 1) / static_cast<double>(l.cp);
+    const double passes = ((full ? 2.0 : 1.0) * ring.forward + ring.backward) / pass;
+    cp_per_layer = CollectiveSeconds(kv_bytes, l.cp, passes, cp_per_node, c, k);
+  }
 
   // Unfused attention streams every score through HBM: per score, forward
   // writes it (baddbmm), reads and writes it (scale, mask, softmax), reads and

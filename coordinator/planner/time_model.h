@@ -44,6 +44,18 @@ double GemmEfficiency(double tokens, double width, const PlannerConstants& const
 double CollectiveSeconds(double bytes, int64_t group, double passes, int64_t ranks_per_node,
                          const ClusterSpec& cluster, const PlannerConstants& constants);
 
+// Bytes one rank of a context-parallel ring sends for one layer and one
+// micro-batch, given the K/V of the whole sequence on its TP rank
+// (`kv_bytes`): the engine's ring (worker/engine/context_parallel/
+// ring_attention.h) passes its K/V block on cp - 1 times forward, and in the
+// backward the K/V block again plus the travelling dK/dV accumulator cp
+// times (the last one home). A recompute repeats the forward's traffic.
+struct CpRingBytes {
+  double forward = 0;
+  double backward = 0;
+};
+CpRingBytes CpRingBytesPerLayer(double kv_bytes, int64_t cp);
+
 // Ranks of a mesh group with `size` members `stride` ranks apart that share
 // one node of `devices_per_node`.
 int64_t GroupRanksPerNode(int64_t size, int64_t stride, int64_t devices_per_node);

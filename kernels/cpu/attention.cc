@@ -217,4 +217,32 @@ void AttentionBackward(const AttentionDims& d, const float* q, const float* k, c
   }
 }
 
+// Row by row; each (head, token) rescales its two partial outputs by their
+// share of the merged normalizer. Rows are independent, so any split over
+// threads gives the same bits.
+void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                    int64_t out_row_stride, float* lse, const float* block_out,
+                    int64_t block_row_stride, const float* block_lse) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < seq; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float b = block_lse[h * seq + i];
+      if (b == kNegInf) continue;
+      float& a = lse[h * seq + i];
+      float* o = out + i * out_row_stride + h * head_dim;
+      const float* bo = block_out + i * block_row_stride + h * head_dim;
+      if (a == kNegInf) {
+        for (int64_t e = 0; e < head_dim; ++e) o[e] = bo[e];
+        a = b;
+        continue;
+      }
+      const float mx = std::max(a, b);
+      const float merged = mx + std::log(std::exp(a - mx) + std::exp(b - mx));
+      const float wa = std::exp(a - merged), wb = std::exp(b - merged);
+      for (int64_t e = 0; e < head_dim; ++e) o[e] = o[e] * wa + bo[e] * wb;
+      a = merged;
+    }
+  }
+}
+
 }  // namespace loom::kernels::cpu

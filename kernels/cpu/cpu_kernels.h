@@ -19,6 +19,9 @@ void AttentionForward(const AttentionDims& dims, const float* q, const float* k,
 void AttentionBackward(const AttentionDims& dims, const float* q, const float* k, const float* v,
                        const float* out, const float* lse, const float* d_out, float* dq,
                        float* dk, float* dv);
+void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                    int64_t out_row_stride, float* lse, const float* block_out,
+                    int64_t block_row_stride, const float* block_lse);
 
 void EmbeddingForward(const int32_t* ids, int64_t num_tokens, const float* table, int64_t vocab,
                       int64_t dim, float* out);

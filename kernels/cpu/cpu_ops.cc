@@ -112,6 +112,18 @@ void CpuOps::AttentionBackward(const AttentionDims& dims, const float* q, const 
                                const float* d_out, float* dq, float* dk, float* dv) {
   cpu::AttentionBackward(dims, q, k, v, out, lse, d_out, dq, dk, dv);
 }
+void CpuOps::AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                            int64_t out_row_stride, float* lse, const float* block_out,
+                            int64_t block_row_stride, const float* block_lse) {
+  cpu::AttentionMerge(seq, heads, head_dim, out, out_row_stride, lse, block_out,
+                      block_row_stride, block_lse);
+}
+void CpuOps::CopyRows(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                      float* dst, int64_t dst_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, cols * sizeof(float));
+  }
+}
 
 void CpuOps::CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
                                  int64_t vocab, float* row_loss) {

@@ -3,6 +3,7 @@
 // layouts, masking and GQA rule) with the tiled kernels it checks. std-only.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -109,6 +110,28 @@ inline void AttentionBackward(const AttentionDims& d, const float* q, const floa
           }
         }
       }
+    }
+}
+
+// Ops::AttentionMerge in double: two partial results of the same queries
+// against disjoint key sets combine into the result against their union.
+inline void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                           int64_t out_row_stride, float* lse, const float* block_out,
+                           int64_t block_row_stride, const float* block_lse) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < seq; ++i)
+    for (int64_t h = 0; h < heads; ++h) {
+      const double a = lse[h * seq + i], b = block_lse[h * seq + i];
+      if (b == neg_inf) continue;
+      const double merged =
+          a == neg_inf ? b : std::max(a, b) + std::log(std::exp(a - std::max(a, b)) +
+                                                       std::exp(b - std::max(a, b)));
+      const double wa = a == neg_inf ? 0.0 : std::exp(a - merged), wb = std::exp(b - merged);
+      float* o = out + i * out_row_stride + h * head_dim;
+      const float* bo = block_out + i * block_row_stride + h * head_dim;
+      for (int64_t e = 0; e < head_dim; ++e)
+        o[e] = static_cast<float>((a == neg_inf ? 0.0 : o[e] * wa) + bo[e] * wb);
+      lse[h * seq + i] = static_cast<float>(merged);
     }
 }
 

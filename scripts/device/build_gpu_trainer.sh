@@ -44,7 +44,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_WITH_GRPC=OFF 
 grep -E "Loom:" "$build/configure.log" || true
 
 targets=(loom-trainer loom-device-peaks)
-for t in cuda_ops_test gpu_nccl_communicator_test; do
+for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test; do
   if ninja -C "$build" -t query "$t" > /dev/null 2>&1; then
     targets+=("$t")
   else

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8's device check, the part that exists today: on the device machine
 # (one H200; CUDA 13, PyTorch with nvidia-nccl-cu13; no Abseil/GoogleTest) it
-# runs the NCCL Communicator's GPU tests from binaries prebuilt here by
+# runs the NCCL Communicator's GPU tests and context parallelism's ring tests from binaries prebuilt here by
 # scripts/device/build_gpu_path_bins.sh, against PyTorch's libnccl.so.2.
 # With one GPU the group-of-one, rendezvous-timeout and abort tests run; the
 # multi-device tests skip (NCCL allows one rank per device per communicator).
@@ -50,4 +50,16 @@ else
   rc=2
 fi
 echo "gpu_nccl_communicator_test: rc=$rc" | tee "$out/summary.txt"
+# Context parallelism's GPU path (docs/context_parallel.md): the LSE merge and
+# ring attention's blocks on the device against the CPU; the ring over NCCL
+# runs with two devices and skips on one.
+if [ -x "$bins/gpu_ring_attention_test" ]; then
+  timeout 120 "$bins/gpu_ring_attention_test" 2>&1 | tee "$out/ring_test.txt"
+  ring_rc=${PIPESTATUS[0]}
+else
+  echo "missing $packed/gpu_ring_attention_test.xz: run scripts/device/build_gpu_trainer.sh here"
+  ring_rc=2
+fi
+echo "gpu_ring_attention_test: rc=$ring_rc" | tee -a "$out/summary.txt"
+[ "$rc" = 0 ] && rc=$ring_rc
 exit $rc

@@ -7,8 +7,10 @@
 #
 #   0. the machine (nvidia-smi, torch), libnccl.so.2 and libcublasLt.so.13
 #      found in the venv's nvidia wheels or /usr/local/cuda (LD_LIBRARY_PATH);
-#   1. cuda_ops_test (CudaOps against CpuOps, op by op) and
-#      gpu_nccl_communicator_test;
+#   1. cuda_ops_test (CudaOps against CpuOps, op by op),
+#      gpu_nccl_communicator_test and gpu_ring_attention_test (context
+#      parallelism: the LSE merge and the ring's blocks on the device; the
+#      NCCL ring itself needs two devices and skips on one);
 #   2. (a) the small model (jobs/small_*.yaml: vocab 256 bytes of a synthetic
 #      corpus made here, hidden 256, 2 layers) for 20 steps on the CPU in fp32
 #      and on the GPU in bf16 (and fp32, and CPU bf16 emulation, for context):
@@ -135,7 +137,7 @@ fp8_peak=$("$peaks" "$gpu_name" fp8 2>/dev/null) || fp8_peak=0
 note "device '$gpu_name': dense peaks from the table bf16 $bf16_peak, fp8 $fp8_peak FLOP/s (0: not in the table)"
 
 # --- 1. GPU unit tests -----------------------------------------------------
-for t in cuda_ops_test gpu_nccl_communicator_test; do
+for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test; do
   if [ -x "$bins/$t" ]; then
     NCCL_DEBUG=${NCCL_DEBUG:-WARN} run_step "$t" 150 "$out/tests.log" "$bins/$t"
     rc=$?

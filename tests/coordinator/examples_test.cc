@@ -40,9 +40,9 @@ TEST(ExamplesTest, EveryExampleSpecIsAcceptedAsSubmitted) {
   EXPECT_GE(checked, 3);
 }
 
-// The axes compose: ZeRO under TP and PP and tied embeddings under PP are
-// admitted; what the engine cannot run (ZeRO-3 with PP, cp, ep) is refused
-// with the field named.
+// The axes compose: ZeRO (3 included) under TP and PP and tied embeddings
+// under PP are admitted; what the mesh cannot cut is refused with the field
+// named.
 TEST(ExamplesTest, ComposedLayoutsAreAdmitted) {
   spec::JobSpec job;
   job.train.global_batch_size = 16;

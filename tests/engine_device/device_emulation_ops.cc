@@ -258,6 +258,24 @@ void DeviceEmulationOps::AttentionBackward(const AttentionDims& dims, const floa
   Count(&Counters::ops, 0);
 }
 
+void DeviceEmulationOps::AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                                        int64_t out_row_stride, float* lse,
+                                        const float* block_out, int64_t block_row_stride,
+                                        const float* block_lse) {
+  const char* op = "AttentionMerge";
+  inner_->AttentionMerge(seq, heads, head_dim, Dev(out, op, "out"), out_row_stride,
+                         Dev(lse, op, "lse"), Dev(block_out, op, "block_out"), block_row_stride,
+                         Dev(block_lse, op, "block_lse"));
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::CopyRows(int64_t rows, int64_t cols, const float* src,
+                                  int64_t src_stride, float* dst, int64_t dst_stride) {
+  const char* op = "CopyRows";
+  inner_->CopyRows(rows, cols, Dev(src, op, "src"), src_stride, Dev(dst, op, "dst"), dst_stride);
+  Count(&Counters::ops, 0);
+}
+
 void DeviceEmulationOps::CrossEntropyForward(const float* logits, const int32_t* targets,
                                              int64_t rows, int64_t vocab, float* row_loss) {
   const char* op = "CrossEntropyForward";

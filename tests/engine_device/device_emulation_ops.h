@@ -97,6 +97,11 @@ class DeviceEmulationOps final : public kernels::Ops {
   void AttentionBackward(const kernels::AttentionDims& dims, const float* q, const float* k,
                          const float* v, const float* out, const float* lse, const float* d_out,
                          float* dq, float* dk, float* dv) override;
+  void AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                      int64_t out_row_stride, float* lse, const float* block_out,
+                      int64_t block_row_stride, const float* block_lse) override;
+  void CopyRows(int64_t rows, int64_t cols, const float* src, int64_t src_stride, float* dst,
+                int64_t dst_stride) override;
   void CrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
                            int64_t vocab, float* row_loss) override;
   void CrossEntropyForwardBackward(float* logits, const int32_t* targets, int64_t rows,

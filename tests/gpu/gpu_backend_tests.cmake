@@ -20,3 +20,17 @@ if(TARGET loom_cuda_backend)
     loom_kernels_fp8_emulation GTest::gtest_main)
   gtest_discover_tests(cuda_ops_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
 endif()
+
+# Context parallelism's GPU path (docs/context_parallel.md): the merge and the
+# ring's blocks on the device against the CPU; with two devices the ring over
+# NCCL. Part of the device script's binaries (scripts/device/build_gpu_trainer.sh).
+if(TARGET loom_cuda_backend AND TARGET loom_model)
+  add_executable(gpu_ring_attention_test ${CMAKE_CURRENT_LIST_DIR}/cuda_ring_attention_test.cc)
+  target_link_libraries(gpu_ring_attention_test PRIVATE loom_cuda_backend loom_model
+    loom_kernels_cpu GTest::gtest_main)
+  if(TARGET loom_comm_nccl)
+    target_link_libraries(gpu_ring_attention_test PRIVATE loom_comm_nccl)
+    target_compile_definitions(gpu_ring_attention_test PRIVATE LOOM_RING_TEST_HAVE_NCCL=1)
+  endif()
+  gtest_discover_tests(gpu_ring_attention_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
+endif()

@@ -21,7 +21,7 @@ train: {{steps: 10, global_batch_size: {batch}, micro_batch_size: 2, seq_len: 32
         lr: 3.0e-3, warmup_steps: 2, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 7, precision: {precision}, eval_interval: 0, eval_windows: 4}}
 data: {{train_path: data/train.txt, format: text}}
-parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: 1, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
+parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: {cp}, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
               schedule: {schedule}, virtual_stages: {v}}}
 resources: {{device: cpu, ranks: {ranks}}}
 checkpoint: {{dir: "{ckpt}", interval: {ckpt_interval}, keep: 2{resume}}}
@@ -41,12 +41,12 @@ class ParallelJobs(unittest.TestCase):
     def tearDownClass(cls):
         cls.cluster.stop()
 
-    def losses(self, name, dp=1, tp=1, pp=1, zero=0, sp=False, schedule="1f1b", v=1,
+    def losses(self, name, dp=1, tp=1, pp=1, cp=1, zero=0, sp=False, schedule="1f1b", v=1,
                precision="fp32", steps=10, ckpt=None, tied=False, batch=8, ckpt_interval=5,
                resume_from=None):
         c = self.cluster
-        spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, zero=zero, sp=str(sp).lower(),
-                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp,
+        spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=str(sp).lower(),
+                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp * cp,
                            ckpt=ckpt or f"ckpt-{name}", tied=str(tied).lower(), batch=batch,
                            ckpt_interval=ckpt_interval,
                            resume=f", resume_from: {resume_from}" if resume_from else ""
@@ -96,8 +96,8 @@ class ParallelJobs(unittest.TestCase):
             tensors[key] = struct.unpack(f"<{(end - begin) // 4}f", data[begin:end])
         return tensors
 
-    # Layouts that compose the axes (8 CPU ranks at most, tied embeddings
-    # throughout): per-step losses within 1e-5 relative of one process, and the
+    # Layouts that compose the axes, context parallelism included (8 CPU ranks
+    # at most, tied embeddings throughout): per-step losses within 1e-5 relative of one process, and the
     # parameters after the last step within 1e-5 in each tensor's L2 norm
     # (AdamW divides by sqrt(v), so single weights with tiny gradients amplify
     # float reordering; see tests/model_tp/tp_training_test.cc).
@@ -121,6 +121,13 @@ class ParallelJobs(unittest.TestCase):
             ("pp2-tp4", dict(pp=2, tp=4)),
             ("pp2-dp2-zero3", dict(pp=2, dp=2, zero=3)),
             ("tp2-pp2-dp2-zero3", dict(tp=2, pp=2, dp=2, zero=3)),
+            # Context parallelism (ring attention, zigzag split of seq_len 32).
+            ("cp2", dict(cp=2)),
+            ("cp4", dict(cp=4)),
+            ("cp2-tp2-sp", dict(cp=2, tp=2, sp=True)),
+            ("cp2-pp2-1f1b", dict(cp=2, pp=2)),
+            ("cp2-dp2-zero2", dict(cp=2, dp=2, zero=2)),
+            ("cp2-tp2-dp2", dict(cp=2, tp=2, dp=2)),
         ]
         for name, layout in layouts:
             with self.subTest(layout=name):

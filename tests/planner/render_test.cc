@@ -3,6 +3,7 @@
 // model and node count.
 #include "coordinator/planner/render.h"
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/planner/sweep.h"
 #include "gtest/gtest.h"
 
@@ -51,6 +52,24 @@ TEST(RenderPlan, NothingFits) {
   ASSERT_TRUE(r->ranked.empty());
   EXPECT_NE(RenderPlanText(req, *r).find("No layout fits in memory"), std::string::npos);
   EXPECT_TRUE(PlanToJson(req, *r)["best"].is_null());
+}
+
+// Long context (issue 15): an 8B Llama-shaped model at 128k tokens on 64
+// H100s cannot hold a whole sequence's activations on a rank; the plan picks
+// context parallelism and says what it saves against the same ranks as DP.
+TEST(RenderPlan, LongContextPicksCpAndExplainsTheMemory) {
+  PlanRequest req;
+  req.workload = MakeWorkload(PlaybookModels()[2].shape, 131072, 64, RecipeKind::kBf16Fp32Accum);
+  req.cluster = *ClusterPreset("h100-sxm");
+  req.cluster.nodes = 8;
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->ranked.empty());
+  const Layout& best = r->ranked[0].layout;
+  EXPECT_GT(best.cp, 1) << LayoutToString(best);
+  const std::string text = RenderPlanText(req, *r);
+  EXPECT_NE(text.find(absl::StrCat("context parallelism: cp=", best.cp)), std::string::npos) << text;
+  EXPECT_NE(text.find("GiB saved (cp=1 does not fit the device)"), std::string::npos) << text;
 }
 
 TEST(Sweep, TableSvgAndJson) {

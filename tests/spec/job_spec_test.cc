@@ -107,11 +107,19 @@ TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
   l.zero_stage = 3;  // ZeRO-3 under PP x DP x TP
   EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
   l.zero_stage = 1;
-  l.cp = 2;
+  l.cp = 2;  // context parallelism composes with the others
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.cp = 1;
+  l.ep = 2;
   l.tp = 3;
   const std::string refused(ValidateEngineRuns(s, l).message());
-  EXPECT_THAT(refused, HasSubstr("parallelism.cp=2 is not supported"));
+  EXPECT_THAT(refused, HasSubstr("parallelism.ep=2 is not supported"));
   EXPECT_THAT(refused, HasSubstr("model.num_heads=4 must be divisible by parallelism.tp=3"));
+  l = LayoutOf(s);
+  l.cp = 3;  // the zigzag split needs 2 x cp chunks
+  s.train.seq_len = 128;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("train.seq_len=128 must be divisible by 2 x parallelism.cp=3"));
   l = LayoutOf(s);
   l.pp = 2;
   l.schedule = Schedule::kInterleaved;

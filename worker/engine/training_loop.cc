@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/layout.h"
+#include "worker/engine/context_parallel/cp_batch.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
@@ -30,13 +31,13 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // The layout this rank runs: the spec's with the axes of its context (without
 // a group the axis runs as 1 whatever the spec says: the standalone trainer
-// ignores the layout). CP and EP have no group in the context.
+// ignores the layout). EP has no group in the context.
 spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx) {
   spec::Layout l = spec::LayoutOf(spec);
   l.dp = ctx.dp_size;
   l.tp = ctx.tp_size();
   l.pp = ctx.pp_size();
-  l.cp = 1;
+  l.cp = ctx.cp_size();
   l.ep = 1;
   const int64_t per_step = spec.train.micro_batch_size * ctx.dp_size;
   l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
@@ -120,23 +121,27 @@ absl::Status TrainingLoop::CreateParts() {
   if (!plan.ok()) return plan.status();
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);  // [tp]
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel, ctx_.cp},
+      ops_);  // [tp] [cp]
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);  // pp null: one stage
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
   // [dp] One engine per chunk: ZeRO shards each chunk's optimizer states
   // (from stage 2 its reduced gradient, at stage 3 its parameters) over DP,
   // as Megatron's distributed optimizer does within each TP x PP coordinate.
+  // [cp] Over DP x CP under context parallelism (ctx_.grad_group()): the CP
+  // ranks hold the same weights and each one's gradient of its own tokens.
   // At ZeRO 0 a single chunk's engine all-reduces buckets during backward;
   // a pipeline's chunks interleave, so their arrays are summed at the step's
   // end instead (RunScheduledStep).
-  if (ctx_.dp != nullptr && (zero > 0 || ctx_.pp == nullptr)) {
+  comm::Communicator* grad_group = ctx_.grad_group();
+  if (grad_group != nullptr && (zero > 0 || ctx_.pp == nullptr)) {
     DataParallelOptions options;
     options.zero_stage = zero;
     options.bucket_bytes = job.parallelism.bucket_mb * 1024 * 1024;
     for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
       absl::StatusOr<std::unique_ptr<DataParallelEngine>> engine =
-          DataParallelEngine::Create(&stage_->model(c), ctx_.dp, options, t, &memory_);
+          DataParallelEngine::Create(&stage_->model(c), grad_group, options, t, &memory_);
       if (!engine.ok()) return engine.status();
       if (TiedAcrossStages(job.model, pp)) (*engine)->CountInNormOnce(kTiedEmbedding, 2);
       (*engine)->ShardParameters();  // ZeRO-3: the chunk keeps only its shard
@@ -146,7 +151,7 @@ absl::Status TrainingLoop::CreateParts() {
     memory_.Add(MemoryKind::kParameters, param_bytes);
     memory_.Add(MemoryKind::kGradients, param_bytes);
   }
-  if (zero == 0 || ctx_.dp == nullptr) {
+  if (zero == 0 || grad_group == nullptr) {
     // Moments in the backend's memory, stepped by ops->AdamW.
     optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t, ops_.get());
     memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
@@ -168,6 +173,8 @@ void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) 
   sampler_->Fill(step,
                  MicroBatchFirst(t.global_batch_size, ctx_.dp_size, ctx_.dp_rank, t.micro_batch_size, micro),
                  t.micro_batch_size, out);
+  // [cp] This rank's chunks (seq_len was checked against 2 * cp in Create).
+  KeepLocalChunks(ctx_, out).IgnoreError();
 }
 
 bool TrainingLoop::IsEvalStep(int64_t step) const {
@@ -273,6 +280,7 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   for (int64_t first = begin; first < end; first += t.micro_batch_size) {
     const int64_t count = std::min(t.micro_batch_size, end - first);
     FillValidationWindows(*val_data_, t.seq_len, first, count, &batch_);
+    if (absl::Status s = KeepLocalChunks(ctx_, &batch_); !s.ok()) return s;  // [cp]
     absl::StatusOr<double> loss = EvaluateBatch();
     if (!loss.ok()) return loss.status();
     sum += *loss * static_cast<double>(count);

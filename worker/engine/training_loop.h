@@ -4,7 +4,8 @@
 // gradient reduction and the ZeRO stage of parallelism.zero_stage through the
 // DataParallelEngine, one global-norm clipping over the context's groups,
 // AdamW), evaluation and checkpoints. The axes compose: ZeRO 1-3 under TP
-// and under PP (one DataParallelEngine per pipeline chunk). Deterministic: the same spec gives the
+// and under PP (one DataParallelEngine per pipeline chunk), and under CP
+// over DP x CP (ParallelContext::grad_group()). Deterministic: the same spec gives the
 // same losses bit for bit, and a loop restored from a checkpoint continues
 // exactly as the uninterrupted one would have.
 #pragma once

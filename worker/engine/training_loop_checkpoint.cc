@@ -103,7 +103,7 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", ctx_.dp_size}, {"tp", ctx_.tp_size()}, {"pp", ctx_.pp_size()},
-                  {"zero_stage", zero_stage()}}}};
+                  {"cp", ctx_.cp_size()}, {"zero_stage", zero_stage()}}}};
   CheckpointFile model{"", "model", {}, {}}, optimizer{"", "optimizer", {}, {}};
   // The writer reads host memory: a device backend's pieces are copied down.
   std::vector<std::vector<float>> host;

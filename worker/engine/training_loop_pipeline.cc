@@ -75,7 +75,7 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
       for (const auto& e : dp_engines_) {
         if (absl::Status s = e->ReduceWholeGradients(); !s.ok()) return s;
       }
-    } else if (ctx_.dp != nullptr) {
+    } else if (ctx_.grad_group() != nullptr) {  // [cp] DP x CP
       // DP without ZeRO: sum each chunk's whole gradient array, in backend
       // memory.
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) {
@@ -84,7 +84,8 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
         // The views tile one contiguous array in order.
         const TensorView& last = g.back();
         const int64_t n = (last.data + last.numel()) - g.front().data;
-        if (absl::Status s = ctx_.dp->AllReduce(std::span<float>(g.front().data, n)); !s.ok()) {
+        if (absl::Status s = ctx_.grad_group()->AllReduce(std::span<float>(g.front().data, n));
+            !s.ok()) {
           return s;
         }
       }

@@ -89,4 +89,18 @@ void CudaOps::AttentionBackward(const AttentionDims& dims, const float* q, const
         conv);
 }
 
+void CudaOps::AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                             int64_t out_row_stride, float* lse, const float* block_out,
+                             int64_t block_row_stride, const float* block_lse) {
+  Check(simple::AttentionMerge(seq, heads, head_dim, out, out_row_stride, lse, block_out,
+                               block_row_stride, block_lse, stream_),
+        "AttentionMerge");
+}
+
+void CudaOps::CopyRows(int64_t rows, int64_t cols, const float* src, int64_t src_stride,
+                       float* dst, int64_t dst_stride) {
+  Check(simple::ScaleAdd(rows, cols, 1.0f, src, src_stride, 0.0f, dst, dst_stride, stream_),
+        "CopyRows");
+}
+
 }  // namespace loom::kernels::cuda

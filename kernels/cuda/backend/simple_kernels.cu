@@ -79,6 +79,33 @@ __global__ void ScaleAddKernel(int64_t rows, int64_t cols, float alpha, const fl
   }
 }
 
+// One thread per (token, head): both partial rows rescaled by their share of
+// the merged normalizer (ring attention's log-sum-exp merge).
+__global__ void AttentionMergeKernel(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                                     int64_t out_row_stride, float* lse, const float* block_out,
+                                     int64_t block_row_stride, const float* block_lse) {
+  const int64_t n = seq * heads;
+  for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < n;
+       t += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = t / heads, h = t % heads;
+    const float b = block_lse[h * seq + i];
+    if (b == -INFINITY) continue;
+    float* o = out + i * out_row_stride + h * head_dim;
+    const float* bo = block_out + i * block_row_stride + h * head_dim;
+    const float a = lse[h * seq + i];
+    if (a == -INFINITY) {
+      for (int64_t e = 0; e < head_dim; ++e) o[e] = bo[e];
+      lse[h * seq + i] = b;
+      continue;
+    }
+    const float mx = fmaxf(a, b);
+    const float merged = mx + logf(expf(a - mx) + expf(b - mx));
+    const float wa = expf(a - merged), wb = expf(b - merged);
+    for (int64_t e = 0; e < head_dim; ++e) o[e] = o[e] * wa + bo[e] * wb;
+    lse[h * seq + i] = merged;
+  }
+}
+
 __global__ void EmbeddingForwardKernel(const int32_t* ids, int64_t num_tokens, const float* table,
                                        int64_t vocab_offset, int64_t vocab, int64_t dim,
                                        float* out) {
@@ -200,6 +227,17 @@ cudaError_t Bf16ToFloat(const __nv_bfloat16* src, int64_t src_stride, int64_t ro
   if (rows * cols == 0) return cudaSuccess;
   ConvertKernel<__nv_bfloat16, float>
       <<<Blocks(rows * cols), kThreads, 0, stream>>>(src, src_stride, rows, cols, dst, dst_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                           int64_t out_row_stride, float* lse, const float* block_out,
+                           int64_t block_row_stride, const float* block_lse,
+                           cudaStream_t stream) {
+  if (seq < 0 || heads < 0 || head_dim < 0) return cudaErrorInvalidValue;
+  if (seq * heads == 0) return cudaSuccess;
+  AttentionMergeKernel<<<Blocks(seq * heads), kThreads, 0, stream>>>(
+      seq, heads, head_dim, out, out_row_stride, lse, block_out, block_row_stride, block_lse);
   return cudaGetLastError();
 }
 

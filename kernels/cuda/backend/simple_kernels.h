@@ -34,6 +34,12 @@ cudaError_t ScaleAdd(int64_t rows, int64_t cols, float alpha, const float* src,
                      int64_t src_stride, float beta, float* dst, int64_t dst_stride,
                      cudaStream_t stream);
 
+// Ring attention's log-sum-exp merge (Ops::AttentionMerge), in place on out and lse.
+cudaError_t AttentionMerge(int64_t seq, int64_t heads, int64_t head_dim, float* out,
+                           int64_t out_row_stride, float* lse, const float* block_out,
+                           int64_t block_row_stride, const float* block_lse,
+                           cudaStream_t stream);
+
 // Token rows whose id is outside [vocab_offset, vocab_offset + vocab) get
 // zeros (forward) or are skipped (backward); the unsharded ops pass offset 0,
 // where an out-of-range id is a caller bug and also gives zeros.

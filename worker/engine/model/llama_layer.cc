@@ -22,14 +22,61 @@ kernels::AttentionDims BlockAttentionDims(const BlockDims& d) {
   return a;
 }
 
-void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a) {
-  ops.AttentionForward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim, a.qkv + d.q_dim + d.kv_dim,
-                       a.attn, a.lse);
+namespace {
+
+RingDims BlockRingDims(const BlockDims& d) {
+  RingDims r;
+  r.batch = d.batch;
+  r.heads = d.heads;
+  r.kv_heads = d.kv_heads;
+  r.head_dim = d.head_dim;
+  r.causal = true;
+  r.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+  return r;
+}
+
+// RoPE (or its inverse) on q and k of a.qkv-shaped rows; under CP each local
+// chunk of each sequence at its global position.
+void Rope(kernels::Ops& ops, const BlockDims& d, const RopeView& rope, float* x, bool backward,
+          const BlockCp* cp) {
+  auto apply = [&](float* at, int64_t batch, int64_t seq, int64_t heads, int64_t position) {
+    if (backward) {
+      ops.RopeBackward(at, batch, seq, heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, position);
+    } else {
+      ops.RopeForward(at, batch, seq, heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, position);
+    }
+  };
+  if (cp == nullptr) {
+    apply(x, d.batch, d.seq, d.heads, 0);
+    apply(x + d.q_dim, d.batch, d.seq, d.kv_heads, 0);
+    return;
+  }
+  const int64_t c = cp->split.chunk;
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int k = 0; k < 2; ++k) {
+      float* rows = x + (b * d.seq + k * c) * d.qkv_dim;
+      const int64_t position = cp->split.ChunkStart(cp->rank, k);
+      apply(rows, 1, c, d.heads, position);
+      apply(rows + d.q_dim, 1, c, d.kv_heads, position);
+    }
+}
+
+}  // namespace
+
+void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a,
+                        const BlockCp* cp) {
+  if (cp == nullptr) {
+    ops.AttentionForward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim,
+                         a.qkv + d.q_dim + d.kv_dim, a.attn, a.lse);
+    return;
+  }
+  if (!cp->status->ok()) return;
+  cp->status->Update(cp->ring->Forward(BlockRingDims(d), cp->split, a.qkv, d.qkv_dim, a.attn, a.lse));
 }
 
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
-                  const BlockTp* tp) {
+                  const BlockTp* tp, const BlockCp* cp) {
   // Every GEMM of a block is a linear layer's (the fp8 recipe quantizes them).
   const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, rows = d.rows;
@@ -39,10 +86,8 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   ops.RmsNormForward(a.x_in, w.input_norm, rows, h, d.eps, sp ? tp->rows : a.h1, a.rstd1);
   if (sp) tp->coll->AllGather(tp->rows, rows * h, a.h1);
   ops.Gemm(kN, kT, t, d.qkv_dim, h, 1.0f, a.h1, h, w.qkv, h, 0.0f, a.qkv, d.qkv_dim);
-  ops.RopeForward(a.qkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
-  ops.RopeForward(a.qkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
-                  rope.sin, 0);
-  BlockAttentionCore(ops, d, a);
+  Rope(ops, d, rope, a.qkv, false, cp);
+  BlockAttentionCore(ops, d, a, cp);
   if (tp == nullptr) {
     // Residual adds ride on GEMM beta = 1: x_mid = x_in + attn @ o^T.
     ops.CopyDeviceToDevice(a.x_mid, a.x_in, t * h * static_cast<int64_t>(sizeof(float)));
@@ -70,7 +115,7 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
 
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx, const BlockTp* tp) {
+                   const BlockScratch& s, float* dx, const BlockTp* tp, const BlockCp* cp) {
   const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, f = d.ffn, rows = d.rows;
   const bool sp = tp != nullptr && tp->coll->sequence_parallel();
@@ -91,12 +136,15 @@ void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;
   ops.Gemm(kT, kN, h, d.q_dim, t, 1.0f, dy, h, a.attn, d.q_dim, 1.0f, g.o, d.q_dim);
   ops.Gemm(kN, kN, t, d.q_dim, h, 1.0f, dy, h, w.o, d.q_dim, 0.0f, s.d_attn, d.q_dim);
-  ops.AttentionBackward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim,
-                        a.qkv + d.q_dim + d.kv_dim, a.attn, a.lse, s.d_attn, s.dqkv,
-                        s.dqkv + d.q_dim, s.dqkv + d.q_dim + d.kv_dim);
-  ops.RopeBackward(s.dqkv, d.batch, d.seq, d.heads, d.head_dim, d.qkv_dim, rope.cos, rope.sin, 0);
-  ops.RopeBackward(s.dqkv + d.q_dim, d.batch, d.seq, d.kv_heads, d.head_dim, d.qkv_dim, rope.cos,
-                   rope.sin, 0);
+  if (cp == nullptr) {
+    ops.AttentionBackward(BlockAttentionDims(d), a.qkv, a.qkv + d.q_dim,
+                          a.qkv + d.q_dim + d.kv_dim, a.attn, a.lse, s.d_attn, s.dqkv,
+                          s.dqkv + d.q_dim, s.dqkv + d.q_dim + d.kv_dim);
+  } else if (cp->status->ok()) {
+    cp->status->Update(cp->ring->Backward(BlockRingDims(d), cp->split, a.qkv, d.qkv_dim, a.attn,
+                                          a.lse, s.d_attn, s.dqkv));
+  }
+  Rope(ops, d, rope, s.dqkv, true, cp);
   if (g.kv == nullptr) {
     ops.Gemm(kT, kN, d.qkv_dim, h, t, 1.0f, s.dqkv, d.qkv_dim, a.h1, h, 1.0f, g.qkv, h);
   } else {

@@ -12,7 +12,10 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/ops.h"
+#include "worker/engine/context_parallel/ring_attention.h"
+#include "worker/engine/context_parallel/zigzag.h"
 #include "worker/engine/tensor_parallel/tp_collectives.h"
 
 namespace loom::engine {
@@ -79,6 +82,17 @@ struct BlockTp {
   float* full = nullptr;     // [tokens, hidden]: the all-gathered output gradient
 };
 
+// A block's context parallelism (docs/context_parallel.md); null for one rank.
+// d.seq is then this rank's 2 chunks of each sequence (zigzag order): RoPE
+// takes their global positions and attention is the ring over the CP group.
+// The first failed ring operation lands in *status and later rings are skipped.
+struct BlockCp {
+  RingAttention* ring = nullptr;
+  ZigzagSplit split;
+  int rank = 0;
+  absl::Status* status = nullptr;
+};
+
 struct RopeView {
   const float* cos;
   const float* sin;
@@ -90,15 +104,18 @@ kernels::AttentionDims BlockAttentionDims(const BlockDims& d);
 // unless it is null (recompute needs everything but the output).
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
-                  const BlockTp* tp = nullptr);
+                  const BlockTp* tp = nullptr, const BlockCp* cp = nullptr);
 
 // The attention core alone: a.attn and a.lse from a.qkv (selective recompute).
-void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a);
+// Under CP a.lse is [batch, 2, heads, chunk] (ring_blocks.h), same size.
+void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a,
+                        const BlockCp* cp = nullptr);
 
 // On entry dx is dLoss/d(block output); on exit dLoss/d(block input).
 // Weight gradients accumulate into g.
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx, const BlockTp* tp = nullptr);
+                   const BlockScratch& s, float* dx, const BlockTp* tp = nullptr,
+                   const BlockCp* cp = nullptr);
 
 }  // namespace loom::engine

@@ -8,6 +8,9 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/rope_tables.h"
+#include "worker/engine/context_parallel/ring_attention.h"
+#include "worker/engine/context_parallel/zigzag.h"
+#include "worker/engine/model/host_floats.h"
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
@@ -81,6 +84,11 @@ struct LlamaModel::Impl {
   std::unique_ptr<VocabParallelLoss> vocab_loss;
   std::unique_ptr<ReplicatedGrads> replicated;
   BlockTp block_tp{};
+  // Context parallelism; ring is null (and the rest unused) without it.
+  comm::Communicator* cp = nullptr;
+  std::unique_ptr<RingAttention> ring;
+  BlockCp block_cp{};
+  absl::Status cp_status;
   absl::Status status;
   // [pp] The part this model holds (the whole model by default).
   ModelPart part;
@@ -110,6 +118,29 @@ struct LlamaModel::Impl {
                         int64_t seq, float loss_scale, float* dx);
   float MeanLoss(int64_t tokens, int64_t count);
   const BlockTp* Tp() const { return tp.active() ? &block_tp : nullptr; }
+  const BlockCp* Cp() const { return ring != nullptr ? &block_cp : nullptr; }
+  int cp_size() const { return ring != nullptr ? cp->size() : 1; }
+  // [cp] The zigzag split of this call's sequences (seq = the local length);
+  // false (status set) when they cannot be split.
+  bool StartCp(int64_t seq) {
+    if (ring == nullptr) return true;
+    cp_status = absl::OkStatus();
+    auto split = ZigzagSplit::Make(seq * cp->size(), cp->size());
+    if (!split.ok()) {
+      status = split.status();
+      return false;
+    }
+    block_cp.split = *split;
+    return true;
+  }
+  // [cp] The sum of `x` over the CP group (x itself without CP).
+  double SumOverCp(double x) {
+    if (ring == nullptr || !cp_status.ok()) return x;
+    // Through backend memory: NCCL takes no host pointers.
+    float v = static_cast<float>(x);
+    cp_status.Update(AllReduceHostFloats(*ops, cp, &v, 1));
+    return v;
+  }
   // Clears the previous call's status; false (status set) when the token
   // rows cannot be split over the group.
   bool StartCall(int64_t tokens) {
@@ -127,6 +158,7 @@ struct LlamaModel::Impl {
   // Why the call's result is meaningless, if it is (a failed TP collective).
   bool Failed() {
     if (coll != nullptr && !coll->status().ok()) status = coll->status();
+    if (status.ok() && !cp_status.ok()) status = cp_status;
     return !status.ok();
   }
 
@@ -162,6 +194,13 @@ LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
   impl_->num_layers = part.num_layers;
   impl_->layout = MakeParameterLayout(config_, impl_->tp, part);
   impl_->global_parameters = MakeParameterLayout(config_).total;
+  if (parallel.cp != nullptr && parallel.cp->size() > 1) {  // [cp]
+    impl_->cp = parallel.cp;
+    impl_->ring = std::make_unique<RingAttention>(*ops_, *parallel.cp);
+    impl_->block_cp.ring = impl_->ring.get();
+    impl_->block_cp.rank = parallel.cp->rank();
+    impl_->block_cp.status = &impl_->cp_status;
+  }
   if (impl_->tp.active()) {
     impl_->coll = std::make_unique<TpCollectives>(tp, ops_.get(), impl_->tp.sequence_parallel);
     impl_->vocab_loss = std::make_unique<VocabParallelLoss>(
@@ -252,8 +291,9 @@ void LlamaModel::Impl::Prepare(const spec::ModelSpec& c, spec::Recompute mode,
                                const BlockDims& d) {
   Impl& m = *this;
   kernels::Ops& ops = *m.ops;
-  if (d.seq > m.rope_positions) {
-    const int64_t positions = std::max(d.seq, c.max_seq_len);
+  const int64_t seq_len = d.seq * m.cp_size();  // [cp] positions run over the whole sequence
+  if (seq_len > m.rope_positions) {
+    const int64_t positions = std::max(seq_len, c.max_seq_len);
     const kernels::RopeTables t = kernels::MakeRopeTables(positions, d.head_dim, c.rope_theta);
     m.rope_cos = ops.AllocateFloats(static_cast<int64_t>(t.cos.size()));
     m.rope_sin = ops.AllocateFloats(static_cast<int64_t>(t.sin.size()));
@@ -363,7 +403,7 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
   for (int64_t l = 0; l < layers; ++l) {
     float* next = l + 1 < layers ? acts[l + 1].x_in : x_final;
     m.Hooks().BeforeUse(1 + l, false);  // [hooks]
-    BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp());
+    BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp(), m.Cp());
     m.Hooks().AfterUse(1 + l, false);  // [hooks]
   }
   if (!m.part.head) {  // [pp] the next stage's input
@@ -388,6 +428,7 @@ float LlamaModel::Impl::MeanLoss(int64_t tokens, int64_t count) {
   m.ops->CopyDeviceToHost(rows.data(), m.row_loss, tokens * static_cast<int64_t>(sizeof(float)));
   double sum = 0.0;
   for (float r : rows) sum += r;
+  sum = m.SumOverCp(sum);  // [cp] count is already the whole sequence's
   return count > 0 ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
 }
 
@@ -403,11 +444,13 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
                                         int64_t seq, float loss_scale, float* dx) {
   Impl& m = *this;
   kernels::Ops& ops = *m.ops;
-  if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
+  if (!m.StartCall(batch * seq) || !m.StartCp(seq)) return std::numeric_limits<float>::quiet_NaN();
   const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
   const int64_t layers = m.num_layers, t = d.tokens, vocab = m.tp.vocab;
-  const int64_t count = m.Forward(config_, d, m.train_acts, inputs, targets, x, nullptr);
+  int64_t count = m.Forward(config_, d, m.train_acts, inputs, targets, x, nullptr);
+  // [cp] The mean runs over the whole sequence: every CP rank's targets.
+  if (m.part.head) count = static_cast<int64_t>(m.SumOverCp(static_cast<double>(count)));
   const float grad_scale = count > 0 ? loss_scale / static_cast<float>(count) : 0.0f;
   double tp_loss_sum = 0.0;
   const float* p = m.params.f32();
@@ -446,11 +489,11 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
     const BlockActivations& a = m.train_acts[l];
     m.Hooks().BeforeUse(1 + l, true);  // [hooks]
     if (recompute_ == spec::Recompute::kFull) {
-      BlockForward(ops, d, m.Weights(l), rope, a, nullptr, m.Tp());
+      BlockForward(ops, d, m.Weights(l), rope, a, nullptr, m.Tp(), m.Cp());
     } else if (recompute_ == spec::Recompute::kSelective) {
-      BlockAttentionCore(ops, d, a);
+      BlockAttentionCore(ops, d, a, m.Cp());
     }
-    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx, m.Tp());
+    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx, m.Tp(), m.Cp());
     if (m.replicated != nullptr) m.replicated->ReduceLayer(l, g);
     m.Hooks().AfterUse(1 + l, true);  // [hooks]
     m.Hooks().GradientsReady(1 + l);  // [hooks]
@@ -467,8 +510,13 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
   if (m.part.embedding) m.Hooks().GradientsReady(0);  // [hooks]
   if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
   if (!m.part.head) return 0.0f;
-  if (m.tp.active()) return count > 0 ? static_cast<float>(tp_loss_sum / count) : 0.0f;
-  return m.MeanLoss(t, count);
+  if (m.tp.active()) {
+    tp_loss_sum = m.SumOverCp(tp_loss_sum);  // [cp]
+    if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
+    return count > 0 ? static_cast<float>(tp_loss_sum / count) : 0.0f;
+  }
+  const float loss = m.MeanLoss(t, count);
+  return m.Failed() ? std::numeric_limits<float>::quiet_NaN() : loss;
 }
 
 float LlamaModel::ForwardLoss(const int32_t* inputs, const int32_t* targets, int64_t batch,
@@ -485,7 +533,7 @@ void LlamaModel::PartForward(const int32_t* inputs, const float* x, int64_t batc
     std::fprintf(stderr, "LlamaModel: PartForward on a part with the head (use PartForwardLoss)\n");
     std::abort();
   }
-  if (!m.StartCall(batch * seq)) return;
+  if (!m.StartCall(batch * seq) || !m.StartCp(seq)) return;
   const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
   m.Forward(config_, d, m.eval_acts, inputs, nullptr, x, y);
@@ -512,17 +560,26 @@ float LlamaModel::PartForwardLoss(const int32_t* inputs, const float* x, const i
     std::fprintf(stderr, "LlamaModel: PartForwardLoss on a part without the head\n");
     std::abort();
   }
-  if (!m.StartCall(batch * seq)) return std::numeric_limits<float>::quiet_NaN();
+  if (!m.StartCall(batch * seq) || !m.StartCp(seq)) return std::numeric_limits<float>::quiet_NaN();
   const BlockDims d = MakeBlockDims(config_, m.tp, batch, seq);
   m.Prepare(config_, recompute_, d);
-  const int64_t count = m.Forward(config_, d, m.eval_acts, inputs, targets, x, nullptr);
+  int64_t count = m.Forward(config_, d, m.eval_acts, inputs, targets, x, nullptr);
+  count = static_cast<int64_t>(m.SumOverCp(static_cast<double>(count)));  // [cp]
   if (m.tp.active()) {
-    const double sum = m.vocab_loss->Run(m.logits, m.targets, targets, d.tokens, false, 0.0f);
+    const double sum =
+        m.SumOverCp(m.vocab_loss->Run(m.logits, m.targets, targets, d.tokens, false, 0.0f));
     if (m.Failed()) return std::numeric_limits<float>::quiet_NaN();
     return count > 0 ? static_cast<float>(sum / count) : 0.0f;
   }
   ops_->CrossEntropyForward(m.logits, m.targets, d.tokens, config_.vocab_size, m.row_loss);
-  return m.MeanLoss(d.tokens, count);
+  const float loss = m.MeanLoss(d.tokens, count);
+  return m.Failed() ? std::numeric_limits<float>::quiet_NaN() : loss;
+}
+
+int64_t LlamaModel::ContextParallelAttentionFlops() const {  // [cp]
+  if (impl_->ring == nullptr) return 0;
+  const RingFlops f = impl_->ring->flops();
+  return f.forward + f.backward;
 }
 
 // [hooks] The data-parallel engine's hooks and memory accounting.
@@ -531,6 +588,7 @@ void LlamaModel::SetHooks(ModelHooks* hooks) { impl_->hooks = hooks; }
 int64_t LlamaModel::ActivationBytes() const {
   int64_t bytes = impl_->rope_cos.bytes() + impl_->rope_sin.bytes();
   for (const Buffer& b : impl_->pool) bytes += b.bytes();
+  if (impl_->ring != nullptr) bytes += impl_->ring->BufferBytes();  // [cp]
   return bytes;
 }
 

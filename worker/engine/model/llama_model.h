@@ -54,6 +54,14 @@ struct TensorParallelOptions {
   // Megatron sequence parallelism: norms and the residual stream split by
   // token rows (batch * seq must then divide by the TP size).
   bool sequence_parallel = false;
+  // Context parallelism (docs/context_parallel.md): the CP group (not owned),
+  // null or a group of one for none. Each rank then passes only its zigzag
+  // chunks of every sequence (LocalTokens in context_parallel/zigzag.h, seq =
+  // its local length, 2 chunks); attention is the ring over the group, the
+  // loss the mean over the whole sequence (identical on every CP rank), and
+  // the gradients are this rank's share: their sum over the group is one
+  // process's gradient (the data-parallel engine reduces over DP x CP).
+  comm::Communicator* cp = nullptr;
 };
 
 class LlamaModel {
@@ -144,6 +152,10 @@ class LlamaModel {
 
   // This rank's cut of the model (size 1 without TP).
   const TpPlan& tp_plan() const;
+
+  // [cp] Attention FLOPs this rank's ring computed so far (zero without CP):
+  // the counter behind the zigzag's load balance (docs/context_parallel.md).
+  int64_t ContextParallelAttentionFlops() const;
 
   // Installs hooks (null: none); they must outlive every later pass.
   void SetHooks(ModelHooks* hooks);

@@ -7,8 +7,9 @@
 // code path of its own. docs/architecture.md draws it.
 //
 // A group of one rank is held as null ("no such axis"), so `ctx.tp != nullptr`
-// means "tensor parallel". Not yet here: CP (gradients would then be reduced
-// over the DP x CP group) and EP.
+// means "tensor parallel". Context parallelism (docs/context_parallel.md) is
+// the `cp` group plus `dp_cp`, the DP x CP group over which the gradients of
+// the weights (replicated over both) are reduced and ZeRO shards. Not yet: EP.
 #pragma once
 
 #include <vector>
@@ -24,15 +25,21 @@ struct ParallelContext {
   comm::Communicator* dp = nullptr;  // the ranks with the same model part, other data
   comm::Communicator* tp = nullptr;  // the ranks that split one layer's tensors
   comm::Communicator* pp = nullptr;  // the pipeline's stages (rank = stage)
+  comm::Communicator* cp = nullptr;  // the ranks that split one sequence (rank = zigzag rank)
+  comm::Communicator* dp_cp = nullptr;  // DP x CP; null without CP
   int dp_rank = 0;
   int dp_size = 1;
 
   // Validates and normalizes: groups of one become null; dp_size > 1 needs a
-  // DP group of that size (whose rank is then dp_rank). INVALID_ARGUMENT
-  // naming what is wrong.
+  // DP group of that size (whose rank is then dp_rank); a CP group needs a
+  // DP x CP group of dp_size x cp ranks whose rank 0 is DP rank 0 and CP
+  // rank 0 (with dp_size 1 it may be omitted: it is then the CP group).
+  // INVALID_ARGUMENT naming what is wrong.
   static absl::StatusOr<ParallelContext> Make(int dp_rank, int dp_size, comm::Communicator* dp,
                                               comm::Communicator* tp = nullptr,
-                                              comm::Communicator* pp = nullptr);
+                                              comm::Communicator* pp = nullptr,
+                                              comm::Communicator* cp = nullptr,
+                                              comm::Communicator* dp_cp = nullptr);
 
   int tp_size() const { return tp != nullptr ? tp->size() : 1; }
   int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
@@ -40,27 +47,34 @@ struct ParallelContext {
   int stage() const { return pp != nullptr ? pp->rank() : 0; }
   bool first_stage() const { return stage() == 0; }
   bool last_stage() const { return stage() == pp_size() - 1; }
-  // The rank of its DP x TP block that writes what the block holds once
-  // (checkpoint files of a stage, its commit).
-  bool block_writer() const { return dp_rank == 0 && tp_rank() == 0; }
+  int cp_size() const { return cp != nullptr ? cp->size() : 1; }
+  int cp_rank() const { return cp != nullptr ? cp->rank() : 0; }
+  // The group over which the gradients of replicated weights are summed and
+  // ZeRO partitions its shards: DP x CP under context parallelism, else DP.
+  comm::Communicator* grad_group() const { return dp_cp != nullptr ? dp_cp : dp; }
+  // The one rank of its DP x CP replicas that writes what they all hold
+  // (CP ranks hold the same weights, as DP ranks do).
+  bool replica_writer() const { return dp_rank == 0 && cp_rank() == 0; }
 
   // Whether this rank writes a checkpoint piece it holds: of the ranks that
-  // hold the same values along a replicated axis, the lowest writes. DP
-  // replicates everything but what ZeRO shards over it (dp_sharded); TP
-  // replicates a slice held by `tp_replicas` consecutive ranks (norm weights,
-  // kv heads the TP size does not divide). A new replicated axis adds its
-  // term here.
+  // hold the same values along a replicated axis, the lowest writes. DP and
+  // CP replicate everything but what ZeRO shards over them (dp_sharded: the
+  // shards are over grad_group(), DP x CP under CP, so every rank's is its
+  // own); TP replicates a slice held by `tp_replicas` consecutive ranks (norm
+  // weights, kv heads the TP size does not divide). A new replicated axis
+  // adds its term here.
   bool writes_shards(bool dp_sharded, int tp_replicas = 1) const {
-    return (dp_sharded || dp_rank == 0) && tp_rank() % tp_replicas == 0;
+    return (dp_sharded || replica_writer()) && tp_rank() % tp_replicas == 0;
   }
   // Every axis's group, innermost first (null: an axis of one rank): the
   // mesh a checkpoint's control values cross (checkpoint/distributed_save.h).
-  // A new axis adds its group here.
-  std::vector<comm::Communicator*> MeshGroups() const { return {tp, dp, pp}; }
+  // Each rank is in exactly one group of each, so dp_cp (DP x CP, the
+  // product of two of them) is not one. A new axis adds its group here.
+  std::vector<comm::Communicator*> MeshGroups() const { return {tp, cp, dp, pp}; }
 
   // The groups whose ranks hold different parts of one gradient, over which
-  // a norm's sums of squares add up: TP and PP always, DP when the reduced
-  // gradient is sharded over DP (ZeRO >= 2).
+  // a norm's sums of squares add up: TP and PP always, DP (DP x CP under
+  // CP) when the reduced gradient is sharded over it (ZeRO >= 2).
   std::vector<comm::Communicator*> GradientNormGroups(bool dp_sharded) const;
 };
 
