@@ -108,7 +108,9 @@ class CpTrainingTest : public ::testing::Test {
     TrainedRun run;
     EXPECT_TRUE(loop.ok()) << loop.status();
     if (!loop.ok()) return run;
-    if (!restore.empty()) EXPECT_TRUE((*loop)->RestoreNewest(restore).ok());
+    if (!restore.empty()) {
+      EXPECT_TRUE((*loop)->RestoreNewest(restore).ok());
+    }
     run.steps = testing::TrainToEnd(**loop);
     run.params = testing::ToMap((*loop)->model().Parameters());
     return run;
@@ -173,7 +175,9 @@ class CpTrainingTest : public ::testing::Test {
         EXPECT_NEAR(a.loss, b.loss, kTolerance * std::abs(b.loss)) << "step " << s + 1;
         EXPECT_NEAR(a.grad_norm, b.grad_norm, kTolerance * b.grad_norm) << "step " << s + 1;
         ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value()) << "step " << s + 1;
-        if (b.val_loss) EXPECT_NEAR(*a.val_loss, *b.val_loss, kTolerance * *b.val_loss);
+        if (b.val_loss) {
+          EXPECT_NEAR(*a.val_loss, *b.val_loss, kTolerance * *b.val_loss);
+        }
       }
       EXPECT_GT(one.steps[0].grad_norm, 0.5) << "clipping should be active";
       if (!run.params.empty()) {
