@@ -199,7 +199,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "GetJob"));
   if (!caller.ok()) return Refuse(context, caller.status());
-  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id());
+  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id(), request->view());
   if (job.ok()) {
     if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) {
       return Refuse(context, s);

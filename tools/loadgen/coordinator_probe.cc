@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -93,8 +95,29 @@ void CoordinatorProbe::PollJobs() {
         get_job.RecordFailure();
       }
     }
+    if (double load = 0; std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(f, "%lf", &load) == 1) {
+        absl::MutexLock lock(&mu_);
+        load_sum_ += load;
+        load_max_ = std::max(load_max_, load);
+        ++load_samples_;
+      }
+      std::fclose(f);
+    }
+    const absl::Time asleep = absl::Now();
     absl::SleepFor(options_.get_job_interval);
+    wake_[phase_.load()].Record(absl::Now() - asleep - options_.get_job_interval);
   }
+}
+
+double CoordinatorProbe::mean_load() const {
+  absl::MutexLock lock(&mu_);
+  return load_samples_ > 0 ? load_sum_ / static_cast<double>(load_samples_) : 0;
+}
+
+double CoordinatorProbe::max_load() const {
+  absl::MutexLock lock(&mu_);
+  return load_max_;
 }
 
 void CoordinatorProbe::RunLists() {

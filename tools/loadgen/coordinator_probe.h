@@ -52,6 +52,13 @@ class CoordinatorProbe {
   void SetPhase(Phase phase) { phase_ = phase; }
   LatencyRecorder& get_job_latency(Phase phase) { return get_job_[phase]; }
   LatencyRecorder& list_latency(Phase phase) { return list_[phase]; }
+  // How much later than asked the probe's thread woke from its sleep between
+  // two GetJob calls: this machine's scheduling delay as loadgen sees it. A
+  // GetJob tail that this matches is the machine's, not the coordinator's.
+  LatencyRecorder& wake_delay(Phase phase) { return wake_[phase]; }
+  // The 1-minute load average (/proc/loadavg) during the run: its mean and max.
+  double mean_load() const;
+  double max_load() const;
 
  private:
   void PollJobs();
@@ -61,11 +68,15 @@ class CoordinatorProbe {
   std::unique_ptr<loom::v1::JobService::Stub> stub_;
   LatencyRecorder get_job_[3];
   LatencyRecorder list_[3];
+  LatencyRecorder wake_[3];
   std::atomic<Phase> phase_{kStart};
   std::atomic<int64_t> max_rss_{0};
   std::atomic<bool> stop_{false};
   mutable absl::Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
+  double load_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  double load_max_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t load_samples_ ABSL_GUARDED_BY(mu_) = 0;
   loom::v1::Job last_ ABSL_GUARDED_BY(mu_);
   std::thread poller_;
   std::thread lister_;

@@ -1,5 +1,6 @@
 #include "tools/loadgen/fake_cluster.h"
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -366,6 +367,11 @@ class FakeNode final
       std::lock_guard<std::mutex> lock(mu_);
       if (!registered_ || ended_) return;
       beat.mutable_heartbeat()->set_seq(++seq_);
+      // As loom-worker does: the coordinator measures how late it reads
+      // heartbeats from this (this includes loadgen's own queueing).
+      beat.mutable_heartbeat()->set_sent_monotonic_us(
+          std::chrono::duration_cast<std::chrono::microseconds>(
+              std::chrono::steady_clock::now().time_since_epoch()).count());
       for (const auto& rank : ranks_) {
         if (!rank->alive()) continue;
         ranks.push_back(rank.get());

@@ -361,6 +361,10 @@ int Run() {
   std::printf("loomctl list, start: %s\n", probe.list_latency(Probe::kStart).Summary().c_str());
   std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
   std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
+  std::printf("loadgen wake-up delay, steady: %s\n",
+              probe.wake_delay(Probe::kSteady).Summary().c_str());
+  std::printf("load average (1 min) during the run: mean %.1f, max %.1f\n", probe.mean_load(),
+              probe.max_load());
   std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
   std::printf("heartbeat send delay:%s\n", stats.heartbeat_delay.Summary().c_str());
   std::printf("reports:             %.0f /s (skipped while a write was in flight: %lld)\n",
@@ -382,17 +386,21 @@ int Run() {
   // One line for scripts (tests/bench/scale).
   std::printf(
       "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
-      "getjob_steady_p99_ms=%.1f list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
+      "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
+      "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
-      "hang_timeout_s=%.1f named=%d correct=%d\n",
+      "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f correct=%d\n",
       ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
+      probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
+      probe.wake_delay(Probe::kSteady).PercentileMs(0.99),
       probe.list_latency(Probe::kStart).PercentileMs(0.99),
       probe.list_latency(Probe::kSteady).PercentileMs(0.99),
       stats.store_latency.PercentileMs(0.99),
       cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
-      lost_nodes, hang_after_s, hang_timeout_s, named, correct ? 1 : 0);
+      lost_nodes, hang_after_s, hang_timeout_s, named, probe.mean_load(), probe.max_load(),
+      correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
   // Sessions end before heartbeats stop, so the coordinator sees agents
