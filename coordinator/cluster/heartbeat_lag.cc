@@ -33,9 +33,10 @@ absl::Duration HeartbeatLag::Backlog(absl::Time now) {
   std::vector<absl::Duration> lags;
   lags.reserve(samples_.size());
   for (const auto& [read, lag] : samples_) lags.push_back(lag);
-  auto middle = lags.begin() + static_cast<std::ptrdiff_t>(lags.size() / 2);
-  std::nth_element(lags.begin(), middle, lags.end());
-  return std::min(*middle, max_credit_);
+  // The slowest tenth is left out (of ten lags, the ninth is taken).
+  auto p90 = lags.begin() + static_cast<std::ptrdiff_t>((lags.size() - 1) * 9 / 10);
+  std::nth_element(lags.begin(), p90, lags.end());
+  return std::min(*p90, max_credit_);
 }
 
 void HeartbeatLag::Prune(absl::Time now) {

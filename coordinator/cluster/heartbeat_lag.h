@@ -2,11 +2,14 @@
 // mistaken for silent nodes. Each session's heartbeats carry the agent's
 // monotonic send time; a heartbeat's lag is how much later than the
 // session's fastest one it was read (the fastest bounds the clock offset and
-// the network's own delay). The backlog is the median lag of the heartbeats
-// read in the last window: when most nodes' heartbeats arrive late, the
-// coordinator (or something all of them share) lags, not the nodes, and a
-// node is declared lost only after the timeout plus that backlog. Pure logic
-// with explicit times; NodeRegistry holds one under its mutex.
+// the network's own delay). The backlog is the 90th percentile of the lags
+// of the heartbeats read in the last window: when many nodes' heartbeats
+// arrive late, the coordinator (or something they share) lags, not the
+// nodes, and a node is declared lost only after the timeout plus that backlog
+// (or plus its own last lag, if larger). The percentile leaves out the few
+// slowest senders, so one node's trouble does not delay the verdict on
+// every other. Pure logic with explicit times; NodeRegistry holds one under
+// its mutex.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +42,8 @@ class HeartbeatLag {
                         absl::Duration max_credit = absl::Seconds(60));
 
   void Observe(absl::Duration lag, absl::Time read);
-  // The median lag of the heartbeats read within the window before now, at
-  // most max_credit; zero when none was read.
+  // The 90th percentile of the lags of the heartbeats read within the window
+  // before now, at most max_credit; zero when none was read.
   absl::Duration Backlog(absl::Time now);
 
  private:

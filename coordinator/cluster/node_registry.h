@@ -78,13 +78,14 @@ class NodeRegistry {
   // lost, so a stale session closing after a reconnect changes nothing.
   // Returns true when the node went from live to lost.
   bool SessionClosed(const std::string& node_id, const NodeChannel* channel);
-  // Nodes silent for longer than timeout plus the heartbeat backlog are
+  // Nodes silent for longer than timeout plus the heartbeat backlog (or plus
+  // their own last heartbeat's lag, if larger; at most a minute more) are
   // marked lost; returns their ids. The backlog (heartbeat_lag.h) is how late
   // heartbeats are being read: a node's newer heartbeats may wait unread
   // behind the coordinator's own work (a launch burst), and it is not lost
   // for that.
   std::vector<std::string> ExpireSilent(absl::Time now, absl::Duration timeout);
-  // The median lag of the heartbeats read in the last 2 s.
+  // The 90th percentile of the lags of the heartbeats read in the last 2 s.
   absl::Duration HeartbeatBacklog(absl::Time now);
 
   bool Send(const std::string& node_id, const loom::v1::CoordinatorMessage& message);
@@ -113,6 +114,7 @@ class NodeRegistry {
     NodeInfo info;
     std::shared_ptr<NodeChannel> channel;
     SessionLag lag;  // of the current session's heartbeats
+    absl::Duration last_lag;  // of its last heartbeat
   };
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
