@@ -53,11 +53,74 @@ CoordinatorProbe::~CoordinatorProbe() {
   stop_ = true;
   poller_.join();
   lister_.join();
+  if (poll_stdin_ >= 0) close(poll_stdin_);
+  if (poll_reader_.joinable()) poll_reader_.join();
+  if (poll_pid_ > 0) {
+    int status = 0;
+    waitpid(poll_pid_, &status, 0);
+  }
 }
 
 void CoordinatorProbe::Watch(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  job_id_ = job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    job_id_ = job_id;
+  }
+  if (!options_.poll_command.empty() && poll_pid_ == 0) StartPollProcess(job_id);
+}
+
+void CoordinatorProbe::StartPollProcess(const std::string& job_id) {
+  int in[2];
+  int out[2];
+  if (pipe(in) != 0) return;
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return;
+  }
+  std::vector<std::string> args = options_.poll_command;
+  args.push_back(absl::StrCat("--poll_job=", job_id));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  for (int fd : {in[0], in[1], out[0], out[1]}) posix_spawn_file_actions_addclose(&actions, fd);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(in[0]);
+  close(out[1]);
+  if (spawned != 0) {
+    close(in[1]);
+    close(out[0]);
+    return;
+  }
+  poll_pid_ = pid;
+  poll_stdin_ = in[1];
+  const int fd = out[0];
+  poll_reader_ = std::thread([this, fd] { ReadPollProcess(fd); });
+}
+
+void CoordinatorProbe::ReadPollProcess(int fd) {
+  std::FILE* f = fdopen(fd, "r");
+  if (f == nullptr) {
+    close(fd);
+    return;
+  }
+  char line[64];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    LatencyRecorder& get_job = own_get_job_[phase_.load()];
+    double ms = 0;
+    if (std::sscanf(line, "%lf", &ms) == 1) {
+      get_job.Record(absl::Milliseconds(ms));
+    } else {
+      get_job.RecordFailure();
+    }
+  }
+  std::fclose(f);
 }
 
 loom::v1::Job CoordinatorProbe::LastJob() const {

@@ -8,6 +8,9 @@
 //
 // Exit code: 0 when the run was correct (RUNNING reached, no false hang or
 // node loss, the stopped rank named), 1 when not, 2 for usage errors.
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -44,6 +47,10 @@ ABSL_FLAG(int32_t, stop_rank, -1, "after run_s, this rank stops reporting (-1: n
 ABSL_FLAG(double, hang_wait_s, 60, "how long to wait for the hang of --stop_rank");
 ABSL_FLAG(double, running_timeout_s, 300, "how long the job may take to reach RUNNING");
 ABSL_FLAG(int32_t, coordinator_pid, 0, "PID of the coordinator, for its CPU and memory");
+ABSL_FLAG(std::string, poll_job, "",
+          "internal: only poll this job with GetJob every 250 ms and print each latency in ms "
+          "(or 'fail') on stdout until stdin closes; loadgen runs itself so to time GetJob from "
+          "a process of its own");
 ABSL_FLAG(std::string, loomctl, "", "loomctl to time `loomctl list` with (default: next to this binary)");
 
 namespace loom::loadgen {
@@ -92,6 +99,35 @@ bool Ended(loom::v1::JobState s) {
   return s == loom::v1::SUCCEEDED || s == loom::v1::FAILED || s == loom::v1::CANCELLED;
 }
 
+// --poll_job: GetJob every 250 ms from this process alone (see ProbeOptions::poll_command).
+int PollOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id) {
+  auto stub = loom::v1::JobService::NewStub(admin);
+  std::atomic<bool> stop{false};
+  std::thread parent([&stop] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    stop = true;  // the parent closed our stdin, or went away
+  });
+  while (!stop) {
+    auto context = rpc::UnaryContext();
+    loom::v1::GetJobRequest request;
+    request.set_id(job_id);
+    loom::v1::Job job;
+    const absl::Time start = absl::Now();
+    grpc::Status status = stub->GetJob(context.get(), request, &job);
+    if (status.ok()) {
+      std::printf("%.3f\n", absl::ToDoubleMilliseconds(absl::Now() - start));
+    } else {
+      std::printf("fail\n");
+    }
+    std::fflush(stdout);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  parent.join();
+  return 0;
+}
+
 int Run() {
   const std::string ca_dir = absl::GetFlag(FLAGS_ca_dir);
   const bool insecure = absl::GetFlag(FLAGS_insecure);
@@ -129,6 +165,9 @@ int Run() {
     return 2;
   }
   std::shared_ptr<grpc::Channel> admin = rpc::MakeChannel(address, *admin_credentials);
+  if (const std::string job = absl::GetFlag(FLAGS_poll_job); !job.empty()) {
+    return PollOnly(admin, job);
+  }
 
   std::unique_ptr<NodeCertFactory> certs;
   if (!insecure) {
@@ -150,6 +189,20 @@ int Run() {
     if (n > 0) {
       std::string dir(self, static_cast<size_t>(n));
       probe_options.loomctl = dir.substr(0, dir.rfind('/')) + "/loomctl";
+    }
+  }
+  {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+      probe_options.poll_command = {std::string(self, static_cast<size_t>(n)),
+                                    absl::StrCat("--coordinator=", address)};
+      if (insecure) {
+        probe_options.poll_command.push_back("--insecure");
+      } else {
+        probe_options.poll_command.push_back(absl::StrCat("--ca_dir=", ca_dir));
+        probe_options.poll_command.push_back(absl::StrCat("--admin_tls_dir=", admin_flags.tls_dir));
+      }
     }
   }
   probe_options.loomctl_flags = {absl::StrCat("--coordinator=", address)};
@@ -358,6 +411,12 @@ int Run() {
   std::printf("GetJob, start:       %s\n", probe.get_job_latency(Probe::kStart).Summary().c_str());
   std::printf("GetJob, steady:      %s\n", probe.get_job_latency(Probe::kSteady).Summary().c_str());
   std::printf("GetJob, end:         %s\n", probe.get_job_latency(Probe::kEnd).Summary().c_str());
+  std::printf("GetJob from its own process, start:  %s\n",
+              probe.own_process_get_job_latency(Probe::kStart).Summary().c_str());
+  std::printf("GetJob from its own process, steady: %s\n",
+              probe.own_process_get_job_latency(Probe::kSteady).Summary().c_str());
+  std::printf("GetJob from its own process, end:    %s\n",
+              probe.own_process_get_job_latency(Probe::kEnd).Summary().c_str());
   std::printf("loomctl list, start: %s\n", probe.list_latency(Probe::kStart).Summary().c_str());
   std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
   std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
@@ -386,7 +445,8 @@ int Run() {
   // One line for scripts (tests/bench/scale).
   std::printf(
       "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
-      "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
+      "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f own_getjob_steady_p50_ms=%.1f "
+      "own_getjob_steady_p90_ms=%.1f own_getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
       "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
       "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f correct=%d\n",
@@ -394,6 +454,9 @@ int Run() {
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.5),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.9),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.99),
       probe.wake_delay(Probe::kSteady).PercentileMs(0.99),
       probe.list_latency(Probe::kStart).PercentileMs(0.99),
       probe.list_latency(Probe::kSteady).PercentileMs(0.99),
