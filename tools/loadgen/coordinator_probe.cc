@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -39,6 +40,13 @@ absl::StatusOr<ProcSample> SampleProcess(int pid) {
       sample.rss_bytes = std::stoll(line.substr(6)) * 1024;
       break;
     }
+  }
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream schedstat(task.path() / "schedstat");
+    double on_cpu_ns = 0, waiting_ns = 0;
+    if (schedstat >> on_cpu_ns >> waiting_ns) sample.run_delay_seconds += waiting_ns / 1e9;
   }
   return sample;
 }

@@ -21,6 +21,10 @@ namespace loom::loadgen {
 struct ProcSample {
   double cpu_seconds = 0;  // user + system since the process started
   int64_t rss_bytes = 0;
+  // Time its threads spent runnable but waiting for a CPU, summed over the
+  // threads alive now (/proc/PID/task/*/schedstat): how much the machine's
+  // other load held the process back.
+  double run_delay_seconds = 0;
 };
 
 // Reads /proc/PID/stat and /proc/PID/status.

@@ -301,7 +301,7 @@ int Run() {
   }
 
   // Steady state: every rank reports once a second.
-  double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0;
+  double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0, run_delay_fraction = 0;
   if (correct) {
     absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
     probe.SetPhase(CoordinatorProbe::kSteady);
@@ -323,6 +323,7 @@ int Run() {
       if (absl::StatusOr<ProcSample> after = SampleProcess(pid); after.ok()) {
         const double cpu = after->cpu_seconds - before->cpu_seconds;
         cpu_fraction = cpu / window_s;
+        run_delay_fraction = (after->run_delay_seconds - before->run_delay_seconds) / window_s;
         if (reports > 0) cpu_per_report_us = cpu / static_cast<double>(reports) * 1e6;
       }
     }
@@ -431,6 +432,8 @@ int Run() {
   if (probe_options.coordinator_pid > 0) {
     std::printf("coordinator CPU:     %.1f%% of a core, %.1f us per rank report\n",
                 cpu_fraction * 100, cpu_per_report_us);
+    std::printf("coordinator waited for a CPU: %.0f ms per second, its threads together (steady)\n",
+                run_delay_fraction * 1000);
     std::printf("coordinator RSS:     %.1f MiB max (%.1f KiB per rank)\n",
                 static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
                 static_cast<double>(probe.max_rss_bytes()) / 1024 / ranks);
@@ -449,7 +452,8 @@ int Run() {
       "own_getjob_steady_p90_ms=%.1f own_getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
       "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
-      "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f correct=%d\n",
+      "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f run_delay_ms_per_s=%.0f "
+      "correct=%d\n",
       ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
@@ -463,7 +467,7 @@ int Run() {
       stats.store_latency.PercentileMs(0.99),
       cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
       lost_nodes, hang_after_s, hang_timeout_s, named, probe.mean_load(), probe.max_load(),
-      correct ? 1 : 0);
+      run_delay_fraction * 1000, correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
   // Sessions end before heartbeats stop, so the coordinator sees agents
