@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "directory holding every job's checkpoints as <root>/<owner>/<job_id>/ "
           "(default: <state_dir>/checkpoints)");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
-ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
+ABSL_FLAG(double, node_timeout_s, 5.0,
+          "a node silent this long, plus how late heartbeats are being read, is lost");
 ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
 ABSL_FLAG(double, collective_timeout_s, 60.0, "timeout of every collective on the ranks");
 ABSL_FLAG(double, hang_floor_s, 10.0, "calibrated hang timeouts are never shorter than this");
