@@ -360,8 +360,7 @@ class FakeNode final
     return registered_;
   }
 
-  void Tick() {
-    std::vector<FakeRank*> ranks;
+  void Heartbeat() {
     loom::v1::NodeMessage beat;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -374,7 +373,6 @@ class FakeNode final
               std::chrono::steady_clock::now().time_since_epoch()).count());
       for (const auto& rank : ranks_) {
         if (!rank->alive()) continue;
-        ranks.push_back(rank.get());
         loom::v1::RunningRank* r = beat.mutable_heartbeat()->add_running();
         r->set_job_id(rank->job_id());
         r->set_attempt(rank->attempt());
@@ -383,6 +381,17 @@ class FakeNode final
       }
     }
     Send(std::move(beat));
+  }
+
+  void ReportRanks() {
+    std::vector<FakeRank*> ranks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_ || ended_) return;
+      for (const auto& rank : ranks_) {
+        if (rank->alive()) ranks.push_back(rank.get());
+      }
+    }
     const absl::Time now = absl::Now();
     for (FakeRank* rank : ranks) {
       rank->MaybeBegin(now);
@@ -590,9 +599,15 @@ absl::Status FakeCluster::Connect(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-void FakeCluster::Tick(int slice, int slices) {
+void FakeCluster::TickHeartbeats(int slice, int slices) {
   for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
-    nodes_[i]->Tick();
+    nodes_[i]->Heartbeat();
+  }
+}
+
+void FakeCluster::TickReports(int slice, int slices) {
+  for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
+    nodes_[i]->ReportRanks();
   }
 }
 
