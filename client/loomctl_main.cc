@@ -264,6 +264,7 @@ int Nodes() {
 int Status(const std::string& id) {
   loom::v1::GetJobRequest request;
   request.set_id(id);
+  request.set_view(loom::v1::JOB_VIEW_FULL);  // status lists every rank's place
   loom::v1::Job job;
   auto context = loom::rpc::UnaryContext();
   grpc::Status status = Stub()->GetJob(context.get(), request, &job);

@@ -72,7 +72,8 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "directory holding every job's checkpoints as <root>/<owner>/<job_id>/ "
           "(default: <state_dir>/checkpoints)");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
-ABSL_FLAG(double, node_timeout_s, 5.0, "a node silent this long is lost");
+ABSL_FLAG(double, node_timeout_s, 5.0,
+          "a node silent this long, plus how late heartbeats are being read, is lost");
 ABSL_FLAG(double, kill_grace_s, 5.0, "SIGTERM to SIGKILL grace when ranks are stopped");
 ABSL_FLAG(double, collective_timeout_s, 60.0, "timeout of every collective on the ranks");
 ABSL_FLAG(double, hang_floor_s, 10.0, "calibrated hang timeouts are never shorter than this");
@@ -408,11 +409,25 @@ int main(int argc, char** argv) {
       // Cordons are set by the job manager and lifted by loomctl or expiry:
       // the node gauges follow them once a second.
       if (++tick % 4 == 0) node_service.UpdateNodeGauges();
-      for (const std::string& node : nodes.ExpireSilent(absl::Now(), node_timeout)) {
-        std::fprintf(stderr, "node %s: no heartbeat for %s; node lost\n", node.c_str(),
-                     absl::FormatDuration(node_timeout).c_str());
-        jobs.OnNodeLost(node, absl::StrCat("no heartbeat for ",
-                                           absl::FormatDuration(node_timeout)));
+      // The timeout is extended by how late heartbeats are being read, so a
+      // backlog of the coordinator's own (a launch burst) loses no node.
+      const absl::Time now = absl::Now();
+      const absl::Duration backlog = nodes.HeartbeatBacklog(now);
+      if (tick % 20 == 0 && backlog > absl::Seconds(1)) {
+        std::fprintf(stderr, "loom-coordinator: heartbeats are read %s late; nodes get that much "
+                     "longer than --node_timeout_s\n", absl::FormatDuration(absl::Trunc(
+                         backlog, absl::Milliseconds(10))).c_str());
+      }
+      for (const std::string& node : nodes.ExpireSilent(now, node_timeout)) {
+        const std::string silent = absl::StrCat(
+            "no heartbeat for ", absl::FormatDuration(node_timeout),
+            backlog > absl::ZeroDuration()
+                ? absl::StrCat(" and the ", absl::FormatDuration(absl::Trunc(
+                                                  backlog, absl::Milliseconds(10))),
+                               " that heartbeats were being read late")
+                : "");
+        std::fprintf(stderr, "node %s: %s; node lost\n", node.c_str(), silent.c_str());
+        jobs.OnNodeLost(node, silent);
         node_service.UpdateNodeGauges();
       }
       if (cordon_expiry > absl::ZeroDuration()) {

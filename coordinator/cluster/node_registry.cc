@@ -1,8 +1,16 @@
 #include "coordinator/cluster/node_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace loom::coordinator {
+namespace {
+
+// Beyond this the coordinator is too far behind to judge liveness at all.
+constexpr absl::Duration kMaxLagCredit = absl::Seconds(60);
+
+}  // namespace
 
 void NodeRegistry::Register(const loom::v1::RegisterNode& registration,
                             std::shared_ptr<NodeChannel> channel, absl::Time now) {
@@ -31,6 +39,10 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
   info.live = true;
   info.last_seen = now;
   info.running.assign(registration.running().begin(), registration.running().end());
+  if (entry.channel != channel) {  // a new session, a new clock
+    entry.lag = SessionLag();
+    entry.last_lag = absl::ZeroDuration();
+  }
   entry.channel = std::move(channel);
 }
 
@@ -60,6 +72,10 @@ NodeRegistry::HeartbeatResult NodeRegistry::Heartbeat(const std::string& node_id
   }
   info.last_seen = now;
   info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
+  if (std::optional<absl::Duration> lag = it->second.lag.Observe(heartbeat.sent_monotonic_us(), now)) {
+    backlog_.Observe(*lag, now);
+    it->second.last_lag = *lag;
+  }
   if (info.live) return HeartbeatResult::kAlive;
   info.live = true;
   return HeartbeatResult::kRevived;
@@ -77,15 +93,22 @@ bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* 
 
 std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  const absl::Duration backlog = backlog_.Backlog(now);
   std::vector<std::string> lost;
   for (auto& [id, entry] : nodes_) {
-    if (entry.info.live && now - entry.info.last_seen > timeout) {
+    const absl::Duration credit = std::min(std::max(backlog, entry.last_lag), kMaxLagCredit);
+    if (entry.info.live && now - entry.info.last_seen > timeout + credit) {
       // The channel stays: a heartbeat on this same session revives the node.
       entry.info.live = false;
       lost.push_back(id);
     }
   }
   return lost;
+}
+
+absl::Duration NodeRegistry::HeartbeatBacklog(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  return backlog_.Backlog(now);
 }
 
 bool NodeRegistry::Send(const std::string& node_id, const loom::v1::CoordinatorMessage& message) {
@@ -122,6 +145,20 @@ std::vector<NodeInfo> NodeRegistry::AllNodes() const {
   std::vector<NodeInfo> all;
   for (const auto& [id, entry] : nodes_) all.push_back(entry.info);
   return all;
+}
+
+NodeCounts NodeRegistry::Counts() const {
+  absl::MutexLock lock(&mu_);
+  NodeCounts counts;
+  for (const auto& [id, entry] : nodes_) {
+    const NodeInfo& info = entry.info;
+    if (info.cordoned) ++counts.cordoned;
+    counts.all_devices[info.device_kind] += info.device_count;
+    if (!info.live) continue;
+    ++counts.live;
+    counts.live_devices[info.device_kind] += info.device_count;
+  }
+  return counts;
 }
 
 bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason, absl::Time now) {

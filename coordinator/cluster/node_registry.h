@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/cluster/heartbeat_lag.h"
 #include "loom/v1/node.pb.h"
 
 namespace loom::coordinator {
@@ -40,6 +41,14 @@ struct NodeInfo {
   absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;
   std::vector<loom::v1::RunningRank> running;
+};
+
+// Totals over the registry, taken without copying any node.
+struct NodeCounts {
+  int live = 0;
+  int cordoned = 0;
+  std::map<std::string, int64_t> live_devices;  // by kind
+  std::map<std::string, int64_t> all_devices;   // by kind, live or not
 };
 
 class NodeRegistry {
@@ -69,13 +78,24 @@ class NodeRegistry {
   // lost, so a stale session closing after a reconnect changes nothing.
   // Returns true when the node went from live to lost.
   bool SessionClosed(const std::string& node_id, const NodeChannel* channel);
-  // Nodes silent for longer than timeout are marked lost; returns their ids.
+  // Nodes silent for longer than timeout plus the heartbeat backlog (or plus
+  // their own last heartbeat's lag, if larger; at most a minute more) are
+  // marked lost; returns their ids. The backlog (heartbeat_lag.h) is how late
+  // heartbeats are being read: a node's newer heartbeats may wait unread
+  // behind the coordinator's own work (a launch burst), and it is not lost
+  // for that.
   std::vector<std::string> ExpireSilent(absl::Time now, absl::Duration timeout);
+  // The 90th percentile of the lags of the heartbeats read in the last 2 s.
+  absl::Duration HeartbeatBacklog(absl::Time now);
 
   bool Send(const std::string& node_id, const loom::v1::CoordinatorMessage& message);
   std::optional<NodeInfo> Get(const std::string& node_id) const;
   std::vector<NodeInfo> LiveNodes() const;
   std::vector<NodeInfo> AllNodes() const;
+  // What the node gauges and the scheduler's capacity need: copying every
+  // node with its running ranks cost milliseconds per call at 2,048 nodes,
+  // once per registration and per second (docs/scale.md).
+  NodeCounts Counts() const;
   // Marks a node unfit for new ranks; returns true if it was not cordoned yet.
   bool Cordon(const std::string& node_id, const std::string& reason,
               absl::Time now = absl::Now());
@@ -93,9 +113,12 @@ class NodeRegistry {
   struct Entry {
     NodeInfo info;
     std::shared_ptr<NodeChannel> channel;
+    SessionLag lag;  // of the current session's heartbeats
+    absl::Duration last_lag;  // of its last heartbeat
   };
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
+  HeartbeatLag backlog_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace loom::coordinator

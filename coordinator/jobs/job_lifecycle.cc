@@ -89,7 +89,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
   if (metrics_ != nullptr) {
     // A rank's share: its slice of the tokens against its own device's peak.
     const double rank_tokens_per_second = progress.tokens_per_second() / world;
-    const double rank_peak = job.placement(progress.rank()).peak_flops();
+    const double rank_peak = record.placement->Get(progress.rank()).peak_flops();
     metrics_->SetRankProgress(
         job.id(), job.name(), progress.rank(),
         {.step = static_cast<double>(progress.step()),
@@ -163,7 +163,8 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   }
   // Only the node that runs the rank speaks for it (a session cannot end
   // another node's ranks, or another job's).
-  if (exit.rank() >= job.placement_size() || job.placement(exit.rank()).node_id() != node_id) {
+  if (exit.rank() >= record.placement->size() ||
+      record.placement->Get(exit.rank()).node_id() != node_id) {
     std::fprintf(stderr, "job %s: ignored an exit of rank %d from node %s, which does not run it\n",
                  job.id().c_str(), exit.rank(), node_id.c_str());
     return;
@@ -191,7 +192,7 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
     }
     return;
   }
-  const std::string& place = job.placement(exit.rank()).place();
+  const std::string& place = record.placement->Get(exit.rank()).place();
   std::string reason = absl::StrCat("rank ", exit.rank(), " ", place, " on node ", node_id, " ",
                                     DescribeExit(exit));
   if (!exit.log_tail().empty()) absl::StrAppend(&reason, "; its log ends:\n", exit.log_tail());
@@ -215,7 +216,7 @@ void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) 
     JobRecord& record = jobs_.at(id);
     if (!HoldsDevices(record.job.state())) continue;
     bool affected = false;
-    for (const auto& p : record.job.placement()) {
+    for (const auto& p : *record.placement) {
       RankState& rank = record.ranks[p.rank()];
       if (p.node_id() == node_id && !rank.exited) {
         rank.exited = true;
@@ -261,7 +262,7 @@ void JobManager::OnNodeHeartbeat(const std::string& node_id, const loom::v1::Hea
       const JobRecord& record = jobs_.at(id);
       // Attempts placed after the registration were launched on this session.
       if (!HoldsDevices(record.job.state()) || record.placed_at >= registered_at) continue;
-      for (const auto& p : record.job.placement()) {
+      for (const auto& p : *record.placement) {
         if (p.node_id() != node_id || record.ranks[p.rank()].exited) continue;
         const bool alive = std::any_of(
             heartbeat.running().begin(), heartbeat.running().end(),
@@ -385,8 +386,8 @@ void JobManager::CheckHealth(absl::Time now) {
       if ((state == JobState::STARTING || state == JobState::RUNNING) && record.hang) {
         if (std::optional<HangReport> hang = record.hang->Check(now)) {
           std::string node;
-          if (hang->culprit_rank >= 0 && hang->culprit_rank < record.job.placement_size()) {
-            node = record.job.placement(hang->culprit_rank).node_id();
+          if (hang->culprit_rank >= 0 && hang->culprit_rank < record.placement->size()) {
+            node = record.placement->Get(hang->culprit_rank).node_id();
           }
           // The hang began when progress stopped.
           HandleFailureLocked(record, FailureKind::kHang, absl::StrCat("hang: ", hang->diagnosis),
@@ -409,7 +410,7 @@ void JobManager::CheckHealth(absl::Time now) {
       for (const std::string& id : order_) {
         const JobRecord& record = jobs_.at(id);
         if (!HoldsDevices(record.job.state())) continue;
-        for (const auto& p : record.job.placement()) {
+        for (const auto& p : *record.placement) {
           std::optional<NodeInfo> node = nodes_->Get(p.node_id());
           if (!node || !node->live) missing.insert(p.node_id());
         }
@@ -446,7 +447,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
   std::map<std::string, int32_t> in_use;
   for (const auto& [id, record] : jobs_) {
     if (!HoldsDevices(record.job.state())) continue;
-    for (const auto& p : record.job.placement()) ++in_use[p.node_id()];
+    for (const auto& p : *record.placement) ++in_use[p.node_id()];
   }
   std::vector<loom::v1::Node> nodes;
   for (const NodeInfo& info : nodes_->AllNodes()) {
@@ -467,7 +468,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
 
 void JobManager::KillRanksLocked(JobRecord& record) {
   std::set<std::string> nodes;
-  for (const auto& p : record.job.placement()) nodes.insert(p.node_id());
+  for (const auto& p : *record.placement) nodes.insert(p.node_id());
   for (const std::string& node : nodes) {
     loom::v1::CoordinatorMessage message;
     message.mutable_kill()->set_job_id(record.job.id());
@@ -496,8 +497,8 @@ void JobManager::OnNodeRevived(const std::string& node_id,
     auto it = jobs_.find(r.job_id());
     const bool current = it != jobs_.end() && HoldsDevices(it->second.job.state()) &&
                          it->second.job.attempt() == r.attempt() &&
-                         r.rank() >= 0 && r.rank() < it->second.job.placement_size() &&
-                         it->second.job.placement(r.rank()).node_id() == node_id &&
+                         r.rank() >= 0 && r.rank() < it->second.placement->size() &&
+                         it->second.placement->Get(r.rank()).node_id() == node_id &&
                          !it->second.ranks[r.rank()].exited;
     if (!current) stale.insert({r.job_id(), r.attempt()});
   }

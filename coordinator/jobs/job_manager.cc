@@ -35,12 +35,12 @@ int64_t SequenceOf(const std::string& id) {
 }
 
 // What ListJobs shows of a job: everything but the parts that grow with the
-// spec, the ranks and the restarts (GetJob has those).
+// spec and the restarts (GetJob has those; the placement is never in the
+// record's Job).
 Job Summary(const Job& job) {
   Job summary = job;
   summary.clear_spec_yaml();
   summary.clear_resolved_spec_yaml();
-  summary.clear_placement();
   summary.clear_history();
   summary.clear_incidents();
   summary.clear_store_namespace();
@@ -94,6 +94,9 @@ absl::Status JobManager::Recover() {
     record.ranks.resize(job.placement_size());
     record.sequence = SequenceOf(job.id());
     for (const auto& p : job.placement()) record.peak_flops += p.peak_flops();
+    auto placement = std::make_shared<Placement>();
+    placement->Swap(job.mutable_placement());
+    record.placement = std::move(placement);
     // Ranks of a live attempt may still meet in its namespace (a job stored
     // before namespaces had random names uses the readable one).
     if (HoldsDevices(job.state()) && job.attempt() > 0) {
@@ -107,7 +110,7 @@ absl::Status JobManager::Recover() {
       // Ranks may still be running: watch them for hangs from now on, and give
       // their nodes recovery_grace to reconnect.
       std::vector<std::string> places;
-      for (const auto& p : record.job.placement()) places.push_back(p.place());
+      for (const auto& p : *record.placement) places.push_back(p.place());
       HangPolicy policy = options_.hang_policy;
       policy.fixed_timeout = absl::Seconds(record.spec.fault_tolerance.hang_timeout_s);
       record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
@@ -134,14 +137,22 @@ std::string JobManager::NewJobIdLocked() {
   return absl::StrFormat("job-%s-%06d", options_.job_id_prefix, next_sequence_++);
 }
 
-absl::StatusOr<Job> JobManager::Get(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+absl::StatusOr<Job> JobManager::Get(const std::string& id, loom::v1::JobView view) const {
+  Job job;
+  std::shared_ptr<const Placement> placement;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+    }
+    job = it->second.job;  // small: the placement is not in it
+    if (view == loom::v1::JOB_VIEW_FULL) placement = it->second.placement;
   }
-  Job job = it->second.job;
   job.clear_store_namespace();  // only the attempt's ranks are told it
+  // The placement is immutable: copied without the lock, on the caller's thread.
+  if (placement != nullptr) *job.mutable_placement() = *placement;
   return job;
 }
 
@@ -149,7 +160,6 @@ Job JobManager::WatchView(const Job& job) {
   Job view = job;
   view.clear_spec_yaml();
   view.clear_resolved_spec_yaml();
-  view.clear_placement();
   view.clear_store_namespace();
   return view;
 }
@@ -245,7 +255,7 @@ void JobManager::ForgetLocked(const std::vector<std::string>& ids) {
 void JobManager::DropJobMetricsLocked(const JobRecord& record) {
   if (metrics_ == nullptr) return;
   metrics_->RemoveJob(record.job.id(), record.job.name(),
-                      std::max<int>(record.job.placement_size(),
+                      std::max<int>(record.placement->size(),
                                     static_cast<int>(record.ranks.size())));
 }
 
@@ -337,7 +347,8 @@ void JobManager::TransitionLocked(JobRecord& record, JobState to, const std::str
 
 void JobManager::PersistLocked(JobRecord& record) {
   record.last_persist = absl::Now();
-  persist_pending_[record.job.id()] = record.job;
+  // Both are small or shared: the placement is not copied here.
+  persist_pending_[record.job.id()] = {record.job, record.placement};
   ++persists_queued_;
 }
 
@@ -355,7 +366,7 @@ void JobManager::PersisterLoop() {
   // for a 16,384-rank job's serialization and fsync once a second
   // (docs/scale.md). One thread writes instead, a batch per transaction.
   while (true) {
-    std::map<std::string, Job> batch;
+    std::map<std::string, PendingWrite> batch;
     int64_t target = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -370,8 +381,15 @@ void JobManager::PersisterLoop() {
       batch.swap(persist_pending_);
       target = persists_queued_;
     }
+    // The stored record is whole: the placement joins it here, off the lock.
+    std::vector<Job> whole;
+    whole.reserve(batch.size());
+    for (auto& [id, pending] : batch) {
+      Job& job = whole.emplace_back(std::move(pending.job));
+      if (pending.placement != nullptr) *job.mutable_placement() = *pending.placement;
+    }
     std::vector<const Job*> jobs;
-    for (const auto& [id, job] : batch) jobs.push_back(&job);
+    for (const Job& job : whole) jobs.push_back(&job);
     if (absl::Status s = store_->PutAll(jobs); !s.ok()) {
       std::fprintf(stderr, "could not persist %zu jobs: %s\n", jobs.size(),
                    std::string(s.message()).c_str());

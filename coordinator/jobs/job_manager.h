@@ -85,6 +85,12 @@ struct JobManagerOptions {
   std::string job_id_prefix;
 };
 
+// A job's placement, one entry per rank. Immutable once made (a new attempt
+// gets a new one) and shared: the record, the persister and GetJob's full view
+// hold the same one, so no reply or write copies 16,384 entries under the
+// manager's lock (docs/scale.md).
+using Placement = google::protobuf::RepeatedPtrField<loom::v1::RankPlacement>;
+
 // One page of jobs, oldest first; next_page_token is empty on the last page.
 struct JobPage {
   std::vector<loom::v1::Job> jobs;
@@ -122,7 +128,10 @@ class JobManager {
   // SubmitAsync, waiting for the answer (tests, in-process callers).
   absl::StatusOr<loom::v1::Job> Submit(const std::string& spec_yaml, const std::string& source_name,
                                        const std::string& base_dir, const std::string& owner);
-  absl::StatusOr<loom::v1::Job> Get(const std::string& id) const;
+  // The job; with its placement only when view is JOB_VIEW_FULL (copied
+  // after unlocking).
+  absl::StatusOr<loom::v1::Job> Get(const std::string& id,
+                                    loom::v1::JobView view = loom::v1::JOB_VIEW_BASIC) const;
   // A page of jobs without their specs, placements and histories (GetJob
   // has them): a reply stays small however many jobs or ranks there are.
   // visible, when given, filters the jobs (a caller sees only its own).
@@ -177,7 +186,8 @@ class JobManager {
     loom::v1::RankProgress last;
   };
   struct JobRecord {
-    loom::v1::Job job;
+    loom::v1::Job job;  // without placement: that is `placement` below
+    std::shared_ptr<const Placement> placement = std::make_shared<const Placement>();
     spec::JobSpec spec;
     std::vector<RankState> ranks;
     size_t ranks_ready = 0;    // of ranks: counted, not scanned, on every report
@@ -300,7 +310,13 @@ class JobManager {
   int64_t requests_queued_ ABSL_GUARDED_BY(mu_) = 0;   // for WaitForScheduler
   int64_t requests_handled_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> outbox_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, loom::v1::Job> persist_pending_ ABSL_GUARDED_BY(mu_);
+  // A job waiting for the persister: its record and its placement, joined
+  // into one stored Job on the persister thread.
+  struct PendingWrite {
+    loom::v1::Job job;
+    std::shared_ptr<const Placement> placement;
+  };
+  std::map<std::string, PendingWrite> persist_pending_ ABSL_GUARDED_BY(mu_);
   int64_t persists_queued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t persists_done_ ABSL_GUARDED_BY(mu_) = 0;
   bool persister_stopped_ ABSL_GUARDED_BY(mu_) = false;

@@ -37,7 +37,8 @@ struct JobManager::PlacementResult {
   absl::Status error;  // the job can never be placed as specified: it fails
   std::string store_namespace;
   std::vector<loom::v1::RankAssignment> assignments;
-  std::vector<double> peaks;  // per rank
+  std::shared_ptr<const Placement> placement;  // built here, without the lock
+  double peak_flops = 0;  // summed over the placement (for MFU)
   std::set<std::string> nodes;
   std::string nodes_text;
 };
@@ -109,8 +110,7 @@ void JobManager::RunSchedulingPass() {
   while (true) {
     // Devices of every node known, live or not, by kind: what the cluster
     // could hold if it were free.
-    std::map<std::string, int64_t> capacity;
-    for (const NodeInfo& node : nodes_->AllNodes()) capacity[node.device_kind] += node.device_count;
+    const std::map<std::string, int64_t> capacity = nodes_->Counts().all_devices;
     PlacementSnapshot snapshot;
     {
       absl::MutexLock lock(&mu_);
@@ -162,7 +162,7 @@ bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capaci
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
   for (const auto& [id, other] : jobs_) {
     if (!HoldsDevices(other.job.state()) || &other == next) continue;
-    for (const auto& p : other.job.placement()) {
+    for (const auto& p : *other.placement) {
       snapshot.taken[p.node_id()].insert(p.local_device());
     }
   }
@@ -245,10 +245,19 @@ JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot)
   }
   result.fits = true;
   result.store_namespace = context.store_namespace;
+  auto places = std::make_shared<Placement>();
+  places->Reserve(static_cast<int>(assignments->size()));
   for (const auto& a : *assignments) {
     result.nodes.insert(a.node_id());
-    result.peaks.push_back(RankPeakFlops(live[a.node_id()], spec.train.precision));
+    loom::v1::RankPlacement* p = places->Add();
+    p->set_rank(a.rank());
+    p->set_node_id(a.node_id());
+    p->set_local_device(a.local_device());
+    p->set_place(a.place());
+    p->set_peak_flops(RankPeakFlops(live[a.node_id()], spec.train.precision));
+    result.peak_flops += p->peak_flops();
   }
+  result.placement = std::move(places);
   for (const auto& use : placement->nodes) {
     absl::StrAppend(&result.nodes_text, result.nodes_text.empty() ? "" : ", ", use.node_id,
                     " (ranks ", use.first_rank, "-", use.first_rank + use.num_ranks - 1, ")");
@@ -276,26 +285,17 @@ bool JobManager::CommitLocked(const PlacementSnapshot& snapshot, PlacementResult
 
   const int32_t attempt = snapshot.attempt + 1;
   job.set_attempt(attempt);
-  job.clear_placement();
   record.ranks.assign(result.assignments.size(), RankState{});
   record.ranks_ready = 0;
   record.ranks_resumed = 0;
-  record.peak_flops = 0;
-  for (size_t i = 0; i < result.assignments.size(); ++i) {
-    const auto& a = result.assignments[i];
-    loom::v1::RankPlacement* p = job.add_placement();
-    p->set_rank(a.rank());
-    p->set_node_id(a.node_id());
-    p->set_local_device(a.local_device());
-    p->set_place(a.place());
-    p->set_peak_flops(result.peaks[i]);
-    record.peak_flops += result.peaks[i];
-  }
+  record.placement = std::move(result.placement);
+  record.peak_flops = result.peak_flops;
   job.set_store_namespace(result.store_namespace);
   kv_->OpenNamespace(result.store_namespace);
   record.placed_at = absl::Now();
   std::vector<std::string> places;
-  for (const auto& p : job.placement()) places.push_back(p.place());
+  places.reserve(record.placement->size());
+  for (const auto& p : *record.placement) places.push_back(p.place());
   HangPolicy policy = options_.hang_policy;
   policy.fixed_timeout = absl::Seconds(record.spec.fault_tolerance.hang_timeout_s);
   record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());

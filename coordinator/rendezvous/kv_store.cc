@@ -1,5 +1,7 @@
 #include "coordinator/rendezvous/kv_store.h"
 
+#include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -72,14 +74,12 @@ std::vector<KvStore::GetCallback> KvStore::StoreLocked(Namespace& space, const s
   space.bytes += static_cast<int64_t>(key.size() + value.size());
   space.values[key] = std::move(value);
   std::vector<GetCallback> ready;
-  for (auto it = space.waiters.begin(); it != space.waiters.end();) {
-    if (it->key == key) {
-      ready.push_back(std::move(it->done));
-      it = space.waiters.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  auto waiting = space.waiters.find(key);
+  if (waiting == space.waiters.end()) return ready;
+  ready.reserve(waiting->second.size());
+  for (Waiter& w : waiting->second) ready.push_back(std::move(w.done));
+  space.waiting -= static_cast<int64_t>(waiting->second.size());
+  space.waiters.erase(waiting);
   return ready;
 }
 
@@ -112,12 +112,13 @@ void KvStore::GetAsync(const std::string& ns, const std::string& key, absl::Time
       if (it != space.values.end()) {
         result = it->second;
       } else if (absl::Now() < deadline) {
-        if (static_cast<int64_t>(space.waiters.size()) < quotas_.max_waiters) {
-          space.waiters.push_back({key, deadline, std::move(done)});
+        if (space.waiting < quotas_.max_waiters) {
+          space.waiters[key].push_back({key, deadline, std::move(done)});
+          ++space.waiting;
           return;
         }
         result = absl::ResourceExhaustedError(
-            absl::StrCat("rendezvous namespace ", ns, " already has ", space.waiters.size(),
+            absl::StrCat("rendezvous namespace ", ns, " already has ", space.waiting,
                          " waiting gets (at most ", quotas_.max_waiters, ")"));
       }
     }
@@ -173,7 +174,9 @@ void KvStore::DropNamespace(const std::string& ns) {
     absl::MutexLock lock(&mu_);
     auto it = namespaces_.find(ns);
     if (it == namespaces_.end()) return;
-    for (auto& w : it->second.waiters) cancelled.push_back(std::move(w.done));
+    for (auto& [key, waiting] : it->second.waiters) {
+      for (auto& w : waiting) cancelled.push_back(std::move(w.done));
+    }
     namespaces_.erase(it);
   }
   for (auto& done : cancelled) {
@@ -194,20 +197,26 @@ void KvStore::TimerLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
       if (stopping_) {
         for (auto& [name, space] : namespaces_) {
-          for (auto& w : space.waiters) expired.emplace_back(w.key, std::move(w.done));
+          for (auto& [key, waiting] : space.waiters) {
+            for (auto& w : waiting) expired.emplace_back(w.key, std::move(w.done));
+          }
           space.waiters.clear();
+          space.waiting = 0;
         }
       } else {
         const absl::Time now = absl::Now();
         for (auto& [name, space] : namespaces_) {
-          auto& waiters = space.waiters;
-          for (auto it = waiters.begin(); it != waiters.end();) {
-            if (it->deadline <= now) {
+          for (auto key = space.waiters.begin(); key != space.waiters.end();) {
+            std::vector<Waiter>& waiting = key->second;
+            // One pass per key: the expired move out, the rest stay in order.
+            auto kept = std::stable_partition(waiting.begin(), waiting.end(),
+                                              [now](const Waiter& w) { return w.deadline > now; });
+            for (auto it = kept; it != waiting.end(); ++it) {
               expired.emplace_back(it->key + " in " + name, std::move(it->done));
-              it = waiters.erase(it);
-            } else {
-              ++it;
             }
+            space.waiting -= static_cast<int64_t>(waiting.end() - kept);
+            waiting.erase(kept, waiting.end());
+            key = waiting.empty() ? space.waiters.erase(key) : std::next(key);
           }
         }
       }

@@ -193,40 +193,35 @@ grpc::ServerUnaryReactor* JobServiceImpl::PlanJob(grpc::CallbackServerContext* c
   return Reply(context, plan_(*request), response);
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
-                                                 const loom::v1::GetJobRequest* request,
-                                                 loom::v1::Job* response) {
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
+                                    const loom::v1::GetJobRequest* request,
+                                    loom::v1::Job* response) {
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "GetJob"));
-  if (!caller.ok()) return Refuse(context, caller.status());
-  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id());
-  if (job.ok()) {
-    if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) {
-      return Refuse(context, s);
-    }
+  if (!caller.ok()) return ToGrpc(caller.status());
+  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id(), request->view());
+  if (!job.ok()) return ToGrpc(job.status());
+  if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) {
+    return ToGrpc(s);
   }
-  return Reply(context, std::move(job), response);
+  *response = *std::move(job);
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
-                                                   const loom::v1::ListJobsRequest* request,
-                                                   loom::v1::ListJobsResponse* response) {
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext* context,
+                                      const loom::v1::ListJobsRequest* request,
+                                      loom::v1::ListJobsResponse* response) {
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListJobs"));
-  if (!caller.ok()) return Refuse(context, caller.status());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!caller.ok()) return ToGrpc(caller.status());
   const auth::Identity identity = *caller;
   absl::StatusOr<JobPage> page =
       jobs_->List(request->page_size(), request->page_token(),
                   [&identity](const loom::v1::Job& job) { return auth::MaySeeJob(identity, job.owner()); });
-  if (!page.ok()) {
-    reactor->Finish(ToGrpc(page.status()));
-    return reactor;
-  }
+  if (!page.ok()) return ToGrpc(page.status());
   for (auto& job : page->jobs) *response->add_jobs() = std::move(job);
   response->set_next_page_token(page->next_page_token);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext* context,
@@ -250,16 +245,14 @@ grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(
   return Reply(context, jobs_->Uncordon(request->node_id()), response);
 }
 
-grpc::ServerUnaryReactor* JobServiceImpl::ListNodes(grpc::CallbackServerContext* context,
-                                                    const loom::v1::ListNodesRequest* request,
-                                                    loom::v1::ListNodesResponse* response) {
+grpc::Status JobServiceImpl::ListNodes(grpc::ServerContext* context,
+                                       const loom::v1::ListNodesRequest* request,
+                                       loom::v1::ListNodesResponse* response) {
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListNodes"));
-  if (!caller.ok()) return Refuse(context, caller.status());
+  if (!caller.ok()) return ToGrpc(caller.status());
   for (auto& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,

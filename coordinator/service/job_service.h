@@ -1,6 +1,14 @@
-// JobService handlers (callback API): admit the caller (caller_identity.h),
-// then translate requests onto the JobManager and the planner; a job is
-// visible only to its owner and admins (coordinator/auth/policy.h).
+// JobService handlers: admit the caller (caller_identity.h), then translate
+// requests onto the JobManager and the planner; a job is visible only to its
+// owner and admins (coordinator/auth/policy.h).
+//
+// The reads users and dashboards poll (GetJob, ListJobs, ListNodes) are sync
+// methods, answered on the sync server's own threads; the rest use the
+// callback API. gRPC runs every callback of the process (every node session
+// and every rank's progress stream) on two threads: a poll queued there waits
+// behind whatever burst of reports is ahead of it, and those threads, always
+// busy, are the last the kernel schedules on a loaded machine. A sync thread
+// sleeps until a read arrives (docs/scale.md).
 #pragma once
 
 #include <functional>
@@ -15,7 +23,15 @@ namespace loom::coordinator {
 using PlanFunction =
     std::function<absl::StatusOr<loom::v1::PlanJobResponse>(const loom::v1::PlanJobRequest&)>;
 
-class JobServiceImpl final : public loom::v1::JobService::CallbackService {
+using JobServiceBase = loom::v1::JobService::WithCallbackMethod_SubmitJob<
+    loom::v1::JobService::WithCallbackMethod_PlanJob<
+        loom::v1::JobService::WithCallbackMethod_CancelJob<
+            loom::v1::JobService::WithCallbackMethod_DeleteJob<
+                loom::v1::JobService::WithCallbackMethod_UncordonNode<
+                    loom::v1::JobService::WithCallbackMethod_WatchJob<
+                        loom::v1::JobService::Service>>>>>>;
+
+class JobServiceImpl final : public JobServiceBase {
  public:
   JobServiceImpl(JobManager* jobs, PlanFunction plan, const CallerAuth* auth)
       : jobs_(jobs), plan_(std::move(plan)), auth_(auth) {}
@@ -26,15 +42,13 @@ class JobServiceImpl final : public loom::v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* PlanJob(grpc::CallbackServerContext* context,
                                     const loom::v1::PlanJobRequest* request,
                                     loom::v1::PlanJobResponse* response) override;
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const loom::v1::GetJobRequest* request,
-                                   loom::v1::Job* response) override;
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const loom::v1::ListJobsRequest* request,
-                                     loom::v1::ListJobsResponse* response) override;
-  grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* context,
-                                      const loom::v1::ListNodesRequest* request,
-                                      loom::v1::ListNodesResponse* response) override;
+  // Sync: see above.
+  grpc::Status GetJob(grpc::ServerContext* context, const loom::v1::GetJobRequest* request,
+                      loom::v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const loom::v1::ListJobsRequest* request,
+                        loom::v1::ListJobsResponse* response) override;
+  grpc::Status ListNodes(grpc::ServerContext* context, const loom::v1::ListNodesRequest* request,
+                         loom::v1::ListNodesResponse* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;

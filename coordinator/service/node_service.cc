@@ -133,8 +133,11 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       }
       case NodeMessage::kHeartbeat:
         if (!node_id_.empty()) {
-          const std::vector<loom::v1::RunningRank> running(message.heartbeat().running().begin(),
-                                                           message.heartbeat().running().end());
+          // Copied only for a revival (not on every heartbeat).
+          auto running = [&message] {
+            return std::vector<loom::v1::RunningRank>(message.heartbeat().running().begin(),
+                                                      message.heartbeat().running().end());
+          };
           switch (nodes_->Heartbeat(node_id_, channel_.get(), message.heartbeat(), absl::Now())) {
             case NodeRegistry::HeartbeatResult::kAlive:
               break;
@@ -142,7 +145,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
               std::fprintf(stderr, "node %s: heartbeat on its session after it was lost; live again\n",
                            node_id_.c_str());
               service_->UpdateNodeGauges();
-              jobs_->OnNodeRevived(node_id_, running);
+              jobs_->OnNodeRevived(node_id_, running());
               break;
             case NodeRegistry::HeartbeatResult::kOrphaned: {
               // Another session took this node over and ended; this one is
@@ -154,7 +157,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
               nodes_->Register(again, channel_, absl::Now());
               service_->UpdateNodeGauges();
               jobs_->OnNodeRegistered(again);
-              jobs_->OnNodeRevived(node_id_, running);
+              jobs_->OnNodeRevived(node_id_, running());
               break;
             }
             case NodeRegistry::HeartbeatResult::kStale:
@@ -217,16 +220,10 @@ grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Sessi
 
 void NodeServiceImpl::UpdateNodeGauges() {
   if (metrics_ == nullptr) return;
+  const NodeCounts counts = nodes_->Counts();
   std::map<std::string, int> devices;
-  int live = 0;
-  int cordoned = 0;
-  for (const NodeInfo& node : nodes_->AllNodes()) {
-    if (node.cordoned) ++cordoned;
-    if (!node.live) continue;
-    ++live;
-    devices[node.device_kind] += node.device_count;
-  }
-  metrics_->SetNodes(live, cordoned, devices);
+  for (const auto& [kind, count] : counts.live_devices) devices[kind] = static_cast<int>(count);
+  metrics_->SetNodes(counts.live, counts.cordoned, devices);
 }
 
 }  // namespace loom::coordinator

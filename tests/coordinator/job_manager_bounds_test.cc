@@ -1,8 +1,9 @@
 // Bounded admission and state in the JobManager: every oversized request is
 // refused naming its field, placement and sending happen on the scheduler
 // thread, a launch above the transport limit fails the job without blaming
-// its node, ListJobs pages without specs, ended jobs can be deleted and are
-// forgotten after their retention, and job ids are never reused.
+// its node, ListJobs pages without specs, GetJob has the placement only when
+// asked, ended jobs can be deleted and are forgotten after their retention,
+// and job ids are never reused.
 #include <memory>
 #include <string>
 #include <vector>
@@ -151,6 +152,36 @@ TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) 
   const auto messages = node->messages();
   ASSERT_EQ(messages.size(), 5u);
   EXPECT_TRUE(messages.back().has_kill());
+}
+
+TEST_F(JobManagerBounds, GetJobHasThePlacementOnlyInTheFullViewAndARestartKeepsIt) {
+  Start();
+  AddNode("node-a", 2);
+  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  ASSERT_TRUE(job.ok()) << job.status();
+  jobs_->WaitForScheduler();
+  auto basic = jobs_->Get(job->id());
+  ASSERT_TRUE(basic.ok());
+  EXPECT_EQ(basic->state(), JobState::STARTING);
+  EXPECT_EQ(basic->placement_size(), 0);  // a poll stays small however many ranks
+  EXPECT_FALSE(basic->resolved_spec_yaml().empty());
+  EXPECT_EQ(jobs_->Get(job->id(), loom::v1::JOB_VIEW_BASIC)->placement_size(), 0);
+  auto full = jobs_->Get(job->id(), loom::v1::JOB_VIEW_FULL);
+  ASSERT_TRUE(full.ok());
+  ASSERT_EQ(full->placement_size(), 2);
+  EXPECT_EQ(full->placement(1).rank(), 1);
+  EXPECT_EQ(full->placement(1).node_id(), "node-a");
+  EXPECT_EQ(full->placement(1).peak_flops(), 1e11);
+  // Watchers and pages never carry it either.
+  EXPECT_EQ(jobs_->List()->jobs.at(0).placement_size(), 0);
+
+  Start();  // a coordinator restart: the stored record had its placement
+  auto recovered = jobs_->Get(job->id(), loom::v1::JOB_VIEW_FULL);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->state(), JobState::STARTING);
+  ASSERT_EQ(recovered->placement_size(), 2);
+  EXPECT_EQ(recovered->placement(0).node_id(), "node-a");
+  EXPECT_EQ(jobs_->Get(job->id())->placement_size(), 0);
 }
 
 TEST_F(JobManagerBounds, AJobLargerThanTheWholeClusterDoesNotHoldUpTheQueue) {

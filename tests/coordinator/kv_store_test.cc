@@ -44,6 +44,27 @@ TEST(KvStore, WaitingGetCompletesWhenSet) {
   EXPECT_EQ(*value, "here");
 }
 
+TEST(KvStore, AStoreWakesOnlyItsKeysWaitersAndTheOthersStillTimeOut) {
+  KvStore kv;
+  kv.OpenNamespace("ns");
+  std::atomic<int> go = 0;
+  std::atomic<int> other = -1;
+  for (int i = 0; i < 3; ++i) {
+    kv.GetAsync("ns", "go", absl::Now() + absl::Seconds(30), [&](absl::StatusOr<std::string> v) {
+      if (v.ok() && *v == "1") ++go;
+    });
+  }
+  kv.GetAsync("ns", "other", absl::Now() + absl::Milliseconds(200),
+              [&](absl::StatusOr<std::string> v) { other = static_cast<int>(v.status().code()); });
+  ASSERT_TRUE(kv.Set("ns", "addr/0", "x").ok());
+  EXPECT_EQ(go.load(), 0);
+  ASSERT_TRUE(kv.Add("ns", "go", 1).ok());
+  EXPECT_EQ(go.load(), 3);  // all of them, at once
+  EXPECT_EQ(other.load(), -1);
+  while (other.load() == -1) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(other.load(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+}
+
 TEST(KvStore, WaitingGetTimesOutNamingTheKey) {
   KvStore kv;
   kv.OpenNamespace("ns");

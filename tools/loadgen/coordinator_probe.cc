@@ -5,6 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -38,6 +41,13 @@ absl::StatusOr<ProcSample> SampleProcess(int pid) {
       break;
     }
   }
+  std::error_code error;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream schedstat(task.path() / "schedstat");
+    double on_cpu_ns = 0, waiting_ns = 0;
+    if (schedstat >> on_cpu_ns >> waiting_ns) sample.run_delay_seconds += waiting_ns / 1e9;
+  }
   return sample;
 }
 
@@ -51,11 +61,74 @@ CoordinatorProbe::~CoordinatorProbe() {
   stop_ = true;
   poller_.join();
   lister_.join();
+  if (poll_stdin_ >= 0) close(poll_stdin_);
+  if (poll_reader_.joinable()) poll_reader_.join();
+  if (poll_pid_ > 0) {
+    int status = 0;
+    waitpid(poll_pid_, &status, 0);
+  }
 }
 
 void CoordinatorProbe::Watch(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  job_id_ = job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    job_id_ = job_id;
+  }
+  if (!options_.poll_command.empty() && poll_pid_ == 0) StartPollProcess(job_id);
+}
+
+void CoordinatorProbe::StartPollProcess(const std::string& job_id) {
+  int in[2];
+  int out[2];
+  if (pipe(in) != 0) return;
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return;
+  }
+  std::vector<std::string> args = options_.poll_command;
+  args.push_back(absl::StrCat("--poll_job=", job_id));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  for (int fd : {in[0], in[1], out[0], out[1]}) posix_spawn_file_actions_addclose(&actions, fd);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(in[0]);
+  close(out[1]);
+  if (spawned != 0) {
+    close(in[1]);
+    close(out[0]);
+    return;
+  }
+  poll_pid_ = pid;
+  poll_stdin_ = in[1];
+  const int fd = out[0];
+  poll_reader_ = std::thread([this, fd] { ReadPollProcess(fd); });
+}
+
+void CoordinatorProbe::ReadPollProcess(int fd) {
+  std::FILE* f = fdopen(fd, "r");
+  if (f == nullptr) {
+    close(fd);
+    return;
+  }
+  char line[64];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    LatencyRecorder& get_job = own_get_job_[phase_.load()];
+    double ms = 0;
+    if (std::sscanf(line, "%lf", &ms) == 1) {
+      get_job.Record(absl::Milliseconds(ms));
+    } else {
+      get_job.RecordFailure();
+    }
+  }
+  std::fclose(f);
 }
 
 loom::v1::Job CoordinatorProbe::LastJob() const {
@@ -93,8 +166,29 @@ void CoordinatorProbe::PollJobs() {
         get_job.RecordFailure();
       }
     }
+    if (double load = 0; std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(f, "%lf", &load) == 1) {
+        absl::MutexLock lock(&mu_);
+        load_sum_ += load;
+        load_max_ = std::max(load_max_, load);
+        ++load_samples_;
+      }
+      std::fclose(f);
+    }
+    const absl::Time asleep = absl::Now();
     absl::SleepFor(options_.get_job_interval);
+    wake_[phase_.load()].Record(absl::Now() - asleep - options_.get_job_interval);
   }
+}
+
+double CoordinatorProbe::mean_load() const {
+  absl::MutexLock lock(&mu_);
+  return load_samples_ > 0 ? load_sum_ / static_cast<double>(load_samples_) : 0;
+}
+
+double CoordinatorProbe::max_load() const {
+  absl::MutexLock lock(&mu_);
+  return load_max_;
 }
 
 void CoordinatorProbe::RunLists() {

@@ -21,6 +21,10 @@ namespace loom::loadgen {
 struct ProcSample {
   double cpu_seconds = 0;  // user + system since the process started
   int64_t rss_bytes = 0;
+  // Time its threads spent runnable but waiting for a CPU, summed over the
+  // threads alive now (/proc/PID/task/*/schedstat): how much the machine's
+  // other load held the process back.
+  double run_delay_seconds = 0;
 };
 
 // Reads /proc/PID/stat and /proc/PID/status.
@@ -33,6 +37,12 @@ struct ProbeOptions {
   int coordinator_pid = 0;                 // 0: CPU and memory not measured
   absl::Duration get_job_interval = absl::Milliseconds(250);
   absl::Duration list_interval = absl::Seconds(2);
+  // argv of a separate process that polls GetJob (loom-loadgen --poll_job=ID
+  // is appended) and prints each latency; empty: none. This process runs
+  // loadgen's 16,384 streams on the same Debian gRPC: its own threads are busy,
+  // and a GetJob timed here waits for them too. The separate process's
+  // latency is the coordinator's, as a user's client sees it.
+  std::vector<std::string> poll_command;
 };
 
 class CoordinatorProbe {
@@ -51,21 +61,40 @@ class CoordinatorProbe {
   enum Phase { kStart = 0, kSteady = 1, kEnd = 2 };
   void SetPhase(Phase phase) { phase_ = phase; }
   LatencyRecorder& get_job_latency(Phase phase) { return get_job_[phase]; }
+  // GetJob timed by the separate process (ProbeOptions::poll_command).
+  LatencyRecorder& own_process_get_job_latency(Phase phase) { return own_get_job_[phase]; }
   LatencyRecorder& list_latency(Phase phase) { return list_[phase]; }
+  // How much later than asked the probe's thread woke from its sleep between
+  // two GetJob calls: this machine's scheduling delay as loadgen sees it. A
+  // GetJob tail that this matches is the machine's, not the coordinator's.
+  LatencyRecorder& wake_delay(Phase phase) { return wake_[phase]; }
+  // The 1-minute load average (/proc/loadavg) during the run: its mean and max.
+  double mean_load() const;
+  double max_load() const;
 
  private:
   void PollJobs();
   void RunLists();
+  void StartPollProcess(const std::string& job_id);
+  void ReadPollProcess(int fd);
 
   const ProbeOptions options_;
   std::unique_ptr<loom::v1::JobService::Stub> stub_;
   LatencyRecorder get_job_[3];
+  LatencyRecorder own_get_job_[3];
+  int poll_pid_ = 0;
+  int poll_stdin_ = -1;  // closing it ends the poll process
+  std::thread poll_reader_;
   LatencyRecorder list_[3];
+  LatencyRecorder wake_[3];
   std::atomic<Phase> phase_{kStart};
   std::atomic<int64_t> max_rss_{0};
   std::atomic<bool> stop_{false};
   mutable absl::Mutex mu_;
   std::string job_id_ ABSL_GUARDED_BY(mu_);
+  double load_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  double load_max_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t load_samples_ ABSL_GUARDED_BY(mu_) = 0;
   loom::v1::Job last_ ABSL_GUARDED_BY(mu_);
   std::thread poller_;
   std::thread lister_;

@@ -1,5 +1,6 @@
 #include "tools/loadgen/fake_cluster.h"
 
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -359,16 +360,19 @@ class FakeNode final
     return registered_;
   }
 
-  void Tick() {
-    std::vector<FakeRank*> ranks;
+  void Heartbeat() {
     loom::v1::NodeMessage beat;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!registered_ || ended_) return;
       beat.mutable_heartbeat()->set_seq(++seq_);
+      // As loom-worker does: the coordinator measures how late it reads
+      // heartbeats from this (this includes loadgen's own queueing).
+      beat.mutable_heartbeat()->set_sent_monotonic_us(
+          std::chrono::duration_cast<std::chrono::microseconds>(
+              std::chrono::steady_clock::now().time_since_epoch()).count());
       for (const auto& rank : ranks_) {
         if (!rank->alive()) continue;
-        ranks.push_back(rank.get());
         loom::v1::RunningRank* r = beat.mutable_heartbeat()->add_running();
         r->set_job_id(rank->job_id());
         r->set_attempt(rank->attempt());
@@ -377,6 +381,17 @@ class FakeNode final
       }
     }
     Send(std::move(beat));
+  }
+
+  void ReportRanks() {
+    std::vector<FakeRank*> ranks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!registered_ || ended_) return;
+      for (const auto& rank : ranks_) {
+        if (rank->alive()) ranks.push_back(rank.get());
+      }
+    }
     const absl::Time now = absl::Now();
     for (FakeRank* rank : ranks) {
       rank->MaybeBegin(now);
@@ -584,9 +599,15 @@ absl::Status FakeCluster::Connect(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-void FakeCluster::Tick(int slice, int slices) {
+void FakeCluster::TickHeartbeats(int slice, int slices) {
   for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
-    nodes_[i]->Tick();
+    nodes_[i]->Heartbeat();
+  }
+}
+
+void FakeCluster::TickReports(int slice, int slices) {
+  for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
+    nodes_[i]->ReportRanks();
   }
 }
 

@@ -51,6 +51,8 @@ struct ClusterStats {
   // From queueing a heartbeat to gRPC taking it: when this nears the node
   // timeout, loadgen itself (not the coordinator) is what lags.
   LatencyRecorder heartbeat_delay;
+  // How late each slice of the heartbeat schedule ran (loadgen's own lag).
+  LatencyRecorder heartbeat_tick_lateness;
 };
 
 class FakeNode;
@@ -65,11 +67,15 @@ class FakeCluster {
   // Opens every session and waits (up to timeout) until every node is registered.
   absl::Status Connect(absl::Duration timeout);
 
-  // One step of the 1 Hz schedule: call it every tick_interval with slice
-  // 0..slices-1 in turn; it serves the nodes whose index % slices == slice
-  // (heartbeat, then one report per running rank), spreading a second's
-  // messages evenly instead of sending them in one burst.
-  void Tick(int slice, int slices);
+  // One step of the 1 Hz schedules: call each every tick_interval with slice
+  // 0..slices-1 in turn; they serve the nodes whose index % slices == slice,
+  // spreading a second's messages evenly instead of sending them in one
+  // burst. Heartbeats and rank reports have schedules (threads) of their own,
+  // as an agent's heartbeat does not wait for its ranks: when loadgen is
+  // short of CPU, the 16,384 reports a second fall behind, not the 2,048
+  // heartbeats.
+  void TickHeartbeats(int slice, int slices);
+  void TickReports(int slice, int slices);
 
   // From now on the given rank sends nothing and every other rank stops
   // completing steps (they wait in a data-parallel all-reduce for it), as

@@ -41,8 +41,8 @@ std::string LatencyRecorder::Summary() const {
     for (float s : samples_ms_) max = std::max(max, s);
   }
   if (n == 0) return absl::StrFormat("n=0 failed=%d", failures);
-  return absl::StrFormat("n=%d failed=%d p50=%.1f ms p99=%.1f ms max=%.1f ms", n, failures,
-                         PercentileMs(0.5), PercentileMs(0.99), max);
+  return absl::StrFormat("n=%d failed=%d p50=%.1f ms p90=%.1f ms p99=%.1f ms max=%.1f ms", n,
+                         failures, PercentileMs(0.5), PercentileMs(0.9), PercentileMs(0.99), max);
 }
 
 }  // namespace loom::loadgen

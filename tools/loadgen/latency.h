@@ -15,7 +15,7 @@ class LatencyRecorder {
  public:
   void Record(absl::Duration latency);
   void RecordFailure();
-  // "n=…, failed=…, p50=… ms, p99=… ms, max=… ms" (or "n=0").
+  // "n=…, failed=…, p50=… ms, p90=… ms, p99=… ms, max=… ms" (or "n=0").
   std::string Summary() const;
   double PercentileMs(double q) const;
   int64_t count() const;

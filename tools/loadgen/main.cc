@@ -8,6 +8,9 @@
 //
 // Exit code: 0 when the run was correct (RUNNING reached, no false hang or
 // node loss, the stopped rank named), 1 when not, 2 for usage errors.
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -44,6 +47,10 @@ ABSL_FLAG(int32_t, stop_rank, -1, "after run_s, this rank stops reporting (-1: n
 ABSL_FLAG(double, hang_wait_s, 60, "how long to wait for the hang of --stop_rank");
 ABSL_FLAG(double, running_timeout_s, 300, "how long the job may take to reach RUNNING");
 ABSL_FLAG(int32_t, coordinator_pid, 0, "PID of the coordinator, for its CPU and memory");
+ABSL_FLAG(std::string, poll_job, "",
+          "internal: only poll this job with GetJob every 250 ms and print each latency in ms "
+          "(or 'fail') on stdout until stdin closes; loadgen runs itself so to time GetJob from "
+          "a process of its own");
 ABSL_FLAG(std::string, loomctl, "", "loomctl to time `loomctl list` with (default: next to this binary)");
 
 namespace loom::loadgen {
@@ -92,6 +99,35 @@ bool Ended(loom::v1::JobState s) {
   return s == loom::v1::SUCCEEDED || s == loom::v1::FAILED || s == loom::v1::CANCELLED;
 }
 
+// --poll_job: GetJob every 250 ms from this process alone (see ProbeOptions::poll_command).
+int PollOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id) {
+  auto stub = loom::v1::JobService::NewStub(admin);
+  std::atomic<bool> stop{false};
+  std::thread parent([&stop] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    stop = true;  // the parent closed our stdin, or went away
+  });
+  while (!stop) {
+    auto context = rpc::UnaryContext();
+    loom::v1::GetJobRequest request;
+    request.set_id(job_id);
+    loom::v1::Job job;
+    const absl::Time start = absl::Now();
+    grpc::Status status = stub->GetJob(context.get(), request, &job);
+    if (status.ok()) {
+      std::printf("%.3f\n", absl::ToDoubleMilliseconds(absl::Now() - start));
+    } else {
+      std::printf("fail\n");
+    }
+    std::fflush(stdout);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  parent.join();
+  return 0;
+}
+
 int Run() {
   const std::string ca_dir = absl::GetFlag(FLAGS_ca_dir);
   const bool insecure = absl::GetFlag(FLAGS_insecure);
@@ -129,6 +165,9 @@ int Run() {
     return 2;
   }
   std::shared_ptr<grpc::Channel> admin = rpc::MakeChannel(address, *admin_credentials);
+  if (const std::string job = absl::GetFlag(FLAGS_poll_job); !job.empty()) {
+    return PollOnly(admin, job);
+  }
 
   std::unique_ptr<NodeCertFactory> certs;
   if (!insecure) {
@@ -150,6 +189,20 @@ int Run() {
     if (n > 0) {
       std::string dir(self, static_cast<size_t>(n));
       probe_options.loomctl = dir.substr(0, dir.rfind('/')) + "/loomctl";
+    }
+  }
+  {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+      probe_options.poll_command = {std::string(self, static_cast<size_t>(n)),
+                                    absl::StrCat("--coordinator=", address)};
+      if (insecure) {
+        probe_options.poll_command.push_back("--insecure");
+      } else {
+        probe_options.poll_command.push_back(absl::StrCat("--ca_dir=", ca_dir));
+        probe_options.poll_command.push_back(absl::StrCat("--admin_tls_dir=", admin_flags.tls_dir));
+      }
     }
   }
   probe_options.loomctl_flags = {absl::StrCat("--coordinator=", address)};
@@ -174,11 +227,21 @@ int Run() {
   // The 1 Hz schedule, in 20 slices of 50 ms; it runs from the first
   // registration on, as each real agent heartbeats once registered.
   std::atomic<bool> ticking{true};
-  std::thread ticker([&] {
-    constexpr int kSlices = 20;
+  constexpr int kSlices = 20;
+  std::thread heartbeats([&] {
     absl::Time next = absl::Now();
     for (int slice = 0; ticking; slice = (slice + 1) % kSlices) {
-      cluster.Tick(slice, kSlices);
+      cluster.stats().heartbeat_tick_lateness.Record(
+          std::max(absl::ZeroDuration(), absl::Now() - next));
+      cluster.TickHeartbeats(slice, kSlices);
+      next += absl::Milliseconds(1000 / kSlices);
+      absl::SleepFor(next - absl::Now());
+    }
+  });
+  std::thread reports([&] {
+    absl::Time next = absl::Now();
+    for (int slice = 0; ticking; slice = (slice + 1) % kSlices) {
+      cluster.TickReports(slice, kSlices);
       next += absl::Milliseconds(1000 / kSlices);
       absl::SleepFor(next - absl::Now());
     }
@@ -205,7 +268,8 @@ int Run() {
     if (!status.ok()) {
       std::fprintf(stderr, "loom-loadgen: SubmitJob: %s\n", status.error_message().c_str());
       ticking = false;
-      ticker.join();
+      heartbeats.join();
+      reports.join();
       cluster.Shutdown();
       std::fflush(stdout);
       std::_Exit(1);
@@ -248,7 +312,7 @@ int Run() {
   }
 
   // Steady state: every rank reports once a second.
-  double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0;
+  double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0, run_delay_fraction = 0;
   if (correct) {
     absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
     probe.SetPhase(CoordinatorProbe::kSteady);
@@ -270,6 +334,7 @@ int Run() {
       if (absl::StatusOr<ProcSample> after = SampleProcess(pid); after.ok()) {
         const double cpu = after->cpu_seconds - before->cpu_seconds;
         cpu_fraction = cpu / window_s;
+        run_delay_fraction = (after->run_delay_seconds - before->run_delay_seconds) / window_s;
         if (reports > 0) cpu_per_report_us = cpu / static_cast<double>(reports) * 1e6;
       }
     }
@@ -358,16 +423,30 @@ int Run() {
   std::printf("GetJob, start:       %s\n", probe.get_job_latency(Probe::kStart).Summary().c_str());
   std::printf("GetJob, steady:      %s\n", probe.get_job_latency(Probe::kSteady).Summary().c_str());
   std::printf("GetJob, end:         %s\n", probe.get_job_latency(Probe::kEnd).Summary().c_str());
+  std::printf("GetJob from its own process, start:  %s\n",
+              probe.own_process_get_job_latency(Probe::kStart).Summary().c_str());
+  std::printf("GetJob from its own process, steady: %s\n",
+              probe.own_process_get_job_latency(Probe::kSteady).Summary().c_str());
+  std::printf("GetJob from its own process, end:    %s\n",
+              probe.own_process_get_job_latency(Probe::kEnd).Summary().c_str());
   std::printf("loomctl list, start: %s\n", probe.list_latency(Probe::kStart).Summary().c_str());
   std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
   std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
+  std::printf("loadgen wake-up delay, steady: %s\n",
+              probe.wake_delay(Probe::kSteady).Summary().c_str());
+  std::printf("load average (1 min) during the run: mean %.1f, max %.1f\n", probe.mean_load(),
+              probe.max_load());
   std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
   std::printf("heartbeat send delay:%s\n", stats.heartbeat_delay.Summary().c_str());
+  std::printf("heartbeat schedule late by: %s\n",
+              stats.heartbeat_tick_lateness.Summary().c_str());
   std::printf("reports:             %.0f /s (skipped while a write was in flight: %lld)\n",
               reports_per_s, static_cast<long long>(stats.reports_skipped.load()));
   if (probe_options.coordinator_pid > 0) {
     std::printf("coordinator CPU:     %.1f%% of a core, %.1f us per rank report\n",
                 cpu_fraction * 100, cpu_per_report_us);
+    std::printf("coordinator waited for a CPU: %.0f ms per second, its threads together (steady)\n",
+                run_delay_fraction * 1000);
     std::printf("coordinator RSS:     %.1f MiB max (%.1f KiB per rank)\n",
                 static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
                 static_cast<double>(probe.max_rss_bytes()) / 1024 / ranks);
@@ -382,24 +461,35 @@ int Run() {
   // One line for scripts (tests/bench/scale).
   std::printf(
       "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
-      "getjob_steady_p99_ms=%.1f list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
+      "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f own_getjob_steady_p50_ms=%.1f "
+      "own_getjob_steady_p90_ms=%.1f own_getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
+      "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
-      "hang_timeout_s=%.1f named=%d correct=%d\n",
+      "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f run_delay_ms_per_s=%.0f "
+      "heartbeat_send_delay_max_ms=%.0f heartbeat_tick_late_max_ms=%.0f correct=%d\n",
       ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
+      probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.5),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.9),
+      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.99),
+      probe.wake_delay(Probe::kSteady).PercentileMs(0.99),
       probe.list_latency(Probe::kStart).PercentileMs(0.99),
       probe.list_latency(Probe::kSteady).PercentileMs(0.99),
       stats.store_latency.PercentileMs(0.99),
       cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
-      lost_nodes, hang_after_s, hang_timeout_s, named, correct ? 1 : 0);
+      lost_nodes, hang_after_s, hang_timeout_s, named, probe.mean_load(), probe.max_load(),
+      run_delay_fraction * 1000, stats.heartbeat_delay.PercentileMs(1.0),
+      stats.heartbeat_tick_lateness.PercentileMs(1.0), correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
   // Sessions end before heartbeats stop, so the coordinator sees agents
   // leave rather than falling silent.
   cluster.Shutdown();
   ticking = false;
-  ticker.join();
+  heartbeats.join();
+  reports.join();
   // gRPC may still hold callbacks into the cluster; the process ends here.
   std::_Exit(correct ? 0 : 1);
 }

@@ -196,6 +196,10 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
       for (auto& rank : ranks_->Running()) {
         *beat.mutable_heartbeat()->add_running() = std::move(rank);
       }
+      // Lets the coordinator tell its own backlog from this node's silence.
+      beat.mutable_heartbeat()->set_sent_monotonic_us(
+          std::chrono::duration_cast<std::chrono::microseconds>(
+              Clock::now().time_since_epoch()).count());
       ok = stream->Write(beat);
       lock.lock();
     }
