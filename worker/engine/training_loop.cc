@@ -10,6 +10,7 @@
 #include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
@@ -69,15 +70,15 @@ absl::Status CheckSpec(const spec::JobSpec& spec, int dp_size) {
 
 // The layout this rank runs: the spec's with the axes of its context (without
 // a group the axis runs as 1 whatever the spec says: the standalone trainer
-// ignores the layout). CP and EP have no group in the context.
+// ignores the layout). CP has no group in the context.
 spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx) {
   spec::Layout l = spec::LayoutOf(spec);
   l.dp = ctx.dp_size;
   l.tp = ctx.tp_size();
   l.pp = ctx.pp_size();
   l.cp = 1;
-  l.ep = 1;
-  const int64_t per_step = spec.train.micro_batch_size * ctx.dp_size;
+  l.ep = ctx.ep_size();
+  const int64_t per_step = spec.train.micro_batch_size * ctx.data_size();  // [ep]
   l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
   return l;
 }
@@ -109,7 +110,7 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     const spec::JobSpec& spec, const ParallelContext& ctx, std::shared_ptr<kernels::Ops> ops) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
-  if (absl::Status s = CheckSpec(resolved, ctx.dp_size); !s.ok()) return s;
+  if (absl::Status s = CheckSpec(resolved, ctx.data_size()); !s.ok()) return s;  // [ep] dp x ep read data
   if (absl::Status s = CheckContextMatchesSpec(ctx, resolved); !s.ok()) return s;
   // The engine's limits for this layout (common/spec/job_spec_rules.h, the
   // same check as at submission).
@@ -181,7 +182,8 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
 void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const {
   const spec::TrainSpec& t = spec_.train;
   sampler_->Fill(step,
-                 MicroBatchFirst(t.global_batch_size, ctx_.dp_size, ctx_.dp_rank, t.micro_batch_size, micro),
+                 MicroBatchFirst(t.global_batch_size, ctx_.data_size(), ctx_.data_rank(), t.micro_batch_size,
+                                 micro),
                  t.micro_batch_size, out);
 }
 
@@ -200,9 +202,9 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = step_ + 1;
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
-  const int64_t local_micro = total_micro / ctx_.dp_size;
-  // Each micro-batch's gradient is scaled so the DP sum is the mean over the
-  // whole global batch.
+  const int64_t local_micro = total_micro / ctx_.data_size();
+  // Each micro-batch's gradient is scaled so the DP (x EP) sum is the mean
+  // over the whole global batch.
   const float loss_scale = 1.0f / static_cast<float>(total_micro);
 
   memory_.ResetPeaks();
@@ -232,7 +234,12 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   if (dp != nullptr) {
     if (absl::Status s = dp->FinishReduction(); !s.ok()) return s;
   }
-  if (absl::Status s = AllReduceHostFloats(*ops_, ctx_.dp, &loss, 1); !s.ok()) return s;
+  for (comm::Communicator* group : ctx_.DataGroups()) {  // [ep] dp, then ep
+    if (absl::Status s = AllReduceHostFloats(*ops_, group, &loss, 1); !s.ok()) return s;
+  }
+  if (absl::Status s = ReduceDenseGradientsOverEp(*ops_, ctx_.ep, model_->Gradients()); !s.ok()) {
+    return s;  // [ep] the dense gradients' second stage (ep_gradients.h)
+  }
   absl::StatusOr<double> norm = ClipStepGradients();
   if (!norm.ok()) return norm.status();
   p.grad_norm = *norm;
@@ -245,6 +252,9 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
 }
 
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
+  if (ctx_.ep != nullptr && !pipeline_ && zero_stage() <= 1) {  // [ep] whole gradients
+    return EpGradientPieces(model_->Gradients(), ctx_.ep_size());
+  }
   if (dp_engines_.empty()) {
     std::vector<TensorView> grads;
     for (LlamaModel* part : Parts()) {

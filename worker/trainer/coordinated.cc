@@ -147,12 +147,15 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   // [pp] The pipeline group (index = stage), created after tp and dp on every rank.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> pp = make_group("pp");
   if (!pp.ok()) return pp.status();
+  // [ep] The expert-parallel group, last (docs/expert_parallel.md).
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> ep = make_group("ep");
+  if (!ep.ok()) return ep.status();
   const int dp_rank = static_cast<int>(a.coords().dp());
   const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
   // The rank's place in the mesh, built once from the assignment.
   absl::StatusOr<engine::ParallelContext> ctx =
-      engine::ParallelContext::Make(dp_rank, dp_size, dp->get(), tp->get(), pp->get());
+      engine::ParallelContext::Make(dp_rank, dp_size, dp->get(), tp->get(), pp->get(), ep->get());
   if (!ctx.ok()) return ctx.status();
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
       engine::TrainingLoop::Create(job, *ctx, *ops);
@@ -167,7 +170,7 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   (*loop)->set_phase_listener(
       [&board](const char* phase, int64_t micro_batch) { board.Set(phase, micro_batch); });
   std::vector<comm::Communicator*> groups;
-  for (auto* group : {tp->get(), dp->get(), pp->get()}) {
+  for (auto* group : {tp->get(), dp->get(), pp->get(), ep->get()}) {
     if (group != nullptr) groups.push_back(group);
   }
   RankMonitor monitor({.collective_timeout = timeout}, &reporter, &board, groups);
