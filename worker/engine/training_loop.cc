@@ -10,6 +10,7 @@
 #include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
@@ -228,6 +229,11 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
+  if (spec_.model.moe.enabled()) {  // [moe] loads over DP, the bias update, the step's stats
+    absl::StatusOr<MoeSummary> moe = FinishMoeStep(*model_, ctx_.dp, total_micro);
+    if (!moe.ok()) return moe.status();
+    p.moe = std::move(*moe);
+  }
   Phase("reduce_gradients");
   if (dp != nullptr) {
     if (absl::Status s = dp->FinishReduction(); !s.ok()) return s;
