@@ -12,6 +12,10 @@ const char* PrecisionName(Precision p) {
   return "?";
 }
 
+const char* RouterScoreName(RouterScoreKind k) {
+  return k == RouterScoreKind::kSoftmax ? "softmax" : "sigmoid";
+}
+
 const char* ScheduleName(Schedule s) {
   switch (s) {
     case Schedule::kAfab: return "afab";

@@ -36,6 +36,32 @@ bool ValidName(const std::string& name) {
 
 std::string Axis(const char* name, int64_t v) { return absl::StrCat("parallelism.", name, "=", v); }
 
+// model.moe (docs/moe.md); nothing is checked for a dense model.
+void CheckMoe(Checker& c, const ModelSpec& m) {
+  const MoeSpec& e = m.moe;
+  c.Require(e.num_experts >= 0, "model.moe.num_experts", e.num_experts,
+            "must not be negative (0: a dense model)");
+  if (!e.enabled()) return;
+  c.Require(e.top_k >= 1 && e.top_k <= e.num_experts, "model.moe.top_k", e.top_k,
+            absl::StrCat("must be between 1 and model.moe.num_experts=", e.num_experts));
+  c.Require(e.expert_ffn_hidden_size >= 0, "model.moe.expert_ffn_hidden_size",
+            e.expert_ffn_hidden_size, "must not be negative (0: model.ffn_hidden_size)");
+  c.Require(e.num_shared_experts >= 0, "model.moe.num_shared_experts", e.num_shared_experts,
+            "must not be negative");
+  c.Require(e.first_dense_layers >= 0 && e.first_dense_layers < m.num_layers,
+            "model.moe.first_dense_layers", e.first_dense_layers,
+            absl::StrCat("must be between 0 and model.num_layers-1=", m.num_layers - 1,
+                         " (at least one layer is MoE)"));
+  c.Require(e.aux_loss_coef >= 0, "model.moe.aux_loss_coef", e.aux_loss_coef,
+            "must not be negative (0: no auxiliary loss)");
+  c.Require(e.bias_update_rate >= 0, "model.moe.bias_update_rate", e.bias_update_rate,
+            "must not be negative (0: no auxiliary-loss-free bias)");
+  if (e.capacity_factor) {
+    c.Require(*e.capacity_factor > 0, "model.moe.capacity_factor", *e.capacity_factor,
+              "must be positive (leave it out for dropless routing)");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> CheckJobSpec(const JobSpec& s) {
@@ -71,6 +97,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
     c.Require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
               absl::StrCat("must be divisible by model.num_kv_heads=", m.num_kv_heads));
   }
+  CheckMoe(c, m);
 
   const TrainSpec& t = s.train;
   c.Require(t.steps >= 1, "train.steps", t.steps, "must be positive");
@@ -160,7 +187,13 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
                            " (load-balanced context parallelism)"));
   }
   if (p.ep && *p.ep > 1) {
-    c.Require(false, "parallelism.ep", *p.ep, "must be 1: the model has no experts");
+    if (!m.moe.enabled()) {
+      c.Require(false, "parallelism.ep", *p.ep, "must be 1: the model has no experts (model.moe)");
+    } else {
+      c.Require(m.moe.num_experts % *p.ep == 0, "model.moe.num_experts", m.moe.num_experts,
+                absl::StrCat("must be divisible by ", Axis("ep", *p.ep),
+                             " (each rank holds num_experts / ep experts)"));
+    }
   }
   if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
     c.Require(t.global_batch_size % (*p.dp * t.micro_batch_size) == 0, "train.global_batch_size",
@@ -231,6 +264,12 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const ModelSpec& m = s.model;
+  if (m.moe.enabled()) {  // the MoE layer runs on one rank of each axis but dp (docs/moe.md)
+    for (const auto& [name, value] : {std::pair{"tp", l.tp}, std::pair{"pp", l.pp}}) {
+      c.Require(value == 1, absl::StrCat("parallelism.", name), value,
+                "with model.moe is not supported by this engine yet (use 1)");
+    }
+  }
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
     c.Require(m.num_heads % l.tp == 0, "model.num_heads", m.num_heads,
               absl::StrCat("must be divisible by ", Axis("tp", l.tp)));

@@ -11,6 +11,7 @@
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
@@ -230,6 +231,11 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   memory_.Set(MemoryKind::kActivations, model_->ActivationBytes());
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
+  if (spec_.model.moe.enabled()) {  // [moe] loads over DP, the bias update, the step's stats
+    absl::StatusOr<MoeSummary> moe = FinishMoeStep(*model_, ctx_.dp, total_micro);
+    if (!moe.ok()) return moe.status();
+    p.moe = std::move(*moe);
+  }
   Phase("reduce_gradients");
   if (dp != nullptr) {
     if (absl::Status s = dp->FinishReduction(); !s.ok()) return s;

@@ -63,7 +63,8 @@ struct MoeDims {
 struct MoeRouting {
   std::vector<int32_t> expert;  // [tokens * top_k], global expert id
   std::vector<float> weight;    // [tokens * top_k], renormalized gate weight
-  std::vector<float> probs;     // [tokens, E], router probabilities (for the aux loss)
+  std::vector<float> scores;    // [tokens, E], softmax or sigmoid of the router logits
+  std::vector<float> probs;     // [tokens, E], scores normalized per token (the aux loss's P)
   // Permuted order: the KEPT assignments sorted by expert, each expert's in
   // assignment order. row_of[a] = its row in permuted order, -1 if dropped
   // by the capacity; assignment_of[row] the inverse.
@@ -170,5 +171,44 @@ struct MoeStepStats {
   double aux_loss = 0;                    // sum over micro-batches and layers of aux_loss
   int64_t micro_batches = 0;
 };
+
+// Backend scratch of the backward passes, shared by every MoE layer of a model.
+struct MoeScratch {
+  kernels::Buffer d_permuted, d_grouped, d_act, d_gu, d_grouped_in, d_permuted_in, d_logits;
+  kernels::Buffer d_shared_act, d_shared_gu;
+};
+
+// One MoE layer's forward and backward on caller-owned weights; it owns the
+// activations its backward needs (sized on demand), so each MoE layer of a
+// model has its own MoeLayer. Calls go through `ops` and `exchange` (neither
+// owned). A failed exchange makes the call return its status; the layer's
+// outputs are then meaningless.
+class MoeLayer {
+ public:
+  MoeLayer(kernels::Ops* ops, ExpertExchange* exchange) : ops_(ops), exchange_(exchange) {}
+  // h2 [tokens, hidden] is the layer's normed input; x_next = x_mid + the
+  // layer's output (routed and shared experts), unless x_next is null (a
+  // recompute: only the activations are rebuilt).
+  absl::Status Forward(const MoeDims& d, const MoeWeights& w, const float* h2, const float* x_mid,
+                       float* x_next);
+  // dy [tokens, hidden] is d(objective)/d(x_next); dh (overwritten) receives
+  // d(objective)/d(h2). Weight gradients accumulate into g; the aux loss
+  // enters with weight `loss_scale` (as the micro-batch's loss does).
+  absl::Status Backward(const MoeDims& d, const MoeWeights& w, const MoeGrads& g, const float* h2,
+                        const float* dy, double loss_scale, MoeScratch& s, float* dh);
+  const MoeActivations& activations() const { return acts_; }
+  // Adds the last forward's routing to `stats`, its loads at `slot` * E.
+  void AddStats(int64_t slot, MoeStepStats* stats) const;
+  int64_t ActivationBytes() const;
+
+ private:
+  float* Ensure(kernels::Buffer& b, int64_t floats);
+  kernels::Ops* ops_;
+  ExpertExchange* exchange_;
+  MoeActivations acts_;
+  kernels::Buffer logits_, permuted_, grouped_in_, gu_, act_, grouped_out_, permuted_out_;
+  kernels::Buffer shared_gu_, shared_act_;
+};
+
 
 }  // namespace loom::engine
