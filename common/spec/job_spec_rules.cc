@@ -196,10 +196,13 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
     }
   }
   if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
-    c.Require(t.global_batch_size % (*p.dp * t.micro_batch_size) == 0, "train.global_batch_size",
+    // EP ranks read different data too (docs/expert_parallel.md).
+    const int64_t ep = p.ep && *p.ep >= 1 ? *p.ep : 1;
+    c.Require(t.global_batch_size % (*p.dp * ep * t.micro_batch_size) == 0, "train.global_batch_size",
               t.global_batch_size,
-              absl::StrCat("must be divisible by ", Axis("dp", *p.dp), " x train.micro_batch_size=",
-                           t.micro_batch_size));
+              absl::StrCat("must be divisible by ", Axis("dp", *p.dp),
+                           ep > 1 ? absl::StrCat(" x ", Axis("ep", ep)) : std::string(),
+                           " x train.micro_batch_size=", t.micro_batch_size));
   }
 
   const ResourcesSpec& r = s.resources;
@@ -257,10 +260,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 
 std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   Checker c;
-  for (const auto& [name, value] : {std::pair{"cp", l.cp}, std::pair{"ep", l.ep}}) {
-    c.Require(value == 1, absl::StrCat("parallelism.", name), value,
-              "is not supported by this engine yet (use 1)");
-  }
+  c.Require(l.cp == 1, "parallelism.cp", l.cp, "is not supported by this engine yet (use 1)");
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const ModelSpec& m = s.model;
@@ -269,6 +269,18 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
       c.Require(value == 1, absl::StrCat("parallelism.", name), value,
                 "with model.moe is not supported by this engine yet (use 1)");
     }
+  }
+  if (l.ep > 1) {  // expert parallelism (worker/engine/expert_parallel/, docs/expert_parallel.md)
+    if (!m.moe.enabled()) {
+      c.Require(false, "parallelism.ep", l.ep, "must be 1: the model has no experts (model.moe)");
+    } else {
+      c.Require(m.moe.num_experts % l.ep == 0, "model.moe.num_experts", m.moe.num_experts,
+                absl::StrCat("must be divisible by ", Axis("ep", l.ep),
+                             " (each rank holds num_experts / ep experts)"));
+    }
+    // The dense gradients' second sum over EP works on whole gradients.
+    c.Require(l.zero_stage <= 1, "parallelism.zero_stage", l.zero_stage,
+              absl::StrCat("with ", Axis("ep", l.ep), " is not supported by this engine yet (use 0 or 1)"));
   }
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
     c.Require(m.num_heads % l.tp == 0, "model.num_heads", m.num_heads,

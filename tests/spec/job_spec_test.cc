@@ -149,6 +149,31 @@ TEST(JobSpecRules, MoeRulesNameTheirFields) {
   l.tp = 2;
   EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
               HasSubstr("parallelism.tp=2 with model.moe is not supported"));
+  // Expert parallelism (docs/expert_parallel.md): with ZeRO 0 or 1, experts
+  // divisible by ep; never for a dense model.
+  l = LayoutOf(s);
+  l.ep = 2;
+  l.zero_stage = 1;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.zero_stage = 2;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.zero_stage=2 with parallelism.ep=2 is not supported"));
+  l.zero_stage = 0;
+  l.ep = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("model.moe.num_experts=4 must be divisible by parallelism.ep=3"));
+  JobSpec dense = Parse(kValid);
+  l.ep = 2;
+  EXPECT_THAT(std::string(ValidateEngineRuns(dense, l).message()),
+              HasSubstr("parallelism.ep=2 must be 1: the model has no experts"));
+  // EP ranks read their own data: the global batch divides over dp x ep.
+  s.parallelism.dp = 1;
+  s.parallelism.ep = 4;
+  s.resources.ranks = 4;
+  s.train.global_batch_size = 4 * s.train.micro_batch_size + s.train.micro_batch_size;
+  EXPECT_THAT(Errors(s), HasSubstr("must be divisible by parallelism.dp=1 x parallelism.ep=4 x "
+                                   "train.micro_batch_size"));
+  EXPECT_EQ(LayoutOf(s).grad_accum, s.train.global_batch_size / (4 * s.train.micro_batch_size));
 }
 
 // One descriptor per train.precision, named as the spec spells it.

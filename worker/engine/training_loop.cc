@@ -10,6 +10,7 @@
 #include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_exchange.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/model/moe_stats.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
@@ -149,9 +150,19 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     return loop;
   }
 
+  ModelPart whole;
+  if (loop->ctx_.ep != nullptr && job.model.moe.enabled()) {  // [ep] this rank's experts only
+    absl::StatusOr<std::unique_ptr<EpExpertExchange>> exchange =
+        EpExpertExchange::Create(loop->ctx_.ep, ops.get(), job.model.moe.num_experts);
+    if (!exchange.ok()) return exchange.status();
+    whole.first_expert = (*exchange)->first_expert();
+    whole.held_experts = (*exchange)->num_held();
+    loop->expert_exchange_ = std::move(*exchange);
+  }
   loop->model_ = std::make_unique<LlamaModel>(
       job.model, job.parallelism.recompute, ops,
-      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel});  // [tp]
+      TensorParallelOptions{loop->ctx_.tp, job.parallelism.sequence_parallel}, whole);  // [tp]
+  if (loop->expert_exchange_) loop->model_->SetExpertExchange(loop->expert_exchange_.get());
   loop->model_->InitParameters(t.seed);
   const int64_t param_bytes = loop->model_->NumParameters() * static_cast<int64_t>(sizeof(float));
   int zero_stage = 0;
@@ -232,7 +243,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   float loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
   StepProgress p;
   if (spec_.model.moe.enabled()) {  // [moe] loads over DP, the bias update, the step's stats
-    absl::StatusOr<MoeSummary> moe = FinishMoeStep(*model_, ctx_.dp, total_micro);
+    absl::StatusOr<MoeSummary> moe = FinishMoeStep(*model_, ctx_.DataGroups(), total_micro);
     if (!moe.ok()) return moe.status();
     p.moe = std::move(*moe);
   }

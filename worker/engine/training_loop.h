@@ -202,6 +202,7 @@ class TrainingLoop {
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
   std::shared_ptr<kernels::Ops> ops_;  // the model's backend; outlives the optimizer's buffers
+  std::unique_ptr<ExpertExchange> expert_exchange_;  // [ep] the model's MoE layers use it
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;

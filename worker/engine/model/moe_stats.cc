@@ -35,9 +35,16 @@ MoeSummary SummarizeMoe(const MoeStepStats& stats, int64_t num_experts, int64_t 
 
 absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model, comm::Communicator* dp,
                                          int64_t micro_batches) {
+  return FinishMoeStep(model, std::vector<comm::Communicator*>{dp}, micro_batches);
+}
+
+absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
+                                         const std::vector<comm::Communicator*>& groups,
+                                         int64_t micro_batches) {
   MoeStepStats stats = model.TakeMoeStats();
   const int64_t e_count = model.config().moe.num_experts;
-  if (dp != nullptr && dp->size() > 1) {
+  for (comm::Communicator* dp : groups) {
+    if (dp == nullptr || dp->size() <= 1) continue;
     // One float all-reduce: the loads, then drops, assignments and aux loss
     // (counts stay exact in float up to 2^24 per entry).
     std::vector<float> packed(stats.tokens_per_expert.begin(), stats.tokens_per_expert.end());

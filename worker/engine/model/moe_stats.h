@@ -26,5 +26,10 @@ MoeSummary SummarizeMoe(const MoeStepStats& stats, int64_t num_experts, int64_t 
 // set) and returns the summary. Collective over dp.
 absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model, comm::Communicator* dp,
                                          int64_t micro_batches);
+// [ep] The same, summed over each of `groups` in turn (dp, then ep: every
+// rank that reads other data; null entries skipped).
+absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
+                                         const std::vector<comm::Communicator*>& groups,
+                                         int64_t micro_batches);
 
 }  // namespace loom::engine

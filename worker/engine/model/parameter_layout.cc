@@ -1,6 +1,8 @@
 #include "worker/engine/model/parameter_layout.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -100,8 +102,9 @@ absl::Status CheckModelPart(const spec::ModelSpec& c, const ModelPart& part) {
   return absl::OkStatus();
 }
 
-ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
-                                    const ModelPart& part) {
+namespace {
+
+ParameterLayout LayerSlice(const spec::ModelSpec& c, const TpPlan& tp, const ModelPart& part) {
   const ParameterLayout whole = MakeParameterLayout(c, tp);
   if (part.Whole(c)) return whole;
   const int64_t first = part.first_layer;
@@ -154,6 +157,64 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
                                     : keep(whole.embed, 1);
   }
   return out;
+}
+
+// [ep] The expert index of a routed expert's tensor, -1 for any other.
+int64_t ExpertOf(const std::string& name) {
+  static const std::string kTag = ".mlp.experts.";
+  const size_t at = name.find(kTag);
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + kTag.size()));
+}
+
+// [ep] `in` without the routed experts outside [first, first + held),
+// offsets packed again.
+ParameterLayout HoldExperts(const ParameterLayout& in, const spec::ModelSpec& c, int64_t first,
+                            int64_t held) {
+  ParameterLayout out;
+  std::map<int64_t, int64_t> moved;  // old offset -> new, kept entries
+  for (const ParameterEntry& e : in.entries) {
+    const int64_t expert = ExpertOf(e.name);
+    if (expert >= 0 && (expert < first || expert >= first + held)) continue;
+    ParameterEntry k = e;
+    k.offset = out.total;
+    moved[e.offset] = k.offset;
+    out.total += k.numel;
+    out.entries.push_back(std::move(k));
+  }
+  auto at = [&](int64_t old) {
+    auto it = moved.find(old);
+    return old < 0 || it == moved.end() ? int64_t{-1} : it->second;
+  };
+  const int64_t stride = 3 * c.expert_ffn() * c.hidden_size;  // one expert's gate, up, down
+  for (const LayerOffsets& l : in.layers) {
+    LayerOffsets o = l;
+    o.input_norm = at(l.input_norm);
+    o.qkv = at(l.qkv);
+    o.o = at(l.o);
+    o.post_norm = at(l.post_norm);
+    o.gate_up = at(l.gate_up);
+    o.down = at(l.down);
+    o.router = at(l.router);
+    o.experts = l.moe ? at(l.experts + first * stride) : -1;
+    o.shared_gate_up = at(l.shared_gate_up);
+    o.shared_down = at(l.shared_down);
+    if (l.moe) o.entries = l.entries - 3 * (c.moe.num_experts - held);
+    out.layers.push_back(o);
+  }
+  out.embed = at(in.embed);
+  out.final_norm = at(in.final_norm);
+  out.lm_head = at(in.lm_head);
+  return out;
+}
+
+}  // namespace
+
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
+                                    const ModelPart& part) {
+  ParameterLayout sliced = LayerSlice(c, tp, part);
+  if (part.held_experts < 0 || part.held_experts == c.moe.num_experts) return sliced;
+  return HoldExperts(sliced, c, part.first_expert, part.held_experts);
 }
 
 }  // namespace loom::engine

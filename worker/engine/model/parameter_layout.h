@@ -68,6 +68,12 @@ struct ModelPart {
   int64_t num_layers = -1;  // -1: every layer from first_layer on
   bool embedding = true;
   bool head = true;          // model.norm, lm_head and the loss
+  // [ep] The routed experts held (docs/expert_parallel.md): the contiguous
+  // range [first_expert, first_expert + held_experts); -1: all of them. The
+  // others' tensors are left out; every kept tensor keeps its name and init
+  // stream, so a rank's experts equal the one-process model's.
+  int64_t first_expert = 0;
+  int64_t held_experts = -1;
   bool Whole(const spec::ModelSpec& c) const {
     return first_layer == 0 && (num_layers < 0 || num_layers == c.num_layers) && embedding && head;
   }

@@ -1,0 +1,187 @@
+// Expert parallelism in the training loop, ranks as threads over real Gloo
+// groups of a dp x ep mesh (rank = d * ep + e), against one process: the loss
+// of every step, the expert statistics (so the selection bias moves the same),
+// the validation loss, and at the end every parameter, each expert compared on
+// the rank that holds it and every dense tensor on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/comm/rank_harness.h"
+#include "tests/engine/test_util.h"
+#include "worker/comm/in_process_store.h"
+#include "worker/engine/expert_parallel/ep_gradients.h"
+#include "worker/engine/training_loop.h"
+
+namespace loom::engine {
+namespace {
+
+spec::JobSpec MoeJob(const std::string& train, const std::string& val) {
+  spec::JobSpec job = testing::TinyJob(train, val);
+  job.train.steps = 4;
+  job.train.eval_interval = 0;  // the last step evaluates when val is given
+  spec::MoeSpec& m = job.model.moe;
+  m.num_experts = 4;
+  m.top_k = 2;
+  m.expert_ffn_hidden_size = 16;
+  m.num_shared_experts = 1;
+  m.first_dense_layers = 1;
+  m.aux_loss_coef = 0.01;
+  m.bias_update_rate = 0.01;  // the bias moves from the summed loads
+  return job;
+}
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<std::vector<double>> loads;  // tokens per expert, per step
+  std::optional<double> val_loss;
+  std::map<std::string, std::vector<float>> params;  // by name, what this rank holds
+};
+
+void Train(TrainingLoop& loop, RunResult* out) {
+  while (!loop.done()) {
+    auto p = loop.TrainStep();
+    ASSERT_TRUE(p.ok()) << p.status();
+    out->losses.push_back(p->loss);
+    ASSERT_TRUE(p->moe.has_value());
+    out->loads.push_back(p->moe->tokens_per_expert);
+    if (p->val_loss) out->val_loss = p->val_loss;
+  }
+  for (const TensorView& v : loop.model().Parameters()) {
+    out->params[v.name].assign(v.data, v.data + v.numel());
+  }
+}
+
+RunResult Single(const spec::JobSpec& job) {
+  RunResult r;
+  auto loop = TrainingLoop::Create(job);
+  EXPECT_TRUE(loop.ok()) << loop.status();
+  if (loop.ok()) Train(**loop, &r);
+  return r;
+}
+
+std::vector<RunResult> Mesh(spec::JobSpec job, int dp, int ep, int zero) {
+  job.parallelism.dp = dp;
+  job.parallelism.ep = ep;
+  job.parallelism.zero_stage = zero;
+  comm::InProcessStore store;
+  std::vector<std::vector<std::unique_ptr<comm::Communicator>>> ep_groups(dp), dp_groups(ep);
+  for (int d = 0; d < dp && ep > 1; ++d) ep_groups[d] = comm::testing::MakeGroup(store, ep, absl::Seconds(60), "ep");
+  for (int e = 0; e < ep && dp > 1; ++e) dp_groups[e] = comm::testing::MakeGroup(store, dp, absl::Seconds(60), "dp");
+  std::vector<RunResult> runs(dp * ep);
+  std::vector<std::thread> threads;
+  for (int d = 0; d < dp; ++d) {
+    for (int e = 0; e < ep; ++e) {
+      threads.emplace_back([&, d, e] {
+        comm::Communicator* dpc = dp > 1 ? dp_groups[e][d].get() : nullptr;
+        comm::Communicator* epc = ep > 1 ? ep_groups[d][e].get() : nullptr;
+        auto ctx = ParallelContext::Make(d, dp, dpc, nullptr, nullptr, epc);
+        ASSERT_TRUE(ctx.ok()) << ctx.status();
+        auto loop = TrainingLoop::Create(job, *ctx);
+        ASSERT_TRUE(loop.ok()) << loop.status();
+        Train(**loop, &runs[d * ep + e]);
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  return runs;
+}
+
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(double{got[i]} - want[i]));
+    scale = std::max(scale, std::abs(double{want[i]}));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+void ExpectEqualsOneProcess(const RunResult& want, const std::vector<RunResult>& got, int ep) {
+  std::map<std::string, int> holders;
+  for (size_t r = 0; r < got.size(); ++r) {
+    const RunResult& g = got[r];
+    ASSERT_EQ(g.losses.size(), want.losses.size()) << "rank " << r;
+    for (size_t i = 0; i < want.losses.size(); ++i) {
+      EXPECT_NEAR(g.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << "rank " << r << " step " << i + 1;
+      ASSERT_EQ(g.loads[i].size(), want.loads[i].size());
+      for (size_t e = 0; e < want.loads[i].size(); ++e) EXPECT_EQ(g.loads[i][e], want.loads[i][e]) << "step " << i + 1;
+    }
+    ASSERT_EQ(g.val_loss.has_value(), want.val_loss.has_value());
+    if (want.val_loss) EXPECT_NEAR(*g.val_loss, *want.val_loss, 1e-5 * *want.val_loss) << "rank " << r;
+    int experts = 0;
+    for (const auto& [name, values] : g.params) {
+      auto it = want.params.find(name);
+      ASSERT_NE(it, want.params.end()) << name;
+      EXPECT_LT(RelativeError(values, it->second), 1e-5) << name << " on rank " << r;
+      ++holders[name];
+      if (IsExpertParameter(name)) ++experts;
+    }
+    // Each rank holds its share of the experts: 3 tensors each, one MoE layer.
+    EXPECT_EQ(experts, 3 * 4 / ep) << "rank " << r;
+  }
+  // Every one-process tensor is held somewhere: experts by dp ranks, dense by all.
+  const int dp = static_cast<int>(got.size()) / ep;
+  for (const auto& [name, values] : want.params) {
+    EXPECT_EQ(holders[name], IsExpertParameter(name) ? dp : dp * ep) << name;
+  }
+}
+
+class EpTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_ / "train.txt", testing::SyntheticText(20000, 1));
+    testing::WriteFile(dir_ / "val.txt", testing::SyntheticText(4000, 2));
+  }
+  testing::ScratchDir dir_;
+};
+
+TEST_F(EpTrainingTest, Ep2MatchesOneProcessWithValidation) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", dir_ / "val.txt");
+  const RunResult want = Single(job);
+  ASSERT_TRUE(want.val_loss.has_value());
+  ExpectEqualsOneProcess(want, Mesh(job, 1, 2, 0), 2);
+}
+
+TEST_F(EpTrainingTest, Ep4MatchesOneProcess) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
+  ExpectEqualsOneProcess(Single(job), Mesh(job, 1, 4, 0), 4);
+}
+
+TEST_F(EpTrainingTest, Ep2Dp2WithZero1MatchesOneProcess) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
+  ExpectEqualsOneProcess(Single(job), Mesh(job, 2, 2, 1), 2);
+}
+
+TEST_F(EpTrainingTest, RefusesWhatTheEngineCannotRun) {
+  spec::JobSpec uneven = MoeJob(dir_ / "train.txt", "");
+  uneven.parallelism.ep = 2;
+  uneven.model.moe.num_experts = 3;
+  uneven.model.moe.top_k = 1;
+  spec::JobSpec zero2 = MoeJob(dir_ / "train.txt", "");
+  zero2.parallelism.ep = 2;
+  zero2.parallelism.zero_stage = 2;
+  spec::JobSpec dense = MoeJob(dir_ / "train.txt", "");
+  dense.parallelism.ep = 2;
+  dense.model.moe = {};
+  const std::pair<spec::JobSpec, std::string> cases[] = {
+      {uneven, "model.moe.num_experts"}, {zero2, "parallelism.zero_stage"}, {dense, "parallelism.ep"}};
+  comm::InProcessStore store;
+  auto group = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "ep");
+  comm::testing::RunRanks(group, [&](int, comm::Communicator& c) {
+    auto ctx = ParallelContext::Make(0, 1, nullptr, nullptr, nullptr, &c);
+    ASSERT_TRUE(ctx.ok());
+    for (const auto& [job, field] : cases) {
+      auto loop = TrainingLoop::Create(job, *ctx);
+      ASSERT_FALSE(loop.ok()) << field;
+      EXPECT_NE(loop.status().message().find(field), std::string::npos) << loop.status();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom::engine
