@@ -10,6 +10,7 @@
 #include "common/spec/layout.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_checkpoint.h"
 #include "worker/engine/expert_parallel/ep_exchange.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/model/moe_stats.h"
@@ -507,6 +508,42 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
   return dir;
 }
 
+absl::StatusOr<std::string> TrainingLoop::SaveExpertParallelCheckpoint(const std::string& root,
+                                                                       CheckpointContent content) {
+  content.state["layout"]["ep"] = ctx_.ep_size();
+  absl::StatusOr<std::string> dir = std::string();
+  if (ctx_.dp_rank == 0) {  // DP rank 0's EP group gathers; its EP rank 0 writes
+    std::vector<TensorView> local;
+    for (const TpStaged& t : CheckpointState(PartParameters())) local.push_back(t.local);
+    absl::StatusOr<std::vector<HostTensor>> global =
+        GatherExpertTensors(*ops_, ctx_.ep, local, expert_exchange_->num_held());
+    if (!global.ok()) return global.status();
+    if (ctx_.ep_rank() == 0) {
+      CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
+      CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
+      for (HostTensor& t : *global) {
+        CheckpointFile& file = t.name.rfind("optimizer.", 0) == 0 ? optimizer : model;
+        file.tensors.push_back({t.name, t.shape, t.data.data()});
+      }
+      content.files = {std::move(model), std::move(optimizer)};
+      dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
+    }
+  }
+  // The writer tells its EP group, then each of those tells its DP group;
+  // this is also the barrier.
+  int32_t ok = dir.ok() ? 1 : 0;
+  if (ctx_.dp_rank == 0) {
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.ep, &ok, 1, 0); !s.ok()) return s;
+  }
+  if (absl::Status s = BroadcastHostInts(*ops_, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
+  if (!dir.ok()) return dir;
+  if (ok != 1) {
+    return absl::InternalError(absl::StrCat("the writing rank failed to commit the checkpoint of step ",
+                                            step_, " under ", root));
+  }
+  return dir;
+}
+
 absl::Status TrainingLoop::GatherParameters(std::vector<float>* out) {
   // ZeRO-3 (not under PP) holds only shards: gathered over DP.
   if (!pipeline_ && dp_engine() != nullptr) return dp_engine()->GatherParameters(out);
@@ -528,13 +565,15 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
-  if (pipeline_ || ctx_.tp != nullptr) {  // [tp] [pp] global tensors
+  if (pipeline_ || ctx_.tp != nullptr || expert_exchange_ != nullptr) {  // [tp] [pp] [ep] global tensors
     const bool unshard = zero_stage() > 0;
     if (unshard) {
       if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
     }
-    absl::StatusOr<std::string> dir = pipeline_ ? SavePipelineCheckpoint(root, std::move(content))
-                                                : SaveTensorParallelCheckpoint(root, std::move(content));
+    absl::StatusOr<std::string> dir =
+        pipeline_               ? SavePipelineCheckpoint(root, std::move(content))
+        : ctx_.tp != nullptr    ? SaveTensorParallelCheckpoint(root, std::move(content))
+                                : SaveExpertParallelCheckpoint(root, std::move(content));
     if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);
     return dir;
   }

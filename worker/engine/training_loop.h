@@ -146,6 +146,9 @@ class TrainingLoop {
   std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
+  // [ep] Global tensors, the experts gathered over EP (ep_checkpoint.h).
+  absl::StatusOr<std::string> SaveExpertParallelCheckpoint(const std::string& root,
+                                                           CheckpointContent content);
   // The model parts this rank trains: the model, or the stage's chunks (one
   // DataParallelEngine each under DP); their parameters, part after part.
   std::vector<LlamaModel*> Parts();
