@@ -99,6 +99,15 @@ class ParallelJobs(unittest.TestCase):
                     a = got[step]
                     self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
 
+    def rank_log_lines(self, job, text):
+        """Lines containing `text` in the rank logs of `job` (the agent's work dir)."""
+        lines = []
+        for root, _, files in os.walk(self.cluster.dir):
+            if job in root and "log.txt" in files:
+                with open(os.path.join(root, "log.txt"), errors="replace") as f:
+                    lines += [line.strip() for line in f if text in line]
+        return lines
+
     def checkpoint_tensors(self, name):
         """The model tensors of job `name`'s newest checkpoint, as the engine
         wrote them (global tensors whatever the layout)."""
@@ -131,6 +140,12 @@ class ParallelJobs(unittest.TestCase):
                     diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(have, want)))
                     norm = math.sqrt(sum(y * y for y in want))
                     self.assertLessEqual(diff, 1e-5 * norm, f"{name} {tensor}")
+                # The ranks really split the experts (each says which it holds).
+                ep, dp = layout["ep"], layout.get("dp", 1)
+                held = self.rank_log_lines(self.jobs[name], "holds experts")
+                want_held = sorted(f"ep rank {r} of {ep} holds experts [{r * 4 // ep}, {(r + 1) * 4 // ep})"
+                                   for r in range(ep) for _ in range(dp))
+                self.assertEqual(sorted(line.split("expert parallel: ", 1)[1] for line in held), want_held)
         # Not yet: the MoE layer has no TP or PP split; submission says so.
         for name, layout, rule in [("ep2-tp2", dict(ep=2, tp=2), "parallelism.tp=2 with model.moe"),
                                    ("ep2-pp2", dict(ep=2, pp=2), "parallelism.pp=2 with model.moe")]:

@@ -161,6 +161,12 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
       engine::TrainingLoop::Create(job, *ctx, *ops);
   if (!loop.ok()) return loop.status();
   if (absl::Status s = CheckStageLayers(a, **loop); !s.ok()) return s;  // [pp]
+  if (ctx->ep != nullptr) {  // [ep] which experts this rank holds, for its log
+    const int64_t held = job.model.moe.num_experts / ctx->ep_size();
+    std::fprintf(stderr, "loom-trainer: rank %d: expert parallel: ep rank %d of %d holds experts [%lld, %lld)\n",
+                 a.rank(), ctx->ep_rank(), ctx->ep_size(), static_cast<long long>(ctx->ep_rank() * held),
+                 static_cast<long long>((ctx->ep_rank() + 1) * held));
+  }
   loom::v1::RankProgress ready;
   ready.set_phase("ready");
   reporter.Report(ready);
