@@ -511,14 +511,21 @@ absl::StatusOr<std::string> TrainingLoop::SaveTensorParallelCheckpoint(const std
 absl::StatusOr<std::string> TrainingLoop::SaveExpertParallelCheckpoint(const std::string& root,
                                                                        CheckpointContent content) {
   content.state["layout"]["ep"] = ctx_.ep_size();
+  if (ctx_.tp != nullptr) content.state["layout"]["tp"] = ctx_.tp->size();
   absl::StatusOr<std::string> dir = std::string();
-  if (ctx_.dp_rank == 0) {  // DP rank 0's EP group gathers; its EP rank 0 writes
-    std::vector<TensorView> local;
-    for (const TpStaged& t : CheckpointState(PartParameters())) local.push_back(t.local);
+  // DP rank 0's ranks gather: each tensor whole over TP, then the experts
+  // over EP; (dp 0, ep 0, tp 0) writes.
+  if (ctx_.dp_rank == 0) {
+    std::vector<HostTensor> local;
+    for (const TpStaged& t : CheckpointState(PartParameters())) {
+      HostTensor h{t.local.name, t.local.GlobalShape(), {}};
+      if (absl::Status s = GatherGlobal(*ops_, t.local, ctx_.tp, &h.data); !s.ok()) return s;
+      local.push_back(std::move(h));
+    }
     absl::StatusOr<std::vector<HostTensor>> global =
-        GatherExpertTensors(*ops_, ctx_.ep, local, expert_exchange_->num_held());
+        GatherExpertTensors(*ops_, ctx_.ep, std::move(local), expert_exchange_->num_held());
     if (!global.ok()) return global.status();
-    if (ctx_.ep_rank() == 0) {
+    if (ctx_.ep_rank() == 0 && ctx_.tp_rank() == 0) {
       CheckpointFile model{"model-tp00-pp00.safetensors", "model", {}, {}};
       CheckpointFile optimizer{"optimizer-tp00-pp00-dp00.safetensors", "optimizer", {}, {}};
       for (HostTensor& t : *global) {
@@ -529,9 +536,12 @@ absl::StatusOr<std::string> TrainingLoop::SaveExpertParallelCheckpoint(const std
       dir = CommitCheckpoint(root, content, spec_.checkpoint.keep);
     }
   }
-  // The writer tells its EP group, then each of those tells its DP group;
-  // this is also the barrier.
+  // The writer tells its TP group, those their EP groups, those their DP
+  // groups; this is also the barrier.
   int32_t ok = dir.ok() ? 1 : 0;
+  if (ctx_.dp_rank == 0 && ctx_.ep_rank() == 0) {
+    if (absl::Status s = BroadcastHostInts(*ops_, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
+  }
   if (ctx_.dp_rank == 0) {
     if (absl::Status s = BroadcastHostInts(*ops_, ctx_.ep, &ok, 1, 0); !s.ok()) return s;
   }
@@ -571,9 +581,9 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
       if (absl::Status s = UnshardForCheckpoint(); !s.ok()) return s;
     }
     absl::StatusOr<std::string> dir =
-        pipeline_               ? SavePipelineCheckpoint(root, std::move(content))
-        : ctx_.tp != nullptr    ? SaveTensorParallelCheckpoint(root, std::move(content))
-                                : SaveExpertParallelCheckpoint(root, std::move(content));
+        pipeline_                    ? SavePipelineCheckpoint(root, std::move(content))
+        : expert_exchange_ != nullptr ? SaveExpertParallelCheckpoint(root, std::move(content))
+                                      : SaveTensorParallelCheckpoint(root, std::move(content));
     if (unshard) ReshardAfterCheckpoint(/*loaded=*/false);
     return dir;
   }

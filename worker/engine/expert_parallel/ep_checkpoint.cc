@@ -25,32 +25,31 @@ std::string WithExpert(const std::string& name, int64_t expert) {
 }
 
 absl::StatusOr<std::vector<HostTensor>> GatherExpertTensors(kernels::Ops& ops, comm::Communicator* ep,
-                                                            const std::vector<TensorView>& local,
-                                                            int64_t held) {
+                                                            std::vector<HostTensor> local, int64_t held) {
   const int ranks = ep != nullptr ? ep->size() : 1;
   const int rank = ep != nullptr ? ep->rank() : 0;
+  constexpr int64_t kFloat = sizeof(float);
   std::vector<HostTensor> out;
-  ops.Synchronize();
-  for (const TensorView& v : local) {
-    const int64_t n = v.numel();
-    const bool expert = IsExpertParameter(v.name);
-    if (!expert || ranks == 1) {
-      HostTensor t{v.name, v.shape, std::vector<float>(static_cast<size_t>(n))};
-      if (n > 0) ops.CopyDeviceToHost(t.data.data(), v.data, n * static_cast<int64_t>(sizeof(float)));
+  for (HostTensor& t : local) {
+    const auto n = static_cast<int64_t>(t.data.size());
+    if (!IsExpertParameter(t.name) || ranks == 1) {
       out.push_back(std::move(t));
       continue;
     }
-    kernels::Buffer all = ops.AllocateFloats(n * ranks);
-    if (absl::Status s = ep->AllGather(std::span<const float>(v.data, static_cast<size_t>(n)),
+    // The group exchanges backend memory (NCCL's rule), so the tensor goes up first.
+    kernels::Buffer mine = ops.AllocateFloats(n), all = ops.AllocateFloats(n * ranks);
+    ops.CopyHostToDevice(mine.data(), t.data.data(), n * kFloat);
+    ops.Synchronize();
+    if (absl::Status s = ep->AllGather(std::span<const float>(mine.f32(), static_cast<size_t>(n)),
                                        std::span<float>(all.f32(), static_cast<size_t>(n * ranks)));
         !s.ok()) {
       return s;
     }
-    const int64_t local_index = ExpertIndex(v.name) - rank * held;
+    const int64_t local_index = ExpertIndex(t.name) - rank * held;
     for (int r = 0; r < ranks; ++r) {
-      HostTensor t{WithExpert(v.name, r * held + local_index), v.shape, std::vector<float>(static_cast<size_t>(n))};
-      ops.CopyDeviceToHost(t.data.data(), all.f32() + r * n, n * static_cast<int64_t>(sizeof(float)));
-      out.push_back(std::move(t));
+      HostTensor g{WithExpert(t.name, r * held + local_index), t.shape, std::vector<float>(static_cast<size_t>(n))};
+      ops.CopyDeviceToHost(g.data.data(), all.f32() + r * n, n * kFloat);
+      out.push_back(std::move(g));
     }
   }
   return out;

@@ -27,13 +27,12 @@ struct HostTensor {
   std::vector<float> data;
 };
 
-// The whole model's tensors from this EP rank's views (backend memory; the
+// The whole model's tensors from this EP rank's whole tensors (host; the
 // rank holds `held` experts from first_expert = rank * held): dense ones as
-// they are, each expert tensor gathered over `ep` (one all-gather per tensor,
-// collective over the group) as `ep` size tensors, source rank r's named for
-// its expert r * held + (e - first_expert).
+// they are, each expert tensor gathered over `ep` (one all-gather per tensor
+// through backend memory, collective over the group) as `ep` size tensors,
+// source rank r's named for its expert r * held + (e - first_expert).
 absl::StatusOr<std::vector<HostTensor>> GatherExpertTensors(kernels::Ops& ops, comm::Communicator* ep,
-                                                            const std::vector<TensorView>& local,
-                                                            int64_t held);
+                                                            std::vector<HostTensor> local, int64_t held);
 
 }  // namespace loom::engine
