@@ -264,10 +264,13 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const ModelSpec& m = s.model;
-  if (m.moe.enabled()) {  // the MoE layer runs on one rank of each axis but dp (docs/moe.md)
-    for (const auto& [name, value] : {std::pair{"tp", l.tp}, std::pair{"pp", l.pp}}) {
-      c.Require(value == 1, absl::StrCat("parallelism.", name), value,
-                "with model.moe is not supported by this engine yet (use 1)");
+  if (m.moe.enabled()) {  // the MoE layer: whole on every TP rank, one pipeline stage (docs/moe.md)
+    c.Require(l.pp == 1, "parallelism.pp", l.pp,
+              "with model.moe is not supported by this engine yet (use 1)");
+    if (l.tp > 1) {
+      c.Require(!l.sequence_parallel, "parallelism.sequence_parallel", "true",
+                absl::StrCat("with model.moe and ", Axis("tp", l.tp),
+                             " is not supported by this engine yet (the MoE layer needs the whole stream)"));
     }
   }
   if (l.ep > 1) {  // expert parallelism (worker/engine/expert_parallel/, docs/expert_parallel.md)

@@ -126,7 +126,7 @@ class ParallelJobs(unittest.TestCase):
         reference_params = self.checkpoint_tensors("moe-single")
         self.assertIn("model.layers.1.mlp.experts.3.down_proj.weight", reference_params)
         for name, layout in [("ep2", dict(ep=2)), ("ep4", dict(ep=4)),
-                             ("ep2-dp2-zero1", dict(ep=2, dp=2, zero=1))]:
+                             ("ep2-dp2-zero1", dict(ep=2, dp=2, zero=1)), ("ep2-tp2", dict(ep=2, tp=2))]:
             with self.subTest(layout=name):
                 got = self.losses(name, **common, **layout)
                 self.assertEqual(sorted(got), list(range(1, steps + 1)))
@@ -141,17 +141,20 @@ class ParallelJobs(unittest.TestCase):
                     norm = math.sqrt(sum(y * y for y in want))
                     self.assertLessEqual(diff, 1e-5 * norm, f"{name} {tensor}")
                 # The ranks really split the experts (each says which it holds).
-                ep, dp = layout["ep"], layout.get("dp", 1)
+                ep, others = layout["ep"], layout.get("dp", 1) * layout.get("tp", 1)
                 held = self.rank_log_lines(self.jobs[name], "holds experts")
                 want_held = sorted(f"ep rank {r} of {ep} holds experts [{r * 4 // ep}, {(r + 1) * 4 // ep})"
-                                   for r in range(ep) for _ in range(dp))
+                                   for r in range(ep) for _ in range(others))
                 self.assertEqual(sorted(line.split("expert parallel: ", 1)[1] for line in held), want_held)
-        # Not yet: the MoE layer has no TP or PP split; submission says so.
-        for name, layout, rule in [("ep2-tp2", dict(ep=2, tp=2), "parallelism.tp=2 with model.moe"),
-                                   ("ep2-pp2", dict(ep=2, pp=2), "parallelism.pp=2 with model.moe")]:
+        # Not yet: the MoE layer has no pipeline split nor sequence parallelism;
+        # submission says so.
+        for name, layout, rule in [("ep2-pp2", dict(ep=2, pp=2), "parallelism.pp=2 with model.moe"),
+                                   ("ep2-tp2-sp", dict(ep=2, tp=2, sp=True),
+                                    "parallelism.sequence_parallel=true with model.moe")]:
             with self.subTest(layout=name):
                 spec = SPEC.format(name=name, dp=1, tp=layout.get("tp", 1), pp=layout.get("pp", 1),
-                                   zero=0, sp="false", schedule="1f1b", v=1, precision="fp32",
+                                   zero=0, sp=str(layout.get("sp", False)).lower(), schedule="1f1b",
+                                   v=1, precision="fp32",
                                    ranks=4, ep=2, moe=MOE, ckpt=f"ckpt-{name}", tied="false",
                                    batch=16, ckpt_interval=4, resume="")
                 refused = self.cluster.loomctl("submit", self.cluster.write_spec(name, spec), check=False)

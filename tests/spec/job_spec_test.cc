@@ -147,8 +147,15 @@ TEST(JobSpecRules, MoeRulesNameTheirFields) {
   Layout l = LayoutOf(s);
   EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
   l.tp = 2;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.sequence_parallel = true;
   EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
-              HasSubstr("parallelism.tp=2 with model.moe is not supported"));
+              HasSubstr("parallelism.sequence_parallel=true with model.moe and parallelism.tp=2"));
+  l.sequence_parallel = false;
+  l.tp = 1;
+  l.pp = 2;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.pp=2 with model.moe is not supported"));
   // Expert parallelism (docs/expert_parallel.md): with ZeRO 0 or 1, experts
   // divisible by ep; never for a dense model.
   l = LayoutOf(s);

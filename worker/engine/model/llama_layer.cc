@@ -55,7 +55,7 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   }
   ops.RmsNormForward(a.x_mid, w.post_norm, rows, h, d.eps, sp ? tp->rows : a.h2, a.rstd2);
   if (sp) tp->coll->AllGather(tp->rows, rows * h, a.h2);
-  if (moe != nullptr) {  // [moe] without TP (CheckEngineRuns)
+  if (moe != nullptr) {  // [moe] whole on every TP rank, no SP (CheckEngineRuns)
     absl::Status st = moe->layer->Forward(moe->dims, moe->w, a.h2, a.x_mid, x_next);
     if (!st.ok() && moe->status->ok()) *moe->status = st;
     return;
@@ -86,7 +86,7 @@ void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   float* dh_full = sp ? tp->partial : s.dh;
   // MLP: dx is the gradient of the block output = of down_proj's output.
   const float* dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;
-  if (moe != nullptr) {  // [moe] without TP (CheckEngineRuns)
+  if (moe != nullptr) {  // [moe] whole on every TP rank, no SP (CheckEngineRuns)
     absl::Status st = moe->layer->Backward(moe->dims, moe->w, moe->g, a.h2, dy, moe->loss_scale,
                                            *moe->scratch, s.dh);
     if (!st.ok() && moe->status->ok()) *moe->status = st;

@@ -225,9 +225,11 @@ LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
     if (impl_->replicated->empty()) impl_->replicated.reset();
     impl_->block_tp.coll = impl_->coll.get();
   }
-  // [moe] The MoE layers run without TP (spec::CheckEngineRuns refuses it).
-  if (config_.moe.enabled() && tp_size > 1) {
-    std::fprintf(stderr, "LlamaModel: model.moe with a tensor-parallel group is not supported\n");
+  // [moe] Under TP every rank runs the whole MoE layer on the replicated
+  // stream (its tensors replicated); sequence parallelism splits the stream,
+  // which the layer does not (spec::CheckEngineRuns refuses it).
+  if (config_.moe.enabled() && tp_size > 1 && parallel.sequence_parallel) {
+    std::fprintf(stderr, "LlamaModel: model.moe with sequence parallelism is not supported\n");
     std::abort();
   }
   impl_->local_exchange =

@@ -57,23 +57,23 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp) 
     l.o = add(p + "self_attn.o_proj.weight", {h, q_dim}, 1, q_first, q_rows, 1, residual_std);
     l.post_norm = add(p + "post_attention_layernorm.weight", {h}, -1, 0, 0, all, 0.0);
     const size_t first_entry = layout.entries.size() - 6;
-    if (c.IsMoeLayer(i)) {  // [moe] no TP (CheckEngineRuns): every tensor whole
+    if (c.IsMoeLayer(i)) {  // [moe] every tensor whole; under TP (no SP) every TP rank holds it (replicas)
       const int64_t ef = c.expert_ffn(), sf = c.moe.num_shared_experts * ef;
       l.moe = true;
       l.gate_up = l.down = -1;
       l.router = add(p + "mlp.gate.weight", {c.moe.num_experts, h}, -1, 0, 0, all, kStd);
       for (int64_t e = 0; e < c.moe.num_experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        const int64_t at = add(x + "gate_proj.weight", {ef, h}, -1, 0, 0, 1, kStd);
+        const int64_t at = add(x + "gate_proj.weight", {ef, h}, -1, 0, 0, all, kStd);
         if (e == 0) l.experts = at;
-        add(x + "up_proj.weight", {ef, h}, -1, 0, 0, 1, kStd);
-        add(x + "down_proj.weight", {h, ef}, -1, 0, 0, 1, residual_std);
+        add(x + "up_proj.weight", {ef, h}, -1, 0, 0, all, kStd);
+        add(x + "down_proj.weight", {h, ef}, -1, 0, 0, all, residual_std);
       }
       if (sf > 0) {
-        l.shared_gate_up = add(p + "mlp.shared_experts.gate_proj.weight", {sf, h}, -1, 0, 0, 1, kStd);
-        add(p + "mlp.shared_experts.up_proj.weight", {sf, h}, -1, 0, 0, 1, kStd);
+        l.shared_gate_up = add(p + "mlp.shared_experts.gate_proj.weight", {sf, h}, -1, 0, 0, all, kStd);
+        add(p + "mlp.shared_experts.up_proj.weight", {sf, h}, -1, 0, 0, all, kStd);
         l.shared_down =
-            add(p + "mlp.shared_experts.down_proj.weight", {h, sf}, -1, 0, 0, 1, residual_std);
+            add(p + "mlp.shared_experts.down_proj.weight", {h, sf}, -1, 0, 0, all, residual_std);
       }
     } else {
       l.gate_up = add(p + "mlp.gate_proj.weight", {f, h}, 0, tp.ffn_first, tp.ffn, 1, kStd);
