@@ -196,13 +196,17 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
     }
   }
   if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
-    // EP ranks read different data too (docs/expert_parallel.md).
-    const int64_t ep = p.ep && *p.ep >= 1 ? *p.ep : 1;
-    c.Require(t.global_batch_size % (*p.dp * ep * t.micro_batch_size) == 0, "train.global_batch_size",
+    c.Require(t.global_batch_size % (*p.dp * t.micro_batch_size) == 0, "train.global_batch_size",
               t.global_batch_size,
-              absl::StrCat("must be divisible by ", Axis("dp", *p.dp),
-                           ep > 1 ? absl::StrCat(" x ", Axis("ep", ep)) : std::string(),
-                           " x train.micro_batch_size=", t.micro_batch_size));
+              absl::StrCat("must be divisible by ", Axis("dp", *p.dp), " x train.micro_batch_size=",
+                           t.micro_batch_size));
+  }
+  if (p.dp && *p.dp >= 1 && p.ep && *p.ep > 1 && t.micro_batch_size >= 1) {  // [moe]
+    c.Require(t.global_batch_size % (*p.dp * *p.ep * t.micro_batch_size) == 0,
+              "train.global_batch_size", t.global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", *p.dp), " x ", Axis("ep", *p.ep),
+                           " x train.micro_batch_size=", t.micro_batch_size,
+                           " (expert-parallel ranks train on their own sequences)"));
   }
 
   const ResourcesSpec& r = s.resources;

@@ -89,8 +89,13 @@ spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx
 }  // namespace
 
 double ModelFlopsPerToken(const spec::ModelSpec& m, int64_t num_parameters, int64_t seq_len) {
-  const int64_t matmul_params =
+  int64_t matmul_params =
       num_parameters - (m.tie_embeddings ? 0 : m.vocab_size * m.hidden_size);
+  if (m.moe.enabled()) {  // [moe] a token runs top_k of the routed experts: count the active ones
+    const int64_t moe_layers = m.num_layers - m.moe.first_dense_layers;
+    matmul_params -= moe_layers * (m.moe.num_experts - m.moe.top_k) * 3 * m.expert_ffn() *
+                     m.hidden_size;
+  }
   return 6.0 * static_cast<double>(matmul_params) +
          12.0 * static_cast<double>(m.num_layers * m.hidden_size * seq_len);
 }

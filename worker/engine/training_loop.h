@@ -224,7 +224,8 @@ class TrainingLoop {
 };
 
 // 6*N + 12*L*h*s, N counting the parameters that take part in matmuls: all of
-// them except an untied input embedding table (a lookup).
+// them except an untied input embedding table (a lookup) and, with model.moe,
+// the routed experts a token does not run (E - top_k per MoE layer).
 double ModelFlopsPerToken(const spec::ModelSpec& model, int64_t num_parameters, int64_t seq_len);
 
 }  // namespace loom::engine

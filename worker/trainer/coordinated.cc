@@ -58,6 +58,15 @@ loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
   out.set_flops_per_token(p.flops_per_token);
   out.set_lr(p.lr);
   out.set_grad_norm(p.grad_norm);
+  if (p.moe) {  // [moe]
+    loom::v1::MoeProgress& m = *out.mutable_moe();
+    for (double n : p.moe->tokens_per_expert) m.add_tokens_per_expert(n);
+    m.set_tokens_min(p.moe->tokens_min);
+    m.set_tokens_max(p.moe->tokens_max);
+    m.set_imbalance(p.moe->imbalance);
+    m.set_dropped_fraction(p.moe->dropped_fraction);
+    m.set_aux_loss(p.moe->aux_loss);
+  }
   return out;
 }
 
