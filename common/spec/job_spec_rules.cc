@@ -268,9 +268,7 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const ModelSpec& m = s.model;
-  if (m.moe.enabled()) {  // the MoE layer: whole on every TP rank, one pipeline stage (docs/moe.md)
-    c.Require(l.pp == 1, "parallelism.pp", l.pp,
-              "with model.moe is not supported by this engine yet (use 1)");
+  if (m.moe.enabled()) {  // the MoE layer: whole on every TP rank (docs/moe.md)
     if (l.tp > 1) {
       c.Require(!l.sequence_parallel, "parallelism.sequence_parallel", "true",
                 absl::StrCat("with model.moe and ", Axis("tp", l.tp),

@@ -5,6 +5,8 @@
 // the rank that holds it and every dense tensor on every rank.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -58,7 +60,9 @@ void Train(TrainingLoop& loop, RunResult* out, int64_t until = -1, comm::Communi
     out->loads.push_back(p->moe->tokens_per_expert);
     if (p->val_loss) out->val_loss = p->val_loss;
   }
-  for (const TensorView& v : loop.model().Parameters()) {  // whole tensors under TP
+  const std::vector<TensorView> params =
+      loop.pipeline_stage() != nullptr ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
+  for (const TensorView& v : params) {  // whole tensors under TP
     ASSERT_TRUE(GatherGlobal(v, tp, &out->params[v.name]).ok()) << v.name;
   }
 }
@@ -73,46 +77,54 @@ RunResult Single(const spec::JobSpec& job, const Hook& before = {}) {
   return r;
 }
 
-// The dp x ep x tp mesh (rank = (d * ep + e) * tp + t), each group keyed by
-// the coordinates it does not span.
+// The pp x dp x ep x tp mesh (tp fastest), each group keyed by the
+// coordinates it does not span.
 std::vector<RunResult> Mesh(spec::JobSpec job, int dp, int ep, int zero, const Hook& before = {},
-                            int64_t until = -1, const Hook& after = {}, int tp = 1) {
+                            int64_t until = -1, const Hook& after = {}, int tp = 1, int pp = 1) {
   job.parallelism.dp = dp;
   job.parallelism.ep = ep;
   job.parallelism.tp = tp;
+  job.parallelism.pp = pp;
   job.parallelism.zero_stage = zero;
   comm::InProcessStore store;
+  using Key = std::array<int, 3>;
   using Group = std::vector<std::unique_ptr<comm::Communicator>>;
-  std::map<std::pair<int, int>, Group> ep_groups, dp_groups, tp_groups;
+  std::map<Key, Group> ep_groups, dp_groups, tp_groups, pp_groups;
   const absl::Duration timeout = absl::Seconds(60);
-  for (int d = 0; d < dp; ++d) {
-    for (int t = 0; t < tp && ep > 1; ++t) ep_groups[{d, t}] = comm::testing::MakeGroup(store, ep, timeout, "ep");
-    for (int e = 0; e < ep && tp > 1; ++e) tp_groups[{d, e}] = comm::testing::MakeGroup(store, tp, timeout, "tp");
+  for (int a = 0; a < std::max({pp, dp, ep, tp}); ++a) {
+    for (int b = 0; b < std::max({pp, dp, ep, tp}); ++b) {
+      for (int c = 0; c < std::max({pp, dp, ep, tp}); ++c) {
+        if (ep > 1 && a < pp && b < dp && c < tp) ep_groups[{a, b, c}] = comm::testing::MakeGroup(store, ep, timeout, "ep");
+        if (dp > 1 && a < pp && b < ep && c < tp) dp_groups[{a, b, c}] = comm::testing::MakeGroup(store, dp, timeout, "dp");
+        if (tp > 1 && a < pp && b < dp && c < ep) tp_groups[{a, b, c}] = comm::testing::MakeGroup(store, tp, timeout, "tp");
+        if (pp > 1 && a < dp && b < ep && c < tp) pp_groups[{a, b, c}] = comm::testing::MakeGroup(store, pp, timeout, "pp");
+      }
+    }
   }
-  for (int e = 0; e < ep && dp > 1; ++e) {
-    for (int t = 0; t < tp; ++t) dp_groups[{e, t}] = comm::testing::MakeGroup(store, dp, timeout, "dp");
-  }
-  auto member = [](std::map<std::pair<int, int>, Group>& groups, std::pair<int, int> key, int i) {
+  auto member = [](std::map<Key, Group>& groups, Key key, int i) -> comm::Communicator* {
     auto it = groups.find(key);
     return it == groups.end() ? nullptr : it->second[static_cast<size_t>(i)].get();
   };
-  std::vector<RunResult> runs(dp * ep * tp);
+  std::vector<RunResult> runs(pp * dp * ep * tp);
   std::vector<std::thread> threads;
-  for (int d = 0; d < dp; ++d) {
-    for (int e = 0; e < ep; ++e) {
-      for (int t = 0; t < tp; ++t) {
-        threads.emplace_back([&, d, e, t] {
-          comm::Communicator* dpc = member(dp_groups, {e, t}, d);
-          comm::Communicator* epc = member(ep_groups, {d, t}, e);
-          comm::Communicator* tpc = member(tp_groups, {d, e}, t);
-          auto ctx = ParallelContext::Make(d, dp, dpc, tpc, nullptr, epc);
-          ASSERT_TRUE(ctx.ok()) << ctx.status();
-          auto loop = TrainingLoop::Create(job, *ctx);
-          ASSERT_TRUE(loop.ok()) << loop.status();
-          if (before) before(**loop);
-          Train(**loop, &runs[(d * ep + e) * tp + t], until, tpc);
-          if (after) after(**loop);
-        });
+  for (int p = 0; p < pp; ++p) {
+    for (int d = 0; d < dp; ++d) {
+      for (int e = 0; e < ep; ++e) {
+        for (int t = 0; t < tp; ++t) {
+          threads.emplace_back([&, p, d, e, t] {
+            comm::Communicator* dpc = member(dp_groups, {p, e, t}, d);
+            comm::Communicator* epc = member(ep_groups, {p, d, t}, e);
+            comm::Communicator* tpc = member(tp_groups, {p, d, e}, t);
+            comm::Communicator* ppc = member(pp_groups, {d, e, t}, p);
+            auto ctx = ParallelContext::Make(d, dp, dpc, tpc, ppc, epc);
+            ASSERT_TRUE(ctx.ok()) << ctx.status();
+            auto loop = TrainingLoop::Create(job, *ctx);
+            ASSERT_TRUE(loop.ok()) << loop.status();
+            if (before) before(**loop);
+            Train(**loop, &runs[((p * dp + d) * ep + e) * tp + t], until, tpc);
+            if (after) after(**loop);
+          });
+        }
       }
     }
   }
@@ -120,9 +132,6 @@ std::vector<RunResult> Mesh(spec::JobSpec job, int dp, int ep, int zero, const H
   return runs;
 }
 
-// ||got - want|| / ||want|| over one tensor (L2), as tests/integration's
-// layout matrix: AdamW divides by sqrt(v), so a single weight with a tiny
-// gradient amplifies float reordering beyond 1e-5 of the largest weight.
 double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
@@ -132,7 +141,8 @@ double RelativeError(const std::vector<float>& got, const std::vector<float>& wa
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-void ExpectEqualsOneProcess(const RunResult& want, const std::vector<RunResult>& got, int ep, int tp = 1) {
+void ExpectEqualsOneProcess(const RunResult& want, const std::vector<RunResult>& got, int ep, int tp = 1,
+                            int pp = 1) {
   std::map<std::string, int> holders;
   for (size_t r = 0; r < got.size(); ++r) {
     const RunResult& g = got[r];
@@ -152,11 +162,13 @@ void ExpectEqualsOneProcess(const RunResult& want, const std::vector<RunResult>&
       ++holders[name];
       if (IsExpertParameter(name)) ++experts;
     }
-    // Each rank holds its share of the experts: 3 tensors each, one MoE layer.
-    EXPECT_EQ(experts, 3 * 4 / ep) << "rank " << r;
+    // Each rank holds its share of the experts: 3 tensors each per MoE layer held.
+    int moe_layers = 0;
+    for (const auto& [name, values] : g.params) moe_layers += name.find(".mlp.gate.weight") != std::string::npos;
+    EXPECT_EQ(experts, 3 * 4 / ep * moe_layers) << "rank " << r;
   }
   // Every one-process tensor is held somewhere: experts by dp ranks, dense by all.
-  const int dp = static_cast<int>(got.size()) / (ep * tp);
+  const int dp = static_cast<int>(got.size()) / (ep * tp * pp);
   for (const auto& [name, values] : want.params) {
     EXPECT_EQ(holders[name], (IsExpertParameter(name) ? dp : dp * ep) * tp) << name;
   }
@@ -195,6 +207,19 @@ TEST_F(EpTrainingTest, Ep2Tp2MatchesOneProcess) {
   ExpectEqualsOneProcess(Single(job), Mesh(job, 1, 2, 0, {}, -1, {}, /*tp=*/2), 2, 2);
 }
 
+// Under PP each stage's EP group exchanges for its own MoE layers; the
+// routing statistics of the stages make the whole model's.
+TEST_F(EpTrainingTest, Ep2Pp2MatchesOneProcess) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", dir_ / "val.txt");
+  ExpectEqualsOneProcess(Single(job), Mesh(job, 1, 2, 0, {}, -1, {}, 1, /*pp=*/2), 2, 1, 2);
+}
+
+// Without EP the MoE layer runs under PP as well (the same statistics path).
+TEST_F(EpTrainingTest, MoePp2MatchesOneProcess) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
+  ExpectEqualsOneProcess(Single(job), Mesh(job, 1, 1, 0, {}, -1, {}, 1, /*pp=*/2), 1, 1, 2);
+}
+
 // A checkpoint written by an EP layout holds global tensors: it resumes
 // under another EP size, under dp x ep with ZeRO-1, and on one process, each
 // continuing exactly as the uninterrupted one-process run. (The selection
@@ -203,13 +228,14 @@ TEST_F(EpTrainingTest, CheckpointsOfAnEpLayoutLoadUnderAnyEpSizeAndOneProcess) {
   spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
   job.model.moe.bias_update_rate = 0;
   const RunResult want = Single(job);
-  for (const auto& [dp, ep, zero, tp] : {std::tuple{1, 2, 0, 1}, std::tuple{2, 2, 1, 1}, std::tuple{1, 2, 0, 2}}) {
+  for (const auto& [dp, ep, zero, tp, pp] : {std::tuple{1, 2, 0, 1, 1}, std::tuple{2, 2, 1, 1, 1},
+                                              std::tuple{1, 2, 0, 2, 1}, std::tuple{1, 2, 0, 1, 2}}) {
     const std::string root = dir_ / ("ckpt_dp" + std::to_string(dp) + "_ep" + std::to_string(ep) + "_tp" +
-                                     std::to_string(tp));
+                                     std::to_string(tp) + "_pp" + std::to_string(pp));
     Mesh(job, dp, ep, zero, {}, /*until=*/2, [&](TrainingLoop& loop) {
       auto saved = loop.SaveCheckpoint(root);
       ASSERT_TRUE(saved.ok()) << saved.status();
-    }, tp);
+    }, tp, pp);
     auto restore = [&](TrainingLoop& loop) {
       auto loaded = loop.RestoreNewest(root);
       ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -219,11 +245,12 @@ TEST_F(EpTrainingTest, CheckpointsOfAnEpLayoutLoadUnderAnyEpSizeAndOneProcess) {
     tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 2);
     tail.loads.erase(tail.loads.begin(), tail.loads.begin() + 2);
     SCOPED_TRACE("written by dp" + std::to_string(dp) + " x ep" + std::to_string(ep) + " x tp" +
-                 std::to_string(tp));
+                 std::to_string(tp) + " x pp" + std::to_string(pp));
     ExpectEqualsOneProcess(tail, {Single(job, restore)}, 1);
     ExpectEqualsOneProcess(tail, Mesh(job, 1, 4, 0, restore), 4);
     ExpectEqualsOneProcess(tail, Mesh(job, 2, 2, 1, restore), 2);
     ExpectEqualsOneProcess(tail, Mesh(job, 1, 2, 0, restore, -1, {}, /*tp=*/2), 2, 2);
+    ExpectEqualsOneProcess(tail, Mesh(job, 1, 2, 0, restore, -1, {}, 1, /*pp=*/2), 2, 1, 2);
   }
 }
 

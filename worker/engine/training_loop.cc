@@ -275,10 +275,8 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
 }
 
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
-  if (ctx_.ep != nullptr && !pipeline_ && zero_stage() <= 1) {  // [ep] whole gradients
-    return EpGradientPieces(model_->Gradients(), ctx_.ep_size());
-  }
-  if (dp_engines_.empty()) {
+  // [ep] Whole gradients (ZeRO 0, 1) are clipped from the model's views.
+  if (dp_engines_.empty() || ctx_.ep != nullptr) {
     std::vector<TensorView> grads;
     for (LlamaModel* part : Parts()) {
       for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
@@ -289,7 +287,7 @@ std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
         if (g.name == kTiedEmbedding) g.replicas *= 2;
       }
     }
-    return GradientPieces(grads);
+    return EpGradientPieces(grads, ctx_.ep_size());  // dense tensors once over EP
   }
   std::vector<GradientPiece> pieces;
   for (const auto& e : dp_engines_) {

@@ -17,6 +17,10 @@
 #include "absl/strings/str_join.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_checkpoint.h"
+#include "worker/engine/expert_parallel/ep_exchange.h"
+#include "worker/engine/expert_parallel/ep_gradients.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
@@ -31,12 +35,24 @@ absl::Status TrainingLoop::CreatePipeline() {
   const int pp = ctx_.pp_size();
   const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
   // ZeRO-3 under PP and DP was refused by spec::CheckEngineRuns in Create.
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.data_size();  // [ep]
   absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.pp->rank(), pp, microbatches);
   if (!plan.ok()) return plan.status();
+  ModelPart experts;
+  if (ctx_.ep != nullptr && job.model.moe.enabled()) {  // [ep] this rank's experts in every chunk
+    absl::StatusOr<std::unique_ptr<EpExpertExchange>> exchange =
+        EpExpertExchange::Create(ctx_.ep, ops_.get(), job.model.moe.num_experts);
+    if (!exchange.ok()) return exchange.status();
+    experts.first_expert = (*exchange)->first_expert();
+    experts.held_experts = (*exchange)->num_held();
+    expert_exchange_ = std::move(*exchange);
+  }
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_);
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel}, ops_, experts);
+  for (int64_t c = 0; expert_exchange_ && c < stage_->num_chunks(); ++c) {
+    stage_->model(c).SetExpertExchange(expert_exchange_.get());
+  }
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
@@ -137,8 +153,22 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
         }
       }
     }
+    // [ep] The dense gradients' second sum, over EP (ep_gradients.h).
+    if (absl::Status s = ReduceDenseGradientsOverEp(ops, ctx_.ep, stage_->Gradients()); !s.ok()) {
+      return s;
+    }
+    if (spec_.model.moe.enabled()) {  // [moe] statistics, bias update, the whole model's summary
+      std::vector<LlamaModel*> chunks;
+      for (int64_t c = 0; c < stage_->num_chunks(); ++c) chunks.push_back(&stage_->model(c));
+      absl::StatusOr<MoeSummary> moe =
+          FinishPipelineMoeStep(chunks, ctx_.DataGroups(), ctx_.pp, total_micro);
+      if (!moe.ok()) return moe.status();
+      p.moe = std::move(*moe);
+    }
     loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-    if (absl::Status s = AllReduceHostFloats(ops, ctx_.dp, &loss, 1); !s.ok()) return s;
+    for (comm::Communicator* group : ctx_.DataGroups()) {  // [ep] dp, then ep
+      if (absl::Status s = AllReduceHostFloats(ops, group, &loss, 1); !s.ok()) return s;
+    }
     // Only the last stage's is non-zero.
     if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, &loss, 1); !s.ok()) return s;
     // The whole model's norm: TP shards (replicas counted once), stages, and
@@ -183,8 +213,9 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
   if (ctx_.dp_rank == 0) {
     std::vector<TpStaged> staged = CheckpointState(PartParameters());
     std::map<std::string, float*> values;
+    std::vector<HostTensor> experts;  // [ep] every expert, gathered over EP
     for (TpStaged& t : staged) {
-      if (ctx_.tp != nullptr || !HostAddressable(ops)) {
+      if (ctx_.tp != nullptr || ctx_.ep != nullptr || !HostAddressable(ops)) {
         // Global tensors in host memory: gathered over TP in backend memory,
         // then copied down (the writer reads the host).
         if (absl::Status s = GatherGlobal(ops, t.local, ctx_.tp, &t.global); !s.ok()) return s;
@@ -193,13 +224,27 @@ absl::StatusOr<std::string> TrainingLoop::SavePipelineCheckpoint(const std::stri
         values[t.local.name] = t.local.data;
       }
     }
-    if (ctx_.tp == nullptr || ctx_.tp->rank() == 0) {
+    if (ctx_.ep != nullptr) {
+      std::vector<HostTensor> mine;
+      for (TpStaged& t : staged) {
+        if (IsExpertParameter(t.local.name)) mine.push_back({t.local.name, t.local.GlobalShape(), t.global});
+      }
+      absl::StatusOr<std::vector<HostTensor>> all =
+          GatherExpertTensors(ops, ctx_.ep, std::move(mine), expert_exchange_->num_held());
+      if (!all.ok()) return all.status();
+      experts = std::move(*all);
+      for (HostTensor& e : experts) values[e.name] = e.data.data();
+    }
+    if (ctx_.tp_rank() == 0 && ctx_.ep_rank() == 0) {
       result = WriteAndCommitPipelineStep(root, content, values);
     }
     ok = result.ok() ? 1 : 0;
-    // The writer tells its TP group, then each of those its DP group; this is
-    // also the barrier.
-    if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
+    // The writer tells its TP group, those their EP group, then each of those
+    // its DP group; this is also the barrier.
+    if (ctx_.ep_rank() == 0) {
+      if (absl::Status s = BroadcastHostInts(ops, ctx_.tp, &ok, 1, 0); !s.ok()) return s;
+    }
+    if (absl::Status s = BroadcastHostInts(ops, ctx_.ep, &ok, 1, 0); !s.ok()) return s;
   }
   if (absl::Status s = BroadcastHostInts(ops, ctx_.dp, &ok, 1, 0); !s.ok()) return s;
   if (!result.ok()) return result;
@@ -260,7 +305,7 @@ absl::StatusOr<std::string> TrainingLoop::WriteAndCommitPipelineStep(
   const int pp = ctx_.pp->size();
   const int stage = ctx_.pp->rank();
   const spec::TrainSpec& t = spec_.train;
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.data_size();
   absl::StatusOr<std::string> begun = std::string();
   int32_t header[2] = {0, 0};  // started, pid
   if (stage == 0) {

@@ -38,11 +38,12 @@ absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model, comm::Communicator* 
   return FinishMoeStep(model, std::vector<comm::Communicator*>{dp}, micro_batches);
 }
 
-absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
-                                         const std::vector<comm::Communicator*>& groups,
-                                         int64_t micro_batches) {
-  MoeStepStats stats = model.TakeMoeStats();
-  const int64_t e_count = model.config().moe.num_experts;
+namespace {
+
+// Sums `stats` over each of `groups` in turn (null entries skipped).
+absl::Status SumOverGroups(kernels::Ops& ops, const std::vector<comm::Communicator*>& groups,
+                           MoeStepStats* out) {
+  MoeStepStats& stats = *out;
   for (comm::Communicator* dp : groups) {
     if (dp == nullptr || dp->size() <= 1) continue;
     // One float all-reduce: the loads, then drops, assignments and aux loss
@@ -51,7 +52,7 @@ absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
     packed.push_back(static_cast<float>(stats.dropped));
     packed.push_back(static_cast<float>(stats.assignments));
     packed.push_back(static_cast<float>(stats.aux_loss));
-    if (absl::Status s = AllReduceHostFloats(model.ops(), dp, packed.data(),
+    if (absl::Status s = AllReduceHostFloats(ops, dp, packed.data(),
                                              static_cast<int64_t>(packed.size()));
         !s.ok()) {
       return s;
@@ -62,8 +63,61 @@ absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
     stats.assignments = packed[n + 1];
     stats.aux_loss = packed[n + 2];
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
+                                         const std::vector<comm::Communicator*>& groups,
+                                         int64_t micro_batches) {
+  MoeStepStats stats = model.TakeMoeStats();
+  const int64_t e_count = model.config().moe.num_experts;
+  if (absl::Status s = SumOverGroups(model.ops(), groups, &stats); !s.ok()) return s;
   model.UpdateExpertBias(stats.tokens_per_expert);
   return SummarizeMoe(stats, e_count, micro_batches);
+}
+
+absl::StatusOr<MoeSummary> FinishPipelineMoeStep(const std::vector<LlamaModel*>& chunks,
+                                                 const std::vector<comm::Communicator*>& groups,
+                                                 comm::Communicator* pp, int64_t micro_batches) {
+  if (chunks.empty()) return MoeSummary{};
+  const spec::ModelSpec& c = chunks[0]->config();
+  const int64_t e_count = c.moe.num_experts;
+  const int64_t n = (c.num_layers - c.moe.first_dense_layers) * e_count;
+  // The whole model's table, [MoE layer * E] then dropped, assignments and
+  // aux loss: each stage fills its own layers, the sum over pp the rest.
+  std::vector<float> whole(static_cast<size_t>(n + 3), 0.0f);
+  for (LlamaModel* chunk : chunks) {
+    MoeStepStats stats = chunk->TakeMoeStats();
+    if (absl::Status s = SumOverGroups(chunk->ops(), groups, &stats); !s.ok()) return s;
+    chunk->UpdateExpertBias(stats.tokens_per_expert);
+    const ModelPart& part = chunk->part();
+    int64_t slot = 0;
+    for (int64_t l = part.first_layer; l < part.first_layer + part.num_layers; ++l) {
+      if (!c.IsMoeLayer(l)) continue;
+      const int64_t at = (l - c.moe.first_dense_layers) * e_count;
+      for (int64_t e = 0; e < e_count; ++e) {
+        const size_t from = static_cast<size_t>(slot * e_count + e);
+        if (from < stats.tokens_per_expert.size()) {
+          whole[static_cast<size_t>(at + e)] = static_cast<float>(stats.tokens_per_expert[from]);
+        }
+      }
+      ++slot;
+    }
+    whole[static_cast<size_t>(n)] += static_cast<float>(stats.dropped);
+    whole[static_cast<size_t>(n + 1)] += static_cast<float>(stats.assignments);
+    whole[static_cast<size_t>(n + 2)] += static_cast<float>(stats.aux_loss);
+  }
+  if (absl::Status s = AllReduceHostFloats(chunks[0]->ops(), pp, whole.data(), n + 3); !s.ok()) {
+    return s;
+  }
+  MoeStepStats all;
+  all.tokens_per_expert.assign(whole.begin(), whole.begin() + n);
+  all.dropped = whole[static_cast<size_t>(n)];
+  all.assignments = whole[static_cast<size_t>(n + 1)];
+  all.aux_loss = whole[static_cast<size_t>(n + 2)];
+  return SummarizeMoe(all, e_count, micro_batches);
 }
 
 }  // namespace loom::engine

@@ -32,4 +32,12 @@ absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model,
                                          const std::vector<comm::Communicator*>& groups,
                                          int64_t micro_batches);
 
+// [pp] A pipeline stage's chunks: each chunk's statistics summed over
+// `groups` and its biases moved, then the whole model's summary assembled over
+// `pp` (every stage fills its MoE layers of one table). Collective over the
+// groups and pp.
+absl::StatusOr<MoeSummary> FinishPipelineMoeStep(const std::vector<LlamaModel*>& chunks,
+                                                 const std::vector<comm::Communicator*>& groups,
+                                                 comm::Communicator* pp, int64_t micro_batches);
+
 }  // namespace loom::engine
