@@ -283,9 +283,6 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
                 absl::StrCat("must be divisible by ", Axis("ep", l.ep),
                              " (each rank holds num_experts / ep experts)"));
     }
-    // The dense gradients' second sum over EP works on whole gradients.
-    c.Require(l.zero_stage <= 1, "parallelism.zero_stage", l.zero_stage,
-              absl::StrCat("with ", Axis("ep", l.ep), " is not supported by this engine yet (use 0 or 1)"));
   }
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
     c.Require(m.num_heads % l.tp == 0, "model.num_heads", m.num_heads,

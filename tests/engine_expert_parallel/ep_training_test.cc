@@ -62,6 +62,16 @@ void Train(TrainingLoop& loop, RunResult* out, int64_t until = -1, comm::Communi
   }
   const std::vector<TensorView> params =
       loop.pipeline_stage() != nullptr ? loop.pipeline_stage()->Parameters() : loop.model().Parameters();
+  if (loop.zero_stage() == 3) {  // the model holds shards: gathered over DP, in flat order
+    std::vector<float> flat;
+    ASSERT_TRUE(loop.GatherParameters(&flat).ok());
+    size_t at = 0;
+    for (const TensorView& v : params) {
+      out->params[v.name].assign(flat.begin() + at, flat.begin() + at + v.numel());
+      at += v.numel();
+    }
+    return;
+  }
   for (const TensorView& v : params) {  // whole tensors under TP
     ASSERT_TRUE(GatherGlobal(v, tp, &out->params[v.name]).ok()) << v.name;
   }
@@ -200,6 +210,19 @@ TEST_F(EpTrainingTest, Ep2Dp2WithZero1MatchesOneProcess) {
   ExpectEqualsOneProcess(Single(job), Mesh(job, 2, 2, 1), 2);
 }
 
+// ZeRO 2 and 3: the dense pieces of each rank's gradient shard are summed
+// over EP (EP peers own the same ranges).
+TEST_F(EpTrainingTest, Ep2Dp2WithZero2And3MatchesOneProcess) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
+  const RunResult want = Single(job);
+  for (int zero : {2, 3}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    ExpectEqualsOneProcess(want, Mesh(job, 2, 2, zero), 2);
+  }
+  SCOPED_TRACE("zero 2 under pp2");
+  ExpectEqualsOneProcess(want, Mesh(job, 2, 2, 2, {}, -1, {}, 1, /*pp=*/2), 2, 1, 2);
+}
+
 // Under TP every rank runs the whole MoE layer on the replicated stream; the
 // EP groups join the ranks of one TP index.
 TEST_F(EpTrainingTest, Ep2Tp2MatchesOneProcess) {
@@ -259,14 +282,11 @@ TEST_F(EpTrainingTest, RefusesWhatTheEngineCannotRun) {
   uneven.parallelism.ep = 2;
   uneven.model.moe.num_experts = 3;
   uneven.model.moe.top_k = 1;
-  spec::JobSpec zero2 = MoeJob(dir_ / "train.txt", "");
-  zero2.parallelism.ep = 2;
-  zero2.parallelism.zero_stage = 2;
   spec::JobSpec dense = MoeJob(dir_ / "train.txt", "");
   dense.parallelism.ep = 2;
   dense.model.moe = {};
   const std::pair<spec::JobSpec, std::string> cases[] = {
-      {uneven, "model.moe.num_experts"}, {zero2, "parallelism.zero_stage"}, {dense, "parallelism.ep"}};
+      {uneven, "model.moe.num_experts"}, {dense, "parallelism.ep"}};
   comm::InProcessStore store;
   auto group = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "ep");
   comm::testing::RunRanks(group, [&](int, comm::Communicator& c) {

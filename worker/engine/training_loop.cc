@@ -260,9 +260,7 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   for (comm::Communicator* group : ctx_.DataGroups()) {  // [ep] dp, then ep
     if (absl::Status s = AllReduceHostFloats(*ops_, group, &loss, 1); !s.ok()) return s;
   }
-  if (absl::Status s = ReduceDenseGradientsOverEp(*ops_, ctx_.ep, model_->Gradients()); !s.ok()) {
-    return s;  // [ep] the dense gradients' second stage (ep_gradients.h)
-  }
+  if (absl::Status s = ReduceDenseOverEp(); !s.ok()) return s;  // [ep] the dense gradients' second sum
   absl::StatusOr<double> norm = ClipStepGradients();
   if (!norm.ok()) return norm.status();
   p.grad_norm = *norm;
@@ -274,7 +272,46 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   return FinishStep(std::move(p), step, loss, start);
 }
 
+std::vector<std::pair<GradientPiece, std::string>> TrainingLoop::ShardPiecesWithNames() {
+  std::vector<std::pair<GradientPiece, std::string>> out;
+  for (const auto& e : dp_engines_) {
+    const std::vector<GradientPiece> pieces = e->GradientPieces();
+    const std::vector<OwnedPiece>& owned = e->owned_pieces();
+    for (size_t i = 0; i < pieces.size() && i < owned.size(); ++i) {
+      out.push_back({pieces[i], e->partition().tensors()[static_cast<size_t>(owned[i].tensor)].name});
+    }
+  }
+  return out;
+}
+
+absl::Status TrainingLoop::ReduceDenseOverEp() {
+  if (ctx_.ep == nullptr) return absl::OkStatus();
+  if (zero_stage() < 2) {
+    std::vector<TensorView> grads;
+    for (LlamaModel* part : Parts()) {
+      for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
+    }
+    return ReduceDenseGradientsOverEp(*ops_, ctx_.ep, grads);
+  }
+  std::vector<GradientPiece> pieces;
+  std::vector<std::string> names;
+  for (auto& [piece, name] : ShardPiecesWithNames()) {
+    pieces.push_back(piece);
+    names.push_back(std::move(name));
+  }
+  return ReduceDensePiecesOverEp(*ops_, ctx_.ep, pieces, names);
+}
+
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
+  if (ctx_.ep != nullptr && zero_stage() >= 2) {  // [ep] shard pieces, dense ones once over EP
+    std::vector<GradientPiece> pieces;
+    std::vector<std::string> names;
+    for (auto& [piece, name] : ShardPiecesWithNames()) {
+      pieces.push_back(piece);
+      names.push_back(std::move(name));
+    }
+    return EpShardPieces(std::move(pieces), names, ctx_.ep_size());
+  }
   // [ep] Whole gradients (ZeRO 0, 1) are clipped from the model's views.
   if (dp_engines_.empty() || ctx_.ep != nullptr) {
     std::vector<TensorView> grads;

@@ -146,6 +146,11 @@ class TrainingLoop {
   std::vector<TpStaged> CheckpointState(const std::vector<TensorView>& parameters);
   absl::StatusOr<std::string> SaveTensorParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);
+  // [ep] After the DP reduction: the dense gradients summed over EP, whole
+  // (ZeRO 0, 1) or this rank's shard pieces (ZeRO >= 2).
+  absl::Status ReduceDenseOverEp();
+  // [ep] Each DP engine's owned gradient pieces with their tensors' names.
+  std::vector<std::pair<GradientPiece, std::string>> ShardPiecesWithNames();
   // [ep] Global tensors, the experts gathered over EP (ep_checkpoint.h).
   absl::StatusOr<std::string> SaveExpertParallelCheckpoint(const std::string& root,
                                                            CheckpointContent content);

@@ -154,9 +154,7 @@ absl::StatusOr<StepProgress> TrainingLoop::PipelineTrainStep() {
       }
     }
     // [ep] The dense gradients' second sum, over EP (ep_gradients.h).
-    if (absl::Status s = ReduceDenseGradientsOverEp(ops, ctx_.ep, stage_->Gradients()); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = ReduceDenseOverEp(); !s.ok()) return s;
     if (spec_.model.moe.enabled()) {  // [moe] statistics, bias update, the whole model's summary
       std::vector<LlamaModel*> chunks;
       for (int64_t c = 0; c < stage_->num_chunks(); ++c) chunks.push_back(&stage_->model(c));

@@ -45,4 +45,27 @@ std::vector<GradientPiece> EpGradientPieces(const std::vector<TensorView>& grads
   return pieces;
 }
 
+absl::Status ReduceDensePiecesOverEp(kernels::Ops& ops, comm::Communicator* ep,
+                                     const std::vector<GradientPiece>& pieces,
+                                     const std::vector<std::string>& names) {
+  if (ep == nullptr || ep->size() <= 1) return absl::OkStatus();
+  ops.Synchronize();
+  for (size_t i = 0; i < pieces.size() && i < names.size(); ++i) {
+    if (IsExpertParameter(names[i]) || pieces[i].count == 0) continue;
+    if (absl::Status s = ep->AllReduce(std::span<float>(pieces[i].data, static_cast<size_t>(pieces[i].count)));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<GradientPiece> EpShardPieces(std::vector<GradientPiece> pieces,
+                                         const std::vector<std::string>& names, int ep_size) {
+  for (size_t i = 0; i < pieces.size() && i < names.size(); ++i) {
+    if (!IsExpertParameter(names[i])) pieces[i].replicas *= ep_size;
+  }
+  return pieces;
+}
+
 }  // namespace loom::engine

@@ -33,4 +33,15 @@ absl::Status ReduceDenseGradientsOverEp(kernels::Ops& ops, comm::Communicator* e
 // 1): dense tensors count 1/ep_size on each EP rank, experts fully.
 std::vector<GradientPiece> EpGradientPieces(const std::vector<TensorView>& grads, int ep_size);
 
+// The same for a ZeRO >= 2 shard: `pieces` are this rank's owned pieces of
+// the DP-reduced gradient and names[i] the tensor piece i belongs to. EP peers
+// hold the same model layout and DP rank, so they own the same ranges: the
+// dense pieces are summed over `ep` in place, and counted 1/ep_size in the
+// norm (the pieces returned).
+absl::Status ReduceDensePiecesOverEp(kernels::Ops& ops, comm::Communicator* ep,
+                                     const std::vector<GradientPiece>& pieces,
+                                     const std::vector<std::string>& names);
+std::vector<GradientPiece> EpShardPieces(std::vector<GradientPiece> pieces,
+                                         const std::vector<std::string>& names, int ep_size);
+
 }  // namespace loom::engine
