@@ -252,7 +252,8 @@ TEST_F(EpTrainingTest, CheckpointsOfAnEpLayoutLoadUnderAnyEpSizeAndOneProcess) {
   job.model.moe.bias_update_rate = 0;
   const RunResult want = Single(job);
   for (const auto& [dp, ep, zero, tp, pp] : {std::tuple{1, 2, 0, 1, 1}, std::tuple{2, 2, 1, 1, 1},
-                                              std::tuple{1, 2, 0, 2, 1}, std::tuple{1, 2, 0, 1, 2}}) {
+                                              std::tuple{1, 2, 0, 2, 1}, std::tuple{1, 2, 0, 1, 2},
+                                              std::tuple{2, 2, 3, 1, 1}}) {
     const std::string root = dir_ / ("ckpt_dp" + std::to_string(dp) + "_ep" + std::to_string(ep) + "_tp" +
                                      std::to_string(tp) + "_pp" + std::to_string(pp));
     Mesh(job, dp, ep, zero, {}, /*until=*/2, [&](TrainingLoop& loop) {
@@ -274,6 +275,7 @@ TEST_F(EpTrainingTest, CheckpointsOfAnEpLayoutLoadUnderAnyEpSizeAndOneProcess) {
     ExpectEqualsOneProcess(tail, Mesh(job, 2, 2, 1, restore), 2);
     ExpectEqualsOneProcess(tail, Mesh(job, 1, 2, 0, restore, -1, {}, /*tp=*/2), 2, 2);
     ExpectEqualsOneProcess(tail, Mesh(job, 1, 2, 0, restore, -1, {}, 1, /*pp=*/2), 2, 1, 2);
+    ExpectEqualsOneProcess(tail, Mesh(job, 2, 2, 2, restore), 2);
   }
 }
 

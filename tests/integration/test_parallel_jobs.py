@@ -131,7 +131,7 @@ class ParallelJobs(unittest.TestCase):
         self.assertIn("model.layers.1.mlp.experts.3.down_proj.weight", reference_params)
         for name, layout in [("ep2", dict(ep=2)), ("ep4", dict(ep=4)),
                              ("ep2-dp2-zero1", dict(ep=2, dp=2, zero=1)), ("ep2-tp2", dict(ep=2, tp=2)),
-                             ("ep2-pp2", dict(ep=2, pp=2))]:
+                             ("ep2-pp2", dict(ep=2, pp=2)), ("ep2-dp2-zero3", dict(ep=2, dp=2, zero=3))]:
             with self.subTest(layout=name):
                 got = self.losses(name, **common, **layout)
                 self.assertEqual(sorted(got), list(range(1, steps + 1)))
