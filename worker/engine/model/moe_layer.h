@@ -30,7 +30,14 @@
 // MoeWeights::experts points at the first held expert's gate_proj. The
 // selection bias (DeepSeek-V3's e_score_correction_bias, [E]) is not a
 // trained parameter: it is model state updated from the expert load after
-// each step (MoeBiasUpdate), kept on the host.
+// each step (UpdateSelectionBias in moe_router.h), kept on the host.
+//
+// Today ParameterLayout holds every expert (one process, and DP); an EP
+// layout holds only its range, with the same names, and installs its exchange
+// with LlamaModel::SetExpertExchange. Under EP each rank routes its own
+// sequences (dp x ep ranks train on different data: spec::Layout::
+// data_replicas), so expert gradients reduce over dp and dense ones over
+// dp x ep; the aux loss and the statistics are per rank as under DP.
 #pragma once
 
 #include <cstdint>
