@@ -12,7 +12,9 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "kernels/ops.h"
+#include "worker/engine/model/moe_layer.h"
 #include "worker/engine/tensor_parallel/tp_collectives.h"
 
 namespace loom::engine {
@@ -84,13 +86,25 @@ struct RopeView {
   const float* sin;
 };
 
+// [moe] A block whose FFN is a mixture of experts (moe_layer.h): the block's
+// gate_up/down weights and gu/act activations are then unused.
+struct MoeBlock {
+  MoeLayer* layer = nullptr;
+  MoeDims dims;
+  MoeWeights w{};
+  MoeGrads g{};
+  MoeScratch* scratch = nullptr;
+  double loss_scale = 1.0;         // the aux loss's weight in backward
+  absl::Status* status = nullptr;  // receives the first failure (an exchange's)
+};
+
 kernels::AttentionDims BlockAttentionDims(const BlockDims& d);
 
 // Fills every activation from a.x_in; writes the block output to x_next
 // unless it is null (recompute needs everything but the output).
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
-                  const BlockTp* tp = nullptr);
+                  const BlockTp* tp = nullptr, const MoeBlock* moe = nullptr);
 
 // The attention core alone: a.attn and a.lse from a.qkv (selective recompute).
 void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActivations& a);
@@ -99,6 +113,7 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 // Weight gradients accumulate into g.
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx, const BlockTp* tp = nullptr);
+                   const BlockScratch& s, float* dx, const BlockTp* tp = nullptr,
+                   const MoeBlock* moe = nullptr);
 
 }  // namespace loom::engine

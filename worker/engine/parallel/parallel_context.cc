@@ -14,7 +14,8 @@ comm::Communicator* NullIfAlone(comm::Communicator* group) {
 absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
                                                       comm::Communicator* dp,
                                                       comm::Communicator* tp,
-                                                      comm::Communicator* pp) {
+                                                      comm::Communicator* pp,
+                                                      comm::Communicator* ep) {
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dp rank ", dp_rank, " of ", dp_size, " is not a valid data-parallel coordinate"));
@@ -31,6 +32,7 @@ absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
   ctx.dp = dp_size > 1 ? dp : nullptr;
   ctx.tp = NullIfAlone(tp);
   ctx.pp = NullIfAlone(pp);
+  ctx.ep = NullIfAlone(ep);
   ctx.dp_rank = dp_rank;
   ctx.dp_size = dp_size;
   return ctx;
@@ -41,6 +43,7 @@ std::vector<comm::Communicator*> ParallelContext::GradientNormGroups(bool dp_sha
   if (dp_sharded && dp != nullptr) groups.push_back(dp);
   if (tp != nullptr) groups.push_back(tp);
   if (pp != nullptr) groups.push_back(pp);
+  if (ep != nullptr) groups.push_back(ep);
   return groups;
 }
 
@@ -52,7 +55,8 @@ absl::Status CheckContextMatchesSpec(const ParallelContext& ctx, const spec::Job
     comm::Communicator* group;
     int64_t want;
   } axes[] = {{"tp", "tensor-parallel", ctx.tp, p.tp.value_or(1)},
-              {"pp", "pipeline-parallel", ctx.pp, p.pp.value_or(1)}};
+              {"pp", "pipeline-parallel", ctx.pp, p.pp.value_or(1)},
+              {"ep", "expert-parallel", ctx.ep, p.ep.value_or(1)}};
   for (const auto& a : axes) {
     if (a.group != nullptr && a.want != a.group->size()) {
       return absl::InvalidArgumentError(absl::StrCat("parallelism.", a.axis, "=", a.want, " but the ",

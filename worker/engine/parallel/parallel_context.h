@@ -8,7 +8,13 @@
 //
 // A group of one rank is held as null ("no such axis"), so `ctx.tp != nullptr`
 // means "tensor parallel". Not yet here: CP (gradients would then be reduced
-// over the DP x CP group) and EP.
+// over the DP x CP group).
+//
+// EP (docs/expert_parallel.md): `ep` splits each MoE layer's experts, and its
+// ranks read different data, so for everything but the experts it is more
+// data parallelism: the data rank is (dp_rank, ep_rank), dense gradients and
+// the loss are summed over dp and then ep, expert gradients over dp alone (the
+// expert-data-parallel group: the DP group holds the same experts).
 #pragma once
 
 #include <vector>
@@ -24,6 +30,7 @@ struct ParallelContext {
   comm::Communicator* dp = nullptr;  // the ranks with the same model part, other data
   comm::Communicator* tp = nullptr;  // the ranks that split one layer's tensors
   comm::Communicator* pp = nullptr;  // the pipeline's stages (rank = stage)
+  comm::Communicator* ep = nullptr;  // the ranks that split the experts (and read other data)
   int dp_rank = 0;
   int dp_size = 1;
 
@@ -32,12 +39,22 @@ struct ParallelContext {
   // naming what is wrong.
   static absl::StatusOr<ParallelContext> Make(int dp_rank, int dp_size, comm::Communicator* dp,
                                               comm::Communicator* tp = nullptr,
-                                              comm::Communicator* pp = nullptr);
+                                              comm::Communicator* pp = nullptr,
+                                              comm::Communicator* ep = nullptr);
 
   int tp_size() const { return tp != nullptr ? tp->size() : 1; }
   int tp_rank() const { return tp != nullptr ? tp->rank() : 0; }
   int pp_size() const { return pp != nullptr ? pp->size() : 1; }
   int stage() const { return pp != nullptr ? pp->rank() : 0; }
+  int ep_size() const { return ep != nullptr ? ep->size() : 1; }
+  int ep_rank() const { return ep != nullptr ? ep->rank() : 0; }
+  // Which share of the global batch this rank reads: DP and EP ranks all read
+  // different micro-batches (the mesh's order, ep inside dp).
+  int data_rank() const { return dp_rank * ep_size() + ep_rank(); }
+  int data_size() const { return dp_size * ep_size(); }
+  // The groups a sum over the data crosses (the loss), in this order; null
+  // entries are axes this rank does not have.
+  std::vector<comm::Communicator*> DataGroups() const { return {dp, ep}; }
   bool first_stage() const { return stage() == 0; }
   bool last_stage() const { return stage() == pp_size() - 1; }
   // The rank of its DP x TP block that writes what the block holds once
@@ -48,19 +65,22 @@ struct ParallelContext {
   // hold the same values along a replicated axis, the lowest writes. DP
   // replicates everything but what ZeRO shards over it (dp_sharded); TP
   // replicates a slice held by `tp_replicas` consecutive ranks (norm weights,
-  // kv heads the TP size does not divide). A new replicated axis adds its
-  // term here.
-  bool writes_shards(bool dp_sharded, int tp_replicas = 1) const {
-    return (dp_sharded || dp_rank == 0) && tp_rank() % tp_replicas == 0;
+  // kv heads the TP size does not divide); EP replicates the dense tensors
+  // and splits the routed experts (ep_sharded: each EP rank holds its own,
+  // under their global names). A new replicated axis adds its term here.
+  bool writes_shards(bool dp_sharded, int tp_replicas = 1, bool ep_sharded = false) const {
+    return (dp_sharded || dp_rank == 0) && tp_rank() % tp_replicas == 0 &&
+           (ep_sharded || ep_rank() == 0);
   }
   // Every axis's group, innermost first (null: an axis of one rank): the
   // mesh a checkpoint's control values cross (checkpoint/distributed_save.h).
   // A new axis adds its group here.
-  std::vector<comm::Communicator*> MeshGroups() const { return {tp, dp, pp}; }
+  std::vector<comm::Communicator*> MeshGroups() const { return {tp, ep, dp, pp}; }
 
   // The groups whose ranks hold different parts of one gradient, over which
   // a norm's sums of squares add up: TP and PP always, DP when the reduced
-  // gradient is sharded over DP (ZeRO >= 2).
+  // gradient is sharded over DP (ZeRO >= 2), EP always (its ranks hold other
+  // experts; dense pieces then count 1/ep, ep_gradients.h).
   std::vector<comm::Communicator*> GradientNormGroups(bool dp_sharded) const;
 };
 
