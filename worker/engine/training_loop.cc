@@ -512,6 +512,10 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", ctx_.dp_size}, {"tp", 1}, {"pp", 1}, {"zero_stage", zero_stage()}}}};
+  // [moe] The selection biases are state, not parameters (docs/moe.md).
+  if (model_ != nullptr && spec_.model.moe.enabled()) {
+    content.state["moe_bias"] = ExpertBiasesToJson(*model_);
+  }
   if (pipeline_ || ctx_.tp != nullptr) {  // [tp] [pp] global tensors
     const bool unshard = zero_stage() > 0;
     if (unshard) {
@@ -604,6 +608,9 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   step_ = loaded->step;
   tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
   set_optimizer_step(get_int("optimizer_step", step_));
+  if (model_ != nullptr && spec_.model.moe.enabled() && state.contains("moe_bias")) {  // [moe]
+    if (absl::Status s = RestoreExpertBiases(state["moe_bias"], *model_); !s.ok()) return s;
+  }
   return loaded;
 }
 

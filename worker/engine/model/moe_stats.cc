@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/model/llama_model.h"
@@ -57,6 +60,34 @@ absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model, comm::Communicator* 
   }
   model.UpdateExpertBias(stats.tokens_per_expert);
   return SummarizeMoe(stats, e_count, micro_batches);
+}
+
+nlohmann::json ExpertBiasesToJson(LlamaModel& model) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const TensorView& b : model.ExpertBiases()) {
+    out[b.name] = std::vector<float>(b.data, b.data + b.numel());
+  }
+  return out;
+}
+
+absl::Status RestoreExpertBiases(const nlohmann::json& biases, LlamaModel& model) {
+  for (const TensorView& b : model.ExpertBiases()) {
+    if (!biases.is_object() || !biases.contains(b.name) || !biases[b.name].is_array() ||
+        static_cast<int64_t>(biases[b.name].size()) != b.numel()) {
+      return absl::DataLossError(absl::StrCat("checkpoint state moe_bias: ", b.name,
+                                              " is missing or does not hold ", b.numel(),
+                                              " numbers"));
+    }
+    for (int64_t e = 0; e < b.numel(); ++e) {
+      const nlohmann::json& v = biases[b.name][static_cast<size_t>(e)];
+      if (!v.is_number()) {
+        return absl::DataLossError(absl::StrCat("checkpoint state moe_bias: ", b.name, "[", e,
+                                                "] is not a number"));
+      }
+      b.data[e] = v.get<float>();
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom::engine

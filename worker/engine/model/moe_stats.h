@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
 #include "worker/engine/model/moe_layer.h"
 #include "worker/engine/model/moe_summary.h"
@@ -26,5 +27,12 @@ MoeSummary SummarizeMoe(const MoeStepStats& stats, int64_t num_experts, int64_t 
 // set) and returns the summary. Collective over dp.
 absl::StatusOr<MoeSummary> FinishMoeStep(LlamaModel& model, comm::Communicator* dp,
                                          int64_t micro_batches);
+
+// The selection biases of the model's MoE layers as checkpoint state
+// (metadata.json's "state"."moe_bias": {name: [E floats]}), so a resumed run
+// selects as the uninterrupted one; and back. Restoring checks every name
+// and length the model has and names the first that differs.
+nlohmann::json ExpertBiasesToJson(LlamaModel& model);
+absl::Status RestoreExpertBiases(const nlohmann::json& biases, LlamaModel& model);
 
 }  // namespace loom::engine
