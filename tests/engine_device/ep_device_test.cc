@@ -1,8 +1,8 @@
 // Expert parallelism on device memory, without a device: ep ranks on
 // DeviceEmulationOps behind DeviceEmulationCommunicator (which aborts on any
 // host pointer, as NCCL would fault) train bit for bit as the same ranks on
-// CpuOps, and write a checkpoint (experts gathered over EP through backend
-// memory) that one CPU process loads.
+// CpuOps, and write a checkpoint (each EP rank its experts' pieces, copied
+// down from backend memory) that one CPU process loads.
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -249,11 +249,10 @@ TEST_F(EpTrainingTest, MoePp2MatchesOneProcess) {
 // under their global names, the one format of every layout) resumes under
 // another EP size, under dp x ep with ZeRO 1 and 2, ep x tp, ep x pp and on
 // one process, and a one-process checkpoint resumes under each of them, each
-// continuing exactly as the uninterrupted one-process run. (The selection
-// bias is not in checkpoints yet: its rate is 0 here.)
+// continuing exactly as the uninterrupted one-process run (the selection
+// biases travel in the state, moe_bias, gathered over pp).
 TEST_F(EpTrainingTest, CheckpointsOfAnEpLayoutLoadUnderAnyEpSizeAndOneProcess) {
-  spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
-  job.model.moe.bias_update_rate = 0;
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", "");
   const RunResult want = Single(job);
   for (const auto& [dp, ep, zero, tp, pp] : {std::tuple{1, 1, 0, 1, 1}, std::tuple{1, 2, 0, 1, 1},
                                               std::tuple{2, 2, 1, 1, 1},

@@ -2,7 +2,8 @@
 // x ZeRO-{0,1,3} against one process, with the auxiliary loss, a capacity
 // factor and the auxiliary-loss-free bias: losses, every parameter, the
 // selection biases (moved by loads summed over the DP group) and the step's
-// expert statistics agree, replicas bit for bit.
+// expert statistics agree, replicas bit for bit; and a resumed run keeps its
+// biases.
 #include <cmath>
 #include <cstdio>
 
@@ -93,6 +94,34 @@ TEST_P(MoeDataParallelTest, Dp2MatchesOneProcess) {
   for (double n : single.steps.back().tokens_per_expert) routed += n;
   EXPECT_EQ(routed, static_cast<double>(t.global_batch_size * t.seq_len * job.model.moe.top_k *
                                         job.model.num_layers));
+}
+
+// The selection biases travel in the checkpoint's state: a run resumed at
+// step 3 selects, and so trains, bit for bit as the uninterrupted one.
+TEST_F(MoeDataParallelTest, ResumeKeepsTheBiasesBitForBit) {
+  const spec::JobSpec job = MoeJob(dir_ / "train.txt", 0);
+  const std::string root = dir_ / "ckpt";
+  auto straight = TrainingLoop::Create(job);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+  std::vector<float> want;
+  while ((*straight)->step() < 6) want.push_back((*straight)->TrainStep()->loss);
+  {
+    auto first = TrainingLoop::Create(job);
+    ASSERT_TRUE(first.ok());
+    while ((*first)->step() < 3) ASSERT_TRUE((*first)->TrainStep().ok());
+    ASSERT_TRUE((*first)->SaveCheckpoint(root).ok());
+  }
+  auto second = TrainingLoop::Create(job);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->RestoreNewest(root).ok());
+  const std::vector<float> restored = Biases(**second);
+  EXPECT_NE(restored, std::vector<float>(restored.size(), 0.0f));
+  while ((*second)->step() < 6) {
+    auto p = (*second)->TrainStep();
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->loss, want[static_cast<size_t>(p->step - 1)]) << "step " << p->step;
+  }
+  EXPECT_EQ(Biases(**second), Biases(**straight));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, MoeDataParallelTest, ::testing::Values(0, 1, 3),

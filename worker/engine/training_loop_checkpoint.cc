@@ -12,6 +12,7 @@
 #include "worker/engine/checkpoint/distributed_save.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -107,6 +108,11 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", ctx_.dp_size}, {"tp", ctx_.tp_size()}, {"pp", ctx_.pp_size()},
                   {"ep", ctx_.ep_size()}, {"zero_stage", zero_stage()}}}};
+  if (spec_.model.moe.enabled()) {  // [moe] the selection biases are state, not parameters
+    absl::StatusOr<nlohmann::json> biases = ExpertBiasesToJson(Parts(), ctx_.pp);
+    if (!biases.ok()) return biases.status();
+    content.state["moe_bias"] = *std::move(biases);
+  }
   CheckpointFile model{"", "model", {}, {}}, optimizer{"", "optimizer", {}, {}};
   // The writer reads host memory: a device backend's pieces are copied down.
   std::vector<std::vector<float>> host;
@@ -163,6 +169,9 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   step_ = loaded->step;
   tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
   set_optimizer_step(get_int("optimizer_step", step_));
+  if (spec_.model.moe.enabled() && state.contains("moe_bias")) {  // [moe] each part its layers'
+    if (absl::Status s = RestoreExpertBiases(state["moe_bias"], Parts()); !s.ok()) return s;
+  }
   return loaded;
 }
 

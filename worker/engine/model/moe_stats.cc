@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/model/llama_model.h"
@@ -108,6 +111,63 @@ absl::StatusOr<MoeSummary> FinishMoeStep(const std::vector<LlamaModel*>& parts,
   all.assignments = whole[static_cast<size_t>(n + 1)];
   all.aux_loss = whole[static_cast<size_t>(n + 2)];
   return SummarizeMoe(all, e_count, micro_batches);
+}
+
+absl::StatusOr<nlohmann::json> ExpertBiasesToJson(const std::vector<LlamaModel*>& parts,
+                                                  comm::Communicator* pp) {
+  nlohmann::json out = nlohmann::json::object();
+  for (LlamaModel* part : parts) {
+    for (const TensorView& b : part->ExpertBiases()) {
+      out[b.name] = std::vector<float>(b.data, b.data + b.numel());
+    }
+  }
+  if (parts.empty() || pp == nullptr || pp->size() <= 1) return out;
+  // [pp] Every stage's layers in one table [layer * E], zeros where another
+  // stage holds the layer, summed over pp; the names follow the model's.
+  const spec::ModelSpec& c = parts[0]->config();
+  const int64_t e_count = c.moe.num_experts;
+  const std::string kPrefix = "model.layers.", kSuffix = ".mlp.gate.e_score_correction_bias";
+  std::vector<float> table(static_cast<size_t>(c.num_layers * e_count), 0.0f);
+  for (auto it = out.begin(); it != out.end(); ++it) {
+    const int64_t layer = std::stoll(it.key().substr(kPrefix.size()));
+    const std::vector<float> values = it.value().get<std::vector<float>>();
+    std::copy(values.begin(), values.end(), table.begin() + layer * e_count);
+  }
+  if (absl::Status s = AllReduceHostFloats(parts[0]->ops(), pp, table.data(),
+                                           static_cast<int64_t>(table.size()));
+      !s.ok()) {
+    return s;
+  }
+  out = nlohmann::json::object();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.IsMoeLayer(l)) continue;
+    out[absl::StrCat(kPrefix, l, kSuffix)] =
+        std::vector<float>(table.begin() + l * e_count, table.begin() + (l + 1) * e_count);
+  }
+  return out;
+}
+
+absl::Status RestoreExpertBiases(const nlohmann::json& biases,
+                                 const std::vector<LlamaModel*>& parts) {
+  for (LlamaModel* part : parts) {
+    for (const TensorView& b : part->ExpertBiases()) {
+      if (!biases.is_object() || !biases.contains(b.name) || !biases[b.name].is_array() ||
+          static_cast<int64_t>(biases[b.name].size()) != b.numel()) {
+        return absl::DataLossError(absl::StrCat("checkpoint state moe_bias: ", b.name,
+                                                " is missing or does not hold ", b.numel(),
+                                                " numbers"));
+      }
+      for (int64_t e = 0; e < b.numel(); ++e) {
+        const nlohmann::json& v = biases[b.name][static_cast<size_t>(e)];
+        if (!v.is_number()) {
+          return absl::DataLossError(absl::StrCat("checkpoint state moe_bias: ", b.name, "[", e,
+                                                  "] is not a number"));
+        }
+        b.data[e] = v.get<float>();
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace loom::engine

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "worker/comm/communicator.h"
 #include "worker/engine/model/moe_layer.h"
 #include "worker/engine/model/moe_summary.h"
@@ -31,5 +32,17 @@ MoeSummary SummarizeMoe(const MoeStepStats& stats, int64_t num_experts, int64_t 
 absl::StatusOr<MoeSummary> FinishMoeStep(const std::vector<LlamaModel*>& parts,
                                          const std::vector<comm::Communicator*>& groups,
                                          comm::Communicator* pp, int64_t micro_batches);
+
+// The selection biases of the MoE layers as checkpoint state
+// (metadata.json's "state"."moe_bias": {name: [E floats]}), so a resumed run
+// selects as the uninterrupted one; and back. `parts`: the model parts this
+// rank trains (a stage's chunks); under a pipeline each stage holds its own
+// layers' biases, so saving gathers the whole model's over `pp` (collective
+// over pp; null: one stage). Restoring sets each part's own layers and
+// names the first that is missing or of another length.
+absl::StatusOr<nlohmann::json> ExpertBiasesToJson(const std::vector<LlamaModel*>& parts,
+                                                  comm::Communicator* pp);
+absl::Status RestoreExpertBiases(const nlohmann::json& biases,
+                                 const std::vector<LlamaModel*>& parts);
 
 }  // namespace loom::engine
