@@ -371,7 +371,7 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
       c.Require(l.grad_accum % l.pp == 0, "parallelism.schedule", "interleaved",
                 absl::StrCat("needs the micro-batches per step (", l.grad_accum,
                              " = train.global_batch_size / (train.micro_batch_size x "
-                             "parallelism.dp)) to be a multiple of ",
+                             "parallelism.dp x parallelism.ep)) to be a multiple of ",
                              Axis("pp", l.pp)));
     }
   }

@@ -11,7 +11,6 @@
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_exchange.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
-#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
