@@ -10,6 +10,24 @@
 
 namespace loom::spec {
 
+enum class RouterScoreKind { kSoftmax, kSigmoid };
+
+// model.moe (docs/moe.md): which FFNs are mixtures of experts and how tokens
+// are routed to them. num_experts == 0 (the default) is a dense model.
+struct MoeSpec {
+  int64_t num_experts = 0;             // routed experts per MoE layer
+  int64_t top_k = 2;                   // experts each token is routed to
+  int64_t expert_ffn_hidden_size = 0;  // one expert's SwiGLU width; 0: model.ffn_hidden_size
+  int64_t num_shared_experts = 0;      // always-on experts of the same width (DeepSeek-V3)
+  int64_t first_dense_layers = 0;      // layers [0, k) keep the dense FFN
+  RouterScoreKind router_score = RouterScoreKind::kSoftmax;
+  double aux_loss_coef = 0.01;         // Switch/GShard load-balancing loss; 0: off
+  double bias_update_rate = 0.0;       // DeepSeek-V3 auxiliary-loss-free bias; 0: off
+  std::optional<double> capacity_factor;  // absent: dropless
+
+  bool enabled() const { return num_experts > 0; }
+};
+
 struct ModelSpec {
   int64_t vocab_size = 256;
   int64_t hidden_size = 128;
@@ -21,8 +39,13 @@ struct ModelSpec {
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
   double norm_eps = 1e-5;
+  MoeSpec moe;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
+  bool IsMoeLayer(int64_t layer) const { return moe.enabled() && layer >= moe.first_dense_layers; }
+  int64_t expert_ffn() const {
+    return moe.expert_ffn_hidden_size > 0 ? moe.expert_ffn_hidden_size : ffn_hidden_size;
+  }
 };
 
 enum class Precision { kFp32, kBf16, kFp8 };
@@ -121,6 +144,7 @@ struct JobSpec {
 };
 
 const char* PrecisionName(Precision p);
+const char* RouterScoreName(RouterScoreKind k);
 const char* ScheduleName(Schedule s);
 const char* RecomputeName(Recompute r);
 const char* LrScheduleName(LrSchedule s);

@@ -46,6 +46,15 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
   b.AtMost("model.num_kv_heads", s.model.num_kv_heads, l.max_num_heads);
   b.AtMost("model.ffn_hidden_size", s.model.ffn_hidden_size, l.max_ffn_hidden_size);
   b.AtMost("model.max_seq_len", s.model.max_seq_len, l.max_seq_len);
+  const MoeSpec& e = s.model.moe;
+  b.AtMost("model.moe.num_experts", e.num_experts, l.max_num_experts);
+  b.AtMost("model.moe.top_k", e.top_k, l.max_num_experts);
+  b.AtMost("model.moe.num_shared_experts", e.num_shared_experts, l.max_num_experts);
+  b.AtMost("model.moe.expert_ffn_hidden_size", e.expert_ffn_hidden_size, l.max_ffn_hidden_size);
+  b.AtMost("model.moe.first_dense_layers", e.first_dense_layers, l.max_num_layers);
+  b.AtMost("model.moe.aux_loss_coef", e.aux_loss_coef, 1e6);
+  b.AtMost("model.moe.bias_update_rate", e.bias_update_rate, 1e6);
+  if (e.capacity_factor) b.AtMost("model.moe.capacity_factor", *e.capacity_factor, 1e6);
   b.AtMost("train.steps", s.train.steps, l.max_steps);
   b.AtMost("train.warmup_steps", s.train.warmup_steps, l.max_steps);
   b.AtMost("train.eval_interval", s.train.eval_interval, l.max_steps);

@@ -20,6 +20,7 @@ struct JobSpecLimits {
   int64_t max_num_layers = 4096;
   int64_t max_num_heads = 4096;
   int64_t max_ffn_hidden_size = int64_t{1} << 20;    // 1,048,576
+  int64_t max_num_experts = 4096;                    // model.moe.num_experts, top_k, shared
   int64_t max_seq_len = int64_t{1} << 22;            // model.max_seq_len and train.seq_len
   int64_t max_steps = 100'000'000;                   // train.steps
   int64_t max_global_batch_size = int64_t{1} << 24;  // sequences per step

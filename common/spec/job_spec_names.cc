@@ -8,6 +8,10 @@ const char* PrecisionName(Precision p) {
   return RecipeOf(p).name.data();  // a literal: NUL-terminated
 }
 
+const char* RouterScoreName(RouterScoreKind k) {
+  return k == RouterScoreKind::kSoftmax ? "softmax" : "sigmoid";
+}
+
 const char* ScheduleName(Schedule s) {
   switch (s) {
     case Schedule::kAfab: return "afab";

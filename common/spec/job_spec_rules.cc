@@ -58,13 +58,48 @@ void RequireModelShape(Checker& c, const ModelSpec& m) {
 
 }
 
-// The batch splits into micro-batches over dp ranks.
-void RequireBatchSplit(Checker& c, const TrainSpec& t, int64_t dp) {
-  if (dp >= 1 && t.micro_batch_size >= 1) {
+// The batch splits into micro-batches over the ranks that train on different
+// data: dp, and ep (expert-parallel ranks route their own tokens to each
+// other's experts, docs/moe.md).
+void RequireBatchSplit(Checker& c, const TrainSpec& t, int64_t dp, int64_t ep) {
+  if (dp >= 1 && ep == 1 && t.micro_batch_size >= 1) {
     c.Require(t.global_batch_size % (dp * t.micro_batch_size) == 0, "train.global_batch_size",
               t.global_batch_size,
               absl::StrCat("must be divisible by ", Axis("dp", dp), " x train.micro_batch_size=",
                            t.micro_batch_size));
+  }
+  if (dp >= 1 && ep > 1 && t.micro_batch_size >= 1) {
+    c.Require(t.global_batch_size % (dp * ep * t.micro_batch_size) == 0,
+              "train.global_batch_size", t.global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", dp), " x ", Axis("ep", ep),
+                           " x train.micro_batch_size=", t.micro_batch_size,
+                           " (expert-parallel ranks train on their own sequences)"));
+  }
+}
+
+// model.moe (docs/moe.md); nothing is checked for a dense model.
+void CheckMoe(Checker& c, const ModelSpec& m) {
+  const MoeSpec& e = m.moe;
+  c.Require(e.num_experts >= 0, "model.moe.num_experts", e.num_experts,
+            "must not be negative (0: a dense model)");
+  if (!e.enabled()) return;
+  c.Require(e.top_k >= 1 && e.top_k <= e.num_experts, "model.moe.top_k", e.top_k,
+            absl::StrCat("must be between 1 and model.moe.num_experts=", e.num_experts));
+  c.Require(e.expert_ffn_hidden_size >= 0, "model.moe.expert_ffn_hidden_size",
+            e.expert_ffn_hidden_size, "must not be negative (0: model.ffn_hidden_size)");
+  c.Require(e.num_shared_experts >= 0, "model.moe.num_shared_experts", e.num_shared_experts,
+            "must not be negative");
+  c.Require(e.first_dense_layers >= 0 && e.first_dense_layers < m.num_layers,
+            "model.moe.first_dense_layers", e.first_dense_layers,
+            absl::StrCat("must be between 0 and model.num_layers-1=", m.num_layers - 1,
+                         " (at least one layer is MoE)"));
+  c.Require(e.aux_loss_coef >= 0, "model.moe.aux_loss_coef", e.aux_loss_coef,
+            "must not be negative (0: no auxiliary loss)");
+  c.Require(e.bias_update_rate >= 0, "model.moe.bias_update_rate", e.bias_update_rate,
+            "must not be negative (0: no auxiliary-loss-free bias)");
+  if (e.capacity_factor) {
+    c.Require(*e.capacity_factor > 0, "model.moe.capacity_factor", *e.capacity_factor,
+              "must be positive (leave it out for dropless routing)");
   }
 }
 
@@ -72,7 +107,7 @@ void RequireBatchSplit(Checker& c, const TrainSpec& t, int64_t dp) {
 
 AxisShape AxisShapeOf(const JobSpec& s) {
   return {s.model.num_heads, s.model.num_kv_heads, s.model.ffn_hidden_size, s.model.vocab_size,
-          s.model.num_layers, s.train.seq_len};
+          s.model.num_layers, s.train.seq_len, s.model.moe.num_experts};
 }
 
 std::vector<std::string> CheckTpSplit(const AxisShape& m, int64_t tp) {
@@ -125,9 +160,16 @@ std::vector<std::string> CheckCpSplit(const AxisShape& m, int64_t cp) {
   return c.Take();
 }
 
-std::vector<std::string> CheckEpSplit(const AxisShape&, int64_t ep) {
+std::vector<std::string> CheckEpSplit(const AxisShape& m, int64_t ep) {
   Checker c;
-  c.Require(ep == 1, "parallelism.ep", ep, "must be 1: the model has no experts");
+  if (ep == 1) return c.Take();
+  if (m.num_experts <= 0) {
+    c.Require(false, "parallelism.ep", ep, "must be 1: the model has no experts (model.moe)");
+  } else {
+    c.Require(ep >= 1 && m.num_experts % ep == 0, "model.moe.num_experts", m.num_experts,
+              absl::StrCat("must be divisible by ", Axis("ep", ep),
+                           " (each rank holds num_experts / ep experts)"));
+  }
   return c.Take();
 }
 
@@ -152,6 +194,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   c.Require(m.rope_theta > 0, "model.rope_theta", m.rope_theta, "must be positive");
   c.Require(m.norm_eps > 0, "model.norm_eps", m.norm_eps, "must be positive");
   RequireModelShape(c, m);
+  CheckMoe(c, m);
 
   const TrainSpec& t = s.train;
   c.Require(t.steps >= 1, "train.steps", t.steps, "must be positive");
@@ -231,7 +274,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   if (p.pp && *p.pp >= 1 && p.virtual_stages >= 1) c.Add(CheckPpSplit(shape, *p.pp, p.virtual_stages));
   if (p.cp && *p.cp >= 1) c.Add(CheckCpSplit(shape, *p.cp));
   if (p.ep && *p.ep > 1) c.Add(CheckEpSplit(shape, *p.ep));
-  if (p.dp && *p.dp >= 1) RequireBatchSplit(c, t, *p.dp);
+  if (p.dp && *p.dp >= 1) RequireBatchSplit(c, t, *p.dp, p.ep && *p.ep > 1 ? *p.ep : 1);
 
   const ResourcesSpec& r = s.resources;
   if (r.device == DeviceKind::kCpu) {
@@ -301,13 +344,25 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   RequireModelShape(c, m);
   c.Require(s.parallelism.bucket_mb >= 1, "parallelism.bucket_mb", s.parallelism.bucket_mb,
             "must be positive");
-  RequireBatchSplit(c, t, l.dp);
-  c.Require(l.ep == 1, "parallelism.ep", l.ep, "is not supported by this engine yet (use 1)");
+  RequireBatchSplit(c, t, l.dp, l.ep);
   c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
             "must be 0, 1, 2 or 3");
   const AxisShape shape = AxisShapeOf(s);
   // Context parallelism: the zigzag split (worker/engine/context_parallel/).
   c.Add(CheckCpSplit(shape, l.cp));
+  if (m.moe.enabled() && l.tp > 1) {  // the MoE layer: whole on every TP rank (docs/moe.md)
+    c.Require(!l.sequence_parallel, "parallelism.sequence_parallel", "true",
+              absl::StrCat("with model.moe and ", Axis("tp", l.tp),
+                           " is not supported by this engine yet (the MoE layer needs the whole stream)"));
+  }
+  // Expert parallelism (worker/engine/expert_parallel/, docs/expert_parallel.md).
+  c.Add(CheckEpSplit(shape, l.ep));
+  // CP with EP: the expert exchange and the dense gradients' EP sum were
+  // built and tested without a CP group (ranks of one sequence), so the two
+  // axes are not combined yet.
+  c.Require(l.cp == 1 || l.ep == 1, "parallelism.cp", l.cp,
+            absl::StrCat("with ", Axis("ep", l.ep),
+                         " is not supported by this engine yet (use parallelism.cp=1 or parallelism.ep=1)"));
   if (l.tp > 1) {  // the tensor-parallel model's splits (worker/engine/tensor_parallel/)
     c.Add(CheckTpSplit(shape, l.tp));
     if (l.sequence_parallel) {  // the token rows of a micro-batch are split over TP
@@ -324,7 +379,7 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
       c.Require(l.grad_accum % l.pp == 0, "parallelism.schedule", "interleaved",
                 absl::StrCat("needs the micro-batches per step (", l.grad_accum,
                              " = train.global_batch_size / (train.micro_batch_size x "
-                             "parallelism.dp)) to be a multiple of ",
+                             "parallelism.dp x parallelism.ep)) to be a multiple of ",
                              Axis("pp", l.pp)));
     }
   }

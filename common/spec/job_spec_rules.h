@@ -41,6 +41,7 @@ struct AxisShape {
   int64_t vocab_size = 1;
   int64_t num_layers = 1;
   int64_t seq_len = 1;
+  int64_t num_experts = 0;  // model.moe.num_experts; 0: a dense model
 };
 AxisShape AxisShapeOf(const JobSpec& spec);
 // Query heads, FFN columns and vocabulary rows split over tp; kv heads split
@@ -50,7 +51,7 @@ std::vector<std::string> CheckTpSplit(const AxisShape& shape, int64_t tp);
 std::vector<std::string> CheckPpSplit(const AxisShape& shape, int64_t pp, int64_t virtual_stages);
 // Load-balanced context parallelism cuts each sequence into 2 x cp chunks.
 std::vector<std::string> CheckCpSplit(const AxisShape& shape, int64_t cp);
-// Experts split over ep (the model has none yet: ep must be 1).
+// Experts split over ep: ep divides the experts (a dense model: ep = 1).
 std::vector<std::string> CheckEpSplit(const AxisShape& shape, int64_t ep);
 
 // Fills the parallel axes the user left out when only one layout is possible

@@ -87,6 +87,15 @@ FieldParser Bool(bool* out) {
   };
 }
 
+FieldParser OptDouble(std::optional<double>* out) {
+  return [out](const YAML::Node& n, const std::string& path) -> absl::Status {
+    double v;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) return TypeError(path, n, "a number");
+    *out = v;
+    return absl::OkStatus();
+  };
+}
+
 FieldParser String(std::string* out) {
   return [out](const YAML::Node& n, const std::string& path) -> absl::Status {
     if (!n.IsScalar()) return TypeError(path, n, "a string");
@@ -145,8 +154,21 @@ FieldParser Sub(Section fields) {
   };
 }
 
+Section MoeFields(MoeSpec& e) {
+  return {{"num_experts", Int(&e.num_experts)},
+          {"top_k", Int(&e.top_k)},
+          {"expert_ffn_hidden_size", Int(&e.expert_ffn_hidden_size)},
+          {"num_shared_experts", Int(&e.num_shared_experts)},
+          {"first_dense_layers", Int(&e.first_dense_layers)},
+          {"router_score", Enum(&e.router_score, {{"softmax", RouterScoreKind::kSoftmax},
+                                                  {"sigmoid", RouterScoreKind::kSigmoid}})},
+          {"aux_loss_coef", Double(&e.aux_loss_coef)},
+          {"bias_update_rate", Double(&e.bias_update_rate)},
+          {"capacity_factor", OptDouble(&e.capacity_factor)}};
+}
+
 Section ModelFields(ModelSpec& m) {
-  return {{"vocab_size", Int(&m.vocab_size)},       {"hidden_size", Int(&m.hidden_size)},
+  return {{"moe", Sub(MoeFields(m.moe))},{"vocab_size", Int(&m.vocab_size)},       {"hidden_size", Int(&m.hidden_size)},
           {"num_layers", Int(&m.num_layers)},       {"num_heads", Int(&m.num_heads)},
           {"num_kv_heads", Int(&m.num_kv_heads)},   {"ffn_hidden_size", Int(&m.ffn_hidden_size)},
           {"max_seq_len", Int(&m.max_seq_len)},     {"rope_theta", Double(&m.rope_theta)},
@@ -296,6 +318,22 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "rope_theta" << YAML::Value << m.rope_theta;
   out << YAML::Key << "tie_embeddings" << YAML::Value << m.tie_embeddings;
   out << YAML::Key << "norm_eps" << YAML::Value << m.norm_eps;
+  if (m.moe.enabled()) {
+    const MoeSpec& e = m.moe;
+    out << YAML::Key << "moe" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "num_experts" << YAML::Value << e.num_experts;
+    out << YAML::Key << "top_k" << YAML::Value << e.top_k;
+    out << YAML::Key << "expert_ffn_hidden_size" << YAML::Value << e.expert_ffn_hidden_size;
+    out << YAML::Key << "num_shared_experts" << YAML::Value << e.num_shared_experts;
+    out << YAML::Key << "first_dense_layers" << YAML::Value << e.first_dense_layers;
+    out << YAML::Key << "router_score" << YAML::Value << RouterScoreName(e.router_score);
+    out << YAML::Key << "aux_loss_coef" << YAML::Value << e.aux_loss_coef;
+    out << YAML::Key << "bias_update_rate" << YAML::Value << e.bias_update_rate;
+    if (e.capacity_factor) {
+      out << YAML::Key << "capacity_factor" << YAML::Value << *e.capacity_factor;
+    }
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   const TrainSpec& t = s.train;

@@ -12,7 +12,7 @@ Layout LayoutOf(const JobSpec& spec) {
   l.tp = p.tp.value_or(1);
   l.zero_stage = static_cast<int>(p.zero_stage.value_or(0));
   l.micro_batch_size = spec.train.micro_batch_size;
-  const int64_t per_step = l.dp * spec.train.micro_batch_size;
+  const int64_t per_step = l.data_replicas() * spec.train.micro_batch_size;
   l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
   l.schedule = p.schedule;
   l.virtual_stages = p.virtual_stages;

@@ -31,11 +31,16 @@ struct Layout {
   Recompute recompute = Recompute::kNone;
 
   int64_t world() const { return pp * dp * ep * cp * tp; }
+  // Ranks that train on different data: the DP replicas and the expert-
+  // parallel ranks, which route their own tokens to each other's experts
+  // (docs/moe.md). Dense weights are data-parallel over all of them, the
+  // experts over dp.
+  int64_t data_replicas() const { return dp * ep; }
   bool operator==(const Layout&) const = default;
 };
 
 // The layout of a spec: unset axes count as 1, an unset ZeRO stage as 0,
-// grad_accum = train.global_batch_size / (dp * train.micro_batch_size)
+// grad_accum = train.global_batch_size / (dp * ep * train.micro_batch_size)
 // (0 when that product is not positive).
 Layout LayoutOf(const JobSpec& spec);
 

@@ -140,6 +140,7 @@ void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
                               .mfu = mfu},
                              static_cast<double>(p.tokens()));
     if (p.has_val_loss()) metrics_->SetJobValLoss(job.id(), job.name(), p.val_loss());
+    if (progress.has_moe()) metrics_->SetJobMoe(job.id(), job.name(), progress.moe());  // [moe]
     metrics_->SetJobGoodput(job.id(), job.name(), goodput);
   }
   loom::v1::WatchJobResponse update;

@@ -12,7 +12,8 @@ namespace {
 double CeilDiv(double a, double b) { return (a + b - 1) / b; }
 
 struct StageParams {
-  double layer_params = 0;  // per rank, this stage's layers
+  double layer_params = 0;  // per rank, this stage's layers (routed experts included)
+  double expert_params = 0;  // [moe] the routed experts' share of layer_params
   double edge_params = 0;   // embedding / LM head / norms on this rank
   double lm_head_rows = 0;  // vocabulary rows this rank's LM head computes
 };
@@ -29,6 +30,9 @@ StageParams ParamsOnStage(const Workload& w, const Layout& l, int64_t stage) {
       kv_share < 1.0 ? 2.0 * m.hidden_size * m.head_dim() * (1.0 - kv_share) : 0.0;
   s.layer_params =
       layers * (static_cast<double>(p.layer_linear) / l.tp + kv_replicated + p.layer_replicated);
+  // [moe] The routed experts, averaged over the layers, split over ep x tp.
+  s.expert_params = layers * ExpertParamsPerLayer(w, l);
+  s.layer_params += s.expert_params;
   const bool first = stage == 0;
   const bool last = stage == l.pp - 1;
   if (first) s.edge_params += static_cast<double>(p.embedding) / l.tp + p.position_embedding;
@@ -42,6 +46,11 @@ StageParams ParamsOnStage(const Workload& w, const Layout& l, int64_t stage) {
 }
 
 }  // namespace
+
+double ExpertParamsPerLayer(const Workload& w, const Layout& l) {
+  if (w.model.num_layers <= 0) return 0;
+  return static_cast<double>(w.params.experts) / w.model.num_layers / (l.ep * l.tp);
+}
 
 int64_t LayersOnStage(int64_t num_layers, int64_t pp, int64_t stage) {
   const int64_t base = num_layers / pp;
@@ -77,7 +86,7 @@ double ActivationBytesPerLayer(const Workload& w, const Layout& l, const Planner
   const double kv_local = std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
   const double attention = 2.0 * m.num_heads * m.head_dim() / static_cast<double>(l.tp) + 2.0 * kv_local;
   // SwiGLU: gate and up outputs and their product; GELU: pre- and post-activation.
-  const double mlp = (m.gated_mlp ? 3.0 : 2.0) * m.ffn_hidden_size / static_cast<double>(l.tp);
+  const double mlp = (m.gated_mlp ? 3.0 : 2.0) * m.ActiveFfnWidth() / static_cast<double>(l.tp);
   double bytes = tokens * (replicated + attention + mlp) * e;
   // Per-row statistics: two norms' 1/rms (rows sharded by SP), and the
   // attention's log-sum-exp per local head.
@@ -112,7 +121,10 @@ double MicroBatchesInFlight(const Layout& l, int64_t stage) {
 MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const PlannerConstants& k,
                                     int64_t stage) {
   const PrecisionRecipe& r = Recipe(w.recipe);
-  const double shard = static_cast<double>(l.dp) * l.cp;  // ZeRO shards over DP×CP
+  // ZeRO shards dense weights over DP×EP×CP (every rank with other data),
+  // the routed experts over DP×CP (ranks holding the same experts).
+  const double shard = static_cast<double>(l.data_replicas()) * l.cp;
+  const double expert_shard = static_cast<double>(l.dp) * l.cp;
   const double tokens = static_cast<double>(l.micro_batch_size) * w.seq_len / l.cp;
   const double h = static_cast<double>(w.model.hidden_size);
   const double e = r.activation_bytes;
@@ -121,15 +133,21 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
   const double params = sp.layer_params + sp.edge_params;
   MemoryBreakdown b;
   b.stage = stage;
-  b.weights = params * r.weight_bytes / (l.zero_stage >= 3 ? shard : 1.0);
+  auto sharded = [&](double bytes_per_param, int from_stage) {
+    const bool on = l.zero_stage >= from_stage;
+    return (params - sp.expert_params) * bytes_per_param / (on ? shard : 1.0) +
+           sp.expert_params * bytes_per_param / (on ? expert_shard : 1.0);
+  };
+  b.weights = sharded(r.weight_bytes, 3);
   // [pp] Under a pipeline a chunk's gradient is reduced once per step, after
   // its last micro-batch (ZeRO 2/3 too): it stays full-size through the
   // step, next to the reduced shard.
   const bool whole_gradients = l.pp > 1 && l.zero_stage >= 2 && shard > 1;
-  b.gradients = params * (r.grad_bytes + r.grad_accum_bytes) /
-                (l.zero_stage >= 2 && !whole_gradients ? shard : 1.0);
-  if (whole_gradients) b.gradients += params * r.grad_bytes / shard;
-  b.optimizer = params * (r.master_bytes + r.optimizer_bytes) / (l.zero_stage >= 1 ? shard : 1.0);
+  constexpr int kNoStage = 4;  // no ZeRO stage shards these
+  b.gradients = whole_gradients ? sharded(r.grad_bytes + r.grad_accum_bytes, kNoStage) +
+                                      sharded(r.grad_bytes, 2)
+                                : sharded(r.grad_bytes + r.grad_accum_bytes, 2);
+  b.optimizer = sharded(r.master_bytes + r.optimizer_bytes, 1);
 
   const double in_flight = MicroBatchesInFlight(l, stage);
   b.micro_batches_in_flight = static_cast<int64_t>(CeilDiv(in_flight, 1.0));
@@ -153,7 +171,7 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
     const double kv_local =
         std::max(1.0, static_cast<double>(m.num_kv_heads) / l.tp) * m.head_dim();
     const double q_local = static_cast<double>(m.num_heads) * m.head_dim() / l.tp;
-    const double f_local = static_cast<double>(m.ffn_hidden_size) / l.tp;
+    const double f_local = m.ActiveFfnWidth() / l.tp;
     const double mlp = (m.gated_mlp ? 3.0 : 2.0) * f_local;
     activations +=
         k.backward_scratch_layers * tokens * (h + 2.0 * q_local + 2.0 * kv_local + mlp) * e;
@@ -167,7 +185,7 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
   b.activations = activations * k.activation_factor;
   b.logits = tokens * sp.lm_head_rows * k.logits_bytes_per_element;
 
-  const double layer = static_cast<double>(w.params.layer_linear) / l.tp;
+  const double layer = static_cast<double>(w.params.layer_linear) / l.tp + ExpertParamsPerLayer(w, l);
   const double layer_grad = layer * (r.grad_bytes + r.grad_accum_bytes);
   if (l.zero_stage == 2 && shard > 1 && !whole_gradients) {
     // Full-size gradients of the layers whose reduce-scatter is pending.

@@ -40,6 +40,10 @@ double ActivationBytesPerLayer(const Workload& workload, const Layout& layout,
 // Micro-batches whose activations a stage holds at its peak.
 double MicroBatchesInFlight(const Layout& layout, int64_t stage);
 
+// [moe] Routed-expert parameters per layer on one rank: the model's experts
+// averaged over its layers, split over ep x tp (0 for a dense model).
+double ExpertParamsPerLayer(const Workload& w, const Layout& l);
+
 // Layers on pipeline stage `stage` (the first stages take the remainder).
 int64_t LayersOnStage(int64_t num_layers, int64_t pp, int64_t stage);
 

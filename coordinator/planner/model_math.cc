@@ -13,6 +13,13 @@ ModelShape ModelShapeFromSpec(const spec::ModelSpec& model, const std::string& n
   shape.num_kv_heads = model.num_kv_heads > 0 ? model.num_kv_heads : model.num_heads;
   shape.ffn_hidden_size = model.ffn_hidden_size;
   shape.tie_embeddings = model.tie_embeddings;
+  if (model.moe.enabled()) {  // [moe]
+    shape.num_experts = model.moe.num_experts;
+    shape.top_k = model.moe.top_k;
+    shape.expert_ffn = model.expert_ffn();
+    shape.shared_ffn = model.moe.num_shared_experts * model.expert_ffn();
+    shape.first_dense_layers = model.moe.first_dense_layers;
+  }
   return shape;
 }
 
@@ -35,18 +42,27 @@ ParamCount CountParams(const ModelShape& m) {
   c.position_embedding = m.learned_positions * h;
   c.lm_head = m.tie_embeddings ? 0 : m.vocab_size * h;
   c.final_norm = norm;
-  c.total = c.embedding + c.position_embedding + c.lm_head + c.final_norm +
-            m.num_layers * c.per_layer();
+  int64_t layers_linear = m.num_layers * c.layer_linear;
+  if (m.moe_layers() > 0) {  // [moe] router and shared experts replace the MLP; experts apart
+    const int64_t moe = m.moe_layers();
+    const int64_t moe_linear = attention + m.num_experts * h + 3 * h * m.shared_ffn;
+    layers_linear = (m.num_layers - moe) * c.layer_linear + moe * moe_linear;
+    c.layer_linear = layers_linear / m.num_layers;
+    c.experts = moe * m.num_experts * 3 * h * m.expert_ffn;
+  }
+  c.total = c.embedding + c.position_embedding + c.lm_head + c.final_norm + layers_linear +
+            m.num_layers * c.layer_replicated + c.experts;
+  c.active = c.total - (m.num_experts > 0 ? c.experts / m.num_experts * (m.num_experts - m.top_k) : 0);
   return c;
 }
 
 double ModelFlopsPerToken(const ModelShape& m, int64_t seq_len) {
-  const double n = static_cast<double>(CountParams(m).total);
+  const double n = static_cast<double>(CountParams(m).active);
   return 6.0 * n + 12.0 * m.num_layers * m.hidden_size * static_cast<double>(seq_len);
 }
 
 double HardwareFlopsPerToken(const ModelShape& m, int64_t seq_len, spec::Recompute recompute) {
-  const double n = static_cast<double>(CountParams(m).total);
+  const double n = static_cast<double>(CountParams(m).active);
   const double attention = 4.0 * m.num_layers * m.hidden_size * static_cast<double>(seq_len);
   switch (recompute) {
     case spec::Recompute::kFull:

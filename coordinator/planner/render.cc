@@ -34,9 +34,10 @@ std::string DescribeCandidate(const Candidate& c, double capacity) {
       absl::StrFormat("  step %s, %s tokens/s (%s per device), MFU %.1f%%, HFU %.1f%%, bubble %.1f%%\n",
                       Seconds(t.total), Si(t.tokens_per_second), Si(t.tokens_per_second_per_device),
                       100 * t.mfu, 100 * t.hfu, 100 * t.bubble_fraction),
-      absl::StrFormat("  time: compute %s, tp %s, cp %s, pp %s, bubble %s, dp %s, optimizer %s\n",
+      absl::StrFormat("  time: compute %s, tp %s, cp %s, pp %s, bubble %s, dp %s, optimizer %s%s\n",
                       Seconds(t.compute), Seconds(t.tp_comm), Seconds(t.cp_comm), Seconds(t.pp_comm),
-                      Seconds(t.bubble), Seconds(t.dp_comm), Seconds(t.optimizer)),
+                      Seconds(t.bubble), Seconds(t.dp_comm), Seconds(t.optimizer),
+                      t.ep_comm > 0 ? absl::StrCat(", ep ", Seconds(t.ep_comm)) : ""),
       absl::StrFormat("  memory per rank (stage %d): %.1f of %.1f GiB: weights %.1f, gradients %.1f, "
                       "optimizer %.1f, activations %.1f (%d micro-batches), logits %.1f, zero3 %.1f, "
                       "buffers %.1f, overhead %.1f\n",
@@ -174,6 +175,7 @@ nlohmann::json StepTimeToJson(const StepTime& t) {
           {"compute_seconds", t.compute},
           {"tp_comm_seconds", t.tp_comm},
           {"cp_comm_seconds", t.cp_comm},
+          {"ep_comm_seconds", t.ep_comm},
           {"pp_comm_seconds", t.pp_comm},
           {"bubble_seconds", t.bubble},
           {"dp_comm_seconds", t.dp_comm},

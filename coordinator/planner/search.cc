@@ -32,7 +32,8 @@ absl::Status Invalid(std::string message) { return absl::InvalidArgumentError(st
 // plus what this search chooses not to try (TP across nodes, uneven stages).
 spec::AxisShape ShapeOf(const Workload& w) {
   const ModelShape& m = w.model;
-  return {m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.vocab_size, m.num_layers, w.seq_len};
+  return {m.num_heads,  m.num_kv_heads, m.ffn_hidden_size, m.vocab_size,
+          m.num_layers, w.seq_len,    m.num_experts};
 }
 
 absl::Status FirstBroken(const std::vector<std::string>& broken) {
@@ -99,10 +100,11 @@ absl::Status ValidateLayout(const Workload& w, const ClusterSpec& c, const Layou
                                 c.world_size(), " ranks of resources"));
   }
   if (l.micro_batch_size < 1 || l.grad_accum < 1 ||
-      l.micro_batch_size * l.grad_accum * l.dp != w.global_batch) {
+      l.micro_batch_size * l.grad_accum * l.data_replicas() != w.global_batch) {
     return Invalid(absl::StrCat("train.global_batch_size=", w.global_batch,
-                                " must equal micro_batch_size*grad_accum*dp=", l.micro_batch_size,
-                                "*", l.grad_accum, "*", l.dp));
+                                " must equal micro_batch_size*grad_accum*dp", l.ep > 1 ? "*ep" : "",
+                                "=", l.micro_batch_size, "*", l.grad_accum, "*", l.dp,
+                                l.ep > 1 ? absl::StrCat("*", l.ep) : ""));
   }
   if (l.zero_stage < 0 || l.zero_stage > 3) {
     return Invalid(absl::StrCat("parallelism.zero_stage=", l.zero_stage, " must be 0, 1, 2 or 3"));
@@ -134,12 +136,14 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
       if ((world / tp) % cp != 0 || !CheckCp(w, cp).ok()) continue;
       for (int64_t pp : Choices(s.pp, world / (tp * cp))) {
         if ((world / (tp * cp)) % pp != 0 || !CheckPp(w, pp, s).ok()) continue;
-        for (int64_t ep : Choices(s.ep, 1)) {
+        // [moe] ep: the divisors of what is left (CheckEp keeps those dividing the experts).
+        for (int64_t ep : Choices(s.ep, w.model.num_experts > 0 ? world / (tp * cp * pp) : 1)) {
           if (!CheckEp(w, ep).ok() || (world / (tp * cp * pp)) % ep != 0) continue;
           const int64_t dp = world / (tp * cp * pp * ep);
           if (s.dp && *s.dp != dp) continue;
-          if (w.global_batch % dp != 0) continue;
-          const int64_t per_dp = w.global_batch / dp;
+          // Every dp x ep rank trains on its own sequences (ep ranks route theirs).
+          if (w.global_batch % (dp * ep) != 0) continue;
+          const int64_t per_dp = w.global_batch / (dp * ep);
           const int max_zero = (dp * cp == 1) ? 0 : s.max_zero_stage;
           // (schedule, virtual stages) pairs: the space's, or every schedule.
           std::vector<std::pair<spec::Schedule, int64_t>> schedules = {

@@ -4,6 +4,7 @@
 #include "coordinator/planner/time_model.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "coordinator/planner/memory_model.h"
 
@@ -61,7 +62,12 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // Hardware FLOPs per token of one layer and of the LM head.
   const bool full = l.recompute == spec::Recompute::kFull;
   const bool selective = l.recompute == spec::Recompute::kSelective;
-  const double linear = static_cast<double>(w.params.layer_linear);
+  // [moe] A token runs top_k of the E routed experts of a layer.
+  const double active_experts =
+      m.num_experts > 0 && m.num_layers > 0
+          ? static_cast<double>(w.params.experts) / m.num_layers * m.top_k / m.num_experts
+          : 0.0;
+  const double linear = static_cast<double>(w.params.layer_linear) + active_experts;
   const double layer_flops = (full ? 8.0 : 6.0) * linear + (full || selective ? 16.0 : 12.0) * h * s;
   const double head_flops = 6.0 * m.vocab_size * h;
 
@@ -85,6 +91,17 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
     const double passes = ((full ? 2.0 : 1.0) * ring.forward + ring.backward) / pass;
     cp_per_layer = CollectiveSeconds(kv_bytes, l.cp, passes, cp_per_node, c, k);
   }
+  // [moe] Expert parallelism: each MoE layer sends every token's top_k rows
+  // to the experts' ranks and back (dispatch and combine) in the forward, the
+  // gradients the same way in the backward, and again in a full recompute;
+  // an all-to-all moves (ep-1)/ep of its buffer, as a ring pass does. The ep
+  // ranks sit cp·tp apart in the mesh. Averaged over the layers.
+  const double moe_share =
+      m.num_layers > 0 ? static_cast<double>(m.moe_layers()) / m.num_layers : 0.0;
+  const double a2a_bytes = tokens * m.top_k * h * e;
+  const int64_t ep_per_node = GroupRanksPerNode(l.ep, l.cp * l.tp, node);
+  const double ep_per_layer = moe_share * (full ? 6.0 : 4.0) *
+                              CollectiveSeconds(a2a_bytes, l.ep, 1.0, ep_per_node, c, k);
 
   // Unfused attention streams every score through HBM: per score, forward
   // writes it (baddbmm), reads and writes it (scale, mask, softmax), reads and
@@ -102,7 +119,7 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // (SwiGLU reads 2f, writes f; GELU reads and writes f) and the re-layout of
   // Q and K (rotary, or the head transpose) over the TP-sharded widths. The
   // backward moves about twice the forward; a recompute repeats the forward.
-  const double f = static_cast<double>(m.ffn_hidden_size);
+  const double f = m.ActiveFfnWidth();
   const double kv = static_cast<double>(m.kv_dim());
   const double hidden_elems = 10.0 * h / (l.sequence_parallel ? l.tp : 1);
   const double sharded_elems = ((m.gated_mlp ? 3.0 : 2.0) * f + 2.0 * (h + kv)) / l.tp;
@@ -113,7 +130,7 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // forward of full recompute.
   const double host_per_layer = k.layer_overhead_s * (full ? 4.0 / 3.0 : 1.0);
 
-  double stage_compute = 0, stage_tp = 0, stage_cp = 0;
+  double stage_compute = 0, stage_tp = 0, stage_cp = 0, stage_ep = 0;
   for (int64_t stage : {int64_t{0}, l.pp - 1}) {
     const int64_t layers = LayersOnStage(m.num_layers, l.pp, stage);
     double flops = layers * tokens * layer_flops / l.tp;
@@ -123,10 +140,12 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
     const double compute = device + host - k.host_overlap * std::min(device, host);
     const double tp = layers * tp_per_layer * (1.0 - k.tp_overlap);
     const double cp = layers * cp_per_layer * (1.0 - k.tp_overlap);
-    if (compute + tp + cp > stage_compute + stage_tp + stage_cp) {
+    const double ep = layers * ep_per_layer;  // on the critical path: the experts wait for it
+    if (compute + tp + cp + ep > stage_compute + stage_tp + stage_cp + stage_ep) {
       stage_compute = compute;
       stage_tp = tp;
       stage_cp = cp;
+      stage_ep = ep;
     }
   }
 
@@ -143,13 +162,14 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
     const double step = pp_inter ? k.inter_latency_s : k.intra_latency_s;
     p2p = 2.0 * v * (bytes / bw + k.collective_launch_s + step + k.p2p_latency_s);
   }
-  const double per_mb = stage_compute + stage_tp + stage_cp + p2p;
+  const double per_mb = stage_compute + stage_tp + stage_cp + stage_ep + p2p;
   const double gas = static_cast<double>(l.grad_accum);
 
   StepTime t;
   t.compute = gas * stage_compute;
   t.tp_comm = gas * stage_tp;
   t.cp_comm = gas * stage_cp;
+  t.ep_comm = gas * stage_ep;
   t.pp_comm = gas * p2p;
   t.bubble = l.pp > 1 ? (l.pp - 1) / v * per_mb : 0;
 
@@ -157,13 +177,39 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   // behind part of the last micro-batch's backward. ZeRO-3 gathers weights
   // for every micro-batch's forward and backward, hidden behind compute.
   const double params = MaxParamsPerRank(w, l);
-  const int64_t group = l.dp * l.cp;
-  // The DP×CP group: cp ranks tp apart, then dp ranks ep·cp·tp apart.
-  const int64_t cp_on_node = GroupRanksPerNode(l.cp, l.tp, node);
-  const int64_t dp_on_node =
-      cp_on_node < l.cp ? 1 : GroupRanksPerNode(l.dp, l.ep * l.cp * l.tp, node);
-  const int64_t dp_per_node = cp_on_node * dp_on_node;
-  const double grad_bytes = params * r.grad_reduce_bytes;
+  // Gradients reduce over the ranks that hold the same weights with other
+  // data: DP×CP, and for the dense weights of an MoE under expert
+  // parallelism DP×EP×CP, the routed experts staying in DP×CP (docs/moe.md).
+  // The DP×CP group: cp ranks tp apart, then dp ranks ep·cp·tp apart; the
+  // DP×EP×CP group: ep·cp ranks tp apart, then dp ranks ep·cp·tp apart.
+  struct ReduceGroup {
+    double params;
+    int64_t size;
+    int64_t per_node;
+  };
+  auto group_of = [&](int64_t inner) {
+    const int64_t inner_on_node = GroupRanksPerNode(inner, l.tp, node);
+    const int64_t dp_on_node =
+        inner_on_node < inner ? 1 : GroupRanksPerNode(l.dp, l.ep * l.cp * l.tp, node);
+    return std::pair<int64_t, int64_t>{l.dp * inner, inner_on_node * dp_on_node};
+  };
+  const auto [group, dp_per_node] = group_of(l.cp);
+  std::vector<ReduceGroup> groups = {{params, group, dp_per_node}};
+  if (l.ep > 1) {
+    const double experts =
+        ExpertParamsPerLayer(w, l) * static_cast<double>(LayersOnStage(m.num_layers, l.pp, 0));
+    const auto [dense_group, dense_per_node] = group_of(l.ep * l.cp);
+    groups = {{params - experts, dense_group, dense_per_node}, {experts, group, dp_per_node}};
+  }
+  // Seconds of one collective per group on bytes_per_param of its params / parts.
+  auto over_groups = [&](double bytes_per_param, double passes, double parts) {
+    double seconds = 0;
+    for (const ReduceGroup& g : groups) {
+      seconds += parts * CollectiveSeconds(g.params * bytes_per_param / parts, g.size, passes,
+                                           g.per_node, c, k);
+    }
+    return seconds;
+  };
   const double backward_last = stage_compute * 2.0 / 3.0;
   // ZeRO-0, and ZeRO-1 in frameworks that keep DDP's all-reduce, reduce the
   // whole gradient once per step, after the last backward; ZeRO-1 with a
@@ -174,36 +220,37 @@ StepTime EstimateStepTime(const Workload& w, const Layout& l, const ClusterSpec&
   double dp = 0;
   if (l.zero_stage <= 1) {
     const bool all_reduce = l.zero_stage == 0 || !k.zero1_reduce_scatter;
-    const double reduce = CollectiveSeconds(grad_bytes, group, all_reduce ? 2.0 : 1.0, dp_per_node, c, k);
+    const double reduce = over_groups(r.grad_reduce_bytes, all_reduce ? 2.0 : 1.0, 1.0);
     dp = std::max(0.0, reduce - k.dp_overlap * backward_last);
   } else {
-    const double reduce =
-        stage_layers * CollectiveSeconds(grad_bytes / stage_layers, group, 1.0, dp_per_node, c, k);
+    const double reduce = over_groups(r.grad_reduce_bytes, 1.0, stage_layers);
     dp = gas * std::max(0.0, reduce - k.dp_overlap * backward_last);
   }
   // ZeRO-1/2: the updated weight shards are all-gathered after the optimizer
   // step, where nothing hides them.
   if (l.zero_stage == 1 || l.zero_stage == 2) {
-    dp += CollectiveSeconds(params * r.weight_bytes, group, 1.0, dp_per_node, c, k);
+    dp += over_groups(r.weight_bytes, 1.0, 1.0);
   }
   // ZeRO-3 gathers each layer's weights for every micro-batch's forward and
   // again for its backward.
   if (l.zero_stage >= 3) {
-    const double gather =
-        2.0 * stage_layers *
-        CollectiveSeconds(params * r.weight_bytes / stage_layers, group, 1.0, dp_per_node, c, k);
+    const double gather = 2.0 * over_groups(r.weight_bytes, 1.0, stage_layers);
     dp += gas * std::max(0.0, gather - k.dp_overlap * stage_compute);
   }
   t.dp_comm = dp;
 
   // The optimizer reads gradients, master weights and moments, writes them
   // back with the new weights: memory-bound.
-  const double opt_shard = l.zero_stage >= 1 ? static_cast<double>(group) : 1.0;
+  double sharded_params = 0;
+  for (const ReduceGroup& g : groups) {
+    sharded_params += g.params / (l.zero_stage >= 1 ? static_cast<double>(g.size) : 1.0);
+  }
   const double touched = r.grad_bytes + r.grad_accum_bytes + r.weight_bytes +
                          2.0 * (r.master_bytes + r.optimizer_bytes);
-  t.optimizer = params / opt_shard * touched / c.hbm_bandwidth;
+  t.optimizer = sharded_params * touched / c.hbm_bandwidth;
 
-  t.total = t.compute + t.tp_comm + t.cp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
+  t.total = t.compute + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm +
+            t.optimizer;
   t.bubble_fraction = t.bubble / t.total;
   const double step_tokens = static_cast<double>(w.global_batch) * s;
   t.tokens_per_second = step_tokens / t.total;

@@ -16,6 +16,7 @@ struct StepTime {
   double compute = 0;      // GEMMs and attention of all micro-batches on the slowest stage
   double tp_comm = 0;      // exposed TP/SP collectives
   double cp_comm = 0;      // exposed context-parallel K/V exchange
+  double ep_comm = 0;      // [moe] the experts' all-to-all dispatch and combine
   double pp_comm = 0;      // pipeline sends and receives
   double bubble = 0;       // pipeline fill and drain
   double dp_comm = 0;      // exposed gradient reduction and ZeRO gathers

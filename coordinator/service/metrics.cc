@@ -144,6 +144,13 @@ void CoordinatorMetrics::SetJobValLoss(const std::string& job_id, const std::str
   job_val_loss_.Add({{"job", job_id}, {"job_name", job_name}}).Set(val_loss);
 }
 
+void CoordinatorMetrics::SetJobMoe(const std::string& job_id, const std::string& job_name,
+                                   const loom::v1::MoeProgress& moe) {
+  absl::MutexLock lock(&mu_);
+  if (moe_ == nullptr) moe_ = std::make_unique<MoeMetrics>(*registry_);
+  moe_->Set(job_id, job_name, moe);
+}
+
 void CoordinatorMetrics::CountRestart(const std::string& job_id, const std::string& job_name) {
   absl::MutexLock lock(&mu_);
   job_restarts_.Add({{"job", job_id}, {"job_name", job_name}}).Increment();
@@ -179,6 +186,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
     RemoveSeries(*family, job);
   }
   RemoveSeries(job_restarts_, job);
+  if (moe_ != nullptr) moe_->Remove(job_id, job_name);  // [moe]
   rank_series_.erase(job_id);
   for (int rank = 0; rank < ranks; ++rank) {
     const prometheus::Labels labels = {
@@ -201,6 +209,7 @@ size_t CoordinatorMetrics::JobSeriesCount() {
     for (const auto& metric : family->Collect()) count += metric.metric.size();
   }
   for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();
+  if (moe_ != nullptr) count += moe_->SeriesCount();  // [moe]
   return count;
 }
 

@@ -16,6 +16,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "coordinator/service/moe_metrics.h"
 
 namespace loom::coordinator {
 
@@ -42,6 +43,9 @@ class CoordinatorMetrics {
   void SetJobProgress(const std::string& job_id, const std::string& job_name,
                       const ProgressSample& sample, double tokens);
   void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
+  // [moe] A job's expert load (moe_metrics.h), from rank 0's report.
+  void SetJobMoe(const std::string& job_id, const std::string& job_name,
+                 const loom::v1::MoeProgress& moe);
   void CountRestart(const std::string& job_id, const std::string& job_name);
   // One phase of a recovery (coordinator/health/recovery_accounting.h):
   // loom_recovery_phase_seconds{phase}, no job label, so its series are six.
@@ -99,6 +103,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_goodput_;
   prometheus::Family<prometheus::Histogram>& recovery_phase_seconds_;
   std::map<std::string, prometheus::Histogram*> recovery_phases_;  // by phase, made up front
+  std::unique_ptr<MoeMetrics> moe_ ABSL_GUARDED_BY(mu_);  // [moe]
 };
 
 }  // namespace loom::coordinator

@@ -5,6 +5,11 @@
 # scripts/device/build_gpu_path_bins.sh, against PyTorch's libnccl.so.2.
 # With one GPU the group-of-one, rendezvous-timeout and abort tests run; the
 # multi-device tests skip (NCCL allows one rank per device per communicator).
+# The expert dispatcher's integer all-to-all (AllToAllInt64, exact beyond 2^53)
+# runs in the group-of-one test; its uneven row all-to-all and the integer one
+# across ranks run in CollectivesAcrossDevices where two or more GPUs exist.
+# Without a device the dispatcher's buffers are checked to be backend memory
+# by tests/engine_device/ep_exchange_device_test.cc.
 # Bounded to 2 minutes; logs to $OUT.
 #
 # Here:    scripts/device/build_gpu_path_bins.sh

@@ -167,6 +167,9 @@ TEST(SelfCommunicatorTest, CopiesAndCounts) {
   EXPECT_EQ(y, x);
   ASSERT_TRUE(comm.AllGather(x, y).ok());
   ASSERT_TRUE(comm.AllToAll(x, {3}, y, {3}).ok());
+  std::vector<int64_t> ints = {int64_t{1} << 60, -3}, ints_out(2);
+  ASSERT_TRUE(comm.AllToAllInt64(ints, ints_out).ok());
+  EXPECT_EQ(ints_out, ints);
   ASSERT_TRUE(comm.Broadcast(x, 0).ok());
   ASSERT_TRUE(comm.Barrier().ok());
   EXPECT_EQ(comm.Send(x, 0, 0).code(), absl::StatusCode::kInvalidArgument);
@@ -176,6 +179,7 @@ TEST(SelfCommunicatorTest, CopiesAndCounts) {
   EXPECT_EQ(stats.at("all_reduce").calls, 2);
   EXPECT_EQ(stats.at("all_reduce").bytes, 0);
   EXPECT_EQ(stats.at("all_reduce").logical_bytes, 24);
+  EXPECT_EQ(stats.at("all_to_all_int64").logical_bytes, 16);
   comm.Abort("test");
   EXPECT_TRUE(absl::IsAborted(comm.AllReduce(x)));
 }

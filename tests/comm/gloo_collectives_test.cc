@@ -124,6 +124,29 @@ TEST_P(CollectivesTest, AllToAllUnevenSplits) {
   });
 }
 
+TEST_P(CollectivesTest, AllToAllInt64IsExactAndCounted) {
+  // Values a float would round (beyond 2^24 and 2^53, negative), chunks of 3.
+  auto encode = [](int src, int dst, int64_t i) {
+    return (int64_t{1} << 60) + int64_t{16777217} * (src * 16 + dst) - i * 3;
+  };
+  RunRanks(comms_, [&](int r, Communicator& comm) {
+    std::vector<int64_t> in, out(3 * n(), -1);
+    for (int j = 0; j < n(); ++j) {
+      for (int64_t i = 0; i < 3; ++i) in.push_back(encode(r, j, i) * (i == 2 ? -1 : 1));
+    }
+    ASSERT_TRUE(comm.AllToAllInt64(in, out).ok());
+    for (int j = 0; j < n(); ++j) {
+      for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(out[3 * j + i], encode(j, r, i) * (i == 2 ? -1 : 1)) << j;
+    }
+    std::vector<int64_t> bad(3 * n() + 1);
+    EXPECT_EQ(comm.AllToAllInt64(bad, bad).code(), absl::StatusCode::kInvalidArgument);
+    const OpCounters c = comm.Stats().at("all_to_all_int64");
+    EXPECT_EQ(c.calls, 1);
+    EXPECT_EQ(c.bytes, (n() - 1) * 3 * 8);
+    EXPECT_EQ(c.logical_bytes, n() * 3 * 8);
+  });
+}
+
 TEST_P(CollectivesTest, SendRecvBothWaysAtOnce) {
   // Every rank sends right and receives from the left with both in flight,
   // the pipeline's pattern; blocking calls in one order would deadlock.

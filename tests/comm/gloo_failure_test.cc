@@ -86,6 +86,11 @@ std::vector<OpCase> OpCases() {
          std::vector<float> in(6), out(6);
          return c.AllToAll(in, counts, out, counts);
        }},
+      {"all_to_all_int64",
+       [](int, Communicator& c) {
+         std::vector<int64_t> in(6), out(6);
+         return c.AllToAllInt64(in, out);
+       }},
       {"barrier", [](int, Communicator& c) { return c.Barrier(); }},
       // Rank 1 sends to the absent rank 0, rank 2 waits to hear from it.
       {"send",
@@ -127,6 +132,32 @@ TEST(GlooAbortTest, AbortFromAnotherThreadEndsABlockedCollectivePromptly) {
   absl::Status peer = comms[1]->AllReduce(y);
   EXPECT_FALSE(peer.ok());
   EXPECT_TRUE(Contains(peer, "group tp: all_reduce")) << peer;
+}
+
+// The expert dispatcher's two exchanges stop on Abort like the others: the
+// watchdog's way out when a peer never joins the all-to-all.
+TEST(GlooAbortTest, AbortEndsBlockedAllToAlls) {
+  for (const std::string op : {"all_to_all", "all_to_all_int64"}) {
+    InProcessStore store;
+    auto comms = MakeGroup(store, 2, absl::Seconds(60), "ep");
+    absl::Status result;
+    std::thread blocked([&] {
+      if (op == "all_to_all") {
+        std::vector<int64_t> counts = {3, 3};
+        std::vector<float> in(6), out(6);
+        result = comms[0]->AllToAll(in, counts, out, counts);  // rank 1 never joins
+      } else {
+        std::vector<int64_t> in(4), out(4);
+        result = comms[0]->AllToAllInt64(in, out);
+      }
+    });
+    while (comms[0]->Progress().current_op.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(comms[0]->Progress().current_op, op);
+    comms[0]->Abort("watchdog: stuck");
+    blocked.join();
+    EXPECT_TRUE(absl::IsAborted(result)) << result;
+    EXPECT_TRUE(Contains(result, "group ep: " + op + " aborted")) << result;
+  }
 }
 
 TEST(GlooRendezvousTest, AMemberThatNeverJoinsIsNamed) {

@@ -215,5 +215,21 @@ TEST(Metrics, AnEndedJobsSeriesAreRemoved) {
   EXPECT_EQ(m.JobSeriesCount(), 0u);
 }
 
+// [moe] A mixture-of-experts job's expert-load series: five per job and one
+// per expert, removed with the job.
+TEST(Metrics, ExpertLoadSeriesComeAndGoWithTheJob) {
+  auto metrics = CoordinatorMetrics::Create("");
+  ASSERT_TRUE(metrics.ok());
+  CoordinatorMetrics& m = **metrics;
+  loom::v1::MoeProgress moe;
+  for (double n : {10.0, 30.0, 20.0, 20.0}) moe.add_tokens_per_expert(n);
+  moe.set_imbalance(1.5);
+  m.SetJobMoe("job-000003", "c", moe);
+  m.SetJobMoe("job-000003", "c", moe);  // the next step: same series
+  EXPECT_EQ(m.JobSeriesCount(), 5u + 4u);
+  m.RemoveJob("job-000003", "c", 0);
+  EXPECT_EQ(m.JobSeriesCount(), 0u);
+}
+
 }  // namespace
 }  // namespace loom::coordinator

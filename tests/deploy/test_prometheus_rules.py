@@ -20,6 +20,8 @@ RULE_FILES = [os.path.join(RULES, f) for f in ("loom.rules.yml", "loom-site.rule
 RULE_TESTS = os.path.join(RULES, "tests", "loom.rules.test.yml")
 DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "loom-dashboard.json")
 METRICS_CC = os.path.join(ROOT, "coordinator", "service", "metrics.cc")
+# [moe] The expert-load families live beside it, on the same registry.
+MOE_METRICS_CC = os.path.join(ROOT, "coordinator", "service", "moe_metrics.cc")
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 # Series Prometheus adds itself, not the coordinator.
 PROMETHEUS_SERIES = {"up"}
@@ -38,8 +40,11 @@ def series_in(expr):
 
 
 def exported_series():
-    with open(METRICS_CC) as f:
-        return set(re.findall(r'"(loom_[a-z0-9_]+)"', f.read()))
+    names = set()
+    for path in (METRICS_CC, MOE_METRICS_CC):
+        with open(path) as f:
+            names |= set(re.findall(r'"(loom_[a-z0-9_]+)"', f.read()))
+    return names
 
 
 class PrometheusRulesTest(unittest.TestCase):
@@ -92,6 +97,23 @@ class PrometheusRulesTest(unittest.TestCase):
                 queries = " ".join(t["expr"] for t in panel["targets"])
                 shown = raw_series(rule["expr"]) & series_in(queries)
                 self.assertTrue(shown, f"panel '{panel['title']}' plots none of {raw_series(rule['expr'])}")
+
+    def test_dashboard_reads_only_exported_series_and_plots_expert_load(self):
+        with open(DASHBOARD) as f:
+            panels = json.load(f)["panels"]
+        exported = exported_series()
+        recorded = {r["record"] for r in rules() if "record" in r}
+        for panel in panels:
+            for target in panel["targets"]:
+                for name in series_in(target["expr"]) - recorded - PROMETHEUS_SERIES:
+                    # A histogram's series carry a suffix the family name lacks.
+                    family = re.sub(r"_(bucket|sum|count)$", "", name)
+                    with self.subTest(panel=panel["title"], series=name):
+                        self.assertTrue(name in exported or family in exported, name)
+        moe = [p for p in panels if p["title"] == "Expert load (MoE)"]
+        self.assertEqual(len(moe), 1)
+        shown = series_in(" ".join(t["expr"] for t in moe[0]["targets"]))
+        self.assertTrue({"loom_job_expert_tokens", "loom_job_moe_imbalance"} <= shown, shown)
 
     def test_every_alert_has_a_firing_and_a_quiet_unit_test(self):
         with open(RULE_TESTS) as f:

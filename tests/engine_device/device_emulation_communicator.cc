@@ -95,6 +95,14 @@ absl::Status DeviceEmulationCommunicator::AllToAll(std::span<const float> in,
   return inner_->AllToAll(host_in, send_counts, host_out, recv_counts);
 }
 
+absl::Status DeviceEmulationCommunicator::AllToAllInt64(std::span<const int64_t> in,
+                                                        std::span<int64_t> out) {
+  auto host_in = Host(in, "AllToAllInt64", "in");
+  auto host_out = Host(out, "AllToAllInt64", "out");
+  ++forwarded_;
+  return inner_->AllToAllInt64(host_in, host_out);
+}
+
 std::vector<std::unique_ptr<comm::Communicator>> WrapGroup(
     std::vector<std::unique_ptr<comm::Communicator>> group,
     const std::vector<const DeviceEmulationOps*>& ops) {

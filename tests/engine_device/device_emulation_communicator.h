@@ -46,6 +46,7 @@ class DeviceEmulationCommunicator final : public comm::Communicator {
   std::unique_ptr<comm::Work> RecvAsync(std::span<float> data, int peer, uint32_t tag) override;
   absl::Status AllToAll(std::span<const float> in, const std::vector<int64_t>& send_counts,
                         std::span<float> out, const std::vector<int64_t>& recv_counts) override;
+  absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override;
   absl::Status Barrier() override { return inner_->Barrier(); }
 
   comm::CommStats Stats() const override { return inner_->Stats(); }

@@ -45,6 +45,26 @@ class DeviceFloats {
   size_t n_;
 };
 
+// The same for integers (the integer all-to-all's buffers).
+class DeviceInts {
+ public:
+  explicit DeviceInts(const std::vector<int64_t>& host) : n_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, std::max<size_t>(n_, 1) * sizeof(int64_t)), cudaSuccess);
+    if (n_ > 0) cudaMemcpy(ptr_, host.data(), n_ * sizeof(int64_t), cudaMemcpyHostToDevice);
+  }
+  ~DeviceInts() { cudaFree(ptr_); }
+  std::span<int64_t> span() { return {ptr_, n_}; }
+  std::vector<int64_t> Host() const {
+    std::vector<int64_t> out(n_);
+    if (n_ > 0) cudaMemcpy(out.data(), ptr_, n_ * sizeof(int64_t), cudaMemcpyDeviceToHost);
+    return out;
+  }
+
+ private:
+  int64_t* ptr_ = nullptr;
+  size_t n_;
+};
+
 NcclOptions Options(int rank, int size, absl::Duration timeout = absl::Seconds(30)) {
   NcclOptions o;
   o.group_name = "test";
@@ -93,6 +113,11 @@ TEST(NcclCommunicator, GroupOfOneRunsEveryOperation) {
   ASSERT_TRUE(w->Wait().ok());  // again: same answer
   EXPECT_EQ(comm.ReduceScatter(a.span(), DeviceFloats({0, 0}).span()).code(),
             absl::StatusCode::kInvalidArgument);
+  // Integers arrive exactly (a float would round 2^60 + 1).
+  DeviceInts ints({(int64_t{1} << 60) + 1, -7}), ints_out({0, 0});
+  ASSERT_TRUE(comm.AllToAllInt64(ints.span(), ints_out.span()).ok());
+  EXPECT_EQ(ints_out.Host(), (std::vector<int64_t>{(int64_t{1} << 60) + 1, -7}));
+  EXPECT_EQ(comm.Stats()["all_to_all_int64"].calls, 1);
   EXPECT_EQ(comm.Stats()["all_reduce"].calls, 3);
   EXPECT_EQ(comm.Stats()["all_reduce"].logical_bytes, 36);
   const CommProgress p = comm.Progress();
@@ -180,6 +205,16 @@ TEST(NcclCommunicator, CollectivesAcrossDevices) {
     const std::vector<float> got = a2a_out.Host();
     for (int i = 0; i < n; ++i)
       for (int j = 0; j <= r; ++j) EXPECT_EQ(got[i * (r + 1) + j], i);
+    // Integer all-to-all, two per peer: (source << 40) + destination, and its negative.
+    std::vector<int64_t> ints;
+    for (int i = 0; i < n; ++i) ints.insert(ints.end(), {(int64_t{r} << 40) + i, -((int64_t{r} << 40) + i)});
+    DeviceInts ints_in(ints), ints_out(std::vector<int64_t>(2 * n, 0));
+    ASSERT_TRUE(comm.AllToAllInt64(ints_in.span(), ints_out.span()).ok());
+    const std::vector<int64_t> got_ints = ints_out.Host();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(got_ints[2 * i], (int64_t{i} << 40) + r);
+      EXPECT_EQ(got_ints[2 * i + 1], -((int64_t{i} << 40) + r));
+    }
     ASSERT_TRUE(comm.Barrier().ok());
   });
 }

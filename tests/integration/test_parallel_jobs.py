@@ -16,17 +16,39 @@ from loom_cluster import BIN, Cluster
 SPEC = """
 name: {name}
 model: {{vocab_size: 256, hidden_size: 64, num_layers: 4, num_heads: 4, num_kv_heads: 2,
-        ffn_hidden_size: 128, max_seq_len: 64, rope_theta: 10000, tie_embeddings: {tied}}}
+        ffn_hidden_size: 128, max_seq_len: 64, rope_theta: 10000, tie_embeddings: {tied}{moe}}}
 train: {{steps: 10, global_batch_size: {batch}, micro_batch_size: 2, seq_len: 32,
         lr: 3.0e-3, warmup_steps: 2, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 7, precision: {precision}, eval_interval: 0, eval_windows: 4}}
 data: {{train_path: data/train.txt, format: text}}
-parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: {cp}, ep: 1, zero_stage: {zero}, sequence_parallel: {sp},
+parallelism: {{dp: {dp}, tp: {tp}, pp: {pp}, cp: {cp}, ep: {ep}, zero_stage: {zero}, sequence_parallel: {sp},
               schedule: {schedule}, virtual_stages: {v}}}
 resources: {{device: cpu, ranks: {ranks}}}
 checkpoint: {{dir: "{ckpt}", interval: {ckpt_interval}, keep: 2{resume}}}
 fault_tolerance: {{max_restarts: 0}}
 """
+
+# A small mixture of experts (docs/expert_parallel.md): 4 routed experts, top-2,
+# one shared expert, the first layer dense, the aux loss and the selection bias on.
+MOE = (", moe: {num_experts: 4, top_k: 2, expert_ffn_hidden_size: 32, num_shared_experts: 1,"
+       " first_dense_layers: 1, aux_loss_coef: 0.01, bias_update_rate: 0.01}")
+
+
+def read_safetensors(path):
+    """{tensor name: tuple of floats} of an F32 safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (header_size,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + header_size])
+    data = blob[8 + header_size:]
+    tensors = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", key
+        begin, end = entry["data_offsets"]
+        tensors[key] = struct.unpack(f"<{(end - begin) // 4}f", data[begin:end])
+    return tensors
 
 
 class ParallelJobs(unittest.TestCase):
@@ -43,10 +65,11 @@ class ParallelJobs(unittest.TestCase):
 
     def losses(self, name, dp=1, tp=1, pp=1, cp=1, zero=0, sp=False, schedule="1f1b", v=1,
                precision="fp32", steps=10, ckpt=None, tied=False, batch=8, ckpt_interval=5,
-               resume_from=None):
+               resume_from=None, ep=1, moe=""):
         c = self.cluster
         spec = SPEC.format(name=name, dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=str(sp).lower(),
-                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp * cp,
+                           schedule=schedule, v=v, precision=precision, ranks=dp * tp * pp * cp * ep,
+                           ep=ep, moe=moe,
                            ckpt=ckpt or f"ckpt-{name}", tied=str(tied).lower(), batch=batch,
                            ckpt_interval=ckpt_interval,
                            resume=f", resume_from: {resume_from}" if resume_from else ""
@@ -75,6 +98,93 @@ class ParallelJobs(unittest.TestCase):
                 for step, b in reference.items():
                     a = got[step]
                     self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+
+    def rank_log_lines(self, job, text):
+        """Lines containing `text` in the rank logs of `job` (the agent's work dir)."""
+        lines = []
+        for root, _, files in os.walk(self.cluster.dir):
+            if job in root and "log.txt" in files:
+                with open(os.path.join(root, "log.txt"), errors="replace") as f:
+                    lines += [line.strip() for line in f if text in line]
+        return lines
+
+    def checkpoint_tensors(self, name):
+        """The model tensors of job `name`'s newest checkpoint, each global
+        tensor assembled from its shards as index.json places them (whatever
+        layout wrote them): {global name: tuple of floats}."""
+        checkpoint = self.cluster.checkpoint_dir(self.jobs[name])
+        newest = os.path.join(checkpoint, sorted(d for d in os.listdir(checkpoint) if d.startswith("step_"))[-1])
+        with open(os.path.join(newest, "index.json")) as f:
+            index = json.load(f)
+        files, tensors = {}, {}
+        for tensor, entry in index["tensors"].items():
+            if entry.get("group") != "model":
+                continue
+            shape = entry["shape"]
+            whole = [0.0] * math.prod(shape)
+            strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+            for shard in entry["shards"]:
+                if shard["file"] not in files:
+                    files[shard["file"]] = read_safetensors(os.path.join(newest, shard["file"]))
+                values = files[shard["file"]][shard["key"]]
+                offset, piece = shard["offset"], shard["shape"]
+                row = piece[-1] if piece else 1
+                for r in range(len(values) // row if row else 0):
+                    # The index of the row's first element in the global tensor.
+                    at, rest = 0, r
+                    for d in range(len(piece) - 2, -1, -1):
+                        at += (offset[d] + rest % piece[d]) * strides[d]
+                        rest //= piece[d]
+                    at += offset[-1] if piece else 0
+                    whole[at:at + row] = values[r * row:(r + 1) * row]
+            tensors[tensor] = tuple(whole)
+        return tensors
+
+    # Expert parallelism (docs/expert_parallel.md): each EP rank holds its
+    # experts and reads its own data; losses within 1e-5 of one process every
+    # step, and the parameters of the last checkpoint (every expert and dense
+    # tensor, by its global name) within 1e-5 in each tensor's L2 norm.
+    def test_expert_parallel_layouts_match_one_process(self):
+        steps = 4
+        common = dict(moe=MOE, batch=16, steps=steps, ckpt_interval=steps)
+        reference = self.losses("moe-single", **common)
+        reference_params = self.checkpoint_tensors("moe-single")
+        self.assertIn("model.layers.1.mlp.experts.3.down_proj.weight", reference_params)
+        for name, layout in [("ep2", dict(ep=2)), ("ep4", dict(ep=4)),
+                             ("ep2-dp2-zero1", dict(ep=2, dp=2, zero=1)), ("ep2-tp2", dict(ep=2, tp=2)),
+                             ("ep2-pp2", dict(ep=2, pp=2)), ("ep2-dp2-zero3", dict(ep=2, dp=2, zero=3))]:
+            with self.subTest(layout=name):
+                got = self.losses(name, **common, **layout)
+                self.assertEqual(sorted(got), list(range(1, steps + 1)))
+                for step, b in reference.items():
+                    a = got[step]
+                    self.assertLessEqual(abs(a - b), 1e-5 * abs(b), f"{name} step {step}: {a} vs {b}")
+                params = self.checkpoint_tensors(name)
+                self.assertEqual(sorted(params), sorted(reference_params))
+                for tensor, want in reference_params.items():
+                    have = params[tensor]
+                    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(have, want)))
+                    norm = math.sqrt(sum(y * y for y in want))
+                    self.assertLessEqual(diff, 1e-5 * norm, f"{name} {tensor}")
+                # The ranks really split the experts (each says which it holds).
+                ep, others = layout["ep"], layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1)
+                held = self.rank_log_lines(self.jobs[name], "holds experts")
+                want_held = sorted(f"ep rank {r} of {ep} holds experts [{r * 4 // ep}, {(r + 1) * 4 // ep})"
+                                   for r in range(ep) for _ in range(others))
+                self.assertEqual(sorted(line.split("expert parallel: ", 1)[1] for line in held), want_held)
+        # Not yet: the MoE layer does not split the stream for sequence
+        # parallelism; submission says so.
+        for name, layout, rule in [("ep2-tp2-sp", dict(ep=2, tp=2, sp=True),
+                                    "parallelism.sequence_parallel=true with model.moe")]:
+            with self.subTest(layout=name):
+                spec = SPEC.format(name=name, dp=1, tp=layout.get("tp", 1), pp=layout.get("pp", 1),
+                                   zero=0, sp=str(layout.get("sp", False)).lower(), schedule="1f1b",
+                                   v=1, precision="fp32",
+                                   ranks=4, ep=2, moe=MOE, ckpt=f"ckpt-{name}", tied="false",
+                                   batch=16, ckpt_interval=4, resume="")
+                refused = self.cluster.loomctl("submit", self.cluster.write_spec(name, spec), check=False)
+                self.assertNotEqual(refused.returncode, 0, refused.stdout)
+                self.assertIn(rule, refused.stderr)
 
     def final_parameters(self, name):
         """The parameters of job `name`'s newest checkpoint, exported to Hugging

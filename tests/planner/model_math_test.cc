@@ -64,6 +64,46 @@ TEST(Flops, ModelAndHardwareFlopsPerToken) {
                    6 * n + attention * 4 / 3);
 }
 
+// [moe] Mixtral-8x7B as its checkpoint reports it: 46.7B parameters, 12.9B
+// active (two of eight experts per token).
+TEST(CountParams, Mixtral8x7BTotalAndActive) {
+  ModelShape m = Llama(32000, 4096, 32, 32, 8, 14336, false);
+  m.num_experts = 8;
+  m.top_k = 2;
+  m.expert_ffn = 14336;
+  const ParamCount c = CountParams(m);
+  EXPECT_EQ(c.total, 46702792704);
+  EXPECT_EQ(c.experts, 32LL * 8 * 3 * 4096 * 14336);
+  EXPECT_EQ(c.active, 46702792704 - 32LL * 6 * 3 * 4096 * 14336);
+  // MFU counts the active parameters.
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(m, 2048),
+                   6.0 * c.active + 12.0 * 32 * 4096 * 2048);
+}
+
+TEST(CountParams, MoeWithDenseFirstLayersAndSharedExperts) {
+  spec::ModelSpec s;
+  s.vocab_size = 1000;
+  s.hidden_size = 64;
+  s.num_layers = 3;
+  s.num_heads = 4;
+  s.num_kv_heads = 4;
+  s.ffn_hidden_size = 160;
+  s.moe.num_experts = 4;
+  s.moe.top_k = 2;
+  s.moe.expert_ffn_hidden_size = 32;
+  s.moe.num_shared_experts = 1;
+  s.moe.first_dense_layers = 1;
+  const ModelShape m = ModelShapeFromSpec(s);
+  EXPECT_EQ(m.moe_layers(), 2);
+  const ParamCount c = CountParams(m);
+  const int64_t attention = 4 * 64 * 64, norms = 2 * 64;
+  const int64_t dense = attention + 3 * 64 * 160 + norms;
+  const int64_t moe = attention + 4 * 64 + 3 * 64 * 32 + norms + 4 * 3 * 64 * 32;
+  EXPECT_EQ(c.total, 2 * 64000 + 64 + dense + 2 * moe);
+  EXPECT_EQ(c.active, c.total - 2 * 2 * 3 * 64 * 32);
+  EXPECT_DOUBLE_EQ(m.ActiveFfnWidth(), (160.0 + 2 * (2 * 32 + 32)) / 3);
+}
+
 TEST(ModelShapeFromSpec, ZeroKvHeadsMeansMultiHead) {
   spec::ModelSpec s;
   s.num_heads = 8;

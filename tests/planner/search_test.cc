@@ -228,5 +228,54 @@ TEST(Plan, MoreMemoryNeverFitsFewerLayouts) {
   EXPECT_GT(PlanLayouts(req)->ranked.size(), h100);
 }
 
+// [moe] A DeepSeek-V3-like model (671B parameters, 37B active: 256 routed
+// experts top-8 plus one shared, the first three layers dense; Llama attention
+// in place of MLA) on 256 nodes: layouts fit, the fastest splits the experts
+// over an ep group, and without ep (experts whole on every rank) it is slower
+// or nothing fits at all.
+Workload DeepSeekV3Like() {
+  ModelShape m;
+  m.name = "deepseek-v3-like";
+  m.vocab_size = 129280;
+  m.hidden_size = 7168;
+  m.num_layers = 61;
+  m.num_heads = 128;
+  m.num_kv_heads = 128;
+  m.ffn_hidden_size = 18432;
+  m.num_experts = 256;
+  m.top_k = 8;
+  m.expert_ffn = 2048;
+  m.shared_ffn = 2048;
+  m.first_dense_layers = 3;
+  return MakeWorkload(m, 4096, 4096, RecipeKind::kBf16Fp32Accum);
+}
+
+TEST(Plan, MoeModelPrefersExpertParallelism) {
+  const Workload w = DeepSeekV3Like();
+  EXPECT_NEAR(static_cast<double>(w.params.total), 6.8e11, 0.3e11);
+  EXPECT_NEAR(static_cast<double>(w.params.active), 3.9e10, 0.4e10);
+  PlanRequest req;
+  req.workload = w;
+  req.cluster = H100(256);
+  req.space.cp = 1;
+  req.space.recompute = spec::Recompute::kFull;
+  absl::StatusOr<PlanResult> r = PlanLayouts(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_FALSE(r->ranked.empty());
+  const Candidate& best = r->ranked.front();
+  EXPECT_GT(best.layout.ep, 1) << LayoutToString(best.layout);
+  EXPECT_GT(best.time.ep_comm, 0);
+  req.space.ep = 1;
+  absl::StatusOr<PlanResult> no_ep = PlanLayouts(req);
+  if (no_ep.ok() && !no_ep->ranked.empty()) {
+    EXPECT_GT(no_ep->ranked.front().time.total, best.time.total);
+  }
+  req.space.ep = 3;  // 256 experts do not split over 3 ranks
+  absl::StatusOr<PlanResult> bad = PlanLayouts(req);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.moe.num_experts=256"), std::string::npos)
+      << bad.status();
+}
+
 }  // namespace
 }  // namespace loom::planner

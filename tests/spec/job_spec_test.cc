@@ -80,6 +80,113 @@ TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
   EXPECT_THAT(Errors(s), HasSubstr("resources.memory_mb=-1 must not be negative"));
 }
 
+// model.moe: every field parsed, written back only for an MoE model.
+TEST(JobSpecYaml, MoeRoundTrips) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("tie_embeddings: false}"), 22,
+               "tie_embeddings: false,\n        moe: {num_experts: 8, top_k: 2, "
+               "expert_ffn_hidden_size: 64, num_shared_experts: 1, first_dense_layers: 1, "
+               "router_score: sigmoid, aux_loss_coef: 0, bias_update_rate: 0.001, "
+               "capacity_factor: 1.25}}");
+  JobSpec s = Parse(yaml);
+  const MoeSpec& e = s.model.moe;
+  EXPECT_EQ(e.num_experts, 8);
+  EXPECT_EQ(e.top_k, 2);
+  EXPECT_EQ(e.expert_ffn_hidden_size, 64);
+  EXPECT_EQ(e.num_shared_experts, 1);
+  EXPECT_EQ(e.first_dense_layers, 1);
+  EXPECT_EQ(e.router_score, RouterScoreKind::kSigmoid);
+  EXPECT_DOUBLE_EQ(e.aux_loss_coef, 0.0);
+  EXPECT_DOUBLE_EQ(e.bias_update_rate, 0.001);
+  ASSERT_TRUE(e.capacity_factor.has_value());
+  EXPECT_DOUBLE_EQ(*e.capacity_factor, 1.25);
+  EXPECT_EQ(Errors(s), "");
+  EXPECT_FALSE(s.model.IsMoeLayer(0));
+  EXPECT_TRUE(s.model.IsMoeLayer(1));
+  JobSpec again = Parse(ToYaml(s));
+  EXPECT_EQ(ToYaml(again), ToYaml(s));
+  EXPECT_DOUBLE_EQ(*again.model.moe.capacity_factor, 1.25);
+  EXPECT_EQ(ToYaml(Parse(kValid)).find("moe"), std::string::npos);  // dense: not written
+  s.model.moe.capacity_factor.reset();
+  EXPECT_EQ(ToYaml(s).find("capacity_factor"), std::string::npos);  // dropless: not written
+  yaml.replace(yaml.find("router_score: sigmoid"), 21, "router_score: relu");
+  EXPECT_THAT(std::string(ParseJobSpecYaml(yaml, "job.yaml").status().message()),
+              HasSubstr("model.moe.router_score=relu must be one of softmax | sigmoid"));
+}
+
+TEST(JobSpecRules, MoeRulesNameTheirFields) {
+  JobSpec s = Parse(kValid);
+  s.model.moe.num_experts = 4;
+  s.model.moe.top_k = 5;
+  s.model.moe.first_dense_layers = 4;
+  s.model.moe.aux_loss_coef = -1;
+  s.model.moe.bias_update_rate = -0.1;
+  s.model.moe.capacity_factor = 0.0;
+  s.model.moe.num_shared_experts = -1;
+  const std::string errors = Errors(s);
+  EXPECT_THAT(errors, HasSubstr("model.moe.top_k=5 must be between 1 and model.moe.num_experts=4"));
+  EXPECT_THAT(errors, HasSubstr("model.moe.first_dense_layers=4 must be between 0 and "
+                                "model.num_layers-1=3"));
+  EXPECT_THAT(errors, HasSubstr("model.moe.aux_loss_coef=-1 must not be negative"));
+  EXPECT_THAT(errors, HasSubstr("model.moe.bias_update_rate=-0.1 must not be negative"));
+  EXPECT_THAT(errors, HasSubstr("model.moe.capacity_factor=0 must be positive"));
+  EXPECT_THAT(errors, HasSubstr("model.moe.num_shared_experts=-1 must not be negative"));
+  s = Parse(kValid);
+  s.model.moe.num_experts = 6;
+  s.parallelism.ep = 4;
+  s.parallelism.dp = 1;
+  s.resources.ranks = 4;
+  EXPECT_THAT(Errors(s), HasSubstr("model.moe.num_experts=6 must be divisible by parallelism.ep=4"));
+  s.model.moe.num_experts = 8;
+  EXPECT_EQ(Errors(s), "");
+  s.model.moe.num_experts = 5000;
+  EXPECT_THAT(Errors(s), HasSubstr("model.moe.num_experts=5000 must be at most 4096"));
+  // The engine runs the MoE layer under data parallelism only (for now).
+  s = Parse(kValid);
+  s.model.moe.num_experts = 4;
+  Layout l = LayoutOf(s);
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.tp = 2;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.sequence_parallel = true;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.sequence_parallel=true with model.moe and parallelism.tp=2"));
+  l.sequence_parallel = false;
+  l.tp = 1;
+  l.pp = 2;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  // Expert parallelism (docs/expert_parallel.md): any ZeRO stage, experts
+  // divisible by ep; never for a dense model.
+  l = LayoutOf(s);
+  l.ep = 2;
+  l.zero_stage = 1;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.zero_stage = 3;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  l.zero_stage = 0;
+  l.ep = 3;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("model.moe.num_experts=4 must be divisible by parallelism.ep=3"));
+  // Not yet together: context and expert parallelism, refused naming both.
+  l.ep = 2;
+  l.cp = 2;
+  EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
+              HasSubstr("parallelism.cp=2 with parallelism.ep=2 is not supported by this engine yet"));
+  l.cp = 1;
+  EXPECT_TRUE(CheckEngineRuns(s, l).empty()) << ValidateEngineRuns(s, l);
+  JobSpec dense = Parse(kValid);
+  EXPECT_THAT(std::string(ValidateEngineRuns(dense, l).message()),
+              HasSubstr("parallelism.ep=2 must be 1: the model has no experts"));
+  // EP ranks read their own data: the global batch divides over dp x ep.
+  s.parallelism.dp = 1;
+  s.parallelism.ep = 4;
+  s.resources.ranks = 4;
+  s.train.global_batch_size = 4 * s.train.micro_batch_size + s.train.micro_batch_size;
+  EXPECT_THAT(Errors(s), HasSubstr("must be divisible by parallelism.dp=1 x parallelism.ep=4 x "
+                                   "train.micro_batch_size"));
+  EXPECT_EQ(LayoutOf(s).grad_accum, s.train.global_batch_size / (4 * s.train.micro_batch_size));
+}
+
 // One descriptor per train.precision, named as the spec spells it.
 TEST(PrecisionRecipe, OneEntryPerPrecision) {
   for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp8}) {
@@ -113,7 +220,7 @@ TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
   l.ep = 2;
   l.tp = 3;
   const std::string refused(ValidateEngineRuns(s, l).message());
-  EXPECT_THAT(refused, HasSubstr("parallelism.ep=2 is not supported"));
+  EXPECT_THAT(refused, HasSubstr("parallelism.ep=2 must be 1: the model has no experts"));
   EXPECT_THAT(refused, HasSubstr("model.num_heads=4 must be divisible by parallelism.tp=3"));
   l = LayoutOf(s);
   l.cp = 3;  // the zigzag split needs 2 x cp chunks
@@ -279,7 +386,7 @@ INSTANTIATE_TEST_SUITE_P(
                  },
                  "train.seq_len=129 must be divisible by 2 x parallelism.cp=3"},
         RuleCase{"ep", [](JobSpec& s) { s.parallelism.ep = 2; },
-                 "parallelism.ep=2 must be 1: the model has no experts"},
+                 "parallelism.ep=2 must be 1: the model has no experts (model.moe)"},
         RuleCase{"ffn_tp",
                  [](JobSpec& s) {
                    s.model.ffn_hidden_size = 385;

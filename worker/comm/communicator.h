@@ -87,6 +87,17 @@ class Communicator {
                                 std::span<float> out, const std::vector<int64_t>& recv_counts) = 0;
   virtual absl::Status Barrier() = 0;
 
+  // Equal-chunk all-to-all of integers, for control values (the expert
+  // dispatcher's per-expert token counts) that must arrive exactly and so
+  // never travel as floats: in.size() == out.size(), a multiple of size();
+  // chunk i of `in` goes to rank i, chunk j of `out` came from rank j. The
+  // buffers are the communicator's memory, like the float collectives' (host
+  // for Gloo, device for NCCL). Counted as "all_to_all_int64". The default
+  // refuses, for test doubles that never need it.
+  virtual absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) {
+    return absl::UnimplementedError("group " + name() + ": all_to_all_int64 is not implemented here");
+  }
+
   virtual CommStats Stats() const = 0;
 
   // Posting versions of Send/Recv: a pipeline stage must have a send and a

@@ -203,6 +203,29 @@ class GlooCommunicator : public Communicator {
         ->Wait();
   }
 
+  absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override {
+    if (in.size() != out.size() || in.size() % size() != 0) {
+      return Invalid("all_to_all_int64", absl::StrCat("in.size() (", in.size(), ") and out.size() (", out.size(),
+                                                      ") must be equal and a multiple of the group size (",
+                                                      size(), ")"));
+    }
+    const std::vector<int64_t> counts(size(), static_cast<int64_t>(in.size() / size()));
+    return Enqueue("all_to_all_int64", [this, in, out, counts](uint32_t tag) {
+             return Collective("all_to_all_int64",
+                               traffic::AllToAllBytes(counts, rank(), static_cast<int64_t>(sizeof(int64_t))),
+                               static_cast<int64_t>(in.size_bytes()), in.empty(), [&] {
+                                 static int64_t dummy = 0;
+                                 gloo::AlltoallvOptions opts(state_->context());
+                                 opts.setInput(in.empty() ? &dummy : const_cast<int64_t*>(in.data()), counts);
+                                 opts.setOutput(out.empty() ? &dummy : out.data(), counts);
+                                 opts.setTag(tag);
+                                 opts.setTimeout(state_->timeout_ms());
+                                 gloo::alltoallv(opts);
+                               });
+           })
+        ->Wait();
+  }
+
   absl::Status Barrier() override {
     return Enqueue("barrier", [this](uint32_t tag) {
              return Collective("barrier", 0, 0, false, [&] {

@@ -170,6 +170,7 @@ class NcclCommunicator : public Communicator {
   }
   absl::Status AllToAll(std::span<const float> in, const std::vector<int64_t>& send_counts,
                         std::span<float> out, const std::vector<int64_t>& recv_counts) override;
+  absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override;
   absl::Status Barrier() override {
     return Launch("barrier", 0, 0, false,
                   [&] {
@@ -503,6 +504,31 @@ absl::Status NcclCommunicator::AllToAll(std::span<const float> in,
                     }
                     send_off += send_counts[peer];
                     recv_off += recv_counts[peer];
+                  }
+                  return ncclGroupEnd();
+                })
+      ->Wait();
+}
+
+absl::Status NcclCommunicator::AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) {
+  const size_t n = static_cast<size_t>(size_);
+  if (in.size() != out.size() || in.size() % n != 0) {
+    return Invalid("all_to_all_int64",
+                   absl::StrCat("in.size() (", in.size(), ") and out.size() (", out.size(),
+                                ") must be equal and a multiple of the group size (", n, ")"));
+  }
+  const size_t chunk = in.size() / n;
+  const std::vector<int64_t> counts(n, static_cast<int64_t>(chunk));
+  return Launch("all_to_all_int64",
+                traffic::AllToAllBytes(counts, rank_, static_cast<int64_t>(sizeof(int64_t))),
+                static_cast<int64_t>(in.size_bytes()), in.empty(),
+                [&] {
+                  ncclGroupStart();
+                  for (size_t peer = 0; peer < n; ++peer) {
+                    ncclSend(in.data() + peer * chunk, chunk, ncclInt64, static_cast<int>(peer), comm_,
+                             stream_);
+                    ncclRecv(out.data() + peer * chunk, chunk, ncclInt64, static_cast<int>(peer), comm_,
+                             stream_);
                   }
                   return ncclGroupEnd();
                 })

@@ -79,6 +79,16 @@ absl::Status SelfCommunicator::AllToAll(std::span<const float> in, const std::ve
   return absl::OkStatus();
 }
 
+absl::Status SelfCommunicator::AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) {
+  if (in.size() != out.size()) {
+    return Invalid("all_to_all_int64", absl::StrCat("in.size() (", in.size(), ") must equal out.size() (",
+                                                    out.size(), ")"));
+  }
+  if (absl::Status s = Begin("all_to_all_int64", in.size_bytes()); !s.ok()) return s;
+  std::copy(in.begin(), in.end(), out.begin());
+  return absl::OkStatus();
+}
+
 absl::Status SelfCommunicator::Barrier() { return Begin("barrier", 0); }
 
 CommStats SelfCommunicator::Stats() const {

@@ -13,6 +13,13 @@ std::string FormatProgressLine(const StepProgress& p) {
   if (p.peak_device_bytes > 0) {
     absl::StrAppendFormat(&line, " device %.1fMiB", static_cast<double>(p.peak_device_bytes) / (1024.0 * 1024.0));
   }
+  if (p.moe) {
+    absl::StrAppendFormat(&line, " moe_imbalance %.3f moe_aux %.4f", p.moe->imbalance,
+                          p.moe->aux_loss);
+    if (p.moe->dropped_fraction > 0) {
+      absl::StrAppendFormat(&line, " moe_dropped %.4f", p.moe->dropped_fraction);
+    }
+  }
   if (p.val_loss) absl::StrAppendFormat(&line, " val_loss %.4f", *p.val_loss);
   return line;
 }
@@ -29,6 +36,14 @@ std::string FormatProgressJson(const StepProgress& p) {
                       {"flops_per_token", p.flops_per_token},
                       {"peak_rss_bytes", p.peak_rss_bytes},
                       {"peak_device_bytes", p.peak_device_bytes}};
+  if (p.moe) {
+    j["moe"] = {{"tokens_per_expert", p.moe->tokens_per_expert},
+                {"tokens_min", p.moe->tokens_min},
+                {"tokens_max", p.moe->tokens_max},
+                {"imbalance", p.moe->imbalance},
+                {"dropped_fraction", p.moe->dropped_fraction},
+                {"aux_loss", p.moe->aux_loss}};
+  }
   if (p.val_loss) {
     j["val_loss"] = *p.val_loss;
     j["eval_seconds"] = p.eval_seconds;

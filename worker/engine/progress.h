@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "worker/engine/model/moe_summary.h"
+
 namespace loom::engine {
 
 struct StepProgress {
@@ -24,6 +26,8 @@ struct StepProgress {
   // Peak bytes the backend's device allocator held for tensors during this
   // step; 0 on host backends (their memory is the resident set).
   int64_t peak_device_bytes = 0;
+  // [moe] The step's expert statistics, for a model with model.moe.
+  std::optional<MoeSummary> moe;
 };
 
 // "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252 rss 61.2MiB [val_loss 3.9876]"

@@ -10,6 +10,8 @@
 #include "common/spec/layout.h"
 #include "worker/engine/context_parallel/cp_batch.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_exchange.h"
+#include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/model/host_floats.h"
@@ -31,15 +33,15 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 // The layout this rank runs: the spec's with the axes of its context (without
 // a group the axis runs as 1 whatever the spec says: the standalone trainer
-// ignores the layout). EP has no group in the context.
+// ignores the layout).
 spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx) {
   spec::Layout l = spec::LayoutOf(spec);
   l.dp = ctx.dp_size;
   l.tp = ctx.tp_size();
   l.pp = ctx.pp_size();
   l.cp = ctx.cp_size();
-  l.ep = 1;
-  const int64_t per_step = spec.train.micro_batch_size * ctx.dp_size;
+  l.ep = ctx.ep_size();
+  const int64_t per_step = spec.train.micro_batch_size * ctx.data_size();  // [ep]
   l.grad_accum = per_step > 0 ? spec.train.global_batch_size / per_step : 0;
   return l;
 }
@@ -47,8 +49,13 @@ spec::Layout ContextLayout(const spec::JobSpec& spec, const ParallelContext& ctx
 }  // namespace
 
 double ModelFlopsPerToken(const spec::ModelSpec& m, int64_t num_parameters, int64_t seq_len) {
-  const int64_t matmul_params =
+  int64_t matmul_params =
       num_parameters - (m.tie_embeddings ? 0 : m.vocab_size * m.hidden_size);
+  if (m.moe.enabled()) {  // [moe] a token runs top_k of the routed experts: count the active ones
+    const int64_t moe_layers = m.num_layers - m.moe.first_dense_layers;
+    matmul_params -= moe_layers * (m.moe.num_experts - m.moe.top_k) * 3 * m.expert_ffn() *
+                     m.hidden_size;
+  }
   return 6.0 * static_cast<double>(matmul_params) +
          12.0 * static_cast<double>(m.num_layers * m.hidden_size * seq_len);
 }
@@ -116,13 +123,26 @@ absl::Status TrainingLoop::CreateParts() {
   const spec::TrainSpec& t = job.train;
   const int pp = ctx_.pp_size();
   const int zero = static_cast<int>(job.parallelism.zero_stage.value_or(0));
-  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.dp_size;
+  // [ep] dp x ep ranks read different micro-batches.
+  const int64_t microbatches = t.global_batch_size / t.micro_batch_size / ctx_.data_size();
   absl::StatusOr<PipelinePlan> plan = MakePipelinePlan(job, ctx_.stage(), pp, microbatches);
   if (!plan.ok()) return plan.status();
+  ModelPart experts;  // [ep] every chunk holds this rank's experts only
+  if (ctx_.ep != nullptr && job.model.moe.enabled()) {
+    absl::StatusOr<std::unique_ptr<EpExpertExchange>> exchange =
+        EpExpertExchange::Create(ctx_.ep, ops_.get(), job.model.moe.num_experts);
+    if (!exchange.ok()) return exchange.status();
+    experts.first_expert = (*exchange)->first_expert();
+    experts.held_experts = (*exchange)->num_held();
+    expert_exchange_ = std::move(*exchange);
+  }
   stage_ = std::make_unique<PipelineStage>(
       job.model, job.parallelism.recompute, *plan,
-      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel, ctx_.cp},
-      ops_);  // [tp] [cp]
+      TensorParallelOptions{ctx_.tp, job.parallelism.sequence_parallel, ctx_.cp}, ops_,
+      experts);  // [tp] [cp] [ep]
+  for (int64_t c = 0; expert_exchange_ != nullptr && c < stage_->num_chunks(); ++c) {
+    stage_->model(c).SetExpertExchange(expert_exchange_.get());  // the chunks share the exchange
+  }
   stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);  // pp null: one stage
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
@@ -171,7 +191,8 @@ absl::Status TrainingLoop::CreateParts() {
 void TrainingLoop::FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const {
   const spec::TrainSpec& t = spec_.train;
   sampler_->Fill(step,
-                 MicroBatchFirst(t.global_batch_size, ctx_.dp_size, ctx_.dp_rank, t.micro_batch_size, micro),
+                 MicroBatchFirst(t.global_batch_size, ctx_.data_size(), ctx_.data_rank(), t.micro_batch_size,
+                                 micro),
                  t.micro_batch_size, out);
   // [cp] This rank's chunks (seq_len was checked against 2 * cp in Create).
   KeepLocalChunks(ctx_, out).IgnoreError();
@@ -190,8 +211,48 @@ absl::StatusOr<StepProgress> TrainingLoop::TrainStep() {
   return RunScheduledStep();  // training_loop_pipeline.cc: one path for every layout
 }
 
+std::vector<std::pair<GradientPiece, std::string>> TrainingLoop::ShardPiecesWithNames() {
+  std::vector<std::pair<GradientPiece, std::string>> out;
+  for (const auto& e : dp_engines_) {
+    const std::vector<GradientPiece> pieces = e->GradientPieces();
+    const std::vector<OwnedPiece>& owned = e->owned_pieces();
+    for (size_t i = 0; i < pieces.size() && i < owned.size(); ++i) {
+      out.push_back({pieces[i], e->partition().tensors()[static_cast<size_t>(owned[i].tensor)].name});
+    }
+  }
+  return out;
+}
+
+absl::Status TrainingLoop::ReduceDenseOverEp() {
+  if (ctx_.ep == nullptr) return absl::OkStatus();
+  if (zero_stage() < 2) {
+    std::vector<TensorView> grads;
+    for (LlamaModel* part : Parts()) {
+      for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
+    }
+    return ReduceDenseGradientsOverEp(*ops_, ctx_.ep, grads);
+  }
+  std::vector<GradientPiece> pieces;
+  std::vector<std::string> names;
+  for (auto& [piece, name] : ShardPiecesWithNames()) {
+    pieces.push_back(piece);
+    names.push_back(std::move(name));
+  }
+  return ReduceDensePiecesOverEp(*ops_, ctx_.ep, pieces, names);
+}
+
 std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
-  if (dp_engines_.empty()) {
+  if (ctx_.ep != nullptr && zero_stage() >= 2) {  // [ep] shard pieces, dense ones once over EP
+    std::vector<GradientPiece> pieces;
+    std::vector<std::string> names;
+    for (auto& [piece, name] : ShardPiecesWithNames()) {
+      pieces.push_back(piece);
+      names.push_back(std::move(name));
+    }
+    return EpShardPieces(std::move(pieces), names, ctx_.ep_size());
+  }
+  // [ep] Whole gradients (ZeRO 0, 1) are clipped from the model's views.
+  if (dp_engines_.empty() || ctx_.ep != nullptr) {
     std::vector<TensorView> grads;
     for (LlamaModel* part : Parts()) {
       for (TensorView& g : part->Gradients()) grads.push_back(std::move(g));
@@ -202,7 +263,7 @@ std::vector<GradientPiece> TrainingLoop::GradientPiecesToClip() {
         if (g.name == kTiedEmbedding) g.replicas *= 2;
       }
     }
-    return GradientPieces(grads);
+    return EpGradientPieces(grads, ctx_.ep_size());  // dense tensors once over EP
   }
   std::vector<GradientPiece> pieces;
   for (const auto& e : dp_engines_) {

@@ -146,6 +146,11 @@ class TrainingLoop {
   std::vector<StatePiece> CheckpointPieces();
   // The gradient this rank's optimizer reads, for ClipGradients.
   std::vector<GradientPiece> GradientPiecesToClip();
+  // [ep] After the DP reduction: the dense gradients summed over EP, whole
+  // (ZeRO 0, 1) or this rank's shard pieces (ZeRO >= 2).
+  absl::Status ReduceDenseOverEp();
+  // [ep] Each DP engine's owned gradient pieces with their tensors' names.
+  std::vector<std::pair<GradientPiece, std::string>> ShardPiecesWithNames();
   // Clips the reduced gradient over the context's groups; the norm.
   absl::StatusOr<double> ClipStepGradients();
   void OptimizerUpdate(double lr, absl::Status* status);
@@ -183,6 +188,7 @@ class TrainingLoop {
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;
   std::shared_ptr<kernels::Ops> ops_;  // the model's backend; outlives the optimizer's buffers
+  std::unique_ptr<ExpertExchange> expert_exchange_;  // [ep] the parts' MoE layers use it
   std::unique_ptr<AdamW> optimizer_;  // ZeRO stage 0
   MemoryTracker memory_;
   // With a DP group: one per model part (the model, or each pipeline chunk).
@@ -198,7 +204,8 @@ class TrainingLoop {
 };
 
 // 6*N + 12*L*h*s, N counting the parameters that take part in matmuls: all of
-// them except an untied input embedding table (a lookup).
+// them except an untied input embedding table (a lookup) and, with model.moe,
+// the routed experts a token does not run (E - top_k per MoE layer).
 double ModelFlopsPerToken(const spec::ModelSpec& model, int64_t num_parameters, int64_t seq_len);
 
 }  // namespace loom::engine

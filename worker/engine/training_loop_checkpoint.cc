@@ -1,15 +1,18 @@
 // The training loop's checkpoints, one path for every layout: the state this
 // rank holds is a list of pieces (a parameter or AdamW moment, or ZeRO's
-// range of one, each with its place in the global tensor); the ranks that
-// hold a unique piece write it (ParallelContext::writes_shards) and one rank
-// commits the step (checkpoint/distributed_save.h); loading copies each piece
-// out of whatever shards the step holds, saved under any layout.
+// range of one, each with its place in the global tensor; an EP rank's routed
+// experts under their global names); the ranks that hold a unique piece
+// write it (ParallelContext::writes_shards) and one rank commits the step
+// (checkpoint/distributed_save.h); loading copies each piece out of whatever
+// shards the step holds, saved under any layout.
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "worker/engine/checkpoint/distributed_save.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/expert_parallel/ep_gradients.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -54,7 +57,8 @@ std::vector<StatePiece> TrainingLoop::CheckpointPieces() {
     auto writes = [&](const TensorView& p, bool dp_sharded) {
       // A tied head's copy of the embedding: the embedding's holder writes it.
       if (p.name == kTiedEmbedding && !has_embedding) return false;
-      return ctx_.writes_shards(dp_sharded, p.replicas);
+      // [ep] A routed expert is this EP rank's alone (its global name).
+      return ctx_.writes_shards(dp_sharded, p.replicas, IsExpertParameter(p.name));
     };
     const std::vector<TensorView> params = part->Parameters();
     DataParallelEngine* engine = i < dp_engines_.size() ? dp_engines_[i].get() : nullptr;
@@ -103,7 +107,12 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
                 {"global_batch_size", spec_.train.global_batch_size}}},
       {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
       {"layout", {{"dp", ctx_.dp_size}, {"tp", ctx_.tp_size()}, {"pp", ctx_.pp_size()},
-                  {"cp", ctx_.cp_size()}, {"zero_stage", zero_stage()}}}};
+                  {"cp", ctx_.cp_size()}, {"ep", ctx_.ep_size()}, {"zero_stage", zero_stage()}}}};
+  if (spec_.model.moe.enabled()) {  // [moe] the selection biases are state, not parameters
+    absl::StatusOr<nlohmann::json> biases = ExpertBiasesToJson(Parts(), ctx_.pp);
+    if (!biases.ok()) return biases.status();
+    content.state["moe_bias"] = *std::move(biases);
+  }
   CheckpointFile model{"", "model", {}, {}}, optimizer{"", "optimizer", {}, {}};
   // The writer reads host memory: a device backend's pieces are copied down.
   std::vector<std::vector<float>> host;
@@ -160,6 +169,9 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
   step_ = loaded->step;
   tokens_ = get_int("tokens", step_ * spec_.train.global_batch_size * spec_.train.seq_len);
   set_optimizer_step(get_int("optimizer_step", step_));
+  if (spec_.model.moe.enabled() && state.contains("moe_bias")) {  // [moe] each part its layers'
+    if (absl::Status s = RestoreExpertBiases(state["moe_bias"], Parts()); !s.ok()) return s;
+  }
   return loaded;
 }
 

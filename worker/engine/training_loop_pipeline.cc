@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/device_staging.h"
+#include "worker/engine/model/moe_stats.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -90,12 +91,22 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
         }
       }
     }
+    // [ep] The dense gradients' second sum, over EP (ep_gradients.h), after
+    // the DP reduction whichever way it ran.
+    if (absl::Status s = ReduceDenseOverEp(); !s.ok()) return s;
+    if (spec_.model.moe.enabled()) {  // [moe] statistics, bias update, the whole model's summary
+      absl::StatusOr<MoeSummary> moe = FinishMoeStep(Parts(), ctx_.DataGroups(), ctx_.pp, total_micro);
+      if (!moe.ok()) return moe.status();
+      p.moe = std::move(*moe);
+    }
     loss = static_cast<float>(loss_sum / static_cast<double>(total_micro));
-    if (absl::Status s = AllReduceHostFloats(ops, ctx_.dp, &loss, 1); !s.ok()) return s;
+    for (comm::Communicator* group : ctx_.DataGroups()) {  // [ep] dp, then ep
+      if (absl::Status s = AllReduceHostFloats(ops, group, &loss, 1); !s.ok()) return s;
+    }
     // Only the last stage's is non-zero.
     if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, &loss, 1); !s.ok()) return s;
-    // The whole model's norm: TP shards (replicas counted once), stages, and
-    // the DP shards under ZeRO.
+    // The whole model's norm: TP shards (replicas counted once), stages, the
+    // DP shards under ZeRO, the EP ranks' experts (dense pieces once).
     absl::StatusOr<double> norm = ClipStepGradients();
     if (!norm.ok()) return norm.status();
     p.grad_norm = *norm;

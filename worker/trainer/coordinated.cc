@@ -58,6 +58,15 @@ loom::v1::RankProgress ToProto(const engine::StepProgress& p) {
   out.set_flops_per_token(p.flops_per_token);
   out.set_lr(p.lr);
   out.set_grad_norm(p.grad_norm);
+  if (p.moe) {  // [moe]
+    loom::v1::MoeProgress& m = *out.mutable_moe();
+    for (double n : p.moe->tokens_per_expert) m.add_tokens_per_expert(n);
+    m.set_tokens_min(p.moe->tokens_min);
+    m.set_tokens_max(p.moe->tokens_max);
+    m.set_imbalance(p.moe->imbalance);
+    m.set_dropped_fraction(p.moe->dropped_fraction);
+    m.set_aux_loss(p.moe->aux_loss);
+  }
   return out;
 }
 
@@ -154,18 +163,27 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   absl::StatusOr<std::unique_ptr<comm::Communicator>> dp_cp = std::unique_ptr<comm::Communicator>();
   if (*cp != nullptr) dp_cp = make_group("dp_cp");
   if (!dp_cp.ok()) return dp_cp.status();
+  // [ep] The expert-parallel group, last (docs/expert_parallel.md).
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> ep = make_group("ep");
+  if (!ep.ok()) return ep.status();
   const int dp_rank = static_cast<int>(a.coords().dp());
   const int dp_size = static_cast<int>(a.layout().dp() > 0 ? a.layout().dp() : 1);
 
   // The rank's place in the mesh, built once from the assignment.
   absl::StatusOr<engine::ParallelContext> ctx =
       engine::ParallelContext::Make(dp_rank, dp_size, dp->get(), tp->get(), pp->get(), cp->get(),
-                                    dp_cp->get());
+                                    dp_cp->get(), ep->get());
   if (!ctx.ok()) return ctx.status();
   absl::StatusOr<std::unique_ptr<engine::TrainingLoop>> loop =
       engine::TrainingLoop::Create(job, *ctx, *ops);
   if (!loop.ok()) return loop.status();
   if (absl::Status s = CheckStageLayers(a, **loop); !s.ok()) return s;  // [pp]
+  if (ctx->ep != nullptr) {  // [ep] which experts this rank holds, for its log
+    const int64_t held = job.model.moe.num_experts / ctx->ep_size();
+    std::fprintf(stderr, "loom-trainer: rank %d: expert parallel: ep rank %d of %d holds experts [%lld, %lld)\n",
+                 a.rank(), ctx->ep_rank(), ctx->ep_size(), static_cast<long long>(ctx->ep_rank() * held),
+                 static_cast<long long>((ctx->ep_rank() + 1) * held));
+  }
   loom::v1::RankProgress ready;
   ready.set_phase("ready");
   reporter.Report(ready);
@@ -175,7 +193,7 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   (*loop)->set_phase_listener(
       [&board](const char* phase, int64_t micro_batch) { board.Set(phase, micro_batch); });
   std::vector<comm::Communicator*> groups;
-  for (auto* group : {tp->get(), dp->get(), pp->get(), cp->get(), dp_cp->get()}) {
+  for (auto* group : {tp->get(), dp->get(), pp->get(), cp->get(), dp_cp->get(), ep->get()}) {
     if (group != nullptr) groups.push_back(group);
   }
   RankMonitor monitor({.collective_timeout = timeout}, &reporter, &board, groups);

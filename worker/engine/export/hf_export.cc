@@ -12,6 +12,7 @@
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/checkpoint/safetensors.h"
+#include "worker/engine/export/hf_moe_export.h"
 
 namespace loom::engine {
 
@@ -98,11 +99,27 @@ absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::str
         "checkpoint ", *step_dir, ": metadata.json says model.num_layers=", layers,
         " but the checkpoint holds only ", reader->tensors().size(), " tensors"));
   }
-  const std::vector<std::string> names = HuggingFaceParameterNames(reader->model());
+  // [moe] An MoE model renames (and fills) tensors for its HF layout.
+  const spec::ModelSpec& model = reader->model();
+  std::vector<HfTensorSource> sources;
+  if (model.moe.enabled()) {
+    if (absl::Status s = CheckMoeExportable(model); !s.ok()) return s;
+    sources = HuggingFaceMoeTensors(model);
+  } else {
+    for (const std::string& name : HuggingFaceParameterNames(model)) sources.push_back({name, name});
+  }
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> tensors;
-  storage.reserve(names.size());
-  for (const std::string& name : names) {
+  storage.reserve(sources.size());
+  for (const HfTensorSource& source : sources) {
+    if (source.loom_name.empty()) {  // a tensor the HF layout has and Loom does not: zeros
+      int64_t n = 1;
+      for (int64_t d : source.shape) n *= d;
+      storage.emplace_back(static_cast<size_t>(n), 0.0f);
+      tensors.push_back({source.hf_name, source.shape, storage.back().data()});
+      continue;
+    }
+    const std::string& name = source.loom_name;
     const CheckpointTensorInfo* info = reader->Find(name);
     if (info == nullptr || info->group != "model") {
       return absl::DataLossError(absl::StrCat("checkpoint ", *step_dir,
@@ -110,11 +127,15 @@ absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::str
     }
     absl::StatusOr<std::vector<float>> values = reader->Values(name);
     if (!values.ok()) return values.status();
+    if (source.scale != 1.0f) {
+      for (float& v : *values) v *= source.scale;
+    }
     storage.push_back(std::move(*values));
-    tensors.push_back({name, info->shape, storage.back().data()});
+    tensors.push_back({source.hf_name, info->shape, storage.back().data()});
   }
 
-  const std::string config_text = HuggingFaceConfig(reader->model()).dump(2) + "\n";
+  const std::string config_text =
+      (model.moe.enabled() ? HuggingFaceMoeConfig(model) : HuggingFaceConfig(model)).dump(2) + "\n";
 
   // Nothing half-written ever shows in out_dir: both files are written whole
   // into a fresh temporary sibling directory, then moved into place by

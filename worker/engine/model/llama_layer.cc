@@ -76,7 +76,7 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
-                  const BlockTp* tp, const BlockCp* cp) {
+                  const BlockTp* tp, const BlockCp* cp, const MoeBlock* moe) {
   // Every GEMM of a block is a linear layer's (the fp8 recipe quantizes them).
   const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, rows = d.rows;
@@ -100,6 +100,11 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   }
   ops.RmsNormForward(a.x_mid, w.post_norm, rows, h, d.eps, sp ? tp->rows : a.h2, a.rstd2);
   if (sp) tp->coll->AllGather(tp->rows, rows * h, a.h2);
+  if (moe != nullptr) {  // [moe] whole on every TP rank, no SP (CheckEngineRuns)
+    absl::Status st = moe->layer->Forward(moe->dims, moe->w, a.h2, a.x_mid, x_next);
+    if (!st.ok() && moe->status->ok()) *moe->status = st;
+    return;
+  }
   ops.Gemm(kN, kT, t, 2 * d.ffn, h, 1.0f, a.h2, h, w.gate_up, h, 0.0f, a.gu, 2 * d.ffn);
   ops.SwiGluForward(t, d.ffn, a.gu, a.gu + d.ffn, 2 * d.ffn, a.act, d.ffn);
   if (x_next == nullptr) return;
@@ -115,7 +120,8 @@ void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
 
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
-                   const BlockScratch& s, float* dx, const BlockTp* tp, const BlockCp* cp) {
+                   const BlockScratch& s, float* dx, const BlockTp* tp, const BlockCp* cp,
+                   const MoeBlock* moe) {
   const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   const int64_t t = d.tokens, h = d.hidden, f = d.ffn, rows = d.rows;
   const bool sp = tp != nullptr && tp->coll->sequence_parallel();
@@ -125,12 +131,18 @@ void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
   float* dh_full = sp ? tp->partial : s.dh;
   // MLP: dx is the gradient of the block output = of down_proj's output.
   const float* dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;
+  if (moe != nullptr) {  // [moe] whole on every TP rank, no SP (CheckEngineRuns)
+    absl::Status st = moe->layer->Backward(moe->dims, moe->w, moe->g, a.h2, dy, moe->loss_scale,
+                                           *moe->scratch, s.dh);
+    if (!st.ok() && moe->status->ok()) *moe->status = st;
+  } else {
   ops.Gemm(kT, kN, h, f, t, 1.0f, dy, h, a.act, f, 1.0f, g.down, f);
   ops.Gemm(kN, kN, t, f, h, 1.0f, dy, h, w.down, f, 0.0f, s.d_act, f);
   ops.SwiGluBackward(t, f, a.gu, a.gu + f, 2 * f, s.d_act, f, s.dgu, s.dgu + f);
   ops.Gemm(kT, kN, 2 * f, h, t, 1.0f, s.dgu, 2 * f, a.h2, h, 1.0f, g.gate_up, h);
   ops.Gemm(kN, kN, t, h, 2 * f, 1.0f, s.dgu, 2 * f, w.gate_up, h, 0.0f, dh_full, h);
   if (tp != nullptr) tp->coll->ReduceRows(dh_full, t * h, s.dh);
+  }
   ops.RmsNormBackward(s.dh, a.x_mid, w.post_norm, a.rstd2, rows, h, dx, true, g.post_norm);
   // Attention: dx is now the gradient of x_mid = of o_proj's output.
   dy = tp != nullptr ? tp->coll->GatherRows(dx, rows * h, tp->full) : dx;

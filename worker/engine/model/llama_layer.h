@@ -16,6 +16,7 @@
 #include "kernels/ops.h"
 #include "worker/engine/context_parallel/ring_attention.h"
 #include "worker/engine/context_parallel/zigzag.h"
+#include "worker/engine/model/moe_layer.h"
 #include "worker/engine/tensor_parallel/tp_collectives.h"
 
 namespace loom::engine {
@@ -98,13 +99,26 @@ struct RopeView {
   const float* sin;
 };
 
+// [moe] A block whose FFN is a mixture of experts (moe_layer.h): the block's
+// gate_up/down weights and gu/act activations are then unused.
+struct MoeBlock {
+  MoeLayer* layer = nullptr;
+  MoeDims dims;
+  MoeWeights w{};
+  MoeGrads g{};
+  MoeScratch* scratch = nullptr;
+  double loss_scale = 1.0;         // the aux loss's weight in backward
+  absl::Status* status = nullptr;  // receives the first failure (an exchange's)
+};
+
 kernels::AttentionDims BlockAttentionDims(const BlockDims& d);
 
 // Fills every activation from a.x_in; writes the block output to x_next
 // unless it is null (recompute needs everything but the output).
 void BlockForward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                   const RopeView& rope, const BlockActivations& a, float* x_next,
-                  const BlockTp* tp = nullptr, const BlockCp* cp = nullptr);
+                  const BlockTp* tp = nullptr, const BlockCp* cp = nullptr,
+                  const MoeBlock* moe = nullptr);
 
 // The attention core alone: a.attn and a.lse from a.qkv (selective recompute).
 // Under CP a.lse is [batch, 2, heads, chunk] (ring_blocks.h), same size.
@@ -116,6 +130,6 @@ void BlockAttentionCore(kernels::Ops& ops, const BlockDims& d, const BlockActiva
 void BlockBackward(kernels::Ops& ops, const BlockDims& d, const BlockWeights& w,
                    const BlockGrads& g, const RopeView& rope, const BlockActivations& a,
                    const BlockScratch& s, float* dx, const BlockTp* tp = nullptr,
-                   const BlockCp* cp = nullptr);
+                   const BlockCp* cp = nullptr, const MoeBlock* moe = nullptr);
 
 }  // namespace loom::engine

@@ -12,6 +12,7 @@
 #include "worker/engine/context_parallel/zigzag.h"
 #include "worker/engine/model/host_floats.h"
 #include "worker/engine/model/llama_layer.h"
+#include "worker/engine/model/moe_router.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/tensor_parallel/replicated_grads.h"
@@ -93,6 +94,15 @@ struct LlamaModel::Impl {
   // [pp] The part this model holds (the whole model by default).
   ModelPart part;
   int64_t num_layers = 0;  // layers held
+  // [moe] One MoeLayer per held layer that is MoE (null for dense layers),
+  // their selection biases (host), the shared backward scratch, the exchange.
+  std::vector<std::unique_ptr<MoeLayer>> moe;
+  std::vector<std::vector<float>> moe_bias;
+  MoeScratch moe_scratch;
+  std::unique_ptr<LocalExpertExchange> local_exchange;
+  ExpertExchange* exchange = nullptr;
+  MoeStepStats moe_stats;
+  absl::Status moe_status;
   ModelHooks* hooks = nullptr;  // [hooks] null: no hooks
   ModelHooks& Hooks() {         // [hooks]
     static ModelHooks none;
@@ -106,7 +116,42 @@ struct LlamaModel::Impl {
   BlockWeights Weights(int64_t l) const {
     const float* p = params.f32();
     const LayerOffsets& o = layout.layers[l];
+    if (o.moe) return {p + o.input_norm, p + o.qkv, p + o.o, p + o.post_norm, nullptr, nullptr};
     return {p + o.input_norm, p + o.qkv, p + o.o, p + o.post_norm, p + o.gate_up, p + o.down};
+  }
+  // [moe] The MoE part of held layer l (null for a dense layer).
+  const MoeBlock* Moe(const spec::ModelSpec& c, int64_t l, const BlockDims& d, double loss_scale,
+                      MoeBlock* out) {
+    if (moe[static_cast<size_t>(l)] == nullptr) return nullptr;
+    const LayerOffsets& o = layout.layers[l];
+    const float* p = params.f32();
+    float* g = grads.f32();
+    MoeBlock& b = *out;
+    b.layer = moe[static_cast<size_t>(l)].get();
+    b.dims.tokens = d.tokens;
+    b.dims.hidden = d.hidden;
+    b.dims.num_experts = c.moe.num_experts;
+    b.dims.top_k = c.moe.top_k;
+    b.dims.expert_ffn = c.expert_ffn();
+    b.dims.shared_ffn = c.moe.num_shared_experts * c.expert_ffn();
+    b.dims.score = c.moe.router_score == spec::RouterScoreKind::kSoftmax ? RouterScore::kSoftmax
+                                                                         : RouterScore::kSigmoid;
+    b.dims.aux_loss_coef = c.moe.aux_loss_coef;
+    b.dims.capacity = ExpertCapacity(c.moe.capacity_factor.value_or(0.0), d.tokens,
+                                     c.moe.top_k, c.moe.num_experts);
+    b.w.router = p + o.router;
+    b.w.bias = c.moe.bias_update_rate > 0 ? moe_bias[static_cast<size_t>(l)].data() : nullptr;
+    b.w.experts = p + o.experts;
+    b.w.shared_gate_up = o.shared_gate_up >= 0 ? p + o.shared_gate_up : nullptr;
+    b.w.shared_down = o.shared_down >= 0 ? p + o.shared_down : nullptr;
+    b.g.router = g + o.router;
+    b.g.experts = g + o.experts;
+    b.g.shared_gate_up = o.shared_gate_up >= 0 ? g + o.shared_gate_up : nullptr;
+    b.g.shared_down = o.shared_down >= 0 ? g + o.shared_down : nullptr;
+    b.scratch = &moe_scratch;
+    b.loss_scale = loss_scale;
+    b.status = &moe_status;
+    return &b;
   }
   void Prepare(const spec::ModelSpec& c, spec::Recompute mode, const BlockDims& d);
   int64_t Forward(const spec::ModelSpec& c, const BlockDims& d,
@@ -141,10 +186,17 @@ struct LlamaModel::Impl {
     cp_status.Update(AllReduceHostFloats(*ops, cp, &v, 1));
     return v;
   }
+  // [moe] Index of held layer l among the held MoE layers.
+  int64_t MoeSlot(int64_t l) const {
+    int64_t slot = 0;
+    for (int64_t i = 0; i < l; ++i) slot += moe[static_cast<size_t>(i)] != nullptr ? 1 : 0;
+    return slot;
+  }
   // Clears the previous call's status; false (status set) when the token
   // rows cannot be split over the group.
   bool StartCall(int64_t tokens) {
     status = absl::OkStatus();
+    moe_status = absl::OkStatus();
     if (coll != nullptr) coll->ResetStatus();
     if (tp.sequence_parallel && tokens % tp.size != 0) {
       status = absl::InvalidArgumentError(
@@ -159,13 +211,15 @@ struct LlamaModel::Impl {
   bool Failed() {
     if (coll != nullptr && !coll->status().ok()) status = coll->status();
     if (status.ok() && !cp_status.ok()) status = cp_status;
+    if (status.ok() && !moe_status.ok()) status = moe_status;  // [moe] a failed exchange
     return !status.ok();
   }
 
   BlockGrads Grads(int64_t l) const {
     float* g = grads.f32();
     const LayerOffsets& o = layout.layers[l];
-    BlockGrads b{g + o.input_norm, g + o.qkv, g + o.o, g + o.post_norm, g + o.gate_up, g + o.down};
+    BlockGrads b{g + o.input_norm, g + o.qkv, g + o.o, g + o.post_norm,
+                 o.moe ? nullptr : g + o.gate_up, o.moe ? nullptr : g + o.down};
     if (replicated != nullptr) replicated->Redirect(l, &b);
     return b;
   }
@@ -209,6 +263,21 @@ LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
                                                           impl_->tp, &impl_->layout);
     if (impl_->replicated->empty()) impl_->replicated.reset();
     impl_->block_tp.coll = impl_->coll.get();
+  }
+  // [moe] Under TP every rank runs the whole MoE layer on the replicated
+  // stream (its tensors replicated); sequence parallelism splits the stream,
+  // which the layer does not (spec::CheckEngineRuns refuses it).
+  if (config_.moe.enabled() && tp_size > 1 && parallel.sequence_parallel) {
+    std::fprintf(stderr, "LlamaModel: model.moe with sequence parallelism is not supported\n");
+    std::abort();
+  }
+  impl_->local_exchange =
+      std::make_unique<LocalExpertExchange>(ops_.get(), config_.moe.num_experts);
+  impl_->exchange = impl_->local_exchange.get();
+  for (int64_t l = 0; l < impl_->num_layers; ++l) {
+    const bool is_moe = impl_->layout.layers[static_cast<size_t>(l)].moe;
+    impl_->moe.push_back(is_moe ? std::make_unique<MoeLayer>(ops_.get(), impl_->exchange) : nullptr);
+    impl_->moe_bias.emplace_back(is_moe ? config_.moe.num_experts : 0, 0.0f);
   }
   impl_->params = ops_->AllocateFloats(impl_->layout.total);
   impl_->grads = ops_->AllocateFloats(impl_->layout.total);
@@ -403,7 +472,9 @@ int64_t LlamaModel::Impl::Forward(const spec::ModelSpec& c, const BlockDims& d,
   for (int64_t l = 0; l < layers; ++l) {
     float* next = l + 1 < layers ? acts[l + 1].x_in : x_final;
     m.Hooks().BeforeUse(1 + l, false);  // [hooks]
-    BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp(), m.Cp());
+    MoeBlock moe;
+    BlockForward(ops, d, m.Weights(l), rope, acts[l], next, m.Tp(), m.Cp(),
+                 m.Moe(c, l, d, 1.0, &moe));
     m.Hooks().AfterUse(1 + l, false);  // [hooks]
   }
   if (!m.part.head) {  // [pp] the next stage's input
@@ -488,12 +559,16 @@ float LlamaModel::Impl::ForwardBackward(const spec::ModelSpec& config_, spec::Re
   for (int64_t l = layers - 1; l >= 0; --l) {
     const BlockActivations& a = m.train_acts[l];
     m.Hooks().BeforeUse(1 + l, true);  // [hooks]
+    MoeBlock moe_block;
+    const MoeBlock* moe = m.Moe(config_, l, d, loss_scale, &moe_block);
     if (recompute_ == spec::Recompute::kFull) {
-      BlockForward(ops, d, m.Weights(l), rope, a, nullptr, m.Tp(), m.Cp());
+      BlockForward(ops, d, m.Weights(l), rope, a, nullptr, m.Tp(), m.Cp(), moe);
     } else if (recompute_ == spec::Recompute::kSelective) {
       BlockAttentionCore(ops, d, a, m.Cp());
     }
-    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx, m.Tp(), m.Cp());
+    BlockBackward(ops, d, m.Weights(l), m.Grads(l), rope, a, m.scratch, m.dx, m.Tp(), m.Cp(),
+                  moe);
+    if (moe != nullptr) moe->layer->AddStats(m.MoeSlot(l), &m.moe_stats);  // [moe]
     if (m.replicated != nullptr) m.replicated->ReduceLayer(l, g);
     m.Hooks().AfterUse(1 + l, true);  // [hooks]
     m.Hooks().GradientsReady(1 + l);  // [hooks]
@@ -582,6 +657,48 @@ int64_t LlamaModel::ContextParallelAttentionFlops() const {  // [cp]
   return f.forward + f.backward;
 }
 
+// ---- [moe] mixture-of-experts state --------------------------------------------
+
+MoeStepStats LlamaModel::TakeMoeStats() {
+  MoeStepStats out = std::move(impl_->moe_stats);
+  impl_->moe_stats = MoeStepStats{};
+  return out;
+}
+
+void LlamaModel::UpdateExpertBias(const std::vector<double>& tokens_per_expert) {
+  const double rate = config_.moe.bias_update_rate;
+  if (rate <= 0) return;
+  const int64_t e_count = config_.moe.num_experts;
+  int64_t slot = 0;
+  for (size_t l = 0; l < impl_->moe.size(); ++l) {
+    if (impl_->moe[l] == nullptr) continue;
+    const size_t at = static_cast<size_t>(slot * e_count);
+    if (tokens_per_expert.size() >= at + static_cast<size_t>(e_count)) {
+      UpdateSelectionBias(tokens_per_expert.data() + at, e_count, rate, impl_->moe_bias[l].data());
+    }
+    ++slot;
+  }
+}
+
+std::vector<TensorView> LlamaModel::ExpertBiases() {
+  std::vector<TensorView> views;
+  for (size_t l = 0; l < impl_->moe.size(); ++l) {
+    if (impl_->moe[l] == nullptr) continue;
+    const int64_t global = impl_->part.first_layer + static_cast<int64_t>(l);
+    views.push_back({"model.layers." + std::to_string(global) + ".mlp.gate.e_score_correction_bias",
+                     {config_.moe.num_experts},
+                     impl_->moe_bias[l].data()});
+  }
+  return views;
+}
+
+void LlamaModel::SetExpertExchange(ExpertExchange* exchange) {
+  impl_->exchange = exchange != nullptr ? exchange : impl_->local_exchange.get();
+  for (auto& layer : impl_->moe) {
+    if (layer != nullptr) layer = std::make_unique<MoeLayer>(ops_.get(), impl_->exchange);
+  }
+}
+
 // [hooks] The data-parallel engine's hooks and memory accounting.
 void LlamaModel::SetHooks(ModelHooks* hooks) { impl_->hooks = hooks; }
 
@@ -589,6 +706,7 @@ int64_t LlamaModel::ActivationBytes() const {
   int64_t bytes = impl_->rope_cos.bytes() + impl_->rope_sin.bytes();
   for (const Buffer& b : impl_->pool) bytes += b.bytes();
   if (impl_->ring != nullptr) bytes += impl_->ring->BufferBytes();  // [cp]
+  for (const auto& layer : impl_->moe) bytes += layer != nullptr ? layer->ActivationBytes() : 0;
   return bytes;
 }
 

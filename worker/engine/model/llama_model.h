@@ -23,6 +23,7 @@
 #include "common/spec/job_spec.h"
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/model/moe_layer.h"
 #include "worker/engine/model/parameter_layout.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_view.h"
@@ -156,6 +157,23 @@ class LlamaModel {
   // [cp] Attention FLOPs this rank's ring computed so far (zero without CP):
   // the counter behind the zigzag's load balance (docs/context_parallel.md).
   int64_t ContextParallelAttentionFlops() const;
+
+  // ---- [moe] Mixture-of-experts layers (model.moe; docs/moe.md) ----
+  // ForwardBackward returns the cross-entropy alone; each MoE layer's aux
+  // loss enters the gradients (weighted by loss_scale) and the statistics.
+  // The routing statistics of every ForwardBackward since the last call
+  // (tokens per expert of each held MoE layer, in layer order), then reset.
+  MoeStepStats TakeMoeStats();
+  // DeepSeek-V3's auxiliary-loss-free update (model.moe.bias_update_rate > 0)
+  // from a step's tokens per expert as TakeMoeStats lays them out, summed
+  // over the data-parallel ranks (so every replica moves its bias the same).
+  void UpdateExpertBias(const std::vector<double>& tokens_per_expert);
+  // The selection bias of each held MoE layer, named
+  // model.layers.L.mlp.gate.e_score_correction_bias, [E] host memory.
+  std::vector<TensorView> ExpertBiases();
+  // Routes the MoE layers' tokens through `exchange` (not owned) instead of
+  // the one-process permutation; null restores it. [ep]
+  void SetExpertExchange(ExpertExchange* exchange);
 
   // Installs hooks (null: none); they must outlive every later pass.
   void SetHooks(ModelHooks* hooks);

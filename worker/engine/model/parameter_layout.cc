@@ -1,6 +1,8 @@
 #include "worker/engine/model/parameter_layout.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -54,9 +56,31 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp) 
     add(p + "self_attn.v_proj.weight", {kv_dim, h}, 0, kv_first, kv_rows, tp.kv_replicas, kStd);
     l.o = add(p + "self_attn.o_proj.weight", {h, q_dim}, 1, q_first, q_rows, 1, residual_std);
     l.post_norm = add(p + "post_attention_layernorm.weight", {h}, -1, 0, 0, all, 0.0);
-    l.gate_up = add(p + "mlp.gate_proj.weight", {f, h}, 0, tp.ffn_first, tp.ffn, 1, kStd);
-    add(p + "mlp.up_proj.weight", {f, h}, 0, tp.ffn_first, tp.ffn, 1, kStd);
-    l.down = add(p + "mlp.down_proj.weight", {h, f}, 1, tp.ffn_first, tp.ffn, 1, residual_std);
+    const size_t first_entry = layout.entries.size() - 6;
+    if (c.IsMoeLayer(i)) {  // [moe] every tensor whole; under TP (no SP) every TP rank holds it (replicas)
+      const int64_t ef = c.expert_ffn(), sf = c.moe.num_shared_experts * ef;
+      l.moe = true;
+      l.gate_up = l.down = -1;
+      l.router = add(p + "mlp.gate.weight", {c.moe.num_experts, h}, -1, 0, 0, all, kStd);
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        const int64_t at = add(x + "gate_proj.weight", {ef, h}, -1, 0, 0, all, kStd);
+        if (e == 0) l.experts = at;
+        add(x + "up_proj.weight", {ef, h}, -1, 0, 0, all, kStd);
+        add(x + "down_proj.weight", {h, ef}, -1, 0, 0, all, residual_std);
+      }
+      if (sf > 0) {
+        l.shared_gate_up = add(p + "mlp.shared_experts.gate_proj.weight", {sf, h}, -1, 0, 0, all, kStd);
+        add(p + "mlp.shared_experts.up_proj.weight", {sf, h}, -1, 0, 0, all, kStd);
+        l.shared_down =
+            add(p + "mlp.shared_experts.down_proj.weight", {h, sf}, -1, 0, 0, all, residual_std);
+      }
+    } else {
+      l.gate_up = add(p + "mlp.gate_proj.weight", {f, h}, 0, tp.ffn_first, tp.ffn, 1, kStd);
+      add(p + "mlp.up_proj.weight", {f, h}, 0, tp.ffn_first, tp.ffn, 1, kStd);
+      l.down = add(p + "mlp.down_proj.weight", {h, f}, 1, tp.ffn_first, tp.ffn, 1, residual_std);
+    }
+    l.entries = static_cast<int64_t>(layout.entries.size() - first_entry);
     layout.layers.push_back(l);
   }
   layout.final_norm = add("model.norm.weight", {h}, -1, 0, 0, all, 0.0);
@@ -78,8 +102,9 @@ absl::Status CheckModelPart(const spec::ModelSpec& c, const ModelPart& part) {
   return absl::OkStatus();
 }
 
-ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
-                                    const ModelPart& part) {
+namespace {
+
+ParameterLayout LayerSlice(const spec::ModelSpec& c, const TpPlan& tp, const ModelPart& part) {
   const ParameterLayout whole = MakeParameterLayout(c, tp);
   if (part.Whole(c)) return whole;
   const int64_t first = part.first_layer;
@@ -102,18 +127,23 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
     }
     return at;
   };
-  constexpr int64_t kLayerEntries = 9;  // two norms, q, k, v, o, gate, up, down
   if (part.embedding) out.embed = keep(whole.embed, 1);
   for (int64_t l = first; l < first + count; ++l) {
-    const int64_t base = keep(whole.layers[static_cast<size_t>(l)].input_norm, kLayerEntries);
     const LayerOffsets& w = whole.layers[static_cast<size_t>(l)];
-    LayerOffsets o;
+    const int64_t base = keep(w.input_norm, w.entries);
+    // Every offset of the layer moves with its first tensor; -1 stays -1.
+    auto moved = [&](int64_t at) { return at < 0 ? at : base + (at - w.input_norm); };
+    LayerOffsets o = w;
     o.input_norm = base;
-    o.qkv = base + (w.qkv - w.input_norm);
-    o.o = base + (w.o - w.input_norm);
-    o.post_norm = base + (w.post_norm - w.input_norm);
-    o.gate_up = base + (w.gate_up - w.input_norm);
-    o.down = base + (w.down - w.input_norm);
+    o.qkv = moved(w.qkv);
+    o.o = moved(w.o);
+    o.post_norm = moved(w.post_norm);
+    o.gate_up = moved(w.gate_up);
+    o.down = moved(w.down);
+    o.router = moved(w.router);
+    o.experts = moved(w.experts);
+    o.shared_gate_up = moved(w.shared_gate_up);
+    o.shared_down = moved(w.shared_down);
     out.layers.push_back(o);
   }
   if (part.head) {
@@ -127,6 +157,64 @@ ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
                                     : keep(whole.embed, 1);
   }
   return out;
+}
+
+// [ep] The expert index of a routed expert's tensor, -1 for any other.
+int64_t ExpertOf(const std::string& name) {
+  static const std::string kTag = ".mlp.experts.";
+  const size_t at = name.find(kTag);
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + kTag.size()));
+}
+
+// [ep] `in` without the routed experts outside [first, first + held),
+// offsets packed again.
+ParameterLayout HoldExperts(const ParameterLayout& in, const spec::ModelSpec& c, int64_t first,
+                            int64_t held) {
+  ParameterLayout out;
+  std::map<int64_t, int64_t> moved;  // old offset -> new, kept entries
+  for (const ParameterEntry& e : in.entries) {
+    const int64_t expert = ExpertOf(e.name);
+    if (expert >= 0 && (expert < first || expert >= first + held)) continue;
+    ParameterEntry k = e;
+    k.offset = out.total;
+    moved[e.offset] = k.offset;
+    out.total += k.numel;
+    out.entries.push_back(std::move(k));
+  }
+  auto at = [&](int64_t old) {
+    auto it = moved.find(old);
+    return old < 0 || it == moved.end() ? int64_t{-1} : it->second;
+  };
+  const int64_t stride = 3 * c.expert_ffn() * c.hidden_size;  // one expert's gate, up, down
+  for (const LayerOffsets& l : in.layers) {
+    LayerOffsets o = l;
+    o.input_norm = at(l.input_norm);
+    o.qkv = at(l.qkv);
+    o.o = at(l.o);
+    o.post_norm = at(l.post_norm);
+    o.gate_up = at(l.gate_up);
+    o.down = at(l.down);
+    o.router = at(l.router);
+    o.experts = l.moe ? at(l.experts + first * stride) : -1;
+    o.shared_gate_up = at(l.shared_gate_up);
+    o.shared_down = at(l.shared_down);
+    if (l.moe) o.entries = l.entries - 3 * (c.moe.num_experts - held);
+    out.layers.push_back(o);
+  }
+  out.embed = at(in.embed);
+  out.final_norm = at(in.final_norm);
+  out.lm_head = at(in.lm_head);
+  return out;
+}
+
+}  // namespace
+
+ParameterLayout MakeParameterLayout(const spec::ModelSpec& c, const TpPlan& tp,
+                                    const ModelPart& part) {
+  ParameterLayout sliced = LayerSlice(c, tp, part);
+  if (part.held_experts < 0 || part.held_experts == c.moe.num_experts) return sliced;
+  return HoldExperts(sliced, c, part.first_expert, part.held_experts);
 }
 
 }  // namespace loom::engine

@@ -38,8 +38,17 @@ struct LayerOffsets {
   int64_t qkv = 0;  // q_proj, then k_proj, then v_proj rows
   int64_t o = 0;
   int64_t post_norm = 0;
-  int64_t gate_up = 0;  // gate_proj rows, then up_proj rows
-  int64_t down = 0;
+  int64_t gate_up = 0;  // gate_proj rows, then up_proj rows; -1 in an MoE layer
+  int64_t down = 0;     // -1 in an MoE layer
+  // [moe] An MoE layer (model.moe; moe_layer.h says the layout): the router,
+  // the first expert's gate_proj (experts at a stride of 3 F hidden), the
+  // shared experts' fused gate/up and down (-1 without shared experts).
+  bool moe = false;
+  int64_t router = -1;
+  int64_t experts = -1;
+  int64_t shared_gate_up = -1;
+  int64_t shared_down = -1;
+  int64_t entries = 9;  // the layer's tensors in `entries`
 };
 
 struct ParameterLayout {
@@ -59,6 +68,12 @@ struct ModelPart {
   int64_t num_layers = -1;  // -1: every layer from first_layer on
   bool embedding = true;
   bool head = true;          // model.norm, lm_head and the loss
+  // [ep] The routed experts held (docs/expert_parallel.md): the contiguous
+  // range [first_expert, first_expert + held_experts); -1: all of them. The
+  // others' tensors are left out; every kept tensor keeps its name and init
+  // stream, so a rank's experts equal the one-process model's.
+  int64_t first_expert = 0;
+  int64_t held_experts = -1;
   bool Whole(const spec::ModelSpec& c) const {
     return first_layer == 0 && (num_layers < 0 || num_layers == c.num_layers) && embedding && head;
   }
@@ -66,7 +81,9 @@ struct ModelPart {
 
 // Init std: 0.02 for embeddings, q/k/v, gate/up and lm_head; 0.02/sqrt(2L) for
 // the projections that write into the residual stream (o_proj, down_proj), as
-// GPT-2 does, so the residual's variance does not grow with depth.
+// GPT-2 does, so the residual's variance does not grow with depth. [moe] The
+// router, every expert's and the shared experts' gate/up take 0.02, their
+// down_proj 0.02/sqrt(2L).
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config);
 // This rank's layout under `plan` (the same as above when plan.size == 1).
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& config, const TpPlan& plan);

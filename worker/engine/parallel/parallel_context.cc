@@ -16,7 +16,8 @@ absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
                                                       comm::Communicator* tp,
                                                       comm::Communicator* pp,
                                                       comm::Communicator* cp,
-                                                      comm::Communicator* dp_cp) {
+                                                      comm::Communicator* dp_cp,
+                                                      comm::Communicator* ep) {
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dp rank ", dp_rank, " of ", dp_size, " is not a valid data-parallel coordinate"));
@@ -51,6 +52,7 @@ absl::StatusOr<ParallelContext> ParallelContext::Make(int dp_rank, int dp_size,
   ctx.dp = dp_size > 1 ? dp : nullptr;
   ctx.tp = NullIfAlone(tp);
   ctx.pp = NullIfAlone(pp);
+  ctx.ep = NullIfAlone(ep);
   ctx.dp_rank = dp_rank;
   ctx.dp_size = dp_size;
   return ctx;
@@ -61,6 +63,7 @@ std::vector<comm::Communicator*> ParallelContext::GradientNormGroups(bool dp_sha
   if (dp_sharded && grad_group() != nullptr) groups.push_back(grad_group());
   if (tp != nullptr) groups.push_back(tp);
   if (pp != nullptr) groups.push_back(pp);
+  if (ep != nullptr) groups.push_back(ep);
   return groups;
 }
 
@@ -73,7 +76,8 @@ absl::Status CheckContextMatchesSpec(const ParallelContext& ctx, const spec::Job
     int64_t want;
   } axes[] = {{"tp", "tensor-parallel", ctx.tp, p.tp.value_or(1)},
               {"pp", "pipeline-parallel", ctx.pp, p.pp.value_or(1)},
-              {"cp", "context-parallel", ctx.cp, p.cp.value_or(1)}};
+              {"cp", "context-parallel", ctx.cp, p.cp.value_or(1)},
+              {"ep", "expert-parallel", ctx.ep, p.ep.value_or(1)}};
   for (const auto& a : axes) {
     if (a.group != nullptr && a.want != a.group->size()) {
       return absl::InvalidArgumentError(absl::StrCat("parallelism.", a.axis, "=", a.want, " but the ",

@@ -13,10 +13,12 @@ bool TiedAcrossStages(const spec::ModelSpec& config, int64_t pp) {
 
 PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,
                              const PipelinePlan& plan, TensorParallelOptions parallel,
-                             std::shared_ptr<kernels::Ops> ops)
+                             std::shared_ptr<kernels::Ops> ops, const ModelPart& experts)
     : plan_(plan), ops_(ops != nullptr ? std::move(ops) : kernels::cpu::MakeCpuOps()) {
   for (const PipelineChunk& c : plan_.chunks) {
     ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
+    part.first_expert = experts.first_expert;  // [ep]
+    part.held_experts = experts.held_experts;
     chunks_.push_back(std::make_unique<LlamaModel>(config, recompute, ops_, parallel, part));
   }
 }

@@ -24,8 +24,11 @@ class PipelineStage {
   // use one at a time).
   // `ops` is the backend every chunk runs on (nullptr: one CpuOps for all);
   // the chunks' tensors and the executor's boundary buffers are its memory.
+  // `experts`: the routed experts every chunk holds ([ep] ModelPart's
+  // first_expert and held_experts; its layer fields are ignored).
   PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
-                TensorParallelOptions parallel = {}, std::shared_ptr<kernels::Ops> ops = nullptr);
+                TensorParallelOptions parallel = {}, std::shared_ptr<kernels::Ops> ops = nullptr,
+                const ModelPart& experts = {});
 
   // Each tensor from the whole model's init stream: the stages together hold
   // exactly the single-process weights.
