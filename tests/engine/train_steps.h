@@ -3,6 +3,7 @@
 // directly or through RunTraining (checkpoints and resume).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,6 +31,19 @@ inline std::vector<StepProgress> TrainUntil(TrainingLoop& loop, int64_t until) {
 // Steps to the end of the job's train.steps.
 inline std::vector<StepProgress> TrainToEnd(TrainingLoop& loop) {
   return TrainUntil(loop, loop.spec().train.steps);
+}
+
+// One step's record against the reference run's: the same step, its loss,
+// gradient norm and validation loss within `tol` relative. The engine tests'
+// one comparison of records, whatever layout trained them.
+inline void ExpectStepNear(const StepProgress& got, const StepProgress& want, double tol) {
+  EXPECT_EQ(got.step, want.step);
+  EXPECT_NEAR(got.loss, want.loss, tol * std::abs(want.loss)) << "step " << want.step;
+  EXPECT_NEAR(got.grad_norm, want.grad_norm, tol * want.grad_norm) << "step " << want.step;
+  EXPECT_EQ(got.val_loss.has_value(), want.val_loss.has_value()) << "step " << want.step;
+  if (got.val_loss && want.val_loss) {
+    EXPECT_NEAR(*got.val_loss, *want.val_loss, tol * *want.val_loss) << "step " << want.step;
+  }
 }
 
 // What a run trained: its steps' records and the parameters it ended with

@@ -17,6 +17,7 @@
 #include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/train_steps.h"
 #include "tests/engine_pipeline/pipeline_layout.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/comm/in_process_store.h"
@@ -118,13 +119,7 @@ class PipelineCheckpointTest : public ::testing::Test {
       for (size_t s = 0; s < run.steps.size(); ++s) {
         const StepProgress& a = run.steps[s];
         const StepProgress& b = reference.steps[first_step + s];
-        ASSERT_EQ(a.step, b.step);
-        EXPECT_NEAR(a.loss, b.loss, tolerance * std::abs(b.loss)) << "step " << b.step;
-        EXPECT_NEAR(a.grad_norm, b.grad_norm, tolerance * b.grad_norm) << "step " << b.step;
-        ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value()) << "step " << b.step;
-        if (b.val_loss) {
-          EXPECT_NEAR(*a.val_loss, *b.val_loss, tolerance * *b.val_loss);
-        }
+        testing::ExpectStepNear(a, b, tolerance);
         EXPECT_EQ(a.tokens, b.tokens) << "step " << b.step;
       }
       for (const auto& [name, values] : run.params) {

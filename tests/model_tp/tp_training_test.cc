@@ -114,12 +114,7 @@ class TpTrainingTest : public ::testing::Test {
       for (size_t s = 0; s < one.steps.size(); ++s) {
         const StepProgress& a = run.steps[s];
         const StepProgress& b = one.steps[s];
-        EXPECT_NEAR(a.loss, b.loss, kTolerance * std::abs(b.loss)) << "step " << s + 1;
-        EXPECT_NEAR(a.grad_norm, b.grad_norm, kTolerance * b.grad_norm) << "step " << s + 1;
-        ASSERT_EQ(a.val_loss.has_value(), b.val_loss.has_value()) << "step " << s + 1;
-        if (b.val_loss) {
-          EXPECT_NEAR(*a.val_loss, *b.val_loss, kTolerance * *b.val_loss);
-        }
+        testing::ExpectStepNear(a, b, kTolerance);
       }
       EXPECT_GT(one.steps[0].grad_norm, 0.5) << "clipping should be active";
       testing::ExpectMapsNear(run.params, one.params, kTolerance, "parameters after 10 steps", true);
