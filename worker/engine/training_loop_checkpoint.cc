@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "worker/engine/checkpoint/collective_restore.h"
 #include "worker/engine/checkpoint/distributed_save.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
@@ -155,7 +156,10 @@ absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& 
                       base + (r.flat_begin - piece.begin)});
     }
   }
-  absl::StatusOr<LoadedCheckpoint> loaded = LoadNewestCheckpoint(root, spec_.model, into);
+  // Each rank reads only the files its pieces need; the ranks agree on the
+  // step (collective_restore.h), so a corrupt file refuses it everywhere.
+  absl::StatusOr<LoadedCheckpoint> loaded =
+      RestoreNewestOnMesh(*ops_, ctx_.MeshGroups(), root, spec_.model, into);
   if (!loaded.ok()) return loaded.status();
   for (size_t i = 0; staged && i < pieces.size(); ++i) {
     ops_->CopyHostToDevice(pieces[i].data, host[i].data(),

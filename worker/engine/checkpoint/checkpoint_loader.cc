@@ -19,12 +19,14 @@ std::vector<FlatSlice> WholeTensors(const std::vector<TensorView>& into) {
 const std::vector<int64_t>& GlobalShapeOf(const FlatSlice& t) { return t.shape; }
 const std::vector<int64_t>& GlobalShapeOf(const CheckpointRect& t) { return t.global_shape; }
 
-// Verifies the step and every target's name and global shape before anything
-// is copied, so a refused step leaves the targets untouched.
+// Opens the step, checks the model and every target's name and global shape,
+// and reads and verifies the files (`files`) before anything is copied, so a
+// refused step leaves the targets untouched.
 template <typename Target>
-absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& step_dir, const spec::ModelSpec& model,
-                                          const std::vector<Target>& into) {
-  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(step_dir);
+absl::StatusOr<PreparedStep> Prepare(const std::string& step_dir, const spec::ModelSpec& model,
+                                     const std::vector<Target>& into, StepFiles files) {
+  absl::StatusOr<CheckpointReader> reader =
+      CheckpointReader::Open(step_dir, CheckpointReadMode::kOnDemand);
   if (!reader.ok()) return reader.status();
   if (absl::Status s = CheckSameModelShape(model, reader->model(),
                                            absl::StrCat(step_dir, "/", kCheckpointMetadataFile));
@@ -44,14 +46,36 @@ absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& step_dir, const spe
           ShapeString(GlobalShapeOf(t))));
     }
   }
+  // The targets' files first (kept for the copy), then, for kAll, the rest
+  // (verified and dropped).
   for (const Target& t : into) {
-    if (absl::Status s = reader->CopyTo(t); !s.ok()) return s;
+    if (absl::Status s = reader->Fetch(t); !s.ok()) return s;
+  }
+  if (files == StepFiles::kAll) {
+    if (absl::Status s = reader->VerifyAllFiles(); !s.ok()) return s;
+  }
+  return PreparedStep{step_dir, *std::move(reader)};
+}
+
+template <typename Target>
+absl::StatusOr<LoadedCheckpoint> Copy(const PreparedStep& step, const std::vector<Target>& into) {
+  for (const Target& t : into) {
+    if (absl::Status s = step.reader.CopyTo(t); !s.ok()) return s;
   }
   LoadedCheckpoint out;
-  out.step = reader->step();
-  out.dir = step_dir;
-  out.state = reader->state();
+  out.step = step.reader.step();
+  out.dir = step.dir;
+  out.state = step.reader.state();
+  out.files_read = step.reader.files_read();
   return out;
+}
+
+template <typename Target>
+absl::StatusOr<LoadedCheckpoint> LoadStep(const std::string& step_dir, const spec::ModelSpec& model,
+                                          const std::vector<Target>& into) {
+  absl::StatusOr<PreparedStep> step = Prepare(step_dir, model, into, StepFiles::kAll);
+  if (!step.ok()) return step.status();
+  return Copy(*step, into);
 }
 
 template <typename Target>
@@ -76,6 +100,18 @@ absl::StatusOr<LoadedCheckpoint> LoadNewest(const std::string& root, const spec:
 }
 
 }  // namespace
+
+absl::StatusOr<PreparedStep> PrepareCheckpointStep(const std::string& step_dir,
+                                                   const spec::ModelSpec& model,
+                                                   const std::vector<CheckpointRect>& into,
+                                                   StepFiles files) {
+  return Prepare(step_dir, model, into, files);
+}
+
+absl::StatusOr<LoadedCheckpoint> CopyPreparedStep(const PreparedStep& step,
+                                                  const std::vector<CheckpointRect>& into) {
+  return Copy(step, into);
+}
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
                                                     const spec::ModelSpec& model,

@@ -23,11 +23,22 @@ struct LoadedCheckpoint {
   nlohmann::json state;
   // One line per newer step that was refused: "<dir>: <error>".
   std::vector<std::string> refused;
+  // The data files of the loaded step this process read (and CRC-checked).
+  std::vector<std::string> files_read;
 };
 
-// Verifies step_dir completely (see CheckpointReader) and checks that the
-// model config and every tensor of `into` match; only then copies the tensors
-// into `into`, so a refused checkpoint leaves `into` untouched.
+// Which files of a step a load reads and CRC-checks before it copies.
+enum class StepFiles {
+  kAll,     // every file: the step loads only if it is intact as a whole
+  kNeeded,  // only those holding shards that overlap the targets (a rank of
+            // a sharded layout; see collective_restore.h for how the ranks
+            // still agree on one step)
+};
+
+// Verifies step_dir completely (see CheckpointReader: every file's size and
+// CRC-32) and checks that the model config and every tensor of `into` match;
+// only then copies the tensors into `into`, so a refused checkpoint leaves
+// `into` untouched.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
                                                     const spec::ModelSpec& model,
                                                     const std::vector<TensorView>& into);
@@ -57,5 +68,20 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointStep(const std::string& step_dir,
 absl::StatusOr<LoadedCheckpoint> LoadNewestCheckpoint(const std::string& root,
                                                       const spec::ModelSpec& model,
                                                       const std::vector<CheckpointRect>& into);
+
+// LoadCheckpointStep in two halves, for a caller that decides between them
+// (the ranks agreeing on a step): Prepare opens the step, checks the model
+// and the targets and reads and verifies the files (`files`), copying
+// nothing; Copy then fills the targets from the files already read.
+struct PreparedStep {
+  std::string dir;
+  CheckpointReader reader;
+};
+absl::StatusOr<PreparedStep> PrepareCheckpointStep(const std::string& step_dir,
+                                                   const spec::ModelSpec& model,
+                                                   const std::vector<CheckpointRect>& into,
+                                                   StepFiles files);
+absl::StatusOr<LoadedCheckpoint> CopyPreparedStep(const PreparedStep& step,
+                                                  const std::vector<CheckpointRect>& into);
 
 }  // namespace loom::engine

@@ -20,21 +20,42 @@ absl::Status Fault(const std::string& file, const std::string& what) {
   return absl::DataLossError(absl::StrCat("checkpoint file ", file, ": ", what));
 }
 
-// Reads a file listed in metadata.json and checks its recorded size and CRC-32.
-absl::StatusOr<std::string> ReadVerified(const fs::path& path, const json& entry) {
-  const std::string p = path.string();
+absl::Status CheckEntry(const std::string& p, const json& entry) {
   if (!entry.is_object() || !entry.contains("bytes") || !entry.contains("crc32") ||
       !entry["bytes"].is_number_integer() || !entry["crc32"].is_string()) {
     return Fault(p, "metadata.json has no valid size and crc32 for it");
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSize(const std::string& p, int64_t size, const json& entry) {
+  const int64_t want_bytes = entry["bytes"].get<int64_t>();
+  if (size != want_bytes) {
+    return Fault(p, absl::StrCat("size mismatch: ", size, " bytes, metadata.json says ",
+                                 want_bytes, size < want_bytes ? " (truncated)" : ""));
+  }
+  return absl::OkStatus();
+}
+
+// The size of a file listed in metadata.json, checked against the record
+// without reading the file.
+absl::StatusOr<int64_t> ListedSize(const fs::path& path, const json& entry) {
+  const std::string p = path.string();
+  if (absl::Status s = CheckEntry(p, entry); !s.ok()) return s;
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return Fault(p, "listed in metadata.json but missing");
+  if (absl::Status s = CheckSize(p, static_cast<int64_t>(size), entry); !s.ok()) return s;
+  return static_cast<int64_t>(size);
+}
+
+// Reads a file listed in metadata.json and checks its recorded size and CRC-32.
+absl::StatusOr<std::string> ReadVerified(const fs::path& path, const json& entry) {
+  const std::string p = path.string();
+  if (absl::Status s = CheckEntry(p, entry); !s.ok()) return s;
   absl::StatusOr<std::string> bytes = ReadFileBytes(p);
   if (!bytes.ok()) return Fault(p, "listed in metadata.json but missing");
-  const int64_t want_bytes = entry["bytes"].get<int64_t>();
-  if (static_cast<int64_t>(bytes->size()) != want_bytes) {
-    return Fault(p, absl::StrCat("size mismatch: ", bytes->size(), " bytes, metadata.json says ",
-                                 want_bytes, bytes->size() < static_cast<size_t>(want_bytes)
-                                                 ? " (truncated)" : ""));
-  }
+  if (absl::Status s = CheckSize(p, static_cast<int64_t>(bytes->size()), entry); !s.ok()) return s;
   const std::string crc = absl::StrFormat("%08x", Crc32(0, bytes->data(), bytes->size()));
   if (crc != entry["crc32"].get<std::string>()) {
     return Fault(p, absl::StrCat("checksum mismatch: crc32 ", crc, ", metadata.json says ",
@@ -78,6 +99,35 @@ void ForEachRow(const std::vector<int64_t>& global, const CheckpointShardInfo& s
       idx[d] = 0;
     }
   }
+}
+
+// Whether shard s holds any element of the rectangle dst (same rank).
+bool RectOverlaps(const CheckpointShardInfo& s, const CheckpointRect& dst) {
+  if (dst.offset.size() != s.offset.size() || dst.shape.size() != s.shape.size()) return false;
+  for (size_t d = 0; d < s.offset.size(); ++d) {
+    if (s.shape[d] == 0 || dst.shape[d] == 0) return false;
+    if (s.offset[d] >= dst.offset[d] + dst.shape[d] || dst.offset[d] >= s.offset[d] + s.shape[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Whether shard s of a tensor of shape `global` may hold an element of the
+// flat range [lo, hi): its first and last elements bound its span.
+bool FlatOverlaps(const std::vector<int64_t>& global, const CheckpointShardInfo& s, int64_t lo,
+                  int64_t hi) {
+  if (lo >= hi) return false;
+  const size_t dims = global.size();
+  if (dims == 0) return true;
+  int64_t first = 0, last = 0, stride = 1;
+  for (size_t d = dims; d-- > 0;) {
+    if (s.shape[d] == 0) return false;
+    first += s.offset[d] * stride;
+    last += (s.offset[d] + s.shape[d] - 1) * stride;
+    stride *= global[d];
+  }
+  return first < hi && lo <= last;
 }
 
 // Every shard inside the tensor, and together covering each element once.
@@ -144,18 +194,20 @@ absl::Status CheckShardsTile(const CheckpointTensorInfo& t) {
 
 }  // namespace
 
-absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
+absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir,
+                                                        CheckpointReadMode mode) {
   // Fields of an unexpected JSON type throw inside nlohmann::json; they are
   // corrupt metadata like any other and must not escape as exceptions.
   try {
-    return OpenUnchecked(step_dir);
+    return OpenUnchecked(step_dir, mode);
   } catch (const json::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint ", step_dir, ": malformed metadata.json or index.json: ", e.what()));
   }
 }
 
-absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::string& step_dir) {
+absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::string& step_dir,
+                                                                 CheckpointReadMode mode) {
   CheckpointReader r;
   r.dir_ = step_dir;
   const fs::path dir(step_dir);
@@ -198,11 +250,23 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
   for (auto it = files.begin(); it != files.end(); ++it) {
     if (it.key() == kCheckpointIndexFile) continue;
     const fs::path path = dir / it.key();
+    r.entries_[it.key()] = it.value();
+    if (mode == CheckpointReadMode::kOnDemand) {
+      // Size and header now; the data and its CRC when a copy needs them.
+      absl::StatusOr<int64_t> size = ListedSize(path, it.value());
+      if (!size.ok()) return size.status();
+      absl::StatusOr<SafetensorsFile> st = SafetensorsFile::ReadHeader(path.string(), *size);
+      if (!st.ok()) return st.status();
+      r.files_.emplace(it.key(), std::move(*st));
+      continue;
+    }
     absl::StatusOr<std::string> bytes = ReadVerified(path, it.value());
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<SafetensorsFile> st = SafetensorsFile::Parse(std::move(*bytes), path.string());
     if (!st.ok()) return st.status();
     r.files_.emplace(it.key(), std::move(*st));
+    r.loaded_.insert(it.key());
+    r.files_read_.push_back(it.key());
   }
 
   if (!(*index)["tensors"].is_object()) return Fault(index_path, "has no tensors map");
@@ -286,7 +350,10 @@ absl::Status CheckpointReader::CopyTo(const FlatSlice& dst) const {
   }
   const int64_t hi = lo + dst.count;
   for (const CheckpointShardInfo& s : info->shards) {
-    const SafetensorsFile& f = files_.at(s.file);
+    if (!FlatOverlaps(info->shape, s, lo, hi)) continue;
+    absl::StatusOr<const SafetensorsFile*> loaded = Load(s.file);
+    if (!loaded.ok()) return loaded.status();
+    const SafetensorsFile& f = **loaded;
     const SafetensorsEntry* e = f.Find(s.key);
     ForEachRow(info->shape, s, [&](int64_t g, int64_t local, int64_t len) {
       const int64_t a = std::max(lo, g), z = std::min(hi, g + len);
@@ -330,7 +397,10 @@ absl::Status CheckpointReader::CopyTo(const CheckpointRect& dst) const {
   }
   const int64_t lo = dst.offset[dims - 1], hi = lo + dst.shape[dims - 1];
   for (const CheckpointShardInfo& s : info->shards) {
-    const SafetensorsFile& f = files_.at(s.file);
+    if (!RectOverlaps(s, dst)) continue;
+    absl::StatusOr<const SafetensorsFile*> loaded = Load(s.file);
+    if (!loaded.ok()) return loaded.status();
+    const SafetensorsFile& f = **loaded;
     const SafetensorsEntry* e = f.Find(s.key);
     ForEachRow(info->shape, s, [&](int64_t g, int64_t local, int64_t len) {
       int64_t at = 0;  // the row's place in dst, without the last dimension
@@ -344,6 +414,69 @@ absl::Status CheckpointReader::CopyTo(const CheckpointRect& dst) const {
       const int64_t a = std::max(lo, rest), z = std::min(hi, rest + len);
       if (a < z) f.CopyElements(*e, local + (a - rest), z - a, dst.data + at + (a - lo));
     });
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const SafetensorsFile*> CheckpointReader::Load(const std::string& file) const {
+  auto it = files_.find(file);
+  if (it == files_.end()) {
+    return absl::InternalError(absl::StrCat("checkpoint ", dir_, ": no file ", file));
+  }
+  if (loaded_.count(file) != 0) return &it->second;
+  const fs::path path = fs::path(dir_) / file;
+  absl::StatusOr<std::string> bytes = ReadVerified(path, entries_.at(file));
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<SafetensorsFile> st = SafetensorsFile::Parse(std::move(*bytes), path.string());
+  if (!st.ok()) return st.status();
+  // The index was checked against the header read at open; the file must
+  // still hold the same tensors at the same places.
+  for (const SafetensorsEntry& e : it->second.entries()) {
+    const SafetensorsEntry* now = st->Find(e.name);
+    if (now == nullptr || now->shape != e.shape || now->begin != e.begin || now->end != e.end) {
+      return Fault(path.string(), absl::StrCat("tensor ", e.name,
+                                               " changed since the step was opened"));
+    }
+  }
+  it->second = *std::move(st);
+  loaded_.insert(file);
+  if (verified_.count(file) == 0) files_read_.push_back(file);
+  return &it->second;
+}
+
+template <typename Overlaps>
+absl::Status CheckpointReader::FetchShards(const std::string& name, Overlaps overlaps) const {
+  const CheckpointTensorInfo* info = Find(name);
+  if (info == nullptr) return absl::OkStatus();  // the copy names the mismatch
+  for (const CheckpointShardInfo& s : info->shards) {
+    if (!overlaps(*info, s)) continue;
+    if (absl::StatusOr<const SafetensorsFile*> f = Load(s.file); !f.ok()) return f.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::Fetch(const FlatSlice& dst) const {
+  return FetchShards(dst.name, [&](const CheckpointTensorInfo& info, const CheckpointShardInfo& s) {
+    return info.shape == dst.shape && FlatOverlaps(info.shape, s, dst.begin, dst.begin + dst.count);
+  });
+}
+
+absl::Status CheckpointReader::Fetch(const CheckpointRect& dst) const {
+  return FetchShards(dst.name, [&](const CheckpointTensorInfo&, const CheckpointShardInfo& s) {
+    return RectOverlaps(s, dst);
+  });
+}
+
+absl::Status CheckpointReader::VerifyAllFiles() const {
+  for (const auto& [file, entry] : entries_) {
+    if (loaded_.count(file) != 0 || verified_.count(file) != 0) continue;
+    const fs::path path = fs::path(dir_) / file;
+    absl::StatusOr<std::string> bytes = ReadVerified(path, entry);
+    if (!bytes.ok()) return bytes.status();
+    absl::StatusOr<SafetensorsFile> st = SafetensorsFile::Parse(std::move(*bytes), path.string());
+    if (!st.ok()) return st.status();
+    verified_.insert(file);
+    files_read_.push_back(file);
   }
   return absl::OkStatus();
 }

@@ -3,10 +3,19 @@
 // with the recorded size and CRC-32, every safetensors header valid, and every
 // index entry consistent with the file that holds it. Any fault is an error
 // naming the file and the fault.
+//
+// Two ways to open (CheckpointReadMode): kAllFiles reads and CRC-checks every
+// file at open (export, tools, tests); kOnDemand checks at open what is cheap
+// (metadata.json, index.json with its CRC, every file's size and safetensors
+// header, the shards' tiling) and reads a data file, checking its CRC-32,
+// only the first time a copy needs one of its shards, so a rank of a sharded
+// layout reads only the files its pieces overlap. A file's fault then
+// surfaces from Fetch/CopyTo with the same error as from a full open.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,9 +69,13 @@ struct CheckpointRect {
   float* data = nullptr;
 };
 
+enum class CheckpointReadMode { kAllFiles, kOnDemand };
+
+// Not thread-safe: the const copies read files on demand into a cache.
 class CheckpointReader {
  public:
-  static absl::StatusOr<CheckpointReader> Open(const std::string& step_dir);
+  static absl::StatusOr<CheckpointReader> Open(
+      const std::string& step_dir, CheckpointReadMode mode = CheckpointReadMode::kAllFiles);
 
   const std::string& dir() const { return dir_; }
   int64_t step() const { return step_; }
@@ -82,8 +95,26 @@ class CheckpointReader {
   absl::Status CopyTo(const CheckpointRect& dst) const;
   absl::StatusOr<std::vector<float>> Values(const std::string& name) const;
 
+  // Reads (and CRC-checks) the files holding shards that overlap dst, the
+  // first time each is needed; a copy does this itself, a loader calls it
+  // for every target first so that a refused step leaves them untouched.
+  absl::Status Fetch(const FlatSlice& dst) const;
+  absl::Status Fetch(const CheckpointRect& dst) const;
+  // Reads and CRC-checks every file not read yet without keeping its data
+  // (one file in memory at a time): the whole step is intact.
+  absl::Status VerifyAllFiles() const;
+  // The data files read so far (each listed once), in the order read.
+  const std::vector<std::string>& files_read() const { return files_read_; }
+  size_t file_count() const { return files_.size(); }
+
  private:
-  static absl::StatusOr<CheckpointReader> OpenUnchecked(const std::string& step_dir);
+  static absl::StatusOr<CheckpointReader> OpenUnchecked(const std::string& step_dir,
+                                                        CheckpointReadMode mode);
+  // The file's data, read and verified on first use.
+  absl::StatusOr<const SafetensorsFile*> Load(const std::string& file) const;
+  // Fetch for one tensor's shards that `overlaps` accepts.
+  template <typename Overlaps>
+  absl::Status FetchShards(const std::string& name, Overlaps overlaps) const;
 
   std::string dir_;
   int64_t step_ = 0;
@@ -91,7 +122,12 @@ class CheckpointReader {
   nlohmann::json state_;
   std::vector<CheckpointTensorInfo> tensors_;
   std::map<std::string, size_t> by_name_;
-  std::map<std::string, SafetensorsFile> files_;
+  // Every listed file: whole once loaded, its header only before.
+  mutable std::map<std::string, SafetensorsFile> files_;
+  mutable std::set<std::string> loaded_;
+  mutable std::set<std::string> verified_;  // by VerifyAllFiles, data dropped
+  mutable std::vector<std::string> files_read_;
+  std::map<std::string, nlohmann::json> entries_;  // metadata.json's size and CRC
 };
 
 }  // namespace loom::engine

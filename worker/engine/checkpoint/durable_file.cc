@@ -84,3 +84,17 @@ absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
 }
 
 }  // namespace loom::engine
+
+namespace loom::engine {
+
+absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, int64_t n) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
+  std::string bytes(static_cast<size_t>(n > 0 ? n : 0), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  bytes.resize(static_cast<size_t>(in.gcount()));
+  return bytes;
+}
+
+}  // namespace loom::engine

@@ -40,5 +40,7 @@ absl::StatusOr<FileDigest> WriteFileDurably(const std::string& path, std::string
 // fsync of a directory makes creations and renames inside it durable.
 absl::Status FsyncDirectory(const std::string& path);
 absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
+// The first min(n, file size) bytes of the file.
+absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, int64_t n);
 
 }  // namespace loom::engine

@@ -104,13 +104,41 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, std::s
   SafetensorsFile f;
   f.path_ = std::move(path);
   f.bytes_ = std::move(bytes);
-  const int64_t size = static_cast<int64_t>(f.bytes_.size());
-  if (size < 8) return Fault(f.path_, absl::StrCat("truncated: ", size, " bytes, no header length"));
+  if (absl::Status s = f.ParseHeader(static_cast<int64_t>(f.bytes_.size())); !s.ok()) return s;
+  return f;
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::ReadHeader(const std::string& path,
+                                                            int64_t file_size) {
+  SafetensorsFile f;
+  f.path_ = path;
+  absl::StatusOr<std::string> prefix = ReadFilePrefix(path, 8);
+  if (!prefix.ok()) return prefix.status();
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8 && i < static_cast<int>(prefix->size()); ++i) {
+    header_len |= static_cast<uint64_t>(static_cast<unsigned char>((*prefix)[i])) << (8 * i);
+  }
+  // A header length beyond the file is refused by ParseHeader from the
+  // 8 bytes alone; only a length that fits is read.
+  if (prefix->size() == 8 && file_size >= 8 &&
+      header_len <= static_cast<uint64_t>(file_size - 8)) {
+    prefix = ReadFilePrefix(path, 8 + static_cast<int64_t>(header_len));
+    if (!prefix.ok()) return prefix.status();
+  }
+  f.bytes_ = *std::move(prefix);
+  if (absl::Status s = f.ParseHeader(file_size); !s.ok()) return s;
+  return f;
+}
+
+absl::Status SafetensorsFile::ParseHeader(int64_t size) {
+  SafetensorsFile& f = *this;
+  if (size < 8 || f.bytes_.size() < 8) return Fault(f.path_, absl::StrCat("truncated: ", size, " bytes, no header length"));
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) {
     header_len |= static_cast<uint64_t>(static_cast<unsigned char>(f.bytes_[i])) << (8 * i);
   }
-  if (header_len > static_cast<uint64_t>(size - 8)) {
+  if (header_len > static_cast<uint64_t>(size - 8) ||
+      static_cast<int64_t>(f.bytes_.size()) < 8 + static_cast<int64_t>(header_len)) {
     return Fault(f.path_, absl::StrCat("corrupt header: header length ", header_len,
                                        " exceeds the file's ", size - 8, " remaining bytes"));
   }
@@ -156,7 +184,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes, std::s
                                        " bytes but the data section has ", data_size));
   }
   for (size_t i = 0; i < f.entries_.size(); ++i) f.by_name_[f.entries_[i].name] = i;
-  return f;
+  return absl::OkStatus();
 }
 
 const SafetensorsEntry* SafetensorsFile::Find(const std::string& name) const {

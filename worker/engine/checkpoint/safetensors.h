@@ -35,6 +35,10 @@ class SafetensorsFile {
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
   // bytes: the whole file; path is used in errors.
   static absl::StatusOr<SafetensorsFile> Parse(std::string bytes, std::string path);
+  // Only the header of the file at path, checked against the file's size
+  // (file_size) exactly as Parse checks it; the data is not read, so
+  // CopyTo, Values and CopyElements must not be called on the result.
+  static absl::StatusOr<SafetensorsFile> ReadHeader(const std::string& path, int64_t file_size);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -49,6 +53,10 @@ class SafetensorsFile {
   const std::string& bytes() const { return bytes_; }
 
  private:
+  // Checks the header in bytes_ (which holds at least the header) against a
+  // file of file_size bytes.
+  absl::Status ParseHeader(int64_t file_size);
+
   std::string path_;
   std::string bytes_;
   int64_t data_start_ = 0;
