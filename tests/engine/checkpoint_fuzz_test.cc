@@ -221,6 +221,11 @@ TEST_F(CheckpointFuzzTest, SafetensorsHeadersThatLie) {
     ASSERT_FALSE(r.ok()) << c.fault;
     EXPECT_THAT(r.status().message(), HasSubstr(c.fault));
     EXPECT_THAT(r.status().message(), HasSubstr(kModelFile));
+    // Opening on demand reads only the header, and refuses it the same way.
+    r = CheckpointReader::Open(step_, CheckpointReadMode::kOnDemand);
+    ASSERT_FALSE(r.ok()) << c.fault;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.fault));
+    EXPECT_THAT(r.status().message(), HasSubstr(kModelFile));
   }
 }
 
@@ -251,7 +256,17 @@ TEST_F(CheckpointFuzzTest, RandomDamageNeverCrashes) {
       bytes[rng() % limit] = "0123456789-[]{}\",:e9\xff"[rng() % 21];
     }
     Rewrite(index ? "index.json" : kModelFile, bytes);
+    // On demand too: headers at open, data at the copy.
+    absl::StatusOr<CheckpointReader> lazy =
+        CheckpointReader::Open(step_, CheckpointReadMode::kOnDemand);
+    if (lazy.ok()) {
+      for (const CheckpointTensorInfo& t : lazy->tensors()) {
+        absl::StatusOr<std::vector<float>> v = lazy->Values(t.name);
+        (void)v;
+      }
+    }
     absl::StatusOr<CheckpointReader> r = CheckpointReader::Open(step_);
+    EXPECT_EQ(lazy.ok(), r.ok()) << (r.ok() ? lazy.status() : r.status());
     if (!r.ok()) {
       ++refused;
       continue;

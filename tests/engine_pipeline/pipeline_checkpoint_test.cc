@@ -10,10 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "tests/comm/mesh_groups.h"
 #include "tests/comm/rank_harness.h"
 #include "tests/engine/test_util.h"
@@ -40,6 +43,8 @@ struct RankRun {
   std::vector<StepProgress> steps;
   testing::TensorMap params;  // this rank's tensors, assembled over TP
   std::string saved;          // SaveCheckpoint's result
+  std::vector<std::string> files_read;  // the restored step's data files this rank read
+  std::vector<std::string> refused;     // newer steps the restore refused
 };
 
 class PipelineCheckpointTest : public ::testing::Test {
@@ -77,7 +82,11 @@ class PipelineCheckpointTest : public ::testing::Test {
       if (!restore_root.empty()) {
         absl::StatusOr<LoadedCheckpoint> loaded = loop.RestoreNewest(restore_root);
         run.restore = loaded.status();
-        if (loaded.ok()) run.restored_step = loaded->step;
+        if (loaded.ok()) {
+          run.restored_step = loaded->step;
+          run.files_read = loaded->files_read;
+          run.refused = loaded->refused;
+        }
       }
       while (loop.step() < until) {
         absl::StatusOr<StepProgress> step = loop.TrainStep();
@@ -319,6 +328,76 @@ TEST_F(PipelineCheckpointTest, ReshardingMatrix) {
 }
 
 // An empty root is a fresh start under PP as under any layout.
+// The mesh rank in a file name: "model-r00003.safetensors" -> 3.
+int FileRank(const std::string& file) {
+  const size_t at = file.find("-r");
+  return at == std::string::npos ? -1 : std::stoi(file.substr(at + 2, 5));
+}
+
+// A rank restoring tp2·pp2 reads only the files of its own stage (mesh rank
+// = tp + 2 * pp), TP rank 0 only its own pair (its slices and the replicated
+// tensors it wrote), and fewer files than the step holds.
+TEST_F(PipelineCheckpointTest, Tp2Pp2RankReadsOnlyItsStagesFiles) {
+  const std::string root = dir_ / "ckpt";
+  const Layout layout{.pp = 2, .tp = 2};
+  Run(Job(), layout, "", kSaveAt, root);
+  size_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root + "/step_00000005")) {
+    total += e.path().extension() == ".safetensors" ? 1 : 0;
+  }
+  ASSERT_EQ(total, 8u);  // model and optimizer of each of the 4 ranks
+  const std::vector<RankRun> resumed = Run(Job(), layout, root, kSaveAt, "");
+  ASSERT_EQ(resumed.size(), 4u);
+  ExpectRestored(resumed);
+  for (size_t r = 0; r < resumed.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const std::vector<std::string>& read = resumed[r].files_read;
+    EXPECT_FALSE(read.empty());
+    EXPECT_LT(read.size(), total);
+    for (const std::string& f : read) EXPECT_EQ(FileRank(f) / 2, static_cast<int>(r) / 2) << f;
+    if (r % 2 == 0) {
+      const std::string own = absl::StrFormat("r%05d.safetensors", r);
+      EXPECT_EQ(std::set<std::string>(read.begin(), read.end()),
+                (std::set<std::string>{"model-" + own, "optimizer-" + own}));
+    }
+  }
+}
+
+// A corrupt file that only stage 0 needs refuses the newest step on EVERY
+// rank: stage 1 (which never reads it) falls back with stage 0 to the older
+// step instead of loading the newer one alone.
+TEST_F(PipelineCheckpointTest, CorruptFileRefusesTheStepOnEveryRank) {
+  const std::string root = dir_ / "ckpt";
+  const Layout layout{.pp = 2, .tp = 2};
+  Run(Job(), layout, "", 3, root);
+  Run(Job(), layout, root, kSaveAt, root);
+  const std::string victim = root + "/step_00000005/model-r00000.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x5a));  // the last data byte: size kept, CRC broken
+  }
+  const std::vector<RankRun> resumed = Run(Job(), layout, root, 3, "");
+  for (size_t r = 0; r < resumed.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(resumed[r].restore.ok()) << resumed[r].restore;
+    EXPECT_EQ(resumed[r].restored_step, 3);
+    ASSERT_EQ(resumed[r].refused.size(), 1u);
+    EXPECT_NE(resumed[r].refused[0].find("step_00000005"), std::string::npos)
+        << resumed[r].refused[0];
+  }
+  // Rank 0 needs the file and names it; a stage-1 rank says who refused.
+  const std::string& first = resumed[0].refused[0];
+  EXPECT_NE(first.find("model-r00000.safetensors"), std::string::npos) << first;
+  EXPECT_NE(first.find("checksum mismatch"), std::string::npos) << first;
+  const std::string& last = resumed[3].refused[0];
+  EXPECT_NE(last.find("refused by"), std::string::npos) << last;
+}
+
 TEST_F(PipelineCheckpointTest, EmptyRootIsAFreshStart) {
   const std::vector<RankRun> runs = Run(Job(), {.pp = 2}, dir_ / "none", 1, "");
   for (const RankRun& run : runs) {
