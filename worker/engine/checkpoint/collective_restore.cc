@@ -1,6 +1,5 @@
 #include "worker/engine/checkpoint/collective_restore.h"
 
-#include <cmath>
 #include <filesystem>
 #include <optional>
 
@@ -30,15 +29,20 @@ absl::Status BroadcastStep(kernels::Ops& ops, const std::vector<comm::Communicat
   return absl::OkStatus();
 }
 
-// How many ranks of the mesh failed (the sum along each group in turn is the
-// sum over the mesh; small counts are exact in floats).
+// How many ranks of the mesh failed: the sum along each group in turn is the
+// sum over the mesh. A control value, so it travels as integers (an
+// all-gather copies bytes; a float all-reduce would add them).
 absl::StatusOr<int64_t> CountFailures(kernels::Ops& ops,
                                       const std::vector<comm::Communicator*>& mesh, bool failed) {
-  float count = failed ? 1.0f : 0.0f;
+  int32_t count = failed ? 1 : 0;
   for (comm::Communicator* g : mesh) {
-    if (absl::Status s = AllReduceHostFloats(ops, g, &count, 1); !s.ok()) return s;
+    if (g == nullptr) continue;
+    std::vector<int32_t> all(static_cast<size_t>(g->size()));
+    if (absl::Status s = AllGatherHostInts(ops, g, &count, 1, all.data()); !s.ok()) return s;
+    count = 0;
+    for (int32_t c : all) count += c;
   }
-  return static_cast<int64_t>(std::lround(count));
+  return count;
 }
 
 }  // namespace
