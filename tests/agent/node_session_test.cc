@@ -63,6 +63,7 @@ class RecordingRanks : public RankCommands {
 NodeSessionOptions Options(const std::string& address) {
   NodeSessionOptions options;
   options.coordinator = address;
+  options.credentials = grpc::InsecureChannelCredentials();  // the in-process fake listens plaintext
   options.registration.set_node_id("node-a");
   options.registration.set_hostname("host-a");
   options.registration.set_address("127.0.0.1");

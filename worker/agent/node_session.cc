@@ -1,6 +1,7 @@
 #include "worker/agent/node_session.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -53,10 +54,12 @@ void NodeSession::Run() {
     if (stopping_) return;
     running_ = true;
   }
-  rpc::CoordinatorChannel coordinators(options_.coordinator,
-                                       options_.credentials != nullptr
-                                           ? options_.credentials
-                                           : grpc::InsecureChannelCredentials());
+  // No credentials is a programming error, never a silent plaintext channel.
+  if (options_.credentials == nullptr) {
+    std::fprintf(stderr, "loom-worker: NodeSessionOptions.credentials is required\n");
+    std::abort();
+  }
+  rpc::CoordinatorChannel coordinators(options_.coordinator, options_.credentials);
   absl::Duration backoff = options_.initial_backoff;
   int failures_in_a_row = 0;
   std::unique_lock lock(mu_);

@@ -27,7 +27,8 @@ namespace loom::agent {
 
 struct NodeSessionOptions {
   std::string coordinator;  // HOST:PORT, or several comma-separated
-  // From rpc::ChannelCredentials (mutual TLS); null: plaintext (in-process tests).
+  // From rpc::ChannelCredentials (mutual TLS, or plaintext only behind the
+  // agent's --insecure). Required: the session never picks plaintext itself.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Sent at the start of every stream; its `running` list is filled in then.
   loom::v1::RegisterNode registration;
