@@ -8,6 +8,21 @@
 
 namespace loom::engine {
 
+namespace {
+
+// Every offset of a layer through `f` (its flags and counts kept): the one
+// list of a layer's offsets, for the layouts that move or renumber them.
+template <typename F>
+LayerOffsets MapOffsets(LayerOffsets l, const F& f) {
+  for (int64_t* at : {&l.input_norm, &l.qkv, &l.o, &l.post_norm, &l.gate_up, &l.down, &l.router,
+                      &l.experts, &l.shared_gate_up, &l.shared_down}) {
+    *at = f(*at);
+  }
+  return l;
+}
+
+}  // namespace
+
 ParameterLayout MakeParameterLayout(const spec::ModelSpec& c) {
   return MakeParameterLayout(c, MakeTpPlan(c, 0, 1, false));
 }
@@ -133,17 +148,7 @@ ParameterLayout LayerSlice(const spec::ModelSpec& c, const TpPlan& tp, const Mod
     const int64_t base = keep(w.input_norm, w.entries);
     // Every offset of the layer moves with its first tensor; -1 stays -1.
     auto moved = [&](int64_t at) { return at < 0 ? at : base + (at - w.input_norm); };
-    LayerOffsets o = w;
-    o.input_norm = base;
-    o.qkv = moved(w.qkv);
-    o.o = moved(w.o);
-    o.post_norm = moved(w.post_norm);
-    o.gate_up = moved(w.gate_up);
-    o.down = moved(w.down);
-    o.router = moved(w.router);
-    o.experts = moved(w.experts);
-    o.shared_gate_up = moved(w.shared_gate_up);
-    o.shared_down = moved(w.shared_down);
+    LayerOffsets o = MapOffsets(w, moved);
     out.layers.push_back(o);
   }
   if (part.head) {
@@ -188,17 +193,8 @@ ParameterLayout HoldExperts(const ParameterLayout& in, const spec::ModelSpec& c,
   };
   const int64_t stride = 3 * c.expert_ffn() * c.hidden_size;  // one expert's gate, up, down
   for (const LayerOffsets& l : in.layers) {
-    LayerOffsets o = l;
-    o.input_norm = at(l.input_norm);
-    o.qkv = at(l.qkv);
-    o.o = at(l.o);
-    o.post_norm = at(l.post_norm);
-    o.gate_up = at(l.gate_up);
-    o.down = at(l.down);
-    o.router = at(l.router);
+    LayerOffsets o = MapOffsets(l, at);
     o.experts = l.moe ? at(l.experts + first * stride) : -1;
-    o.shared_gate_up = at(l.shared_gate_up);
-    o.shared_down = at(l.shared_down);
     if (l.moe) o.entries = l.entries - 3 * (c.moe.num_experts - held);
     out.layers.push_back(o);
   }
