@@ -39,8 +39,8 @@ struct ProbeOptions {
   absl::Duration list_interval = absl::Seconds(2);
   // argv of a separate process that polls GetJob (loom-loadgen --poll_job=ID
   // is appended) and prints each latency; empty: none. This process runs
-  // loadgen's 16,384 streams on the same Debian gRPC: its own threads are busy,
-  // and a GetJob timed here waits for them too. The separate process's
+  // loadgen's 2,048 node sessions and their traffic on the same Debian gRPC:
+  // its own threads are busy, and a GetJob timed here waits for them too. The separate process's
   // latency is the coordinator's, as a user's client sees it.
   std::vector<std::string> poll_command;
 };

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <random>
 
@@ -43,32 +44,36 @@ struct UnaryCall {
 
 }  // namespace
 
-// One rank of a launched attempt: rendezvous through the store, then a
-// progress stream with one report per Report() call.
-class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
+// One rank of a launched attempt: its rendezvous through the store (with its
+// rank token, as loom-trainer), then its reports, which its node sends in
+// its batches (FillReady, FillStep) as the agent forwards a trainer's.
+class FakeRank {
  public:
+  // kLaunched -> kJoining (rendezvous calls) -> kJoined (left the barrier,
+  // "ready" not yet in a batch) -> kReporting; kStopped at any point (killed).
+  enum State : int { kLaunched, kJoining, kJoined, kReporting, kStopped };
+
   FakeRank(loom::v1::RankService::Stub* stub, RankAssignment assignment,
-           FakeCluster::Shared* shared)
-      : stub_(stub), a_(Keep(std::move(assignment))), shared_(shared) {}
+           FakeCluster::Shared* shared, std::atomic<bool>* ready_pending)
+      : stub_(stub), a_(Keep(std::move(assignment))), shared_(shared),
+        ready_pending_(ready_pending) {}
 
   const std::string& job_id() const { return a_.job_id(); }
   int32_t attempt() const { return a_.attempt(); }
   int32_t rank() const { return a_.rank(); }
-  bool alive() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !stopping_;
-  }
+  State state() const { return state_.load(std::memory_order_acquire); }
+  bool alive() const { return state() != kStopped; }
 
   // Starts the rendezvous once at (or after) start_at: real trainers take a
   // while to start, so their first calls spread out (--rank_start_spread_s).
   void set_start_at(absl::Time at) { start_at_ = at; }
   void MaybeBegin(absl::Time now) {
-    if (begun_.load() || now < start_at_) return;
-    if (!begun_.exchange(true)) Begin();
+    if (state() == kLaunched && now >= start_at_) Begin();
   }
 
   void Begin() {
-    begun_ = true;
+    State expected = kLaunched;
+    if (!state_.compare_exchange_strong(expected, kJoining)) return;
     auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
     if (call == nullptr) return;
     call->request.set_store_namespace(a_.store_namespace());
@@ -80,84 +85,67 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
                              });
   }
 
-  // Sends this second's report unless the previous one is still in flight.
-  void Report() {
-    const int stopped = shared_->stopped_rank.load();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!streaming_ || stopping_ || ended_) return;
-      if (writing_) {
-        shared_->stats->reports_skipped++;
-        return;
-      }
-      if (stopped == a_.rank()) return;  // SIGSTOPped: silent
-      Fill(stopped >= 0);
-      writing_ = true;
-    }
-    StartWrite(&message_);
+  // The node's batch builder (one thread at a time, under the node's lock)
+  // writes this rank's report into a reused, cleared message: no allocation
+  // once the message's strings and groups exist.
+  // "ready": the rank left the barrier. Moves it to kReporting.
+  void FillReady(RankProgress* m, int64_t now_ms) {
+    m->set_job_id(a_.job_id());
+    m->set_attempt(a_.attempt());
+    m->set_rank(a_.rank());
+    m->set_phase("ready");
+    m->set_time_unix_ms(now_ms);
+    State expected = kJoined;
+    state_.compare_exchange_strong(expected, kReporting);
   }
 
-  // KillRanks: ends the stream as a dying trainer would.
+  // A healthy rank completes a step a second; once a peer is stopped
+  // (stopped_since_ms > 0), the others wait in the data-parallel all-reduce
+  // of the next step.
+  void FillStep(RankProgress* m, int64_t now_ms, int64_t stopped_since_ms) {
+    m->set_job_id(a_.job_id());
+    m->set_attempt(a_.attempt());
+    m->set_rank(a_.rank());
+    m->set_time_unix_ms(now_ms);
+    if (stopped_since_ms <= 0) {
+      ++step_;
+      m->set_phase("step");
+      m->set_step(step_);
+      m->set_loss(5.0 / static_cast<double>(step_));
+      m->set_tokens(step_ * 4096 * static_cast<int64_t>(a_.world_size()));
+      m->set_step_seconds(1.0);
+      m->set_tokens_per_second(4096.0 * a_.world_size());
+      m->set_memory_bytes(int64_t{40} << 30);
+      m->set_flops_per_token(6e9);
+      m->set_lr(3e-4);
+      m->set_grad_norm(1.0);
+      return;
+    }
+    m->set_phase("forward_backward");
+    m->set_step(step_);
+    m->set_micro_batch(0);
+    m->set_phase_since_unix_ms(stopped_since_ms);
+    loom::v1::GroupProgress* group = m->add_groups();
+    group->set_group("dp");
+    group->set_issued(step_ + 1);
+    group->set_completed(step_);
+    group->set_current_op("all_reduce");
+    group->set_current_since_unix_ms(stopped_since_ms);
+  }
+
+  // KillRanks (the trainer dies) or the load generator's shutdown: no more
+  // reports, and the rendezvous call in flight is cancelled.
   void Stop() {
-    bool writes_done = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      if (pending_ != nullptr) pending_->TryCancel();
-      if (streaming_ && !writing_ && !ended_) writes_done = writes_done_sent_ = true;
-    }
-    if (writes_done) StartWritesDone();
-  }
-
-  // Shutdown of the load generator.
-  void Cancel() {
+    state_.store(kStopped, std::memory_order_release);
     std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
     if (pending_ != nullptr) pending_->TryCancel();
-    if (streaming_) context_.TryCancel();
-  }
-
-  void OnWriteDone(bool ok) override {
-    bool writes_done = false;
-    bool release = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      writing_ = false;
-      if (!ok) {
-        ended_ = true;
-        release = !hold_released_;
-        hold_released_ = true;
-      } else {
-        if (!ready_sent_) {
-          ready_sent_ = true;
-          shared_->stats->ranks_ready++;
-        }
-        shared_->stats->reports_sent++;
-        if (stopping_ && !writes_done_sent_) writes_done = writes_done_sent_ = true;
-      }
-    }
-    if (writes_done) StartWritesDone();
-    if (release) RemoveHold();
-  }
-
-  void OnWritesDoneDone(bool) override { ReleaseHold(); }
-
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    ended_ = true;
-    done_ = true;
-    if (!status.ok() && !stopping_ && !shared_->shutting_down.load()) {
-      shared_->stats->streams_failed++;
-      LogError(absl::StrCat("rank ", a_.rank(), " progress stream ended: ", status.error_message()));
-    }
   }
 
  private:
   template <typename Request, typename Response>
   UnaryCall<Request, Response>* NewCall(absl::Duration timeout) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || shared_->shutting_down.load()) return nullptr;
+    if (!alive() || shared_->shutting_down.load()) return nullptr;
     auto* call = new UnaryCall<Request, Response>(a_.rank_token(), timeout);
     pending_ = &call->context;
     return call;
@@ -210,7 +198,7 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
     call->request.set_value("1");
     stub_->async()->StoreSet(&call->context, &call->request, &call->response,
                              [this, call](grpc::Status status) {
-                               if (Done(call, status, "StoreSet go", true)) OpenStream();
+                               if (Done(call, status, "StoreSet go", true)) Joined();
                              });
   }
 
@@ -222,73 +210,14 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
     call->request.set_wait_ms(590'000);
     stub_->async()->StoreGet(&call->context, &call->request, &call->response,
                              [this, call](grpc::Status status) {
-                               if (Done(call, status, "StoreGet go", false)) OpenStream();
+                               if (Done(call, status, "StoreGet go", false)) Joined();
                              });
   }
 
-  void OpenStream() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || shared_->shutting_down.load()) return;
-      context_.AddMetadata("authorization", absl::StrCat("Bearer ", a_.rank_token()));
-      stub_->async()->ReportProgress(&context_, &response_, this);
-      AddHold();
-      message_.Clear();
-      message_.set_job_id(a_.job_id());
-      message_.set_attempt(a_.attempt());
-      message_.set_rank(a_.rank());
-      message_.set_phase("ready");
-      message_.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
-      streaming_ = true;
-      writing_ = true;
-    }
-    StartWrite(&message_);
-    StartCall();
-  }
-
-  void ReleaseHold() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (hold_released_) return;
-      hold_released_ = true;
-    }
-    RemoveHold();
-  }
-
-  // A healthy rank completes a step a second; once a peer is stopped, the
-  // others wait in the data-parallel all-reduce of the next step.
-  void Fill(bool stalled) {
-    const int64_t now = absl::ToUnixMillis(absl::Now());
-    message_.Clear();
-    message_.set_job_id(a_.job_id());
-    message_.set_attempt(a_.attempt());
-    message_.set_rank(a_.rank());
-    message_.set_time_unix_ms(now);
-    if (!stalled) {
-      ++step_;
-      message_.set_phase("step");
-      message_.set_step(step_);
-      message_.set_loss(5.0 / static_cast<double>(step_));
-      message_.set_tokens(step_ * 4096 * static_cast<int64_t>(a_.world_size()));
-      message_.set_step_seconds(1.0);
-      message_.set_tokens_per_second(4096.0 * a_.world_size());
-      message_.set_memory_bytes(int64_t{40} << 30);
-      message_.set_flops_per_token(6e9);
-      message_.set_lr(3e-4);
-      message_.set_grad_norm(1.0);
-      return;
-    }
-    const int64_t since = shared_->stopped_at_ms.load();
-    message_.set_phase("forward_backward");
-    message_.set_step(step_);
-    message_.set_micro_batch(0);
-    message_.set_phase_since_unix_ms(since);
-    loom::v1::GroupProgress* group = message_.add_groups();
-    group->set_group("dp");
-    group->set_issued(step_ + 1);
-    group->set_completed(step_);
-    group->set_current_op("all_reduce");
-    group->set_current_since_unix_ms(since);
+  // Out of the barrier: the node's next tick sends this rank's "ready".
+  void Joined() {
+    State expected = kJoining;
+    if (state_.compare_exchange_strong(expected, kJoined)) ready_pending_->store(true);
   }
 
   // What a rank needs of its assignment: 16,384 copies of a data-parallel
@@ -301,30 +230,22 @@ class FakeRank final : public grpc::ClientWriteReactor<RankProgress> {
     return a;
   }
 
-  std::atomic<bool> begun_{false};
   absl::Time start_at_ = absl::InfinitePast();
+  std::atomic<State> state_{kLaunched};
+  int64_t step_ = 0;  // the node's batch builder's only
 
   loom::v1::RankService::Stub* const stub_;
   const RankAssignment a_;
   FakeCluster::Shared* const shared_;
-  grpc::ClientContext context_;
-  loom::v1::ReportProgressResponse response_;
-  RankProgress message_;
+  std::atomic<bool>* const ready_pending_;  // the node's
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   grpc::ClientContext* pending_ = nullptr;  // the rendezvous call in flight
-  bool streaming_ = false;
-  bool writing_ = false;
-  bool stopping_ = false;
-  bool ended_ = false;
-  bool done_ = false;
-  bool ready_sent_ = false;
-  bool writes_done_sent_ = false;
-  bool hold_released_ = false;
-  int64_t step_ = 0;
 };
 
-// One node agent's session.
+// One node agent's session. Its writes go one at a time (gRPC allows one in
+// flight): heartbeats and exits queue in outbox_ and go first; the progress
+// batch is one reused message, batch_, queued at most once.
 class FakeNode final
     : public grpc::ClientBidiReactor<loom::v1::NodeMessage, loom::v1::CoordinatorMessage> {
  public:
@@ -383,20 +304,70 @@ class FakeNode final
     Send(std::move(beat));
   }
 
-  void ReportRanks() {
-    std::vector<FakeRank*> ranks;
+  // True once per round of ranks that left their barrier since it was last
+  // taken (set from gRPC callbacks, taken by the report thread).
+  bool TakeReadyPending() {
+    return ready_pending_.load(std::memory_order_relaxed) && ready_pending_.exchange(false);
+  }
+
+  // Sends this node's progress batch: with full (the 1 Hz tick) one report
+  // per reporting rank and any new "ready"; without, only the new "ready"s.
+  // The stopped rank is left out (it is silent); with a stopped rank the
+  // others report waiting for it. A full batch due while the previous one is
+  // still queued is skipped and counted.
+  void SendBatch(bool full, absl::Time now) {
+    bool write_now = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!registered_ || ended_) return;
+      if (shared_->rank_start_spread_s > 0) {
+        for (const auto& rank : ranks_) rank->MaybeBegin(now);
+      }
+      const int stopped = shared_->stopped_rank.load(std::memory_order_relaxed);
+      if (batch_busy_) {
+        if (!full) {
+          ready_pending_ = true;  // retried on the next tick
+          return;
+        }
+        int64_t skipped = 0;
+        for (const auto& rank : ranks_) {
+          const FakeRank::State state = rank->state();
+          if (state == FakeRank::kJoined ||
+              (state == FakeRank::kReporting && rank->rank() != stopped)) {
+            ++skipped;
+          }
+        }
+        if (skipped > 0) {
+          shared_->stats->reports_skipped += skipped;
+          shared_->stats->batches_skipped++;
+        }
+        return;
+      }
+      const int64_t now_ms = absl::ToUnixMillis(now);
+      const int64_t stopped_since = stopped >= 0 ? shared_->stopped_at_ms.load() : 0;
+      auto* reports = batch_.mutable_progress()->mutable_reports();
+      reports->Clear();  // keeps the messages for reuse
+      batch_ready_ = 0;
       for (const auto& rank : ranks_) {
-        if (rank->alive()) ranks.push_back(rank.get());
+        const FakeRank::State state = rank->state();
+        if (state == FakeRank::kJoined) {
+          rank->FillReady(reports->Add(), now_ms);
+          ++batch_ready_;
+        } else if (full && state == FakeRank::kReporting && rank->rank() != stopped) {
+          rank->FillStep(reports->Add(), now_ms, stopped_since);
+        }
+      }
+      if (reports->empty()) return;
+      batch_busy_ = true;
+      if (writing_) {
+        batch_queued_ = true;
+      } else {
+        writing_ = true;
+        in_flight_ = &batch_;
+        write_now = true;
       }
     }
-    const absl::Time now = absl::Now();
-    for (FakeRank* rank : ranks) {
-      rank->MaybeBegin(now);
-      rank->Report();
-    }
+    if (write_now) StartWrite(&batch_);
   }
 
   void Cancel() {
@@ -405,7 +376,7 @@ class FakeNode final
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& rank : ranks_) ranks.push_back(rank.get());
     }
-    for (FakeRank* rank : ranks) rank->Cancel();
+    for (FakeRank* rank : ranks) rank->Stop();
     context_.TryCancel();
   }
 
@@ -428,15 +399,13 @@ class FakeNode final
       registered_ = true;
     } else if (in_.has_launch()) {
       shared_->stats->launches++;
-      auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_);
+      auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_,
+                                             &ready_pending_);
       FakeRank* raw = rank.get();
       const double spread = shared_->rank_start_spread_s;
-      if (spread > 0) {
-        std::lock_guard<std::mutex> lock(mu_);
-        raw->set_start_at(absl::Now() + absl::Seconds(spread * uniform_(random_)));
-      }
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (spread > 0) raw->set_start_at(absl::Now() + absl::Seconds(spread * uniform_(random_)));
         ranks_.push_back(std::move(rank));
       }
       if (spread <= 0) raw->Begin();
@@ -448,32 +417,46 @@ class FakeNode final
   }
 
   void OnWriteDone(bool ok) override {
+    loom::v1::NodeMessage* next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (ok && out_.has_heartbeat()) {
+      if (in_flight_ == &batch_) {
+        batch_busy_ = false;
+        if (ok) {
+          shared_->stats->reports_sent += batch_.progress().reports_size();
+          shared_->stats->batches_sent++;
+          shared_->stats->ranks_ready += batch_ready_;
+        }
+      } else if (ok && out_.has_heartbeat()) {
         shared_->stats->heartbeat_delay.Record(absl::Now() - out_queued_);
       }
       if (!ok) {
         ended_ = true;
         writing_ = false;
+        in_flight_ = nullptr;
         outbox_.clear();
+        batch_queued_ = false;
+        batch_busy_ = false;
         return;
       }
-      if (outbox_.empty()) {
-        writing_ = false;
-        return;
+      if (!outbox_.empty()) {
+        out_ = std::move(outbox_.front().first);
+        out_queued_ = outbox_.front().second;
+        outbox_.pop_front();
+        next = &out_;
+      } else if (batch_queued_) {
+        batch_queued_ = false;
+        next = &batch_;
       }
-      out_ = std::move(outbox_.front().first);
-      out_queued_ = outbox_.front().second;
-      outbox_.erase(outbox_.begin());
+      in_flight_ = next;
+      writing_ = next != nullptr;
     }
-    StartWrite(&out_);
+    if (next != nullptr) StartWrite(next);
   }
 
   void OnDone(const grpc::Status& status) override {
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
-    done_ = true;
     if (!status.ok() && !shared_->shutting_down.load()) {
       LogError(absl::StrCat("node ", id_, ": session status: ", status.error_message()));
     }
@@ -491,6 +474,7 @@ class FakeNode final
       writing_ = true;
       out_ = std::move(message);
       out_queued_ = absl::Now();
+      in_flight_ = &out_;
     }
     StartWrite(&out_);
   }
@@ -534,16 +518,21 @@ class FakeNode final
   FakeCluster::Shared* const shared_;
   grpc::ClientContext context_;
   loom::v1::CoordinatorMessage in_;
-  loom::v1::NodeMessage out_;
-  absl::Time out_queued_;  // when out_ was queued, for the heartbeat delay
+  std::atomic<bool> ready_pending_{false};
 
   mutable std::mutex mu_;
-  std::vector<std::pair<loom::v1::NodeMessage, absl::Time>> outbox_;
+  loom::v1::NodeMessage out_;   // the heartbeat or exit being written
+  absl::Time out_queued_;       // when out_ was queued, for the heartbeat delay
+  loom::v1::NodeMessage batch_;  // the progress batch, reused every second
+  int batch_ready_ = 0;          // its "ready" reports
+  bool batch_busy_ = false;      // batch_ queued or being written
+  bool batch_queued_ = false;    // batch_ waits for the write in flight
+  loom::v1::NodeMessage* in_flight_ = nullptr;
+  std::deque<std::pair<loom::v1::NodeMessage, absl::Time>> outbox_;
   std::vector<std::unique_ptr<FakeRank>> ranks_;
   bool writing_ = false;
   bool registered_ = false;
   bool ended_ = false;
-  bool done_ = false;
   bool hold_released_ = false;
   int64_t seq_ = 0;
   std::mt19937 random_{std::random_device{}()};
@@ -606,8 +595,12 @@ void FakeCluster::TickHeartbeats(int slice, int slices) {
 }
 
 void FakeCluster::TickReports(int slice, int slices) {
+  const absl::Time now = absl::Now();
   for (size_t i = static_cast<size_t>(slice); i < nodes_.size(); i += static_cast<size_t>(slices)) {
-    nodes_[i]->ReportRanks();
+    nodes_[i]->SendBatch(/*full=*/true, now);
+  }
+  for (auto& node : nodes_) {
+    if (node->TakeReadyPending()) node->SendBatch(/*full=*/false, now);
   }
 }
 

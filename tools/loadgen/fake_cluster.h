@@ -3,13 +3,15 @@
 // protocol as loom-worker and loom-trainer over real gRPC (one TLS channel per
 // node, with its own node certificate; ranks add their rank token):
 //   node:  NodeService.Session: RegisterNode, Registered, heartbeats with the
-//          running ranks, LaunchRank, KillRanks, RankExited.
+//          running ranks, LaunchRank, KillRanks, RankExited, and its ranks'
+//          progress forwarded as the agent does: one NodeMessage.progress
+//          (RankProgressBatch) a second with its ranks' step records, and
+//          their "ready" reports within 50 ms of their rendezvous.
 //   rank:  StoreSet of its address, StoreAdd on a join counter, StoreGet of
-//          the "go" key the last joiner sets (a barrier like Gloo's), then
-//          one ReportProgress stream: "ready", then one report a second.
-// Everything is asynchronous (gRPC's callback API), so 2,048 sessions and
-// 16,384 progress streams need no thread each; Tick() is called by one
-// driver thread.
+//          the "go" key the last joiner sets (a barrier like Gloo's), each
+//          with its rank token; then its reports go through its node.
+// Everything is asynchronous (gRPC's callback API), so 2,048 sessions need no
+// thread each; the Tick functions are called by two driver threads.
 #pragma once
 
 #include <atomic>
@@ -43,9 +45,13 @@ struct ClusterStats {
   std::atomic<int64_t> launches{0};
   std::atomic<int64_t> kills{0};
   std::atomic<int64_t> ranks_ready{0};
+  // Reports and batches gRPC took (a batch carries one node's reports).
   std::atomic<int64_t> reports_sent{0};
-  std::atomic<int64_t> reports_skipped{0};  // the previous write had not finished
-  std::atomic<int64_t> streams_failed{0};   // a progress stream ended with an error
+  std::atomic<int64_t> batches_sent{0};
+  // A node's second skipped because its previous batch was still queued or
+  // being written (loadgen or the coordinator lagging): its reports and it.
+  std::atomic<int64_t> reports_skipped{0};
+  std::atomic<int64_t> batches_skipped{0};
   std::atomic<int64_t> rendezvous_failed{0};
   LatencyRecorder store_latency;  // StoreSet / StoreAdd / StoreGet without wait
   // From queueing a heartbeat to gRPC taking it: when this nears the node
@@ -70,10 +76,12 @@ class FakeCluster {
   // One step of the 1 Hz schedules: call each every tick_interval with slice
   // 0..slices-1 in turn; they serve the nodes whose index % slices == slice,
   // spreading a second's messages evenly instead of sending them in one
-  // burst. Heartbeats and rank reports have schedules (threads) of their own,
-  // as an agent's heartbeat does not wait for its ranks: when loadgen is
-  // short of CPU, the 16,384 reports a second fall behind, not the 2,048
-  // heartbeats.
+  // burst. Heartbeats and progress batches have schedules (threads) of their
+  // own, as an agent's heartbeat does not wait for its ranks: when loadgen is
+  // short of CPU, the 2,048 batches a second fall behind, not the 2,048
+  // heartbeats. TickReports also sends, for every node, the "ready" reports
+  // of ranks whose rendezvous ended since the last tick (an agent's batch
+  // window merges a node's ranks, which leave the barrier together).
   void TickHeartbeats(int slice, int slices);
   void TickReports(int slice, int slices);
 
