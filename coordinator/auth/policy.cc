@@ -34,7 +34,9 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.RankService/StoreSet", {.rank = true}},
       {"/loom.v1.RankService/StoreGet", {.rank = true}},
       {"/loom.v1.RankService/StoreAdd", {.rank = true}},
-      {"/loom.v1.RankService/ReportProgress", {.rank = true}},
+      // Removed: ranks report progress to their agent (AgentService). No one
+      // may call it until the rpc leaves rank.proto.
+      {"/loom.v1.RankService/ReportProgress", {}},
   };
   return *rules;
 }
@@ -88,18 +90,6 @@ absl::Status AuthorizeStore(const Identity& caller, const std::string& ns) {
   if (caller.rank.has_value() && caller.rank->store_namespace == ns) return absl::OkStatus();
   return absl::PermissionDeniedError(
       "store_namespace is not the namespace of the caller's job attempt");
-}
-
-absl::Status AuthorizeProgress(const Identity& caller, const std::string& job_id, int32_t attempt,
-                               int32_t rank) {
-  if (caller.role == Role::kInsecure) return absl::OkStatus();
-  if (caller.rank.has_value() && caller.rank->job_id == job_id &&
-      caller.rank->attempt == attempt && caller.rank->rank == rank) {
-    return absl::OkStatus();
-  }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "progress for job ", job_id, " attempt ", attempt, " rank ", rank,
-      " does not match the caller's rank token"));
 }
 
 }  // namespace loom::coordinator::auth

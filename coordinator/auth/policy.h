@@ -31,8 +31,4 @@ absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_i
 // A rendezvous-store call in namespace ns: only the caller's attempt namespace.
 absl::Status AuthorizeStore(const Identity& caller, const std::string& ns);
 
-// A progress report of (job, attempt, rank): only the rank the token was issued for.
-absl::Status AuthorizeProgress(const Identity& caller, const std::string& job_id, int32_t attempt,
-                               int32_t rank);
-
 }  // namespace loom::coordinator::auth

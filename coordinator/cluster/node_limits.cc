@@ -83,4 +83,12 @@ absl::Status CheckRegistration(const loom::v1::RegisterNode& r, const NodeLimits
   return absl::OkStatus();
 }
 
+absl::Status CheckProgressBatch(const loom::v1::RankProgressBatch& batch,
+                                const NodeLimits& limits) {
+  if (batch.reports_size() <= limits.max_progress_batch) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("progress.reports holds ", batch.reports_size(),
+                                                 " reports; at most ", limits.max_progress_batch,
+                                                 " are accepted in one message"));
+}
+
 }  // namespace loom::coordinator

@@ -17,6 +17,11 @@ struct NodeLimits {
   int32_t max_device_entries = 16;  // entries in RegisterNode.devices
   int32_t max_running = 4096;       // ranks listed as still running
   size_t max_text_bytes = 255;      // hostname, address, device name
+  // Reports in one NodeMessage.progress. A fixed bound, not one per device:
+  // an agent forwards at most one report per rank per window, and also the
+  // last report of ranks that just ended while their successors start; 1024
+  // is 128 reports for each of 8 devices.
+  int32_t max_progress_batch = 1024;
 };
 
 // A node id is 1-63 characters: letters, digits, '.' and '-', starting with a
@@ -27,5 +32,10 @@ bool ValidNodeId(const std::string& node_id);
 // offending bytes of a free-text field).
 absl::Status CheckRegistration(const loom::v1::RegisterNode& registration,
                                const NodeLimits& limits = {});
+
+// OK, or INVALID_ARGUMENT naming the rule, for a batch of progress reports
+// that is larger than max_progress_batch.
+absl::Status CheckProgressBatch(const loom::v1::RankProgressBatch& batch,
+                                const NodeLimits& limits = {});
 
 }  // namespace loom::coordinator

@@ -33,16 +33,39 @@ std::string DescribeExit(const loom::v1::RankExited& exit) {
 
 }  // namespace
 
-void JobManager::OnRankProgress(const loom::v1::RankProgress& progress) {
+ProgressBatchResult JobManager::OnRankProgressBatch(const std::string& node_id,
+                                                    const loom::v1::RankProgressBatch& batch) {
+  ProgressBatchResult result;
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(progress.job_id());
-  if (it == jobs_.end()) return;
-  JobRecord& record = it->second;
-  Job& job = record.job;
-  if (progress.attempt() != job.attempt() || progress.rank() < 0 ||
-      progress.rank() >= static_cast<int32_t>(record.ranks.size())) {
-    return;  // a stale attempt still draining
+  // A batch holds the reports of one node's ranks, mostly of one job: the
+  // record found for one report serves the next ones of the same job.
+  JobRecord* record = nullptr;
+  for (const loom::v1::RankProgress& progress : batch.reports()) {
+    if (record == nullptr || record->job.id() != progress.job_id()) {
+      auto it = jobs_.find(progress.job_id());
+      record = it == jobs_.end() ? nullptr : &it->second;
+    }
+    // Only the node that runs the rank in the current attempt speaks for it:
+    // a report of another node's rank, another attempt (one still draining)
+    // or an unknown job is ignored, and counted.
+    if (record == nullptr || progress.attempt() != record->job.attempt() ||
+        progress.rank() < 0 || progress.rank() >= static_cast<int32_t>(record->ranks.size()) ||
+        progress.rank() >= record->placement->size() ||
+        record->placement->Get(progress.rank()).node_id() != node_id) {
+      if (result.refused++ == 0) {
+        result.first_refused = absl::StrCat("job ", progress.job_id(), " attempt ",
+                                            progress.attempt(), " rank ", progress.rank());
+      }
+      continue;
+    }
+    ++result.applied;
+    ApplyProgressLocked(*record, progress);
   }
+  return result;
+}
+
+void JobManager::ApplyProgressLocked(JobRecord& record, const loom::v1::RankProgress& progress) {
+  Job& job = record.job;
   if (!HoldsDevices(job.state())) return;
   RankState& rank = record.ranks[progress.rank()];
   // A rank re-sends its recent reports on a new stream (the old one may have
@@ -173,8 +196,7 @@ void JobManager::OnRankExited(const std::string& node_id, const loom::v1::RankEx
   RankState& rank = record.ranks[exit.rank()];
   if (rank.exited) return;
   rank.exited = true;
-  const bool all_exited = std::all_of(record.ranks.begin(), record.ranks.end(),
-                                      [](const RankState& r) { return r.exited; });
+  const bool all_exited = ++record.ranks_exited == record.ranks.size();
   const JobState state = job.state();
   if (state == JobState::RESTARTING) {
     if (all_exited) {
@@ -221,13 +243,13 @@ void JobManager::OnNodeLost(const std::string& node_id, const std::string& why) 
       RankState& rank = record.ranks[p.rank()];
       if (p.node_id() == node_id && !rank.exited) {
         rank.exited = true;
+        ++record.ranks_exited;
         affected = true;
       }
     }
     if (!affected) continue;
     if (record.job.state() == JobState::RESTARTING) {
-      if (std::all_of(record.ranks.begin(), record.ranks.end(),
-                      [](const RankState& r) { return r.exited; })) {
+      if (record.ranks_exited == record.ranks.size()) {
         FinishAttemptLocked(record);
       }
       continue;
@@ -360,8 +382,7 @@ void JobManager::HandleFailureLocked(JobRecord& record, FailureKind kind,
     TransitionLocked(record, JobState::RESTARTING,
                      absl::StrCat(what, " restart ", used + 1, " of ", budget, ": ", reason));
     KillRanksLocked(record);
-    if (std::all_of(record.ranks.begin(), record.ranks.end(),
-                    [](const RankState& r) { return r.exited; })) {
+    if (record.ranks_exited == record.ranks.size()) {
       FinishAttemptLocked(record);
     }
     return;

@@ -97,6 +97,13 @@ struct JobPage {
   std::string next_page_token;
 };
 
+// What became of a batch of progress reports (JobManager::OnRankProgressBatch).
+struct ProgressBatchResult {
+  int32_t applied = 0;
+  int32_t refused = 0;        // not this node's ranks in their jobs' current attempts
+  std::string first_refused;  // "job J attempt A rank R" of the first refused, for a log line
+};
+
 // Why an attempt ended early; each kind has its own restart budget.
 enum class FailureKind { kCrash, kHang, kNodeLost, kJobBroken };
 
@@ -158,7 +165,11 @@ class JobManager {
   void OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat);
   // Ignored unless node_id runs that rank in the job's current attempt.
   void OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit);
-  void OnRankProgress(const loom::v1::RankProgress& progress);
+  // The progress reports of node_id's ranks, forwarded by its agent in one
+  // message (one lock for the batch). A report counts only if its rank runs
+  // on node_id in its job's current attempt; the others are refused.
+  ProgressBatchResult OnRankProgressBatch(const std::string& node_id,
+                                          const loom::v1::RankProgressBatch& batch);
 
   // Asks the scheduler thread to place pending jobs on free devices; called
   // after every event that may free or add devices. Returns at once.
@@ -192,6 +203,7 @@ class JobManager {
     std::vector<RankState> ranks;
     size_t ranks_ready = 0;    // of ranks: counted, not scanned, on every report
     size_t ranks_resumed = 0;  // likewise
+    size_t ranks_exited = 0;   // likewise, on every exit
     std::map<int64_t, std::shared_ptr<WatchSink>> watchers;
     absl::Time last_persist = absl::InfinitePast();
     std::map<std::string, int> node_failures;  // this job's failures per node
@@ -234,6 +246,10 @@ class JobManager {
   // Returns the jobs forgotten; the caller deletes them from the store
   // after unlocking.
   std::vector<std::string> SweepEndedJobsLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One report of a rank already checked to run on its sender's node in the
+  // job's current attempt: the rank's state, the job's progress and watchers.
+  void ApplyProgressLocked(JobRecord& record, const loom::v1::RankProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the job's current record for the persister thread (the newest

@@ -144,8 +144,7 @@ bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capaci
     const bool restart_ready =
         state == JobState::RESTARTING &&
         absl::ToUnixMillis(absl::Now()) >= record.job.not_before_unix_ms() &&
-        std::all_of(record.ranks.begin(), record.ranks.end(),
-                    [](const RankState& r) { return r.exited; });
+        record.ranks_exited == record.ranks.size();
     if (state == JobState::PENDING || restart_ready) {
       next = &record;
       break;
@@ -288,6 +287,7 @@ bool JobManager::CommitLocked(const PlacementSnapshot& snapshot, PlacementResult
   record.ranks.assign(result.assignments.size(), RankState{});
   record.ranks_ready = 0;
   record.ranks_resumed = 0;
+  record.ranks_exited = 0;
   record.placement = std::move(result.placement);
   record.peak_flops = result.peak_flops;
   job.set_store_namespace(result.store_namespace);

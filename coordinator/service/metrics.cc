@@ -29,6 +29,12 @@ CoordinatorMetrics::CoordinatorMetrics()
                 .Name("loom_rpcs_total")
                 .Help("RPCs handled, by method and status code")
                 .Register(*registry_)),
+      progress_refused_(BuildCounter()
+                            .Name("loom_node_progress_refused_total")
+                            .Help("Progress reports a node sent for ranks it does not run in "
+                                  "their jobs' current attempts (ignored)")
+                            .Register(*registry_)
+                            .Add({})),
       rank_step_(Gauge(*registry_, "loom_rank_step", "Last step a rank completed")),
       rank_loss_(Gauge(*registry_, "loom_rank_loss", "Training loss a rank reported")),
       rank_step_seconds_(Gauge(*registry_, "loom_rank_step_seconds", "A rank's last step time")),
@@ -102,6 +108,10 @@ void CoordinatorMetrics::SetNodes(int live_nodes, int cordoned_nodes,
 void CoordinatorMetrics::CountRpc(const std::string& method, const std::string& code) {
   absl::MutexLock lock(&mu_);
   rpcs_.Add({{"method", method}, {"code", code}}).Increment();
+}
+
+void CoordinatorMetrics::CountProgressRefused(int64_t reports) {
+  progress_refused_.Increment(static_cast<double>(reports));  // atomic: no lock
 }
 
 void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::string& job_name,

@@ -38,6 +38,9 @@ class CoordinatorMetrics {
   void SetNodes(int live_nodes, int cordoned_nodes,
                 const std::map<std::string, int>& devices_by_kind);
   void CountRpc(const std::string& method, const std::string& code);
+  // loom_node_progress_refused_total: progress reports a node sent for ranks
+  // it does not run in their jobs' current attempts.
+  void CountProgressRefused(int64_t reports);
   void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
                        const ProgressSample& sample);
   void SetJobProgress(const std::string& job_id, const std::string& job_name,
@@ -86,6 +89,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& nodes_cordoned_;
   prometheus::Family<prometheus::Gauge>& devices_live_;
   prometheus::Family<prometheus::Counter>& rpcs_;
+  prometheus::Counter& progress_refused_;
   prometheus::Family<prometheus::Gauge>& rank_step_;
   prometheus::Family<prometheus::Gauge>& rank_loss_;
   prometheus::Family<prometheus::Gauge>& rank_step_seconds_;

@@ -166,12 +166,40 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
         return absl::OkStatus();
+      case NodeMessage::kProgress:
+        if (!node_id_.empty()) {
+          if (absl::Status s = CheckProgressBatch(message.progress(), service_->node_limits());
+              !s.ok()) {
+            std::fprintf(stderr, "node %s: session ended: %s\n", node_id_.c_str(),
+                         std::string(s.message()).c_str());
+            return s;
+          }
+          const ProgressBatchResult result = jobs_->OnRankProgressBatch(node_id_, message.progress());
+          if (result.refused > 0) RefusedProgress(result);
+        }
+        return absl::OkStatus();
       case NodeMessage::kRankExited:
         if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());
         return absl::OkStatus();
       default:
         return absl::OkStatus();
     }
+  }
+
+  // Counts reports refused for ranks this node does not run; a log line at
+  // most every 10 s per session (a misbehaving agent sends them at its rate).
+  void RefusedProgress(const ProgressBatchResult& result) {
+    service_->CountProgressRefused(result.refused);
+    refused_since_log_ += result.refused;
+    const absl::Time now = absl::Now();
+    if (now - last_refused_log_ < absl::Seconds(10)) return;
+    std::fprintf(stderr,
+                 "node %s: ignored %lld progress reports for ranks it does not run in their "
+                 "jobs' current attempts (the last batch's first: %s)\n",
+                 node_id_.c_str(), static_cast<long long>(refused_since_log_),
+                 result.first_refused.c_str());
+    refused_since_log_ = 0;
+    last_refused_log_ = now;
   }
 
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -197,6 +225,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   std::string node_id_;  // set by the first message; read-side only
   loom::v1::RegisterNode registration_;  // read-side only
   NodeMessage incoming_;
+  int64_t refused_since_log_ = 0;                         // read-side only
+  absl::Time last_refused_log_ = absl::InfinitePast();    // read-side only
 
   absl::Mutex mu_;
   std::deque<CoordinatorMessage> outgoing_ ABSL_GUARDED_BY(mu_);
@@ -216,6 +246,10 @@ grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Sessi
     grpc::CallbackServerContext* context) {
   return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_,
                             auth_->Admit(*context, "/loom.v1.NodeService/Session"));
+}
+
+void NodeServiceImpl::CountProgressRefused(int64_t reports) {
+  if (metrics_ != nullptr) metrics_->CountProgressRefused(reports);
 }
 
 void NodeServiceImpl::UpdateNodeGauges() {

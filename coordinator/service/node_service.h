@@ -1,6 +1,6 @@
 // NodeService: one bidirectional session per node agent (callback API).
-// Registration, heartbeats and rank exits go to the NodeRegistry and the
-// JobManager; launch and kill commands come back down the same stream. Only a
+// Registration, heartbeats, rank exits and the ranks' progress batches go to
+// the NodeRegistry and the JobManager; launch and kill commands come back down the same stream. Only a
 // node certificate may open a session, register only under its own name, and
 // only while no other live session holds that name.
 #pragma once
@@ -31,6 +31,8 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
 
   // Publishes live nodes and devices to the metrics.
   void UpdateNodeGauges();
+  // Counts progress reports refused for ranks a node does not run.
+  void CountProgressRefused(int64_t reports);
   // What a registration may claim (docs/limits.md); set before serving.
   void SetNodeLimits(const NodeLimits& limits) { limits_ = limits; }
   const NodeLimits& node_limits() const { return limits_; }

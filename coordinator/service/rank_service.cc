@@ -18,40 +18,6 @@ grpc::Status RequireKey(const std::string& ns, const std::string& key) {
   return grpc::Status::OK;
 }
 
-class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgress> {
- public:
-  ProgressReactor(JobManager* jobs, absl::StatusOr<auth::Identity> caller)
-      : jobs_(jobs), caller_(std::move(caller)) {
-    if (!caller_.ok()) {
-      Finish(ToGrpc(caller_.status()));
-      return;
-    }
-    StartRead(&progress_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    // A report for any rank but the token's ends the stream; nothing of it is kept.
-    if (absl::Status s = auth::AuthorizeProgress(*caller_, progress_.job_id(), progress_.attempt(),
-                                                 progress_.rank());
-        !s.ok()) {
-      Finish(ToGrpc(s));
-      return;
-    }
-    jobs_->OnRankProgress(progress_);
-    StartRead(&progress_);
-  }
-  void OnDone() override { delete this; }
-
- private:
-  JobManager* jobs_;
-  const absl::StatusOr<auth::Identity> caller_;
-  loom::v1::RankProgress progress_;
-};
-
 constexpr char kMethodPrefix[] = "/loom.v1.RankService/";
 
 }  // namespace
@@ -119,12 +85,6 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
   }
   reactor->Finish(status);
   return reactor;
-}
-
-grpc::ServerReadReactor<loom::v1::RankProgress>* RankServiceImpl::ReportProgress(
-    grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) {
-  return new ProgressReactor(jobs_,
-                             auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ReportProgress")));
 }
 
 }  // namespace loom::coordinator

@@ -1,7 +1,8 @@
-// RankService: the rendezvous store of each job attempt and the progress
-// streams of the ranks (callback API; a waiting StoreGet holds no thread).
-// Every call carries its rank's token over its node's certificate: a rank
-// reaches only its attempt's namespace and reports only its own progress.
+// RankService: the rendezvous store of each job attempt (callback API; a
+// waiting StoreGet holds no thread). Every call carries its rank's token over
+// its node's certificate: a rank reaches only its attempt's namespace. Ranks
+// report progress to their node's agent (AgentService), which forwards it on
+// its node session (node_service.cc).
 #pragma once
 
 #include "coordinator/jobs/job_manager.h"
@@ -25,8 +26,6 @@ class RankServiceImpl final : public loom::v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
                                      const loom::v1::StoreAddRequest* request,
                                      loom::v1::StoreAddResponse* response) override;
-  grpc::ServerReadReactor<loom::v1::RankProgress>* ReportProgress(
-      grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) override;
 
  private:
   // Admits a store call in namespace ns, or says why not.

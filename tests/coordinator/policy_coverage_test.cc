@@ -20,6 +20,8 @@ TEST(PolicyCoverageTest, EveryLoomMethodHasARule) {
         loom::v1::CreateTokenRequest::descriptor()->file()}) {
     for (int s = 0; s < file->service_count(); ++s) {
       const google::protobuf::ServiceDescriptor* each = file->service(s);
+      // Served by the node agent on its local socket, not by the coordinator.
+      if (each->full_name() == "loom.v1.AgentService") continue;
       for (int m = 0; m < each->method_count(); ++m) {
         const std::string method = "/" + each->full_name() + "/" + each->method(m)->name();
         EXPECT_TRUE(HasRule(method)) << method << " has no rule in coordinator/auth/policy.cc";

@@ -1,0 +1,174 @@
+// Progress batches from node sessions (JobManager::OnRankProgressBatch): a
+// batch moves the job (ranks ready, RUNNING, steps), a report for a rank that
+// another node runs, or for another attempt, is refused and counted, and a
+// batch larger than the bound is refused naming the rule. Rank exits are
+// counted, not scanned: the last one ends the job.
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_replace.h"
+#include "coordinator/cluster/node_limits.h"
+#include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/sqlite_job_store.h"
+#include "coordinator/rendezvous/kv_store.h"
+#include "coordinator/service/plan_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/scratch_dir.h"
+
+namespace loom::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+using loom::v1::JobState;
+
+constexpr char kSpec[] = R"(
+name: small
+model: {vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, ffn_hidden_size: 64,
+        max_seq_len: 32}
+train: {steps: 5, global_batch_size: 4, micro_batch_size: 2, seq_len: 16, eval_interval: 0}
+data: {train_path: corpus.txt}
+parallelism: {dp: 2, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}
+resources: {device: cpu, ranks: 2}
+)";
+
+class NullChannel final : public NodeChannel {
+ public:
+  void Send(const loom::v1::CoordinatorMessage&) override {}
+};
+
+class ProgressBatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    JobManagerOptions options;
+    options.state_dir = scratch_ / "state";
+    auto store = SqliteJobStore::Open(options.state_dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
+                                         ResolveLayout);
+    ASSERT_TRUE(jobs_->Recover().ok());
+  }
+  void AddNode(const std::string& id, int devices) {
+    loom::v1::RegisterNode r;
+    r.set_node_id(id);
+    r.set_address("127.0.0.1");
+    loom::v1::Device* d = r.add_devices();
+    d->set_kind("cpu");
+    d->set_count(devices);
+    d->set_peak_flops(1e11);
+    nodes_.Register(r, std::make_shared<NullChannel>(), absl::Now());
+  }
+  // A placed job (STARTING).
+  loom::v1::Job Placed() {
+    auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+    EXPECT_TRUE(job.ok()) << job.status();
+    jobs_->WaitForScheduler();
+    auto full = jobs_->Get(job->id(), loom::v1::JOB_VIEW_FULL);
+    EXPECT_TRUE(full.ok());
+    EXPECT_EQ(full->state(), JobState::STARTING);
+    return *full;
+  }
+  static void Add(loom::v1::RankProgressBatch& batch, const loom::v1::Job& job, int rank,
+                  const std::string& phase, int64_t step, int32_t attempt = 0) {
+    loom::v1::RankProgress* p = batch.add_reports();
+    p->set_job_id(job.id());
+    p->set_attempt(attempt != 0 ? attempt : job.attempt());
+    p->set_rank(rank);
+    p->set_phase(phase);
+    p->set_step(step);
+    p->set_loss(2.5);
+    p->set_time_unix_ms(absl::ToUnixMillis(absl::Now()) + step);
+  }
+
+  const loom::testing::ScratchDir scratch_{"loom_progress_batch"};
+  NodeRegistry nodes_;
+  KvStore kv_;
+  std::unique_ptr<JobManager> jobs_;
+};
+
+TEST_F(ProgressBatchTest, ABatchMovesTheJobAndTheLastExitEndsIt) {
+  AddNode("node-a", 2);
+  const loom::v1::Job job = Placed();
+  loom::v1::RankProgressBatch ready;
+  Add(ready, job, 0, "ready", 0);
+  Add(ready, job, 1, "ready", 0);
+  ProgressBatchResult result = jobs_->OnRankProgressBatch("node-a", ready);
+  EXPECT_EQ(result.applied, 2);
+  EXPECT_EQ(result.refused, 0);
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
+
+  loom::v1::RankProgressBatch step;
+  Add(step, job, 0, "step", 3);
+  Add(step, job, 1, "step", 3);
+  EXPECT_EQ(jobs_->OnRankProgressBatch("node-a", step).applied, 2);
+  EXPECT_EQ(jobs_->Get(job.id())->last_progress().step(), 3);
+  EXPECT_EQ(jobs_->Get(job.id())->last_progress().loss(), 2.5);
+
+  loom::v1::RankExited exit;
+  exit.set_job_id(job.id());
+  exit.set_attempt(job.attempt());
+  exit.set_rank(0);
+  jobs_->OnRankExited("node-a", exit);
+  jobs_->OnRankExited("node-a", exit);  // twice: counted once
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
+  exit.set_rank(1);
+  jobs_->OnRankExited("node-a", exit);
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::SUCCEEDED);
+}
+
+TEST_F(ProgressBatchTest, ReportsForRanksOfAnotherNodeOrAttemptAreRefusedAndCounted) {
+  AddNode("node-a", 1);
+  AddNode("node-b", 1);
+  const loom::v1::Job job = Placed();
+  ASSERT_EQ(job.placement_size(), 2);
+  const std::string& node0 = job.placement(0).node_id();
+  const std::string& node1 = job.placement(1).node_id();
+  ASSERT_NE(node0, node1);
+
+  // node0 speaks for rank 1 (node1's) and for its own rank in another
+  // attempt: neither counts.
+  loom::v1::RankProgressBatch forged;
+  Add(forged, job, 1, "ready", 0);
+  Add(forged, job, 0, "ready", 0, job.attempt() + 1);
+  Add(forged, job, 5, "ready", 0);  // no such rank
+  loom::v1::RankProgress* unknown = forged.add_reports();
+  unknown->set_job_id("job-999999");
+  ProgressBatchResult result = jobs_->OnRankProgressBatch(node0, forged);
+  EXPECT_EQ(result.applied, 0);
+  EXPECT_EQ(result.refused, 4);
+  EXPECT_THAT(result.first_refused, HasSubstr(" rank 1"));
+
+  // Its own rank counts; rank 1 is still not ready, so the job still starts.
+  loom::v1::RankProgressBatch own;
+  Add(own, job, 0, "ready", 0);
+  Add(own, job, 1, "ready", 0);
+  result = jobs_->OnRankProgressBatch(node0, own);
+  EXPECT_EQ(result.applied, 1);
+  EXPECT_EQ(result.refused, 1);
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::STARTING);
+
+  loom::v1::RankProgressBatch other;
+  Add(other, job, 1, "ready", 0);
+  EXPECT_EQ(jobs_->OnRankProgressBatch(node1, other).applied, 1);
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
+}
+
+TEST(ProgressBatchBoundTest, ABatchAboveTheBoundIsRefusedNamingTheRule) {
+  loom::v1::RankProgressBatch batch;
+  for (int i = 0; i < 1024; ++i) batch.add_reports()->set_rank(i);
+  EXPECT_TRUE(CheckProgressBatch(batch).ok());
+  batch.add_reports();
+  const absl::Status status = CheckProgressBatch(batch);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("progress.reports holds 1025 reports; at most 1024"));
+  NodeLimits tight;
+  tight.max_progress_batch = 8;
+  batch.mutable_reports()->DeleteSubrange(0, batch.reports_size() - 9);
+  EXPECT_FALSE(CheckProgressBatch(batch, tight).ok());
+}
+
+}  // namespace
+}  // namespace loom::coordinator
