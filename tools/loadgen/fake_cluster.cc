@@ -89,12 +89,13 @@ class FakeRank {
   // writes this rank's report into a reused, cleared message: no allocation
   // once the message's strings and groups exist.
   // "ready": the rank left the barrier. Moves it to kReporting.
-  void FillReady(RankProgress* m, int64_t now_ms) {
+  void FillReady(RankProgress* m, int64_t now_us) {
     m->set_job_id(a_.job_id());
     m->set_attempt(a_.attempt());
     m->set_rank(a_.rank());
     m->set_phase("ready");
-    m->set_time_unix_ms(now_ms);
+    m->set_time_unix_ms(now_us / 1000);
+    m->set_time_unix_us(now_us);  // as loom-trainer stamps it
     State expected = kJoined;
     state_.compare_exchange_strong(expected, kReporting);
   }
@@ -102,11 +103,12 @@ class FakeRank {
   // A healthy rank completes a step a second; once a peer is stopped
   // (stopped_since_ms > 0), the others wait in the data-parallel all-reduce
   // of the next step.
-  void FillStep(RankProgress* m, int64_t now_ms, int64_t stopped_since_ms) {
+  void FillStep(RankProgress* m, int64_t now_us, int64_t stopped_since_ms) {
     m->set_job_id(a_.job_id());
     m->set_attempt(a_.attempt());
     m->set_rank(a_.rank());
-    m->set_time_unix_ms(now_ms);
+    m->set_time_unix_ms(now_us / 1000);
+    m->set_time_unix_us(now_us);  // as loom-trainer stamps it
     if (stopped_since_ms <= 0) {
       ++step_;
       m->set_phase("step");
@@ -343,7 +345,7 @@ class FakeNode final
         }
         return;
       }
-      const int64_t now_ms = absl::ToUnixMillis(now);
+      const int64_t now_us = absl::ToUnixMicros(now);
       const int64_t stopped_since = stopped >= 0 ? shared_->stopped_at_ms.load() : 0;
       auto* reports = batch_.mutable_progress()->mutable_reports();
       reports->Clear();  // keeps the messages for reuse
@@ -351,10 +353,10 @@ class FakeNode final
       for (const auto& rank : ranks_) {
         const FakeRank::State state = rank->state();
         if (state == FakeRank::kJoined) {
-          rank->FillReady(reports->Add(), now_ms);
+          rank->FillReady(reports->Add(), now_us);
           ++batch_ready_;
         } else if (full && state == FakeRank::kReporting && rank->rank() != stopped) {
-          rank->FillStep(reports->Add(), now_ms, stopped_since);
+          rank->FillStep(reports->Add(), now_us, stopped_since);
         }
       }
       if (reports->empty()) return;
