@@ -313,12 +313,14 @@ int Run() {
 
   // Steady state: every rank reports once a second, through its node.
   double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0, batches_per_s = 0,
-         run_delay_fraction = 0;
+         run_delay_fraction = 0, loadgen_cpu_fraction = 0;
   if (correct) {
     absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
     probe.SetPhase(CoordinatorProbe::kSteady);
     const int pid = probe_options.coordinator_pid;
     absl::StatusOr<ProcSample> before = pid > 0 ? SampleProcess(pid) : absl::StatusOr<ProcSample>();
+    // Loadgen's own CPU: it shares the machine with the coordinator.
+    absl::StatusOr<ProcSample> self_before = SampleProcess(getpid());
     const int64_t reports_before = cluster.stats().reports_sent.load();
     const int64_t batches_before = cluster.stats().batches_sent.load();
     const absl::Time window_start = absl::Now();
@@ -334,6 +336,10 @@ int Run() {
     reports_per_s = static_cast<double>(reports) / window_s;
     batches_per_s =
         static_cast<double>(cluster.stats().batches_sent.load() - batches_before) / window_s;
+    if (absl::StatusOr<ProcSample> self_after = SampleProcess(getpid());
+        self_before.ok() && self_after.ok()) {
+      loadgen_cpu_fraction = (self_after->cpu_seconds - self_before->cpu_seconds) / window_s;
+    }
     if (pid > 0 && before.ok()) {
       if (absl::StatusOr<ProcSample> after = SampleProcess(pid); after.ok()) {
         const double cpu = after->cpu_seconds - before->cpu_seconds;
@@ -447,6 +453,7 @@ int Run() {
               "previous batch was queued: %lld reports in %lld batches, whole run)\n",
               reports_per_s, batches_per_s, static_cast<long long>(stats.reports_skipped.load()),
               static_cast<long long>(stats.batches_skipped.load()));
+  std::printf("loadgen CPU:         %.1f%% of a core (steady)\n", loadgen_cpu_fraction * 100);
   if (probe_options.coordinator_pid > 0) {
     std::printf("coordinator CPU:     %.1f%% of a core, %.1f us per rank report\n",
                 cpu_fraction * 100, cpu_per_report_us);
@@ -471,7 +478,7 @@ int Run() {
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
       "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f run_delay_ms_per_s=%.0f "
       "heartbeat_send_delay_max_ms=%.0f heartbeat_tick_late_max_ms=%.0f reports_per_s=%.0f "
-      "batches_per_s=%.0f reports_skipped=%lld correct=%d\n",
+      "batches_per_s=%.0f reports_skipped=%lld loadgen_cpu_frac=%.3f correct=%d\n",
       ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
@@ -487,7 +494,8 @@ int Run() {
       lost_nodes, hang_after_s, hang_timeout_s, named, probe.mean_load(), probe.max_load(),
       run_delay_fraction * 1000, stats.heartbeat_delay.PercentileMs(1.0),
       stats.heartbeat_tick_lateness.PercentileMs(1.0), reports_per_s, batches_per_s,
-      static_cast<long long>(stats.reports_skipped.load()), correct ? 1 : 0);
+      static_cast<long long>(stats.reports_skipped.load()), loadgen_cpu_fraction,
+      correct ? 1 : 0);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
   // Sessions end before heartbeats stop, so the coordinator sees agents
