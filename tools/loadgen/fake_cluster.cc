@@ -246,8 +246,9 @@ class FakeRank {
 };
 
 // One node agent's session. Its writes go one at a time (gRPC allows one in
-// flight): heartbeats and exits queue in outbox_ and go first; the progress
-// batch is one reused message, batch_, queued at most once.
+// flight), in this order: the heartbeat, then exits (outbox_), then the
+// progress batch. The heartbeat and the batch are reused messages, each
+// queued at most once.
 class FakeNode final
     : public grpc::ClientBidiReactor<loom::v1::NodeMessage, loom::v1::CoordinatorMessage> {
  public:
@@ -283,27 +284,47 @@ class FakeNode final
     return registered_;
   }
 
+  // The heartbeat is one reused message too; only while the previous one is
+  // still queued (loadgen lagging) does a new one queue behind it.
   void Heartbeat() {
-    loom::v1::NodeMessage beat;
+    bool write_now = false;
+    loom::v1::NodeMessage spare;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!registered_ || ended_) return;
-      beat.mutable_heartbeat()->set_seq(++seq_);
+      loom::v1::NodeMessage* beat = heartbeat_busy_ ? &spare : &heartbeat_;
+      loom::v1::Heartbeat* h = beat->mutable_heartbeat();
+      h->set_seq(++seq_);
       // As loom-worker does: the coordinator measures how late it reads
       // heartbeats from this (this includes loadgen's own queueing).
-      beat.mutable_heartbeat()->set_sent_monotonic_us(
-          std::chrono::duration_cast<std::chrono::microseconds>(
-              std::chrono::steady_clock::now().time_since_epoch()).count());
+      h->set_sent_monotonic_us(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+      h->mutable_running()->Clear();  // keeps the entries for reuse
       for (const auto& rank : ranks_) {
         if (!rank->alive()) continue;
-        loom::v1::RunningRank* r = beat.mutable_heartbeat()->add_running();
+        loom::v1::RunningRank* r = h->mutable_running()->Add();
         r->set_job_id(rank->job_id());
         r->set_attempt(rank->attempt());
         r->set_rank(rank->rank());
         r->set_pid(100000 + rank->rank());
       }
+      const absl::Time now = absl::Now();
+      if (beat == &spare) {
+        outbox_.emplace_back(std::move(spare), now);  // a write is in flight
+        return;
+      }
+      heartbeat_busy_ = true;
+      heartbeat_queued_at_ = now;
+      if (writing_) {
+        heartbeat_queued_ = true;
+      } else {
+        writing_ = true;
+        in_flight_ = &heartbeat_;
+        write_now = true;
+      }
     }
-    Send(std::move(beat));
+    if (write_now) StartWrite(&heartbeat_);
   }
 
   // True once per round of ranks that left their barrier since it was last
@@ -429,6 +450,9 @@ class FakeNode final
           shared_->stats->batches_sent++;
           shared_->stats->ranks_ready += batch_ready_;
         }
+      } else if (in_flight_ == &heartbeat_) {
+        heartbeat_busy_ = false;
+        if (ok) shared_->stats->heartbeat_delay.Record(absl::Now() - heartbeat_queued_at_);
       } else if (ok && out_.has_heartbeat()) {
         shared_->stats->heartbeat_delay.Record(absl::Now() - out_queued_);
       }
@@ -437,11 +461,16 @@ class FakeNode final
         writing_ = false;
         in_flight_ = nullptr;
         outbox_.clear();
+        heartbeat_queued_ = false;
+        heartbeat_busy_ = false;
         batch_queued_ = false;
         batch_busy_ = false;
         return;
       }
-      if (!outbox_.empty()) {
+      if (heartbeat_queued_) {
+        heartbeat_queued_ = false;
+        next = &heartbeat_;
+      } else if (!outbox_.empty()) {
         out_ = std::move(outbox_.front().first);
         out_queued_ = outbox_.front().second;
         outbox_.pop_front();
@@ -523,7 +552,11 @@ class FakeNode final
   std::atomic<bool> ready_pending_{false};
 
   mutable std::mutex mu_;
-  loom::v1::NodeMessage out_;   // the heartbeat or exit being written
+  loom::v1::NodeMessage heartbeat_;  // the heartbeat, reused every second
+  absl::Time heartbeat_queued_at_;   // for the heartbeat delay
+  bool heartbeat_busy_ = false;      // heartbeat_ queued or being written
+  bool heartbeat_queued_ = false;    // heartbeat_ waits for the write in flight
+  loom::v1::NodeMessage out_;   // the exit (or spare heartbeat) being written
   absl::Time out_queued_;       // when out_ was queued, for the heartbeat delay
   loom::v1::NodeMessage batch_;  // the progress batch, reused every second
   int batch_ready_ = 0;          // its "ready" reports
