@@ -34,9 +34,6 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.RankService/StoreSet", {.rank = true}},
       {"/loom.v1.RankService/StoreGet", {.rank = true}},
       {"/loom.v1.RankService/StoreAdd", {.rank = true}},
-      // Removed: ranks report progress to their agent (AgentService). No one
-      // may call it until the rpc leaves rank.proto.
-      {"/loom.v1.RankService/ReportProgress", {}},
   };
   return *rules;
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/agent/agent_test_util.h"
 #include "tests/agent/fake_node_service.h"
@@ -132,6 +133,105 @@ TEST(NodeSessionTest, RegistersFirstThenHeartbeatsAndCarriesCommands) {
   }
   // Shutdown half-closed the stream rather than cutting it.
   EXPECT_EQ(server.clean_goodbyes(), 1);
+}
+
+loom::v1::RankProgress Progress(int rank, int64_t step) {
+  loom::v1::RankProgress p;
+  p.set_job_id("j");
+  p.set_attempt(1);
+  p.set_rank(rank);
+  p.set_phase("step");
+  p.set_step(step);
+  return p;
+}
+
+// The reports of one progress message, as "rank:step".
+std::vector<std::string> Reports(const NodeMessage& m) {
+  std::vector<std::string> out;
+  for (const auto& r : m.progress().reports()) out.push_back(absl::StrCat(r.rank(), ":", r.step()));
+  return out;
+}
+
+TEST(NodeSessionTest, ReportsWithinTheWindowGoInOneMessageAndBeforeAnExit) {
+  FakeNodeService server(/*heartbeat_ms=*/1000);
+  server.Start();
+  RecordingRanks ranks;
+  NodeSessionOptions options = Options(server.address());
+  options.progress_batch_window = absl::Seconds(2);  // far longer than queueing 8 reports takes
+  SessionThread agent(options, &ranks);
+  ASSERT_TRUE(server.WaitFor([](const std::vector<NodeMessage>& m) { return !m.empty(); }));
+  for (int rank = 0; rank < 8; ++rank) agent.session().ReportProgress(Progress(rank, 3));
+  ASSERT_TRUE(server.WaitFor([](const std::vector<NodeMessage>& m) {
+    return CountKind(m, NodeMessage::kProgress) >= 1;
+  }));
+  absl::SleepFor(absl::Milliseconds(100));  // nothing more is due, but let a wrong split show
+  std::vector<NodeMessage> received = server.received();
+  ASSERT_EQ(CountKind(received, NodeMessage::kProgress), 1);
+  for (const auto& m : received) {
+    if (m.has_progress()) {
+      EXPECT_EQ(Reports(m), (std::vector<std::string>{"0:3", "1:3", "2:3", "3:3", "4:3", "5:3",
+                                                      "6:3", "7:3"}));
+    }
+  }
+
+  // A rank's last reports go before its exit, without waiting for the window.
+  agent.session().ReportProgress(Progress(0, 4));
+  loom::v1::RankExited exited;
+  exited.set_job_id("j");
+  exited.set_attempt(1);
+  exited.set_rank(0);
+  agent.session().ReportExit(exited);
+  ASSERT_TRUE(server.WaitFor([](const std::vector<NodeMessage>& m) {
+    return FindExit(m, "j", 1, 0) != nullptr;
+  }));
+  received = server.received();
+  ASSERT_GE(received.size(), 2u);
+  const NodeMessage& before = received[received.size() - 2];
+  ASSERT_TRUE(before.has_progress());
+  EXPECT_EQ(Reports(before), (std::vector<std::string>{"0:4"}));
+  EXPECT_EQ(agent.session().progress_dropped(), 0);
+}
+
+TEST(NodeSessionTest, ProgressSentOnAStreamThatBrokeIsSentAgainAfterRegistration) {
+  auto server = std::make_unique<FakeNodeService>(/*heartbeat_ms=*/1000);
+  const int port = server->Start();
+  RecordingRanks ranks;
+  NodeSessionOptions options = Options(server->address());
+  options.progress_batch_window = absl::Milliseconds(10);
+  SessionThread agent(options, &ranks);
+  agent.session().ReportProgress(Progress(1, 7));
+  ASSERT_TRUE(server->WaitFor([](const std::vector<NodeMessage>& m) {
+    return CountKind(m, NodeMessage::kProgress) == 1;
+  }));
+  // The coordinator dies (it may have read the batch or not: the agent
+  // cannot tell) and comes back.
+  server->Stop();
+  server.reset();
+  agent.session().ReportProgress(Progress(1, 8));  // while no session is up
+  server = std::make_unique<FakeNodeService>(/*heartbeat_ms=*/1000);
+  ASSERT_EQ(server->Start(port), port);
+  ASSERT_TRUE(server->WaitFor([](const std::vector<NodeMessage>& m) {
+    int reports = 0;
+    for (const auto& each : m) reports += each.progress().reports_size();
+    return reports >= 2;
+  }));
+  std::vector<NodeMessage> received = server->received();
+  ASSERT_TRUE(received[0].has_register_());
+  std::vector<std::string> all;
+  for (const auto& m : received) {
+    for (std::string& r : Reports(m)) all.push_back(std::move(r));
+  }
+  // The batch of the broken stream again, then the one queued meanwhile.
+  EXPECT_EQ(all, (std::vector<std::string>{"1:7", "1:8"}));
+}
+
+TEST(NodeSessionTest, WhileNoSessionIsUpTheOldestReportsAreDroppedAboveTheBound) {
+  RecordingRanks ranks;
+  NodeSessionOptions options = Options("127.0.0.1:1");  // nothing listens
+  options.max_pending_progress = 4;
+  NodeSession session(options, &ranks);
+  for (int step = 1; step <= 10; ++step) session.ReportProgress(Progress(0, step));
+  EXPECT_EQ(session.progress_dropped(), 6);
 }
 
 TEST(NodeSessionTest, NothingButRegisterUntilRegistered) {

@@ -109,7 +109,9 @@ def tiny_job(name="tiny", steps=6, ranks=2, eval_interval=3, ckpt_interval=3, ma
 
 class Cluster:
     def __init__(self, test_name):
-        self.dir = tempfile.mkdtemp(prefix=f"loom-{test_name}-")
+        # Short enough for the agents' sockets (<dir>/node-X/agent.sock) to
+        # fit a Unix socket path (107 bytes).
+        self.dir = tempfile.mkdtemp(prefix=f"loom-{test_name[:40]}-")
         self.state_dir = os.path.join(self.dir, "state")
         self.port = free_port()
         self.metrics_port = free_port()
@@ -165,6 +167,18 @@ class Cluster:
             credentials = grpc.composite_channel_credentials(
                 credentials, grpc.access_token_call_credentials(token))
         return grpc.secure_channel(self.address, credentials)
+
+    def agent_channel(self, name="node-a", token=None):
+        """A gRPC channel to agent `name`'s progress endpoint (its Unix socket,
+        local credentials); token adds `authorization: Bearer` to every call."""
+        import grpc
+
+        credentials = grpc.local_channel_credentials(grpc.LocalConnectionType.UDS)
+        if token is not None:
+            credentials = grpc.composite_channel_credentials(
+                credentials, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(f"unix:{os.path.join(self.dir, name, 'agent.sock')}",
+                                   credentials)
 
     # -- processes ---------------------------------------------------------
     def _spawn(self, args, log_name, env=None):

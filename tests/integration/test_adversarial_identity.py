@@ -226,29 +226,49 @@ class AdversarialIdentity(unittest.TestCase):
         session.close()
         channel.close()
 
-    # -- anyone's ReportProgress set another job's step ---------------------------
-    def test_progress_needs_the_ranks_token(self):
+    # -- anyone's progress set another job's step ---------------------------------
+    def test_progress_goes_only_through_the_agent_that_runs_the_rank(self):
         attempt = self.victim().attempt
         forged = rank_pb2.RankProgress(job_id=self.job, attempt=attempt, rank=0, phase="step",
                                        step=999999, tokens_per_second=5e9, flops_per_token=1e9)
-        for identity, code in (("node-y", grpc.StatusCode.PERMISSION_DENIED),
-                               ("user-bob", grpc.StatusCode.PERMISSION_DENIED),
-                               (None, grpc.StatusCode.UNAUTHENTICATED)):
-            channel = self.cluster.channel(identity)
-            stub = rank_pb2_grpc.RankServiceStub(channel)
-            self.assert_code(code, stub.ReportProgress, iter([forged]))
-            channel.close()
-        # node-a's real rank-0 token reports only rank 0 of this attempt.
-        token = self.rank_token(0)
-        channel = self.cluster.channel("node-a", token=token)
-        stub = rank_pb2_grpc.RankServiceStub(channel)
-        forged.rank = 1
-        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, stub.ReportProgress, iter([forged]))
+        # The coordinator takes no progress from ranks any more, even with a real token.
+        channel = self.cluster.channel("node-a", token=self.rank_token(0))
+        report = channel.stream_unary("/loom.v1.RankService/ReportProgress",
+                                      request_serializer=rank_pb2.RankProgress.SerializeToString,
+                                      response_deserializer=rank_pb2.ReportProgressResponse.FromString)
+        self.assert_code(grpc.StatusCode.UNIMPLEMENTED, report, iter([forged]))
         channel.close()
-        # The token stolen by another node is worthless there.
-        channel = self.cluster.channel("node-y", token=token)
-        self.assert_code(grpc.StatusCode.UNAUTHENTICATED,
-                         rank_pb2_grpc.RankServiceStub(channel).ReportProgress, iter([forged]))
+
+        # Another node's session speaking for node-a's ranks: ignored and counted.
+        channel = self.cluster.channel("node-y")
+        session = Session(channel)
+        session.send(register=register("node-y"))
+        self.assertEqual(next(session.replies).registered.node_id, "node-y")
+        session.send(progress=node_pb2.RankProgressBatch(reports=[forged]))
+        # A second registration is answered after the batch before it was handled.
+        session.send(register=register("node-y"))
+        self.assertEqual(next(session.replies).registered.node_id, "node-y")
+        self.assertIn("node node-y: ignored 1 progress reports",
+                      self.cluster.log("coordinator.log"))
+        self.assertGreaterEqual(self.cluster.metric_value("loom_node_progress_refused_total"), 1)
+        # A batch above the bound ends the session, naming the rule.
+        session.send(progress=node_pb2.RankProgressBatch(reports=[forged] * 1025))
+        with self.assertRaises(grpc.RpcError) as caught:
+            next(session.replies)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("at most 1024", caught.exception.details())
+        channel.close()
+
+        # node-a's agent: no token, a token it did not issue, or a real token
+        # reporting for another rank are all refused.
+        rpc = lambda channel: node_pb2_grpc.AgentServiceStub(channel).ReportProgress
+        for token in (None, "loomr1.forged"):
+            channel = self.cluster.agent_channel("node-a", token=token)
+            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, rpc(channel), iter([forged]))
+            channel.close()
+        channel = self.cluster.agent_channel("node-a", token=self.rank_token(0))
+        forged.rank = 1
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, rpc(channel), iter([forged]))
         channel.close()
         self.assert_victim_untouched()
 

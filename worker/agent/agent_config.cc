@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, data_roots, "",
 ABSL_FLAG(std::string, checkpoint_root, "",
           "directory of job checkpoints, <root>/<owner>/<job_id>/ (default: "
           "<work_dir>/checkpoints)");
+ABSL_FLAG(int32_t, progress_batch_ms, 100,
+          "longest a rank's progress report waits at the agent, so the reports of one step go "
+          "to the coordinator in one message");
 ABSL_FLAG(std::string, run_as_user, "",
           "run every rank as this unprivileged user (the agent must run as root)");
 
@@ -38,7 +41,8 @@ namespace {
 constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir",        "node_id",
                                       "address",      "trainer",    "kill_grace_s",    "tls_dir",
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
-                                      "data_roots",   "checkpoint_root", "run_as_user"};
+                                      "data_roots",   "checkpoint_root", "run_as_user",
+                                      "progress_batch_ms"};
 
 absl::Status ValidateHostPort(const std::string& value) {
   size_t colon = value.rfind(':');
@@ -129,6 +133,11 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
   if (!(config.kill_grace_s >= 0) || config.kill_grace_s > 3600) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--kill_grace_s=", config.kill_grace_s, " must be between 0 and 3600 seconds"));
+  }
+  config.progress_batch_ms = absl::GetFlag(FLAGS_progress_batch_ms);
+  if (config.progress_batch_ms < 0 || config.progress_batch_ms > 10000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--progress_batch_ms=", config.progress_batch_ms, " must be between 0 and 10000"));
   }
   absl::StatusOr<rpc::TlsSettings> tls = rpc::ResolveTls(rpc::TlsFlagValuesFromFlags());
   if (!tls.ok()) return tls.status();

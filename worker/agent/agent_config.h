@@ -16,7 +16,7 @@ inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-    "[--run_as_user=USER]";
+    "[--run_as_user=USER] [--progress_batch_ms=MS]";
 
 struct AgentConfig {
   bool help = false;
@@ -36,6 +36,9 @@ struct AgentConfig {
   std::vector<std::string> data_roots;  // absolute, normalised
   std::string checkpoint_root;          // absolute, normalised
   std::string run_as_user;              // empty: ranks run as the agent's user
+  // How long a rank's progress report may wait for the node's other ranks'
+  // before the agent forwards them in one message.
+  int32_t progress_batch_ms = 100;
 };
 
 // args excludes the program name. Every flag not given takes its default.

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "worker/agent/agent_config.h"
+#include "worker/agent/agent_service.h"
 #include "worker/agent/device_probe.h"
 #include "worker/agent/node_session.h"
 #include "worker/agent/rank_manager.h"
@@ -149,6 +150,13 @@ int Main(int argc, char** argv) {
   rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
   rank_options.default_grace = absl::Seconds(config.kill_grace_s);
   rank_options.gpu_devices = config.devices.kind == DeviceRequest::Kind::kGpu;
+  absl::StatusOr<std::string> agent_socket = AgentSocketTarget(config.work_dir);
+  if (!agent_socket.ok()) {
+    fprintf(stderr, "loom-worker: %s; %s\n", std::string(agent_socket.status().message()).c_str(),
+            kAgentUsage);
+    return 2;
+  }
+  rank_options.agent_socket = *agent_socket;
 
   // Exits are only reported after a launch, which only the session causes,
   // so the session exists by the time the sink is used.
@@ -169,8 +177,21 @@ int Main(int argc, char** argv) {
   session_options.credentials = *credentials;
   rpc::WarnIfInsecure(config.tls, "loom-worker");
   session_options.registration = registration;
+  session_options.progress_batch_window = absl::Milliseconds(config.progress_batch_ms);
   NodeSession session(session_options, &ranks);
   session_ptr.store(&session);
+
+  // The ranks' progress comes in on the local socket and leaves in batches
+  // on the session.
+  AgentServiceImpl agent_service(&ranks, [&session](loom::v1::RankProgress progress) {
+    session.ReportProgress(std::move(progress));
+  });
+  absl::StatusOr<std::unique_ptr<grpc::Server>> agent_server =
+      StartAgentServer(*agent_socket, !config.run_as_user.empty(), &agent_service);
+  if (!agent_server.ok()) {
+    fprintf(stderr, "loom-worker: %s\n", std::string(agent_server.status().message()).c_str());
+    return 1;
+  }
 
   std::thread signal_thread([&] {
     unsigned char sig = 0;
@@ -190,6 +211,7 @@ int Main(int argc, char** argv) {
           run_as.uid != static_cast<uid_t>(-1) ? config.run_as_user.c_str() : "");
   session.Run();
   signal_thread.join();
+  (*agent_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   session_ptr.store(nullptr);
   fprintf(stderr, "loom-worker: stopped\n");
   return 0;

@@ -1,5 +1,6 @@
 #include "worker/agent/node_session.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -33,8 +34,42 @@ void NodeSession::ReportExit(loom::v1::RankExited exited) {
   loom::v1::NodeMessage message;
   *message.mutable_rank_exited() = std::move(exited);
   std::lock_guard lock(mu_);
+  // A rank's last reports go before its exit: the coordinator takes no
+  // progress from a job that ended.
+  while (!pending_progress_.empty()) {
+    loom::v1::NodeMessage batch;
+    auto& reports = *batch.mutable_progress()->mutable_reports();
+    while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
+      *reports.Add() = std::move(pending_progress_.front());
+      pending_progress_.pop_front();
+    }
+    outbox_.push_back(std::move(batch));
+  }
   outbox_.push_back(std::move(message));
   cv_.notify_all();
+}
+
+void NodeSession::ReportProgress(loom::v1::RankProgress progress) {
+  std::lock_guard lock(mu_);
+  if (pending_progress_.empty()) {
+    progress_due_ = Clock::now() + absl::ToChronoNanoseconds(options_.progress_batch_window);
+  }
+  pending_progress_.push_back(std::move(progress));
+  if (pending_progress_.size() > options_.max_pending_progress) {
+    pending_progress_.pop_front();
+    if (progress_dropped_++ == 0) {
+      fprintf(stderr,
+              "loom-worker: more than %zu progress reports wait for the coordinator; dropping "
+              "the oldest\n",
+              options_.max_pending_progress);
+    }
+  }
+  cv_.notify_all();
+}
+
+int64_t NodeSession::progress_dropped() const {
+  std::lock_guard lock(mu_);
+  return progress_dropped_;
 }
 
 void NodeSession::Shutdown(absl::Duration flush_timeout) {
@@ -163,12 +198,22 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
   std::deque<std::pair<Clock::time_point, loom::v1::NodeMessage>> sent;
   std::unique_lock lock(mu_);
   while (ok && !broken_) {
+    // A batch goes when its oldest report has waited the window (or at once
+    // when stopping, or when it is full).
+    auto progress_due = [&] {
+      return !pending_progress_.empty() &&
+             (stopping_ || Clock::now() >= progress_due_ ||
+              pending_progress_.size() >= static_cast<size_t>(kMaxProgressBatch));
+    };
     auto wake = [&] {
       return broken_ || stopping_ ||
-             (registered_ && (!outbox_.empty() || Clock::now() >= next_heartbeat_));
+             (registered_ &&
+              (!outbox_.empty() || progress_due() || Clock::now() >= next_heartbeat_));
     };
     if (registered_) {
-      cv_.wait_until(lock, next_heartbeat_, wake);
+      Clock::time_point until = next_heartbeat_;
+      if (!pending_progress_.empty()) until = std::min(until, progress_due_);
+      cv_.wait_until(lock, until, wake);
     } else {
       cv_.wait(lock, [&] { return broken_ || stopping_ || registered_; });
     }
@@ -188,6 +233,20 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
       } else {
         outbox_.push_front(std::move(message));  // sent again on the next stream
       }
+      continue;
+    }
+    if (registered_ && progress_due()) {
+      // Into the outbox, so a batch is written, kept for resending and
+      // re-queued on failure like every other message.
+      loom::v1::NodeMessage batch;
+      auto& reports = *batch.mutable_progress()->mutable_reports();
+      while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
+        *reports.Add() = std::move(pending_progress_.front());
+        pending_progress_.pop_front();
+      }
+      // What a full batch left behind has waited already: it goes next.
+      if (!pending_progress_.empty()) progress_due_ = Clock::now();
+      outbox_.push_back(std::move(batch));
       continue;
     }
     if (stopping_) break;

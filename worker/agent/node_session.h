@@ -1,7 +1,9 @@
 // The agent's side of NodeService.Session: one long-lived bidirectional stream
 // to the coordinator. Sends RegisterNode first (with the ranks still running,
 // so a coordinator that restarted learns about them), then, once Registered
-// arrives, heartbeats and rank exits; carries LaunchRank and KillRanks down to
+// arrives, heartbeats, rank exits and the ranks' progress (in batches: every
+// report waits at most progress_batch_window, so the reports of one step go
+// in one message); carries LaunchRank and KillRanks down to
 // the rank commands. When the stream fails it reconnects with exponential
 // backoff and never touches the ranks: a coordinator restart kills nothing.
 // Given several coordinator addresses (a highly available cluster), each new
@@ -36,7 +38,15 @@ struct NodeSessionOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // Used until Registered names one (and when it names 0).
   absl::Duration default_heartbeat = absl::Seconds(1);
+  // Longest a progress report waits for others to share its message.
+  absl::Duration progress_batch_window = absl::Milliseconds(100);
+  // Progress reports held while no session is up (the oldest go first).
+  size_t max_pending_progress = 65536;
 };
+
+// Reports in one NodeMessage.progress; the coordinator refuses more
+// (coordinator/cluster/node_limits.h, max_progress_batch).
+inline constexpr int kMaxProgressBatch = 1024;
 
 class NodeSession {
  public:
@@ -56,6 +66,15 @@ class NodeSession {
   // of sending it is sent again on the next stream.
   void ReportExit(loom::v1::RankExited exited);
 
+  // Queues a rank's progress report (already checked by AgentService); it
+  // goes in the next batch, at most progress_batch_window from now when the
+  // session is up. At least once: batches whose stream failed within the
+  // resend window are sent again on the next stream (the coordinator ignores
+  // reports older than what it holds).
+  void ReportProgress(loom::v1::RankProgress progress);
+  // Progress reports dropped because too many waited for a session.
+  int64_t progress_dropped() const;
+
   // Streams opened and Registered messages received so far (for tests/logs).
   int64_t streams_opened() const;
   int64_t registrations() const;
@@ -71,6 +90,9 @@ class NodeSession {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<loom::v1::NodeMessage> outbox_;
+  std::deque<loom::v1::RankProgress> pending_progress_;  // not yet in a batch
+  std::chrono::steady_clock::time_point progress_due_;   // of the oldest pending
+  int64_t progress_dropped_ = 0;
   bool stopping_ = false;
   bool running_ = false;     // inside Run
   bool registered_ = false;  // on the current stream

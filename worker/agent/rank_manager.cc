@@ -111,7 +111,7 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
                                                    assignment.job_id(), " attempt ",
                                                    assignment.attempt(), " is already running"));
     }
-    ranks_[key] = Rank{0, log_path};
+    ranks_[key] = Rank{0, log_path, assignment.rank_token()};
   }
   bool dir_made = false;
   auto fail = [&](const std::string& reason, int exit_code = kLaunchFailedExitCode) {
@@ -174,6 +174,9 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   ProcessSpec spec;
   spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
                absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
+  if (!options_.agent_socket.empty()) {
+    spec.argv.push_back(absl::StrCat("--agent_socket=", options_.agent_socket));
+  }
   for (std::string& arg : rpc::TlsArgs(tls)) spec.argv.push_back(std::move(arg));
   const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
   // Passive OpenMP waiting: ranks share cores with each other and the agent,
@@ -258,6 +261,19 @@ std::vector<loom::v1::RunningRank> RankManager::Running() const {
     running.push_back(std::move(entry));
   }
   return running;
+}
+
+std::optional<RankIdentity> RankManager::RankForToken(std::string_view token) const {
+  std::optional<RankIdentity> found;
+  if (token.empty()) return found;
+  absl::MutexLock lock(&mu_);
+  // Every rank is compared: the time does not say which one matched.
+  for (const auto& [key, rank] : ranks_) {
+    if (ConstantTimeEquals(rank.token, token) && rank.pid != 0) {
+      found = RankIdentity{std::get<0>(key), std::get<1>(key), std::get<2>(key)};
+    }
+  }
+  return found;
 }
 
 void RankManager::Shutdown(absl::Duration grace) {

@@ -28,6 +28,7 @@
 #include "worker/agent/launch_paths.h"
 #include "worker/agent/process_supervisor.h"
 #include "worker/agent/rank_commands.h"
+#include "worker/agent/rank_tokens.h"
 
 namespace loom::agent {
 
@@ -36,6 +37,9 @@ struct RankManagerOptions {
   std::string coordinator;   // HOST:PORT handed to every trainer
   rpc::TlsSettings coordinator_tls;  // handed to every trainer as its TLS flags
   std::string trainer_path;  // the loom-trainer executable
+  // The agent's progress endpoint, handed to every trainer (--agent_socket),
+  // e.g. "unix:<work_dir>/agent.sock".
+  std::string agent_socket;
   int threads_per_rank = 1;  // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of each rank
   // GPU nodes: each rank sees only its assigned GPU (CUDA_VISIBLE_DEVICES =
   // the assignment's local_device), so every rank uses its device 0.
@@ -52,7 +56,7 @@ struct RankManagerOptions {
 // The exit code reported for a rank that could not be started at all.
 inline constexpr int kLaunchFailedExitCode = 127;
 
-class RankManager : public RankCommands {
+class RankManager : public RankCommands, public RankTokens {
  public:
   // Called once per launched rank when it has ended (from the supervision
   // thread), and for a launch that failed. Must not call back into the manager.
@@ -75,6 +79,9 @@ class RankManager : public RankCommands {
 
   std::vector<loom::v1::RunningRank> Running() const override;
 
+  // A rank launched here and not yet ended, by its token (constant time).
+  std::optional<RankIdentity> RankForToken(std::string_view token) const override;
+
   // Refuses further launches, kills every rank (SIGTERM, SIGKILL after
   // grace) and returns once all have been reported.
   void Shutdown(absl::Duration grace);
@@ -86,6 +93,7 @@ class RankManager : public RankCommands {
   struct Rank {
     pid_t pid = 0;  // 0 while the launch is in flight
     std::string log_path;
+    std::string token;  // the assignment's rank_token (secret)
   };
 
   void ReportLaunchFailure(const loom::v1::RankAssignment& assignment,

@@ -108,7 +108,7 @@ absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path)
 }
 
 absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSettings& tls,
-                            const std::string& coordinator) {
+                            const std::string& coordinator, const std::string& agent_socket) {
   absl::StatusOr<spec::JobSpec> parsed =
       spec::ParseJobSpecYaml(a.spec_yaml(), absl::StrCat("job ", a.job_id()));
   if (!parsed.ok()) return parsed.status();
@@ -122,13 +122,14 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
   absl::StatusOr<std::function<void(int64_t)>> fault = InstallFaultPlan(a.rank(), a.attempt());
   if (!fault.ok()) return fault.status();
   // The node's certificate plus this rank's token: the coordinator accepts
-  // the rank's store calls and progress only with both.
+  // the rank's store calls only with both.
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       rpc::ChannelCredentials(tls, a.rank_token());
   if (!credentials.ok()) return credentials.status();
   // One address, or all coordinators of a highly available cluster.
   auto coordinators = std::make_shared<rpc::CoordinatorChannel>(coordinator, *credentials);
-  ProgressReporter reporter(coordinators, a.job_id(), a.attempt(), a.rank());
+  // Progress goes to the node's agent, which forwards the node's reports.
+  ProgressReporter reporter(agent_socket, a.rank_token(), a.job_id(), a.attempt(), a.rank());
   GrpcStore store(coordinators, a.store_namespace());
 
   // Every rank creates its groups in the same order (tp, then dp), so the

@@ -1,7 +1,7 @@
 // The trainer of one rank of a coordinated job: reads the assignment the node
 // agent wrote, meets its peers through the coordinator's rendezvous store,
 // builds its communicators, trains with the checkpoint policy and streams
-// progress back. Needs nothing from the coordinator's code but the proto.
+// progress to its node agent. Needs nothing from the coordinator's code but the proto.
 #pragma once
 
 #include <string>
@@ -15,7 +15,9 @@ namespace loom::trainer {
 
 absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path);
 
+// agent_socket: the node agent's progress endpoint ("unix:PATH").
 absl::Status RunCoordinated(const loom::v1::RankAssignment& assignment, const rpc::TlsSettings& tls,
-                            const std::string& coordinator_address);
+                            const std::string& coordinator_address,
+                            const std::string& agent_socket);
 
 }  // namespace loom::trainer

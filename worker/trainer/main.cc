@@ -1,7 +1,8 @@
 // loom-trainer: the training process of one rank.
 //   loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl]
 //                [--stop_after_step=N]          one rank, no coordinator
-//   loom-trainer --coordinator=HOST:PORT --assignment=FILE [--work_dir=DIR] (TLS flags | --insecure)
+//   loom-trainer --coordinator=HOST:PORT --assignment=FILE --agent_socket=unix:PATH
+//                [--work_dir=DIR] (TLS flags | --insecure)
 //                                               one rank of a coordinated job (started by loom-worker,
 //                                               which passes its own TLS settings down)
 // The exit code tells the coordinator what happened (common/exit_codes.h).
@@ -23,6 +24,9 @@ ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT of loom-coordinator (coordinated mode); several comma-separated: follow the "
           "leader");
 ABSL_FLAG(std::string, assignment, "", "the rank's assignment file written by loom-worker");
+ABSL_FLAG(std::string, agent_socket, "",
+          "unix:PATH of the node agent's progress endpoint (coordinated mode; loom-worker passes "
+          "it)");
 ABSL_FLAG(std::string, work_dir, "",
           "directory for run state; in standalone mode a relative checkpoint.dir resolves "
           "against it (default: the spec file's directory)");
@@ -36,6 +40,7 @@ namespace {
 constexpr char kUsage[] =
     "loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl] "
     "[--stop_after_step=N] | loom-trainer --coordinator=HOST:PORT --assignment=FILE "
+    "--agent_socket=unix:PATH "
     "(--tls_dir=DIR | --tls_ca=F --tls_cert=F --tls_key=F | --insecure)";
 
 int Report(const absl::Status& status) {
@@ -68,7 +73,8 @@ int RunCoordinated(const std::string& coordinator, const std::string& assignment
       loom::rpc::ResolveTls(loom::rpc::TlsFlagValuesFromFlags());
   if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
   loom::rpc::WarnIfInsecure(*tls, "loom-trainer");
-  return Report(loom::trainer::RunCoordinated(*assignment, *tls, coordinator));
+  return Report(loom::trainer::RunCoordinated(*assignment, *tls, coordinator,
+                                              absl::GetFlag(FLAGS_agent_socket)));
 #else
   loom::cli::UsageError("this loom-trainer was built without gRPC: only --standalone works");
 #endif
@@ -88,6 +94,11 @@ int main(int argc, char** argv) {
   if (!spec_path.empty()) return RunStandalone(spec_path);
   if (coordinator.empty() || assignment.empty()) {
     loom::cli::UsageError("give --standalone JOB.yaml, or --coordinator and --assignment");
+  }
+  if (absl::GetFlag(FLAGS_agent_socket).empty()) {
+    loom::cli::UsageError(
+        "--agent_socket=unix:PATH is required with --coordinator (the node agent's progress "
+        "endpoint; loom-worker passes it)");
   }
   return RunCoordinated(coordinator, assignment);
 }

@@ -1,7 +1,10 @@
 #include "worker/trainer/progress_reporter.h"
 
+#include <cstdio>
+
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/credentials.h"
 
 namespace loom::trainer {
 namespace {
@@ -13,9 +16,12 @@ constexpr size_t kResendMax = 8192;
 
 }  // namespace
 
-ProgressReporter::ProgressReporter(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
+ProgressReporter::ProgressReporter(const std::string& agent, std::string rank_token,
                                    std::string job_id, int32_t attempt, int32_t rank)
-    : coordinators_(std::move(coordinators)),
+    // Local credentials: the agent's socket is on this host; the rank token
+    // (not the connection) says which rank is calling.
+    : channel_(grpc::CreateChannel(agent, grpc::experimental::LocalCredentials(UDS))),
+      authorization_("Bearer " + std::move(rank_token)),
       job_id_(std::move(job_id)),
       attempt_(attempt),
       rank_(rank),
@@ -58,25 +64,15 @@ void ProgressReporter::Run() {
       mu_.Await(absl::Condition(&ready));
       if (stopping_ && queue_.empty()) return;
     }
-    // With several coordinators, write only to the one that leads: a
-    // standby refuses the stream, but a report written before its refusal
-    // arrived would be lost.
-    if (coordinators_->several() && !coordinators_->FindLeader()) {
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(1));
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      continue;
-    }
     grpc::ClientContext context;
+    context.AddMetadata("authorization", authorization_);
     loom::v1::ReportProgressResponse response;
-    auto writer =
-        loom::v1::RankService::NewStub(coordinators_->channel())->ReportProgress(&context, &response);
+    auto writer = loom::v1::AgentService::NewStub(channel_)->ReportProgress(&context, &response);
     bool broken = false;
     // Reports written on this stream. A write that succeeded only reached the
-    // local buffers: if the coordinator dies (or a standby refused the stream)
-    // it may never have read them, so recent ones are sent again on the next
-    // stream; the coordinator ignores steps it already has.
+    // local buffers: if the agent dies it may never have read them, so recent
+    // ones are sent again on the next stream; the coordinator ignores steps it
+    // already has.
     std::deque<std::pair<absl::Time, loom::v1::RankProgress>> sent;
     while (!broken) {
       loom::v1::RankProgress next;
@@ -107,18 +103,24 @@ void ProgressReporter::Run() {
       writer->Finish();
       return;
     }
-    coordinators_->Failed(writer->Finish(), &context);
-    // The coordinator went away; keep the queue (and what it may not have
-    // read) and try again.
+    const grpc::Status status = writer->Finish();
+    // One line per outage (an agent that restarted does not know this rank:
+    // it refuses the stream until it is gone, and the reports wait).
+    if (backoff == absl::Milliseconds(100)) {
+      std::fprintf(stderr, "loom-trainer: the progress stream to the agent ended (%s); retrying\n",
+                   status.error_message().c_str());
+    }
+    // The agent went away; keep the queue (and what it may not have read)
+    // and try again.
     {
       absl::MutexLock lock(&mu_);
       for (auto it = sent.rbegin(); it != sent.rend(); ++it) queue_.push_front(std::move(it->second));
     }
     // A channel whose connection failed can rest in IDLE and fail every new
-    // stream at once without dialling again (seen with TLS after a
-    // coordinator restart): ask it to connect, waiting at most the backoff.
+    // stream at once without dialling again: ask it to connect, waiting at
+    // most the backoff.
     const absl::Time until = absl::Now() + backoff;
-    if (!coordinators_->channel()->WaitForConnected(absl::ToChronoTime(until))) {
+    if (!channel_->WaitForConnected(absl::ToChronoTime(until))) {
       absl::SleepFor(until - absl::Now());
     }
     backoff = std::min(backoff * 2, absl::Seconds(2));

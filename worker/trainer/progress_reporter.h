@@ -1,8 +1,10 @@
-// Streams a rank's progress to the coordinator on one long-lived
-// ReportProgress stream, from a background thread so the training loop never
-// waits on the network. The stream is re-opened after a coordinator restart
-// (on the new leader, when there are several coordinators);
-// step reports queued meanwhile are delivered in order.
+// Streams a rank's progress to its node agent (AgentService on the agent's
+// Unix socket, with the rank's token as its bearer credential) on one
+// long-lived ReportProgress stream, from a background thread so the training
+// loop never waits. The agent forwards the node's reports to the coordinator
+// in batches on its session (and follows the leader). The stream is re-opened
+// when the agent restarts; reports queued meanwhile, and those written
+// recently on the broken stream, are delivered in order.
 #pragma once
 
 #include <deque>
@@ -11,15 +13,15 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "common/rpc/coordinator_channel.h"
 #include "grpcpp/grpcpp.h"
-#include "loom/v1/rank.grpc.pb.h"
+#include "loom/v1/node.grpc.pb.h"
 
 namespace loom::trainer {
 
 class ProgressReporter {
  public:
-  ProgressReporter(std::shared_ptr<rpc::CoordinatorChannel> coordinators, std::string job_id,
+  // agent: the agent's socket ("unix:PATH", loom-trainer --agent_socket).
+  ProgressReporter(const std::string& agent, std::string rank_token, std::string job_id,
                    int32_t attempt, int32_t rank);
   ~ProgressReporter();  // flushes (bounded) and closes the stream
 
@@ -31,7 +33,8 @@ class ProgressReporter {
  private:
   void Run();
 
-  std::shared_ptr<rpc::CoordinatorChannel> coordinators_;
+  std::shared_ptr<grpc::Channel> channel_;
+  const std::string authorization_;  // "Bearer <rank token>" (secret)
   const std::string job_id_;
   const int32_t attempt_;
   const int32_t rank_;

@@ -1,0 +1,125 @@
+#include "worker/agent/agent_service.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace loom::agent {
+namespace {
+
+constexpr std::string_view kBearer = "Bearer ";
+
+class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgress> {
+ public:
+  ProgressReactor(grpc::CallbackServerContext* context, const RankTokens* tokens,
+                  const AgentServiceImpl::Forward* forward)
+      : forward_(forward) {
+    std::optional<RankIdentity> rank;
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) {
+      const std::string_view value(it->second.data(), it->second.size());
+      if (value.substr(0, kBearer.size()) == kBearer) {
+        rank = tokens->RankForToken(value.substr(kBearer.size()));
+      }
+    }
+    if (!rank) {
+      Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          "ReportProgress needs 'authorization: Bearer <rank token>' of a rank "
+                          "this agent runs"));
+      return;
+    }
+    rank_ = *std::move(rank);
+    StartRead(&progress_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (progress_.job_id() != rank_.job_id || progress_.attempt() != rank_.attempt ||
+        progress_.rank() != rank_.rank) {
+      Finish(grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("a report for job ", progress_.job_id(), " attempt ", progress_.attempt(),
+                       " rank ", progress_.rank(), " on the stream of job ", rank_.job_id,
+                       " attempt ", rank_.attempt, " rank ", rank_.rank,
+                       ": a rank reports only its own progress")));
+      return;
+    }
+    (*forward_)(std::move(progress_));
+    progress_.Clear();
+    StartRead(&progress_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  const AgentServiceImpl::Forward* forward_;
+  RankIdentity rank_;
+  loom::v1::RankProgress progress_;
+};
+
+}  // namespace
+
+grpc::ServerReadReactor<loom::v1::RankProgress>* AgentServiceImpl::ReportProgress(
+    grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* /*response*/) {
+  return new ProgressReactor(context, tokens_, &forward_);
+}
+
+absl::StatusOr<std::string> AgentSocketTarget(const std::string& work_dir) {
+  const std::string path = absl::StrCat(work_dir, "/agent.sock");
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--work_dir='", work_dir, "' is too long: its agent.sock path has ", path.size(),
+        " characters, and a Unix socket path may have at most ",
+        sizeof(sockaddr_un{}.sun_path) - 1));
+  }
+  return absl::StrCat("unix:", path);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartAgentServer(const std::string& target,
+                                                               bool world_writable,
+                                                               grpc::Service* service) {
+  if (!absl::StartsWith(target, "unix:")) {
+    return absl::InvalidArgumentError(absl::StrCat("agent socket '", target, "' must be unix:PATH"));
+  }
+  const std::string path = target.substr(5);
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    // A socket left by an agent that died; anything else is not ours to remove.
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' exists and is not a socket; the agent will not remove it"));
+    }
+    if (unlink(path.c_str()) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot remove the stale socket '", path, "': ", std::strerror(errno)));
+    }
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(target, grpc::experimental::LocalServerCredentials(UDS));
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", target, "'"));
+  }
+  if (chmod(path.c_str(), world_writable ? 0666 : 0600) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot set the mode of '", path, "': ", std::strerror(errno)));
+  }
+  return server;
+}
+
+}  // namespace loom::agent

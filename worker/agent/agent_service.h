@@ -1,0 +1,49 @@
+// AgentService: the node agent's local endpoint for its ranks' progress, on a
+// Unix socket in the work dir (callback API, thin). Each stream carries
+// `authorization: Bearer <rank token>`; it is accepted only for a rank this
+// agent launched and still runs, and every report on it must name that
+// rank's job, attempt and rank, else the stream ends with PERMISSION_DENIED
+// and nothing of the refused report is forwarded. Accepted reports go to the
+// node session, which forwards them in batches (node_session.h).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "loom/v1/node.grpc.pb.h"
+#include "worker/agent/rank_tokens.h"
+
+namespace loom::agent {
+
+class AgentServiceImpl final : public loom::v1::AgentService::CallbackService {
+ public:
+  using Forward = std::function<void(loom::v1::RankProgress)>;
+  // tokens and forward outlive the service.
+  AgentServiceImpl(const RankTokens* tokens, Forward forward)
+      : tokens_(tokens), forward_(std::move(forward)) {}
+
+  grpc::ServerReadReactor<loom::v1::RankProgress>* ReportProgress(
+      grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) override;
+
+ private:
+  const RankTokens* tokens_;
+  Forward forward_;
+};
+
+// "unix:<work_dir>/agent.sock", or INVALID_ARGUMENT naming --work_dir when
+// the path does not fit a Unix socket address (sun_path).
+absl::StatusOr<std::string> AgentSocketTarget(const std::string& work_dir);
+
+// Serves `service` on the Unix socket of target ("unix:PATH") with local
+// (UDS) credentials. A stale socket file at PATH is removed first (only a
+// socket: anything else there is an error). The socket's mode is 0600, or
+// 0666 when ranks run as another user (world_writable): the rank token is
+// what authenticates a caller.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartAgentServer(const std::string& target,
+                                                               bool world_writable,
+                                                               grpc::Service* service);
+
+}  // namespace loom::agent
