@@ -1,9 +1,11 @@
-"""loom-loadgen against a real coordinator (issue 19): 8 fake node agents with
-8 devices each register over mutual TLS with certificates loadgen issues from
-the cluster CA, a 64-rank data-parallel job runs on them with every rank
-reporting once a second, then one rank goes silent. Checks correctness only,
-never timing: the job reaches RUNNING, no node is lost and no hang is declared
-while every rank reports, and the hang that follows names the silent rank.
+"""loom-loadgen against a real coordinator (issue 19): 8 fake node agents with 8
+devices each register over mutual TLS with certificates loadgen issues from the
+cluster CA, a 64-rank data-parallel job runs on them with every rank reporting
+once a second (each node forwards its ranks' reports in one progress batch on
+its session, as loom-worker does), then one rank goes silent. Checks
+correctness only, never timing: the job reaches RUNNING, no node is lost and no
+hang is declared while every rank reports, and the hang that follows names the
+silent rank.
 The measurements at 1k-16k ranks are tests/bench/scale/run.sh's (docs/scale.md)."""
 
 import os
@@ -45,6 +47,9 @@ class LoadgenSmall(unittest.TestCase):
         self.assertEqual(fields["lost_nodes"], "0", out)
         self.assertEqual(fields["named"], str(STOPPED_RANK), out)
         self.assertEqual(fields["correct"], "1", out)
+        # Every report loadgen's nodes forwarded in their progress batches was
+        # for a rank that node runs in the current attempt: none was refused.
+        self.assertEqual(c.metric_value("loom_node_progress_refused_total"), 0.0, out)
         # The coordinator saw it the same way: one hang, naming that rank.
         log = c.log("coordinator.log")
         self.assertIn(f"hang: no progress", log)
