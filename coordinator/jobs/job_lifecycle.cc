@@ -45,9 +45,15 @@ ProgressBatchResult JobManager::OnRankProgressBatch(const std::string& node_id,
       auto it = jobs_.find(progress.job_id());
       record = it == jobs_.end() ? nullptr : &it->second;
     }
+    // An earlier attempt's ranks may still be draining their last reports
+    // after a restart: ignored, and not counted as refused.
+    if (record != nullptr && progress.attempt() < record->job.attempt()) {
+      ++result.stale;
+      continue;
+    }
     // Only the node that runs the rank in the current attempt speaks for it:
-    // a report of another node's rank, another attempt (one still draining)
-    // or an unknown job is ignored, and counted.
+    // a report of another node's rank, a later attempt or an unknown job is
+    // ignored, and counted.
     if (record == nullptr || progress.attempt() != record->job.attempt() ||
         progress.rank() < 0 || progress.rank() >= static_cast<int32_t>(record->ranks.size()) ||
         progress.rank() >= record->placement->size() ||

@@ -101,6 +101,7 @@ struct JobPage {
 struct ProgressBatchResult {
   int32_t applied = 0;
   int32_t refused = 0;        // not this node's ranks in their jobs' current attempts
+  int32_t stale = 0;          // of an earlier attempt of the job (draining after a restart)
   std::string first_refused;  // "job J attempt A rank R" of the first refused, for a log line
 };
 

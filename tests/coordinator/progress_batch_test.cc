@@ -139,6 +139,20 @@ TEST_F(ProgressBatchTest, ReportsForRanksOfAnotherNodeOrAttemptAreRefusedAndCoun
   EXPECT_EQ(result.applied, 0);
   EXPECT_EQ(result.refused, 4);
   EXPECT_THAT(result.first_refused, HasSubstr(" rank 1"));
+  EXPECT_EQ(result.stale, 0);
+
+  // An earlier attempt's last reports, still draining after a restart, are
+  // ignored without counting as refused.
+  loom::v1::RankProgressBatch draining;
+  loom::v1::RankProgress* old_attempt = draining.add_reports();
+  old_attempt->set_job_id(job.id());
+  old_attempt->set_attempt(job.attempt() - 1);
+  old_attempt->set_rank(0);
+  old_attempt->set_phase("ready");
+  result = jobs_->OnRankProgressBatch(node0, draining);
+  EXPECT_EQ(result.applied, 0);
+  EXPECT_EQ(result.refused, 0);
+  EXPECT_EQ(result.stale, 1);
 
   // Its own rank counts; rank 1 is still not ready, so the job still starts.
   loom::v1::RankProgressBatch own;

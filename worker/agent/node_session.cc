@@ -36,17 +36,19 @@ void NodeSession::ReportExit(loom::v1::RankExited exited) {
   std::lock_guard lock(mu_);
   // A rank's last reports go before its exit: the coordinator takes no
   // progress from a job that ended.
-  while (!pending_progress_.empty()) {
-    loom::v1::NodeMessage batch;
-    auto& reports = *batch.mutable_progress()->mutable_reports();
-    while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
-      *reports.Add() = std::move(pending_progress_.front());
-      pending_progress_.pop_front();
-    }
-    outbox_.push_back(std::move(batch));
-  }
+  while (!pending_progress_.empty()) outbox_.push_back(TakeProgressBatchLocked());
   outbox_.push_back(std::move(message));
   cv_.notify_all();
+}
+
+loom::v1::NodeMessage NodeSession::TakeProgressBatchLocked() {
+  loom::v1::NodeMessage batch;
+  auto& reports = *batch.mutable_progress()->mutable_reports();
+  while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
+    *reports.Add() = std::move(pending_progress_.front());
+    pending_progress_.pop_front();
+  }
+  return batch;
 }
 
 void NodeSession::ReportProgress(loom::v1::RankProgress progress) {
@@ -238,15 +240,9 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
     if (registered_ && progress_due()) {
       // Into the outbox, so a batch is written, kept for resending and
       // re-queued on failure like every other message.
-      loom::v1::NodeMessage batch;
-      auto& reports = *batch.mutable_progress()->mutable_reports();
-      while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
-        *reports.Add() = std::move(pending_progress_.front());
-        pending_progress_.pop_front();
-      }
+      outbox_.push_back(TakeProgressBatchLocked());
       // What a full batch left behind has waited already: it goes next.
       if (!pending_progress_.empty()) progress_due_ = Clock::now();
-      outbox_.push_back(std::move(batch));
       continue;
     }
     if (stopping_) break;

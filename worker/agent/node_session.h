@@ -83,6 +83,9 @@ class NodeSession {
   // Runs one stream until it fails or Shutdown; true when it got Registered.
   bool RunStream(rpc::CoordinatorChannel& coordinators);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
+  // The oldest pending progress reports, at most kMaxProgressBatch, as one
+  // message (mu_ held).
+  loom::v1::NodeMessage TakeProgressBatchLocked();
 
   const NodeSessionOptions options_;
   RankCommands* const ranks_;
