@@ -3,7 +3,8 @@
 // token or another rank's namespace are refused before anything goes
 // upstream; two local gets of one key share one upstream call and both get
 // the value; a waiter whose deadline passes gets DEADLINE_EXCEEDED while the
-// other still gets the value; a set is retried through UNAVAILABLE and an add
+// other still gets the value, from a new upstream get when the shared one
+// ended without it; a set is retried through UNAVAILABLE and an add
 // never is; every upstream call carries the calling rank's token.
 #include "worker/agent/store_relay.h"
 
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -84,9 +86,30 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
       response->set_value(it->second);
       reactor->Finish(grpc::Status::OK);
     } else {
-      parked_.push_back(Parked{request->key(), reactor, response});
+      parked_.push_back(Parked{request->key(), reactor, response,
+                               absl::Now() + absl::Milliseconds(request->wait_ms())});
     }
     return reactor;
+  }
+  // As the coordinator does at wait_ms: DEADLINE_EXCEEDED for gets still
+  // waiting (called by the test's expiry thread).
+  void ExpireParked() {
+    std::vector<Parked> expired;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (auto it = parked_.begin(); it != parked_.end();) {
+        if (it->until <= now) {
+          expired.push_back(*it);
+          it = parked_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Parked& p : expired) {
+      p.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "not set in time"));
+    }
   }
   grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
                                      const loom::v1::StoreAddRequest* request,
@@ -133,6 +156,7 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
     std::string key;
     grpc::ServerUnaryReactor* reactor;
     loom::v1::StoreGetResponse* response;
+    absl::Time until;
   };
   void Note(const grpc::CallbackServerContext& context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = context.client_metadata().find("authorization");
@@ -168,6 +192,12 @@ class StoreRelayTest : public ::testing::Test {
         options);
     service_ = std::make_unique<AgentServiceImpl>(
         &tokens_, [](loom::v1::RankProgress) {}, relay_.get());
+    expiry_ = std::thread([this] {
+      while (!stop_expiry_.HasBeenNotified()) {
+        coordinator_.ExpireParked();
+        stop_expiry_.WaitForNotificationWithTimeout(absl::Milliseconds(10));
+      }
+    });
     auto target = AgentSocketTarget(dir_.path());
     ASSERT_TRUE(target.ok()) << target.status();
     auto server = StartAgentServer(*target, /*world_writable=*/false, service_.get());
@@ -179,6 +209,8 @@ class StoreRelayTest : public ::testing::Test {
   void TearDown() override {
     if (relay_ != nullptr) relay_->Shutdown();
     if (agent_server_ != nullptr) agent_server_->Shutdown();
+    stop_expiry_.Notify();
+    if (expiry_.joinable()) expiry_.join();
     coordinator_.FinishParked();
     if (coordinator_server_ != nullptr) coordinator_server_->Shutdown();
   }
@@ -239,6 +271,8 @@ class StoreRelayTest : public ::testing::Test {
   std::unique_ptr<AgentServiceImpl> service_;
   std::unique_ptr<grpc::Server> agent_server_;
   std::unique_ptr<loom::v1::AgentService::Stub> agent_;
+  absl::Notification stop_expiry_;
+  std::thread expiry_;
 };
 
 TEST_F(StoreRelayTest, AForeignTokenOrAnotherRanksNamespaceIsRefusedAndNotRelayed) {
@@ -302,6 +336,35 @@ TEST_F(StoreRelayTest, AWaiterWhoseDeadlinePassesGetsDeadlineExceededTheOtherThe
   get_long.join();
   EXPECT_TRUE(status_long.ok()) << status_long.error_message();
   EXPECT_EQ(value_long, "v");
+}
+
+TEST_F(StoreRelayTest, AWaiterLeftWhenTheSharedGetEndsWithoutAValueIsServedByANewOne) {
+  // The short waiter starts the upstream get (it waits 300 ms); the long
+  // one joins it, and outlives it.
+  std::string value_short, value_long;
+  grpc::Status status_short, status_long;
+  std::thread get_short(
+      [&] { status_short = Get("secret-0", "slow", absl::Milliseconds(300), &value_short); });
+  ASSERT_TRUE(WaitParked(1));
+  std::thread get_long(
+      [&] { status_long = Get("secret-1", "slow", absl::Seconds(20), &value_long); });
+  get_short.join();
+  EXPECT_EQ(status_short.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The upstream get ended at its wait_ms; a new one waits for the long waiter.
+  for (int i = 0; i < 1000; ++i) {
+    {
+      absl::MutexLock lock(&coordinator_.mu_);
+      if (coordinator_.gets_ >= 2) break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(WaitParked(1));
+  ASSERT_TRUE(Set("secret-0", kNamespace, "slow", "finally").ok());
+  get_long.join();
+  EXPECT_TRUE(status_long.ok()) << status_long.error_message();
+  EXPECT_EQ(value_long, "finally");
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.gets_, 2);
 }
 
 TEST_F(StoreRelayTest, ASetIsRetriedThroughUnavailable) {
