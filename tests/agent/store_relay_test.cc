@@ -298,6 +298,10 @@ TEST_F(StoreRelayTest, AKeyOrValueTheCoordinatorWouldRefuseIsRefusedHere) {
   EXPECT_NE(big.error_message().find("at most 1024"), std::string::npos) << big.error_message();
   grpc::Status empty = Set("secret-0", kNamespace, "", "v");
   EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::Status huge = Set("secret-0", kNamespace, "k", std::string((1 << 20) + 1, 'v'));
+  EXPECT_EQ(huge.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << huge.error_message();
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.sets_, 0);
 }
 
 TEST_F(StoreRelayTest, TwoGetsOfOneKeyShareOneUpstreamCallAndBothGetTheValue) {
@@ -307,10 +311,12 @@ TEST_F(StoreRelayTest, TwoGetsOfOneKeyShareOneUpstreamCallAndBothGetTheValue) {
   ASSERT_TRUE(WaitParked(1));
   std::thread get1([&] { status1 = Get("secret-1", "addr", absl::Seconds(10), &value1); });
   // The second get is at the agent before the value comes.
-  absl::SleepFor(absl::Milliseconds(200));
+  for (int i = 0; i < 1000 && relay_->pending() < 2; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(relay_->pending(), 2);
   ASSERT_TRUE(Set("secret-0", kNamespace, "addr", "10.0.0.1:5000").ok());
   get0.join();
   get1.join();
+  EXPECT_EQ(relay_->pending(), 0);
   EXPECT_TRUE(status0.ok()) << status0.error_message();
   EXPECT_TRUE(status1.ok()) << status1.error_message();
   EXPECT_EQ(value0, "10.0.0.1:5000");

@@ -125,9 +125,11 @@ absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_n
     return absl::InvalidArgumentError(absl::StrCat("store key has ", key.size(),
                                                    " bytes; at most ", quotas.max_key_bytes));
   }
+  // The coordinator's default (--store_max_value_bytes); its code too.
   if (static_cast<int64_t>(value_bytes) > quotas.max_value_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("store value has ", value_bytes,
-                                                   " bytes; at most ", quotas.max_value_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store value has ", value_bytes, " bytes; an agent relays at most ",
+        quotas.max_value_bytes));
   }
   return absl::OkStatus();
 }
@@ -410,6 +412,10 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
     absl::MutexLock lock(&mu_);
     return upstream_calls_;
   }
+  int pending() {
+    absl::MutexLock lock(&mu_);
+    return pending_;
+  }
 
  private:
   struct Waiter {
@@ -452,6 +458,8 @@ StoreRelay::~StoreRelay() { impl_->Shutdown(); }
 void StoreRelay::Shutdown() { impl_->Shutdown(); }
 
 int64_t StoreRelay::upstream_calls() const { return impl_->upstream_calls(); }
+
+int StoreRelay::pending() const { return impl_->pending(); }
 
 namespace {
 grpc::Status ToGrpc(const absl::Status& s) {

@@ -45,8 +45,9 @@ struct StoreRelayOptions {
 
 // OK, or why the agent refuses a store call of `rank` before relaying it:
 // PERMISSION_DENIED when the namespace is not the rank's own, and
-// INVALID_ARGUMENT for an empty namespace or key, or a key or value larger
-// than the coordinator's store accepts.
+// INVALID_ARGUMENT for an empty namespace or key or a key larger than the
+// coordinator's store accepts, RESOURCE_EXHAUSTED for a value larger than
+// its default quota (KvQuotas, as the coordinator answers).
 absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
                             const std::string& key, size_t value_bytes);
 
@@ -76,8 +77,10 @@ class StoreRelay {
   // before shutting down the server whose calls it answers.
   void Shutdown();
 
-  // Upstream calls made so far (for tests and metrics).
+  // Upstream calls made so far, and the ranks' calls held now (for tests
+  // and metrics).
   int64_t upstream_calls() const;
+  int pending() const;
 
   class Impl;
 
