@@ -23,7 +23,6 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/rpc/tls.h"
 #include "loom/v1/node.pb.h"
 #include "worker/agent/launch_paths.h"
 #include "worker/agent/process_supervisor.h"

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
 #include "common/topology/instruction.h"
 #include "proto/group_members.h"
