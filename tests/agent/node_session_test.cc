@@ -310,16 +310,15 @@ class SessionWithRanksTest : public ::testing::Test {
       // "go" appears in their directory, then exit 7; rank 9 sleeps.
       std::ofstream out(script);
       out << "#!/bin/sh\n"
-             "case \"$3\" in\n"
-             "  */rank_0) echo 'trainer says bye'; exit 5 ;;\n"
-             "  */rank_9) exec /bin/sleep 30 ;;\n"
+             "case \"$*\" in\n"
+             "  */rank_0/*) echo 'trainer says bye'; exit 5 ;;\n"
+             "  */rank_9/*) exec /bin/sleep 30 ;;\n"
              "esac\n"
              "while [ ! -f go ]; do /bin/sleep 0.02; done\n"
              "echo finished; exit 7\n";
     }
     chmod(script.c_str(), 0755);
     options_.work_dir = dir_.path() + "/work";
-    options_.coordinator = "127.0.0.1:1";
     options_.trainer_path = script;
     options_.default_grace = absl::Seconds(30);
   }

@@ -18,7 +18,7 @@ class OneRank final : public RankTokens {
  public:
   std::optional<RankIdentity> RankForToken(std::string_view token) const override {
     if (!ConstantTimeEquals(token, "the-token")) return std::nullopt;
-    return RankIdentity{"job-1", 3, 1};
+    return RankIdentity{"job-1", 3, 1, "job-1/attempt-3"};
   }
 };
 

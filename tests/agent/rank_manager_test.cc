@@ -76,12 +76,8 @@ class RankManagerTest : public ::testing::Test {
     chmod(path.c_str(), 0755);
     RankManagerOptions options;
     options.work_dir = dir_.path() + "/work";
-    options.coordinator = "127.0.0.1:7000";
-    // The agent's own TLS settings go to every trainer, as flags.
-    options.coordinator_tls = {.insecure = false,
-                               .ca_path = "/certs/ca.crt",
-                               .cert_path = "/certs/tls.crt",
-                               .key_path = "/certs/tls.key"};
+    // The agent's endpoint is all a trainer is given to talk to.
+    options.agent_socket = "unix:/run/loom/agent.sock";
     options.trainer_path = path;
     options.threads_per_rank = 3;
     options.default_grace = absl::Seconds(30);
@@ -120,9 +116,9 @@ TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
   EXPECT_EQ(written.SerializeAsString(), assignment.SerializeAsString());
 
   std::string log = ReadFile(rank_dir + "/log.txt");
-  EXPECT_NE(log.find("args: --coordinator=127.0.0.1:7000 --assignment=" + rank_dir +
-                     "/assignment.pb --work_dir=" + rank_dir +
-                     " --tls_ca=/certs/ca.crt --tls_cert=/certs/tls.crt --tls_key=/certs/tls.key\n"),
+  // No coordinator address and no certificate: a trainer talks only to its agent.
+  EXPECT_NE(log.find("args: --assignment=" + rank_dir + "/assignment.pb --work_dir=" + rank_dir +
+                     " --agent_socket=unix:/run/loom/agent.sock\n"),
             std::string::npos)
       << log;
   EXPECT_NE(log.find("threads 3 3\n"), std::string::npos) << log;
@@ -306,19 +302,7 @@ TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
   if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
   RankManagerOptions options = Confined();
   options = WithTrainer("echo \"uid=$(id -u)\"; test -r assignment.pb && echo readable; "
-                        "test -w . && echo writable; "
-                        "for f in \"$@\"; do case $f in --tls_*=*) cat \"${f#*=}\";; esac; done");
-  // The agent's certificate directory is its own: the rank, another user,
-  // gets copies in its rank directory.
-  const std::string certs = dir_.path() + "/certs";
-  ASSERT_EQ(mkdir(certs.c_str(), 0700), 0);
-  options.coordinator_tls = {.insecure = false,
-                             .ca_path = certs + "/ca.crt",
-                             .cert_path = certs + "/tls.crt",
-                             .key_path = certs + "/tls.key"};
-  for (const char* name : {"ca.crt", "tls.crt", "tls.key"}) {
-    std::ofstream(certs + "/" + name) << "<" << name << ">";
-  }
+                        "test -w . && echo writable; ls");
   options.roots.data_roots = {data_};
   options.roots.checkpoint_root = dir_.path() + "/ckpt";
   options.run_as = {65534, 65534};
@@ -331,9 +315,10 @@ TEST_F(RankConfinementTest, RanksRunAsTheGivenUserAndOwnTheirDirectories) {
   std::optional<loom::v1::RankExited> exited = reports_.Wait("job-9", 1, 0);
   ASSERT_TRUE(exited.has_value());
   const std::string log = ReadFile(exited->log_path());
-  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n<ca.crt><tls.crt><tls.key>"),
-            std::string::npos)
-      << log;
+  EXPECT_NE(log.find("uid=65534\nreadable\nwritable\n"), std::string::npos) << log;
+  // The rank holds no copy of the node's certificate or key (it has none to use).
+  EXPECT_EQ(log.find(".key"), std::string::npos) << log;
+  EXPECT_EQ(log.find(".crt"), std::string::npos) << log;
   struct stat st;
   ASSERT_EQ(stat(ranks.RankDir("job-9", 1, 0).c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 65534u);

@@ -100,8 +100,7 @@ TEST_F(WorkerBinaryTest, RanksDieWhenTheAgentIsKilled) {
   ASSERT_EQ(ranks.size(), 2u);
   const std::string rank_dir = dir_.path() + "/work/jobs/j/attempt_1/rank_1";
   EXPECT_TRUE(testing::WaitForFileContains(rank_dir + "/log.txt",
-                                           "trainer --coordinator=" + server_.address() +
-                                               " --assignment=" + rank_dir + "/assignment.pb"));
+                                           "trainer --assignment=" + rank_dir + "/assignment.pb"));
 
   kill(agent, SIGKILL);
   std::optional<ProcessExit> exit = exits_.Wait(agent);

@@ -169,7 +169,7 @@ class Cluster:
         return grpc.secure_channel(self.address, credentials)
 
     def agent_channel(self, name="node-a", token=None):
-        """A gRPC channel to agent `name`'s progress endpoint (its Unix socket,
+        """A gRPC channel to agent `name`'s endpoint (its Unix socket,
         local credentials); token adds `authorization: Bearer` to every call."""
         import grpc
 

@@ -295,6 +295,31 @@ class AdversarialIdentity(unittest.TestCase):
             self.assert_code(grpc.StatusCode.PERMISSION_DENIED, stub.StoreSet,
                              rank_pb2.StoreSetRequest(store_namespace=ns, key="k", value=b"v"))
         channel.close()
+
+        # Ranks reach the store through their agent's socket: there, no token or
+        # a token the agent did not issue is refused before anything is relayed,
+        # and a real rank token opens its own namespace and no other.
+        for token in (None, "loomr1.forged"):
+            channel = self.cluster.agent_channel("node-a", token=token)
+            agent = node_pb2_grpc.AgentServiceStub(channel)
+            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, agent.StoreGet,
+                             rank_pb2.StoreGetRequest(store_namespace=namespace, key="gloo/0"))
+            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, agent.StoreAdd,
+                             rank_pb2.StoreAddRequest(store_namespace=namespace, key="probe",
+                                                      delta=100))
+            channel.close()
+        channel = self.cluster.agent_channel("node-a", token=self.rank_token(0))
+        agent = node_pb2_grpc.AgentServiceStub(channel)
+        added = agent.StoreAdd(rank_pb2.StoreAddRequest(store_namespace=namespace, key="probe",
+                                                        delta=1), timeout=TIMEOUT)
+        self.assertEqual(added.value, 2)  # the add above, at the coordinator, and this one
+        for ns in (other, "job-999999/attempt-1"):
+            with self.assertRaises(grpc.RpcError) as caught:
+                agent.StoreSet(rank_pb2.StoreSetRequest(store_namespace=ns, key="k", value=b"v"),
+                               timeout=TIMEOUT)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
+            self.assertIn(f"store_namespace '{ns}'", caught.exception.details())
+        channel.close()
         self.assert_victim_untouched()
 
     def test_refusals_are_counted_by_code(self):

@@ -1,8 +1,10 @@
 #include "tools/loadgen/fake_cluster.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -44,8 +46,41 @@ struct UnaryCall {
 
 }  // namespace
 
+class FakeRank;
+
+// The node agent's sharing of its ranks' waiting gets (worker/agent/
+// store_relay.h): one StoreGet per (namespace, key) for all of the node's
+// ranks that wait on it, answered to each of them.
+class NodeGets {
+ public:
+  NodeGets(loom::v1::RankService::Stub* stub, FakeCluster::Shared* shared)
+      : stub_(stub), shared_(shared) {}
+
+  // rank waits for key; its Joined() runs when the value comes.
+  void Wait(FakeRank* rank, const std::string& store_namespace, const std::string& key,
+            const std::string& token);
+  // Cancels the shared gets none of whose ranks is alive any more (all
+  // true: every one, at shutdown).
+  void CancelAbandoned(bool all);
+
+ private:
+  using Call = UnaryCall<loom::v1::StoreGetRequest, loom::v1::StoreGetResponse>;
+  struct Shared {
+    Call* call = nullptr;
+    std::vector<FakeRank*> waiters;
+  };
+  void Ended(const std::pair<std::string, std::string>& id, Call* call,
+             const grpc::Status& status);
+
+  loom::v1::RankService::Stub* const stub_;
+  FakeCluster::Shared* const shared_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, Shared> gets_;
+};
+
 // One rank of a launched attempt: its rendezvous through the store (with its
-// rank token, as loom-trainer), then its reports, which its node sends in
+// rank token, as its agent relays a trainer's calls; the waiting get goes
+// through its node's NodeGets), then its reports, which its node sends in
 // its batches (FillReady, FillStep) as the agent forwards a trainer's.
 class FakeRank {
  public:
@@ -54,9 +89,9 @@ class FakeRank {
   enum State : int { kLaunched, kJoining, kJoined, kReporting, kStopped };
 
   FakeRank(loom::v1::RankService::Stub* stub, RankAssignment assignment,
-           FakeCluster::Shared* shared, std::atomic<bool>* ready_pending)
+           FakeCluster::Shared* shared, std::atomic<bool>* ready_pending, NodeGets* node_gets)
       : stub_(stub), a_(Keep(std::move(assignment))), shared_(shared),
-        ready_pending_(ready_pending) {}
+        ready_pending_(ready_pending), node_gets_(node_gets) {}
 
   const std::string& job_id() const { return a_.job_id(); }
   int32_t attempt() const { return a_.attempt(); }
@@ -205,22 +240,23 @@ class FakeRank {
   }
 
   void WaitForAll() {
-    auto* call = NewCall<loom::v1::StoreGetRequest, loom::v1::StoreGetResponse>(absl::Seconds(600));
-    if (call == nullptr) return;
-    call->request.set_store_namespace(a_.store_namespace());
-    call->request.set_key("loadgen/go");
-    call->request.set_wait_ms(590'000);
-    stub_->async()->StoreGet(&call->context, &call->request, &call->response,
-                             [this, call](grpc::Status status) {
-                               if (Done(call, status, "StoreGet go", false)) Joined();
-                             });
+    if (!alive() || shared_->shutting_down.load()) return;
+    node_gets_->Wait(this, a_.store_namespace(), "loadgen/go", a_.rank_token());
   }
 
+ public:
   // Out of the barrier: the node's next tick sends this rank's "ready".
   void Joined() {
     State expected = kJoining;
     if (state_.compare_exchange_strong(expected, kJoined)) ready_pending_->store(true);
   }
+  void RendezvousFailed(const std::string& what) {
+    if (!alive() || shared_->shutting_down.load()) return;
+    shared_->stats->rendezvous_failed++;
+    LogError(absl::StrCat("rank ", a_.rank(), " ", what));
+  }
+
+ private:
 
   // What a rank needs of its assignment: 16,384 copies of a data-parallel
   // group's member list would be 1 GiB of the load generator's own memory.
@@ -240,10 +276,61 @@ class FakeRank {
   const RankAssignment a_;
   FakeCluster::Shared* const shared_;
   std::atomic<bool>* const ready_pending_;  // the node's
+  NodeGets* const node_gets_;               // the node's
 
   std::mutex mu_;
   grpc::ClientContext* pending_ = nullptr;  // the rendezvous call in flight
 };
+
+void NodeGets::Wait(FakeRank* rank, const std::string& store_namespace, const std::string& key,
+                    const std::string& token) {
+  Call* call = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Shared& get = gets_[{store_namespace, key}];
+    get.waiters.push_back(rank);
+    if (get.call != nullptr) return;  // one is in flight: this rank shares it
+    call = new Call(token, absl::Seconds(600));
+    call->request.set_store_namespace(store_namespace);
+    call->request.set_key(key);
+    call->request.set_wait_ms(590'000);
+    get.call = call;
+  }
+  stub_->async()->StoreGet(&call->context, &call->request, &call->response,
+                           [this, id = std::pair{store_namespace, key}, call](grpc::Status status) {
+                             Ended(id, call, status);
+                           });
+}
+
+void NodeGets::Ended(const std::pair<std::string, std::string>& id, Call* call,
+                     const grpc::Status& status) {
+  std::vector<FakeRank*> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = gets_.find(id);
+    if (it != gets_.end() && it->second.call == call) {
+      waiters.swap(it->second.waiters);
+      gets_.erase(it);
+    }
+  }
+  for (FakeRank* rank : waiters) {
+    if (status.ok()) {
+      rank->Joined();
+    } else {
+      rank->RendezvousFailed(absl::StrCat("StoreGet go: ", status.error_message()));
+    }
+  }
+  delete call;
+}
+
+void NodeGets::CancelAbandoned(bool all) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, get] : gets_) {
+    const bool abandoned = std::none_of(get.waiters.begin(), get.waiters.end(),
+                                        [](FakeRank* rank) { return rank->alive(); });
+    if ((all || abandoned) && get.call != nullptr) get.call->context.TryCancel();
+  }
+}
 
 // One node agent's session. Its writes go one at a time (gRPC allows one in
 // flight), in this order: the heartbeat, then exits (outbox_), then the
@@ -258,7 +345,8 @@ class FakeNode final
         gpus_(gpus),
         node_stub_(loom::v1::NodeService::NewStub(channel)),
         rank_stub_(loom::v1::RankService::NewStub(channel)),
-        shared_(shared) {}
+        shared_(shared),
+        node_gets_(rank_stub_.get(), shared) {}
 
   void Start() {
     node_stub_->async()->Session(&context_, this);
@@ -400,6 +488,7 @@ class FakeNode final
       for (const auto& rank : ranks_) ranks.push_back(rank.get());
     }
     for (FakeRank* rank : ranks) rank->Stop();
+    node_gets_.CancelAbandoned(/*all=*/true);
     context_.TryCancel();
   }
 
@@ -423,7 +512,7 @@ class FakeNode final
     } else if (in_.has_launch()) {
       shared_->stats->launches++;
       auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_,
-                                             &ready_pending_);
+                                             &ready_pending_, &node_gets_);
       FakeRank* raw = rank.get();
       const double spread = shared_->rank_start_spread_s;
       {
@@ -531,6 +620,7 @@ class FakeNode final
       e->set_signal(15);
       Send(std::move(message));
     }
+    node_gets_.CancelAbandoned(/*all=*/false);
   }
 
   void ReleaseHold() {
@@ -547,6 +637,7 @@ class FakeNode final
   std::unique_ptr<loom::v1::NodeService::Stub> node_stub_;
   std::unique_ptr<loom::v1::RankService::Stub> rank_stub_;
   FakeCluster::Shared* const shared_;
+  NodeGets node_gets_;  // its ranks' shared waiting gets
   grpc::ClientContext context_;
   loom::v1::CoordinatorMessage in_;
   std::atomic<bool> ready_pending_{false};

@@ -7,9 +7,12 @@
 //          progress forwarded as the agent does: one NodeMessage.progress
 //          (RankProgressBatch) a second with its ranks' step records, and
 //          their "ready" reports within 50 ms of their rendezvous.
-//   rank:  StoreSet of its address, StoreAdd on a join counter, StoreGet of
-//          the "go" key the last joiner sets (a barrier like Gloo's), each
-//          with its rank token; then its reports go through its node.
+//   rank:  StoreSet of its address, StoreAdd on a join counter (the last
+//          joiner sets the "go" key: a barrier like Gloo's), each with its
+//          rank token, as its agent relays a trainer's calls; then its
+//          reports go through its node.
+//   node:  as the agent shares its ranks' waiting gets of one key, ONE
+//          StoreGet of "go" per attempt for all its ranks, fanned out to them.
 // Everything is asynchronous (gRPC's callback API), so 2,048 sessions need no
 // thread each; the Tick functions are called by two driver threads.
 #pragma once

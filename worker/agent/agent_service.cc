@@ -10,6 +10,8 @@
 #include <optional>
 #include <string_view>
 
+#include "absl/time/clock.h"
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
@@ -19,20 +21,24 @@ namespace {
 
 constexpr std::string_view kBearer = "Bearer ";
 
+// The bearer token of a call, or "" when it carries none.
+std::string_view BearerToken(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return {};
+  const std::string_view value(it->second.data(), it->second.size());
+  if (value.substr(0, kBearer.size()) != kBearer) return {};
+  return value.substr(kBearer.size());
+}
+
 class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgress> {
  public:
   ProgressReactor(grpc::CallbackServerContext* context, const RankTokens* tokens,
                   const AgentServiceImpl::Forward* forward)
       : forward_(forward) {
     std::optional<RankIdentity> rank;
-    const auto& metadata = context->client_metadata();
-    auto it = metadata.find("authorization");
-    if (it != metadata.end()) {
-      const std::string_view value(it->second.data(), it->second.size());
-      if (value.substr(0, kBearer.size()) == kBearer) {
-        rank = tokens->RankForToken(value.substr(kBearer.size()));
-      }
-    }
+    const std::string_view token = BearerToken(*context);
+    if (!token.empty()) rank = tokens->RankForToken(token);
     if (!rank) {
       Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "ReportProgress needs 'authorization: Bearer <rank token>' of a rank "
@@ -71,11 +77,89 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
   loom::v1::RankProgress progress_;
 };
 
+// The rank a store call comes from (by its token), or the status that
+// refuses it.
+grpc::Status StoreCaller(const grpc::CallbackServerContext& context, const RankTokens& tokens,
+                         const StoreRelay* store, const char* method, RankIdentity* rank,
+                         std::string* token) {
+  if (store == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "this agent relays no store calls");
+  }
+  *token = std::string(BearerToken(context));
+  std::optional<RankIdentity> found;
+  if (!token->empty()) found = tokens.RankForToken(*token);
+  if (!found) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(method,
+                                     " needs 'authorization: Bearer <rank token>' of a rank this "
+                                     "agent runs"));
+  }
+  *rank = *std::move(found);
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 grpc::ServerReadReactor<loom::v1::RankProgress>* AgentServiceImpl::ReportProgress(
     grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* /*response*/) {
   return new ProgressReactor(context, tokens_, &forward_);
+}
+
+grpc::ServerUnaryReactor* AgentServiceImpl::StoreSet(grpc::CallbackServerContext* context,
+                                                     const loom::v1::StoreSetRequest* request,
+                                                     loom::v1::StoreSetResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  RankIdentity rank;
+  std::string token;
+  if (grpc::Status s = StoreCaller(*context, *tokens_, store_, "StoreSet", &rank, &token);
+      !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  store_->Set(rank, token, *request, [reactor](grpc::Status status) { reactor->Finish(status); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AgentServiceImpl::StoreGet(grpc::CallbackServerContext* context,
+                                                     const loom::v1::StoreGetRequest* request,
+                                                     loom::v1::StoreGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  RankIdentity rank;
+  std::string token;
+  if (grpc::Status s = StoreCaller(*context, *tokens_, store_, "StoreGet", &rank, &token);
+      !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  // As the coordinator: no longer than wait_ms, nor past the call's deadline.
+  const absl::Time deadline =
+      std::min(absl::Now() + absl::Milliseconds(std::max<int64_t>(0, request->wait_ms())),
+               absl::FromChrono(context->deadline()));
+  store_->Get(rank, token, *request, deadline,
+              [reactor, response](grpc::Status status, const std::string& value) {
+                if (status.ok()) response->set_value(value);
+                reactor->Finish(status);
+              });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AgentServiceImpl::StoreAdd(grpc::CallbackServerContext* context,
+                                                     const loom::v1::StoreAddRequest* request,
+                                                     loom::v1::StoreAddResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  RankIdentity rank;
+  std::string token;
+  if (grpc::Status s = StoreCaller(*context, *tokens_, store_, "StoreAdd", &rank, &token);
+      !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  store_->Add(rank, token, *request, [reactor, response](grpc::Status status, int64_t value) {
+    if (status.ok()) response->set_value(value);
+    reactor->Finish(status);
+  });
+  return reactor;
 }
 
 absl::StatusOr<std::string> AgentSocketTarget(const std::string& work_dir) {

@@ -5,6 +5,9 @@
 // rank's job, attempt and rank, else the stream ends with PERMISSION_DENIED
 // and nothing of the refused report is forwarded. Accepted reports go to the
 // node session, which forwards them in batches (node_session.h).
+// The rank's rendezvous store calls (StoreSet/Get/Add) are checked the same
+// way (the token, then the namespace: only the rank's own attempt's) and
+// relayed to the coordinator by the StoreRelay (store_relay.h).
 #pragma once
 
 #include <functional>
@@ -15,22 +18,34 @@
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/rank_tokens.h"
+#include "worker/agent/store_relay.h"
 
 namespace loom::agent {
 
 class AgentServiceImpl final : public loom::v1::AgentService::CallbackService {
  public:
   using Forward = std::function<void(loom::v1::RankProgress)>;
-  // tokens and forward outlive the service.
-  AgentServiceImpl(const RankTokens* tokens, Forward forward)
-      : tokens_(tokens), forward_(std::move(forward)) {}
+  // tokens, forward and store outlive the service; store may be null (the
+  // store calls are then UNIMPLEMENTED).
+  AgentServiceImpl(const RankTokens* tokens, Forward forward, StoreRelay* store = nullptr)
+      : tokens_(tokens), forward_(std::move(forward)), store_(store) {}
 
   grpc::ServerReadReactor<loom::v1::RankProgress>* ReportProgress(
       grpc::CallbackServerContext* context, loom::v1::ReportProgressResponse* response) override;
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
+                                     const loom::v1::StoreSetRequest* request,
+                                     loom::v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
+                                     const loom::v1::StoreGetRequest* request,
+                                     loom::v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
+                                     const loom::v1::StoreAddRequest* request,
+                                     loom::v1::StoreAddResponse* response) override;
 
  private:
   const RankTokens* tokens_;
   Forward forward_;
+  StoreRelay* store_;
 };
 
 // "unix:<work_dir>/agent.sock", or INVALID_ARGUMENT naming --work_dir when

@@ -144,8 +144,6 @@ int Main(int argc, char** argv) {
   rank_options.roots.rank_owner = run_as;
   rank_options.run_as = run_as;
   rank_options.work_dir = config.work_dir;
-  rank_options.coordinator = config.coordinator;
-  rank_options.coordinator_tls = config.tls;
   rank_options.trainer_path = trainer;
   rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
   rank_options.default_grace = absl::Seconds(config.kill_grace_s);
@@ -175,6 +173,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   session_options.credentials = *credentials;
+  // One channel for the session and the ranks' relayed store calls: both
+  // follow the same leader.
+  session_options.coordinators =
+      std::make_shared<rpc::CoordinatorChannel>(config.coordinator, *credentials);
   rpc::WarnIfInsecure(config.tls, "loom-worker");
   session_options.registration = registration;
   session_options.progress_batch_window = absl::Milliseconds(config.progress_batch_ms);
@@ -183,9 +185,12 @@ int Main(int argc, char** argv) {
 
   // The ranks' progress comes in on the local socket and leaves in batches
   // on the session.
-  AgentServiceImpl agent_service(&ranks, [&session](loom::v1::RankProgress progress) {
-    session.ReportProgress(std::move(progress));
-  });
+  // The ranks' store calls are relayed on the session's channel.
+  StoreRelay store_relay(session_options.coordinators);
+  AgentServiceImpl agent_service(
+      &ranks,
+      [&session](loom::v1::RankProgress progress) { session.ReportProgress(std::move(progress)); },
+      &store_relay);
   absl::StatusOr<std::unique_ptr<grpc::Server>> agent_server =
       StartAgentServer(*agent_socket, !config.run_as_user.empty(), &agent_service);
   if (!agent_server.ok()) {
@@ -211,6 +216,7 @@ int Main(int argc, char** argv) {
           run_as.uid != static_cast<uid_t>(-1) ? config.run_as_user.c_str() : "");
   session.Run();
   signal_thread.join();
+  store_relay.Shutdown();  // answers the calls it holds, so the server can stop
   (*agent_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   session_ptr.store(nullptr);
   fprintf(stderr, "loom-worker: stopped\n");

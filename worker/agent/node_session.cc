@@ -92,11 +92,15 @@ void NodeSession::Run() {
     running_ = true;
   }
   // No credentials is a programming error, never a silent plaintext channel.
-  if (options_.credentials == nullptr) {
+  if (options_.credentials == nullptr && options_.coordinators == nullptr) {
     std::fprintf(stderr, "loom-worker: NodeSessionOptions.credentials is required\n");
     std::abort();
   }
-  rpc::CoordinatorChannel coordinators(options_.coordinator, options_.credentials);
+  std::shared_ptr<rpc::CoordinatorChannel> shared = options_.coordinators;
+  if (shared == nullptr) {
+    shared = std::make_shared<rpc::CoordinatorChannel>(options_.coordinator, options_.credentials);
+  }
+  rpc::CoordinatorChannel& coordinators = *shared;
   absl::Duration backoff = options_.initial_backoff;
   int failures_in_a_row = 0;
   std::unique_lock lock(mu_);

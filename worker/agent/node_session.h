@@ -32,6 +32,10 @@ struct NodeSessionOptions {
   // From rpc::ChannelCredentials (mutual TLS, or plaintext only behind the
   // agent's --insecure). Required: the session never picks plaintext itself.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // When set, the session uses this channel (shared with the agent's store
+  // relay, so both follow the same leader) instead of making its own from
+  // coordinator and credentials.
+  std::shared_ptr<rpc::CoordinatorChannel> coordinators;
   // Sent at the start of every stream; its `running` list is filled in then.
   loom::v1::RegisterNode registration;
   absl::Duration initial_backoff = absl::Milliseconds(200);

@@ -36,12 +36,6 @@ absl::Status WriteRankFile(const std::string& path, const std::string& bytes,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::FailedPreconditionError(absl::StrCat("cannot read '", path, "'"));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 absl::Status ValidateJobId(const std::string& job_id) {
@@ -111,7 +105,7 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
                                                    assignment.job_id(), " attempt ",
                                                    assignment.attempt(), " is already running"));
     }
-    ranks_[key] = Rank{0, log_path, assignment.rank_token()};
+    ranks_[key] = Rank{0, log_path, assignment.rank_token(), assignment.store_namespace()};
   }
   bool dir_made = false;
   auto fail = [&](const std::string& reason, int exit_code = kLaunchFailedExitCode) {
@@ -151,33 +145,14 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
     if (error) return fail(absl::StrCat("cannot write '", assignment_path, "': ", error.message()));
   }
 
-  // A rank that runs as another user cannot read the agent's certificate
-  // directory: it gets its own copy, in its 0700 rank directory. (Its rank
-  // token is valid only with this node's certificate, and the trainer is
-  // Loom's own program, so the copy widens nothing a job's spec can reach.)
-  rpc::TlsSettings tls = options_.coordinator_tls;
-  if (!tls.insecure && options_.run_as.uid != static_cast<uid_t>(-1)) {
-    for (auto [path, name] : {std::pair{&tls.ca_path, "coordinator_ca.crt"},
-                              std::pair{&tls.cert_path, "node.crt"},
-                              std::pair{&tls.key_path, "node.key"}}) {
-      if (path->empty()) continue;
-      absl::StatusOr<std::string> bytes = ReadWholeFile(*path);
-      if (!bytes.ok()) return fail(std::string(bytes.status().message()));
-      const std::string copy = absl::StrCat(dir, "/", name);
-      if (absl::Status s = WriteRankFile(copy, *bytes, options_.run_as); !s.ok()) {
-        return fail(std::string(s.message()));
-      }
-      *path = copy;
-    }
-  }
-
   ProcessSpec spec;
-  spec.argv = {options_.trainer_path, absl::StrCat("--coordinator=", options_.coordinator),
-               absl::StrCat("--assignment=", assignment_path), absl::StrCat("--work_dir=", dir)};
+  // The trainer gets no coordinator address and no certificate: it talks only
+  // to this agent, whose socket its rank token opens.
+  spec.argv = {options_.trainer_path, absl::StrCat("--assignment=", assignment_path),
+               absl::StrCat("--work_dir=", dir)};
   if (!options_.agent_socket.empty()) {
     spec.argv.push_back(absl::StrCat("--agent_socket=", options_.agent_socket));
   }
-  for (std::string& arg : rpc::TlsArgs(tls)) spec.argv.push_back(std::move(arg));
   const std::string threads = absl::StrCat(std::max(1, options_.threads_per_rank));
   // Passive OpenMP waiting: ranks share cores with each other and the agent,
   // and spinning workers would steal them (libgomp reads this at load time).
@@ -270,7 +245,8 @@ std::optional<RankIdentity> RankManager::RankForToken(std::string_view token) co
   // Every rank is compared: the time does not say which one matched.
   for (const auto& [key, rank] : ranks_) {
     if (ConstantTimeEquals(rank.token, token) && rank.pid != 0) {
-      found = RankIdentity{std::get<0>(key), std::get<1>(key), std::get<2>(key)};
+      found = RankIdentity{std::get<0>(key), std::get<1>(key), std::get<2>(key),
+                           rank.store_namespace};
     }
   }
   return found;

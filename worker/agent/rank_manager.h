@@ -23,7 +23,6 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/rpc/tls.h"
 #include "loom/v1/node.pb.h"
 #include "worker/agent/launch_paths.h"
 #include "worker/agent/process_supervisor.h"
@@ -34,11 +33,10 @@ namespace loom::agent {
 
 struct RankManagerOptions {
   std::string work_dir;      // absolute
-  std::string coordinator;   // HOST:PORT handed to every trainer
-  rpc::TlsSettings coordinator_tls;  // handed to every trainer as its TLS flags
   std::string trainer_path;  // the loom-trainer executable
-  // The agent's progress endpoint, handed to every trainer (--agent_socket),
-  // e.g. "unix:<work_dir>/agent.sock".
+  // The agent's endpoint (progress and the rendezvous store), handed to every
+  // trainer (--agent_socket), the only endpoint a trainer talks to; e.g.
+  // "unix:<work_dir>/agent.sock".
   std::string agent_socket;
   int threads_per_rank = 1;  // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS of each rank
   // GPU nodes: each rank sees only its assigned GPU (CUDA_VISIBLE_DEVICES =
@@ -94,6 +92,7 @@ class RankManager : public RankCommands, public RankTokens {
     pid_t pid = 0;  // 0 while the launch is in flight
     std::string log_path;
     std::string token;  // the assignment's rank_token (secret)
+    std::string store_namespace;
   };
 
   void ReportLaunchFailure(const loom::v1::RankAssignment& assignment,

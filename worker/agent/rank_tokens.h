@@ -1,6 +1,6 @@
-// Which rank a bearer token belongs to, for the agent's local progress
-// endpoint (agent_service.h): a rank proves who it is with the token the
-// coordinator issued in its assignment. RankManager is the real
+// Which rank a bearer token belongs to, for the agent's local endpoint
+// (progress and store calls, agent_service.h): a rank proves who it is with
+// the token the coordinator issued in its assignment. RankManager is the real
 // implementation; tests may use their own.
 #pragma once
 
@@ -15,6 +15,7 @@ struct RankIdentity {
   std::string job_id;
   int32_t attempt = 0;
   int32_t rank = 0;
+  std::string store_namespace;  // the assignment's: the only one its store calls may use
 };
 
 class RankTokens {

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/rpc/rpc_settings.h"
 #include "common/spec/job_spec_yaml.h"
 #include "common/topology/instruction.h"
 #include "proto/group_members.h"
@@ -107,8 +106,7 @@ absl::StatusOr<loom::v1::RankAssignment> ReadAssignment(const std::string& path)
   return assignment;
 }
 
-absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSettings& tls,
-                            const std::string& coordinator, const std::string& agent_socket) {
+absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string& agent_socket) {
   absl::StatusOr<spec::JobSpec> parsed =
       spec::ParseJobSpecYaml(a.spec_yaml(), absl::StrCat("job ", a.job_id()));
   if (!parsed.ok()) return parsed.status();
@@ -121,16 +119,11 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const rpc::TlsSet
                a.local_device());
   absl::StatusOr<std::function<void(int64_t)>> fault = InstallFaultPlan(a.rank(), a.attempt());
   if (!fault.ok()) return fault.status();
-  // The node's certificate plus this rank's token: the coordinator accepts
-  // the rank's store calls only with both.
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      rpc::ChannelCredentials(tls, a.rank_token());
-  if (!credentials.ok()) return credentials.status();
-  // One address, or all coordinators of a highly available cluster.
-  auto coordinators = std::make_shared<rpc::CoordinatorChannel>(coordinator, *credentials);
-  // Progress goes to the node's agent, which forwards the node's reports.
+  // Progress and the rendezvous store go to the node's agent, which forwards
+  // them to the coordinator (and follows the leader); the rank token says
+  // which rank calls.
   ProgressReporter reporter(agent_socket, a.rank_token(), a.job_id(), a.attempt(), a.rank());
-  GrpcStore store(coordinators, a.store_namespace());
+  GrpcStore store(agent_socket, a.rank_token(), a.store_namespace());
 
   // Every rank creates its groups in the same order (tp, then dp), so the
   // rendezvous of one group never waits on a rank still in another's.

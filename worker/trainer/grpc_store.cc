@@ -1,11 +1,11 @@
 #include "worker/trainer/grpc_store.h"
 
+#include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/rpc/rpc_settings.h"
+#include "grpcpp/security/credentials.h"
 
 namespace loom::trainer {
 namespace {
@@ -15,17 +15,13 @@ absl::Status FromGrpc(const grpc::Status& status, const std::string& what) {
                       absl::StrCat("rendezvous store: ", what, ": ", status.error_message()));
 }
 
-// A coordinator that restarts (or a standby that takes over) is briefly
-// UNAVAILABLE; a store call retries through that window, on the leader,
-// instead of failing the rank.
+// The agent retries through a coordinator's restart or failover itself; this
+// covers the agent's own socket being briefly away (the agent restarting).
 template <typename Call>
-grpc::Status WithRetry(rpc::CoordinatorChannel& coordinators, absl::Time give_up, Call call) {
+grpc::Status WithRetry(absl::Time give_up, Call call) {
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {
-    auto stub = loom::v1::RankService::NewStub(coordinators.channel());
-    grpc::ClientContext* context = nullptr;
-    grpc::Status status = call(*stub, &context);
-    coordinators.Failed(status, context);
+    grpc::Status status = call();
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() + backoff > give_up) {
       return status;
     }
@@ -36,25 +32,32 @@ grpc::Status WithRetry(rpc::CoordinatorChannel& coordinators, absl::Time give_up
 
 }  // namespace
 
-GrpcStore::GrpcStore(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
+GrpcStore::GrpcStore(const std::string& agent, std::string rank_token,
                      std::string store_namespace)
-    : coordinators_(std::move(coordinators)),
+    // Local credentials: the agent's socket is on this host; the rank token
+    // says which rank calls.
+    : agent_(loom::v1::AgentService::NewStub(
+          grpc::CreateChannel(agent, grpc::experimental::LocalCredentials(UDS)))),
+      authorization_("Bearer " + std::move(rank_token)),
       namespace_(std::move(store_namespace)) {}
+
+std::unique_ptr<grpc::ClientContext> GrpcStore::Context(absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context->AddMetadata("authorization", authorization_);
+  return context;
+}
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
   loom::v1::StoreSetRequest request;
   request.set_store_namespace(namespace_);
   request.set_key(key);
   request.set_value(value);
-  std::unique_ptr<grpc::ClientContext> context;
-  grpc::Status status = WithRetry(
-      *coordinators_, absl::Now() + absl::Seconds(30),
-      [&](loom::v1::RankService::Stub& stub, grpc::ClientContext** used) {
-        loom::v1::StoreSetResponse response;
-        context = rpc::UnaryContext();
-        *used = context.get();
-        return stub.StoreSet(context.get(), request, &response);
-      });
+  // The agent retries a set through UNAVAILABLE for 30 s; this bound is above it.
+  grpc::Status status = WithRetry(absl::Now() + absl::Seconds(40), [&] {
+    loom::v1::StoreSetResponse response;
+    return agent_->StoreSet(Context(absl::Seconds(40)).get(), request, &response);
+  });
   return status.ok() ? absl::OkStatus() : FromGrpc(status, absl::StrCat("set ", key));
 }
 
@@ -64,18 +67,12 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
   request.set_key(key);
   const absl::Time give_up = absl::Now() + timeout;
   loom::v1::StoreGetResponse response;
-  std::unique_ptr<grpc::ClientContext> context;
-  grpc::Status status = WithRetry(
-      *coordinators_, give_up,
-      [&](loom::v1::RankService::Stub& stub, grpc::ClientContext** used) {
-        const absl::Duration left = std::max(give_up - absl::Now(), absl::ZeroDuration());
-        request.set_wait_ms(absl::ToInt64Milliseconds(left));
-        // The server answers at wait_ms; the extra second covers the round trip.
-        context = rpc::UnaryContext(
-            std::chrono::milliseconds(absl::ToInt64Milliseconds(left + absl::Seconds(1))));
-        *used = context.get();
-        return stub.StoreGet(context.get(), request, &response);
-      });
+  grpc::Status status = WithRetry(give_up, [&] {
+    const absl::Duration left = std::max(give_up - absl::Now(), absl::ZeroDuration());
+    request.set_wait_ms(absl::ToInt64Milliseconds(left));
+    // The agent answers at wait_ms; the extra second covers the round trip.
+    return agent_->StoreGet(Context(left + absl::Seconds(1)).get(), request, &response);
+  });
   if (!status.ok()) return FromGrpc(status, absl::StrCat("get ", key));
   return response.value();
 }
@@ -86,11 +83,8 @@ absl::StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {
   request.set_key(key);
   request.set_delta(delta);
   loom::v1::StoreAddResponse response;
-  // Not retried: an add that reached the server must not be applied twice.
-  auto context = rpc::UnaryContext();
-  grpc::Status status = loom::v1::RankService::NewStub(coordinators_->channel())
-                            ->StoreAdd(context.get(), request, &response);
-  coordinators_->Failed(status, context.get());
+  // Not retried: an add that reached the coordinator must not be applied twice.
+  grpc::Status status = agent_->StoreAdd(Context(absl::Seconds(15)).get(), request, &response);
   if (!status.ok()) return FromGrpc(status, absl::StrCat("add ", key));
   return response.value();
 }

@@ -1,10 +1,11 @@
 // loom-trainer: the training process of one rank.
 //   loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl]
 //                [--stop_after_step=N]          one rank, no coordinator
-//   loom-trainer --coordinator=HOST:PORT --assignment=FILE --agent_socket=unix:PATH
-//                [--work_dir=DIR] (TLS flags | --insecure)
-//                                               one rank of a coordinated job (started by loom-worker,
-//                                               which passes its own TLS settings down)
+//   loom-trainer --agent_socket=unix:PATH --assignment=FILE [--work_dir=DIR]
+//                                               one rank of a coordinated job (started by loom-worker;
+//                                               it talks only to that agent, which relays its
+//                                               store calls and progress: no coordinator address,
+//                                               no certificate)
 // The exit code tells the coordinator what happened (common/exit_codes.h).
 #include <cstdio>
 #include <string>
@@ -15,18 +16,14 @@
 #include "common/exit_codes.h"
 #include "worker/trainer/standalone.h"
 #ifdef LOOM_TRAINER_WITH_GRPC
-#include "common/rpc/tls_flags.h"
 #include "worker/trainer/coordinated.h"
 #endif
 
 ABSL_FLAG(std::string, standalone, "", "JOB.yaml: train this job as one rank, without a coordinator");
-ABSL_FLAG(std::string, coordinator, "",
-          "HOST:PORT of loom-coordinator (coordinated mode); several comma-separated: follow the "
-          "leader");
 ABSL_FLAG(std::string, assignment, "", "the rank's assignment file written by loom-worker");
 ABSL_FLAG(std::string, agent_socket, "",
-          "unix:PATH of the node agent's progress endpoint (coordinated mode; loom-worker passes "
-          "it)");
+          "unix:PATH of the node agent's endpoint: progress and the rendezvous store (coordinated "
+          "mode; loom-worker passes it)");
 ABSL_FLAG(std::string, work_dir, "",
           "directory for run state; in standalone mode a relative checkpoint.dir resolves "
           "against it (default: the spec file's directory)");
@@ -39,9 +36,8 @@ namespace {
 
 constexpr char kUsage[] =
     "loom-trainer --standalone JOB.yaml [--work_dir=DIR] [--progress_format=text|jsonl] "
-    "[--stop_after_step=N] | loom-trainer --coordinator=HOST:PORT --assignment=FILE "
-    "--agent_socket=unix:PATH "
-    "(--tls_dir=DIR | --tls_ca=F --tls_cert=F --tls_key=F | --insecure)";
+    "[--stop_after_step=N] | loom-trainer --agent_socket=unix:PATH --assignment=FILE "
+    "[--work_dir=DIR]";
 
 int Report(const absl::Status& status) {
   if (!status.ok()) {
@@ -64,17 +60,13 @@ int RunStandalone(const std::string& spec_path) {
   return Report(loom::trainer::RunStandalone(options));
 }
 
-int RunCoordinated(const std::string& coordinator, const std::string& assignment_path) {
+int RunCoordinated(const std::string& assignment_path) {
 #ifdef LOOM_TRAINER_WITH_GRPC
   absl::StatusOr<loom::v1::RankAssignment> assignment =
       loom::trainer::ReadAssignment(assignment_path);
   if (!assignment.ok()) return Report(assignment.status());
-  absl::StatusOr<loom::rpc::TlsSettings> tls =
-      loom::rpc::ResolveTls(loom::rpc::TlsFlagValuesFromFlags());
-  if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
-  loom::rpc::WarnIfInsecure(*tls, "loom-trainer");
-  return Report(loom::trainer::RunCoordinated(*assignment, *tls, coordinator,
-                                              absl::GetFlag(FLAGS_agent_socket)));
+  return Report(
+      loom::trainer::RunCoordinated(*assignment, absl::GetFlag(FLAGS_agent_socket)));
 #else
   loom::cli::UsageError("this loom-trainer was built without gRPC: only --standalone works");
 #endif
@@ -86,19 +78,14 @@ int main(int argc, char** argv) {
   const std::vector<std::string> rest = loom::cli::ParseFlagsOrExit(argc, argv, kUsage);
   if (!rest.empty()) loom::cli::UsageError("unexpected argument " + rest.front());
   const std::string spec_path = absl::GetFlag(FLAGS_standalone);
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::string agent_socket = absl::GetFlag(FLAGS_agent_socket);
   const std::string assignment = absl::GetFlag(FLAGS_assignment);
-  if (!spec_path.empty() && !coordinator.empty()) {
-    loom::cli::UsageError("--standalone and --coordinator exclude each other");
+  if (!spec_path.empty() && !agent_socket.empty()) {
+    loom::cli::UsageError("--standalone and --agent_socket exclude each other");
   }
   if (!spec_path.empty()) return RunStandalone(spec_path);
-  if (coordinator.empty() || assignment.empty()) {
-    loom::cli::UsageError("give --standalone JOB.yaml, or --coordinator and --assignment");
+  if (agent_socket.empty() || assignment.empty()) {
+    loom::cli::UsageError("give --standalone JOB.yaml, or --agent_socket and --assignment");
   }
-  if (absl::GetFlag(FLAGS_agent_socket).empty()) {
-    loom::cli::UsageError(
-        "--agent_socket=unix:PATH is required with --coordinator (the node agent's progress "
-        "endpoint; loom-worker passes it)");
-  }
-  return RunCoordinated(coordinator, assignment);
+  return RunCoordinated(assignment);
 }

@@ -1,0 +1,519 @@
+#include "worker/agent/store_relay.h"
+
+#include <algorithm>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "coordinator/rendezvous/kv_store.h"
+#include "loom/v1/rank.grpc.pb.h"
+
+namespace loom::agent {
+namespace {
+
+using Key = std::pair<std::string, std::string>;  // namespace, key
+
+grpc::Status Stopping() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node agent is stopping");
+}
+
+// One thread that runs callbacks at their time: backoff before a retry, and
+// a waiter's deadline. A callback gets true when its time came, false when
+// the timer stopped first (it still runs once, on Stop's caller).
+class Timer {
+ public:
+  using Callback = std::function<void(bool fired)>;
+  Timer() : thread_([this] { Loop(); }) {}
+  ~Timer() { Stop(); }
+
+  uint64_t After(absl::Time when, Callback callback) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_id_++;
+    queue_.emplace(std::pair{when, id}, std::move(callback));
+    when_[id] = when;
+    cv_.Signal();  // it may be the earliest now
+    return id;
+  }
+  // The callback does not run if it has not yet.
+  void Cancel(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto it = when_.find(id);
+    if (it == when_.end()) return;
+    queue_.erase(std::pair{it->second, id});
+    when_.erase(it);
+  }
+  void Stop() {
+    std::map<std::pair<absl::Time, uint64_t>, Callback> left;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      stop_ = true;
+      left.swap(queue_);
+      when_.clear();
+      cv_.Signal();
+    }
+    thread_.join();
+    for (auto& [unused, callback] : left) callback(false);
+  }
+
+ private:
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      if (queue_.empty()) {
+        cv_.Wait(&mu_);
+        continue;
+      }
+      auto first = queue_.begin();
+      if (first->first.first > absl::Now()) {
+        cv_.WaitWithDeadline(&mu_, first->first.first);
+        continue;
+      }
+      Callback callback = std::move(first->second);
+      when_.erase(first->first.second);
+      queue_.erase(first);
+      mu_.Unlock();
+      callback(true);
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<std::pair<absl::Time, uint64_t>, Callback> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, absl::Time> when_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the rest exists
+};
+
+std::string RankKey(const RankIdentity& rank) {
+  return absl::StrCat(rank.job_id, "/", rank.attempt, "/", rank.rank);
+}
+
+// One upstream call: its context, messages and stub live until its callback.
+struct CallBase {
+  virtual ~CallBase() = default;
+  grpc::ClientContext context;
+};
+template <typename Request, typename Response>
+struct Call final : CallBase {
+  Request request;
+  Response response;
+  std::unique_ptr<loom::v1::RankService::Stub> stub;
+};
+
+}  // namespace
+
+absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
+                            const std::string& key, size_t value_bytes) {
+  const coordinator::KvQuotas quotas;  // the coordinator's own bounds
+  if (store_namespace.empty() || key.empty()) {
+    return absl::InvalidArgumentError("store_namespace and key must both be set");
+  }
+  if (store_namespace != rank.store_namespace) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "store_namespace '", store_namespace.substr(0, 128), "' is not the namespace of job ",
+        rank.job_id, " attempt ", rank.attempt, " rank ", rank.rank,
+        ": a rank uses only its own attempt's store"));
+  }
+  if (static_cast<int64_t>(key.size()) > quotas.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("store key has ", key.size(),
+                                                   " bytes; at most ", quotas.max_key_bytes));
+  }
+  // The coordinator's default (--store_max_value_bytes); its code too.
+  if (static_cast<int64_t>(value_bytes) > quotas.max_value_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "store value has ", value_bytes, " bytes; an agent relays at most ",
+        quotas.max_value_bytes));
+  }
+  return absl::OkStatus();
+}
+
+class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
+ public:
+  Impl(std::shared_ptr<rpc::CoordinatorChannel> coordinators, StoreRelayOptions options)
+      : coordinators_(std::move(coordinators)), options_(options) {}
+
+  // A slot for one pending call of `rank`, or why not.
+  grpc::Status Admit(const std::string& rank) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return Stopping();
+    int& mine = per_rank_[rank];
+    if (mine >= options_.max_pending_per_rank) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("rank ", rank, " has ", mine,
+                                       " store calls pending at its node agent; at most ",
+                                       options_.max_pending_per_rank, " (max_pending_per_rank)"));
+    }
+    if (pending_ >= options_.max_pending) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("the node agent holds ", pending_,
+                                       " store calls of its ranks; at most ", options_.max_pending,
+                                       " (max_pending)"));
+    }
+    ++mine;
+    ++pending_;
+    return grpc::Status::OK;
+  }
+  void Release(const std::string& rank) {
+    absl::MutexLock lock(&mu_);
+    ReleaseLocked(rank);
+  }
+
+  // Starts one upstream call; `then` runs once with its status and response
+  // (UNAVAILABLE without a call when stopping).
+  template <typename Request, typename Response, typename Issue, typename Then>
+  void Upstream(const std::string& token, Request request, absl::Time deadline, Issue issue,
+                Then then) {
+    auto call = std::make_shared<Call<Request, Response>>();
+    call->request = std::move(request);
+    call->context.set_deadline(absl::ToChronoTime(deadline));
+    call->context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    call->stub = loom::v1::RankService::NewStub(coordinators_->channel());
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        id = 0;
+      } else {
+        id = next_id_++;
+        in_flight_[id] = call;
+        ++upstream_calls_;
+      }
+    }
+    if (id == 0) {
+      then(Stopping(), Response());
+      return;
+    }
+    issue(*call->stub->async(), &call->context, &call->request, &call->response,
+          [self = shared_from_this(), call, id, then = std::move(then)](grpc::Status status) mutable {
+            self->coordinators_->Failed(status, &call->context);
+            then(status, std::move(call->response));
+            absl::MutexLock lock(&self->mu_);
+            self->in_flight_.erase(id);
+          });
+  }
+
+  // ---- set ----
+  void SetAttempt(std::string rank, std::string token, loom::v1::StoreSetRequest request,
+                  absl::Time give_up, absl::Duration backoff, SetDone done) {
+    Upstream<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(
+        token, request, absl::Now() + options_.unary_deadline,
+        [](auto& stub, grpc::ClientContext* c, const auto* req, auto* resp, auto cb) {
+          stub.StoreSet(c, req, resp, std::move(cb));
+        },
+        [self = shared_from_this(), rank, token, request, give_up, backoff,
+         done = std::move(done)](grpc::Status status, loom::v1::StoreSetResponse) mutable {
+          if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+              absl::Now() + backoff <= give_up &&
+              self->Later(backoff, [self, rank, token, request, give_up, backoff,
+                                    done](bool fired) mutable {
+                if (!fired) {
+                  self->Release(rank);
+                  done(Stopping());
+                  return;
+                }
+                self->SetAttempt(std::move(rank), std::move(token), std::move(request), give_up,
+                                 std::min(backoff * 2, self->options_.max_backoff),
+                                 std::move(done));
+              })) {
+            return;
+          }
+          self->Release(rank);
+          done(status);
+        });
+  }
+
+  // ---- add ----
+  void AddOnce(std::string rank, const std::string& token, loom::v1::StoreAddRequest request,
+               AddDone done) {
+    Upstream<loom::v1::StoreAddRequest, loom::v1::StoreAddResponse>(
+        token, std::move(request), absl::Now() + options_.unary_deadline,
+        [](auto& stub, grpc::ClientContext* c, const auto* req, auto* resp, auto cb) {
+          stub.StoreAdd(c, req, resp, std::move(cb));
+        },
+        [self = shared_from_this(), rank, done = std::move(done)](
+            grpc::Status status, loom::v1::StoreAddResponse response) {
+          self->Release(rank);
+          done(status, response.value());
+        });
+  }
+
+  // ---- get ----
+  void Get(const std::string& rank, const std::string& token, const Key& key, absl::Time deadline,
+           GetDone done) {
+    bool issue = false;
+    bool refused = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        ReleaseLocked(rank);
+        refused = true;
+      } else {
+        Group& group = groups_[key];
+        const uint64_t id = next_id_++;
+        Waiter& waiter = group.waiters[id];
+        waiter.rank = rank;
+        waiter.token = token;
+        waiter.deadline = deadline;
+        waiter.done = std::move(done);
+        waiter.timer = timer_.After(deadline, [self = shared_from_this(), key, id](bool fired) {
+          self->Expire(key, id, fired);
+        });
+        issue = !group.busy;
+        group.busy = true;
+      }
+    }
+    if (refused) {
+      done(Stopping(), "");
+      return;
+    }
+    if (issue) IssueGet(key, token, deadline, options_.initial_backoff);
+  }
+
+  void Expire(const Key& key, uint64_t id, bool fired) {
+    GetDone done;
+    {
+      absl::MutexLock lock(&mu_);
+      auto group = groups_.find(key);
+      if (group == groups_.end()) return;
+      auto waiter = group->second.waiters.find(id);
+      if (waiter == group->second.waiters.end()) return;
+      done = std::move(waiter->second.done);
+      ReleaseLocked(waiter->second.rank);
+      group->second.waiters.erase(waiter);
+      if (group->second.waiters.empty() && !group->second.busy) groups_.erase(group);
+    }
+    // As the coordinator answers a get whose key did not appear in time.
+    done(fired ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              "the key was not set before the get's deadline")
+               : Stopping(),
+         "");
+  }
+
+  void IssueGet(const Key& key, const std::string& token, absl::Time deadline,
+                absl::Duration backoff) {
+    loom::v1::StoreGetRequest request;
+    request.set_store_namespace(key.first);
+    request.set_key(key.second);
+    request.set_wait_ms(
+        absl::ToInt64Milliseconds(std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    Upstream<loom::v1::StoreGetRequest, loom::v1::StoreGetResponse>(
+        token, std::move(request), deadline + options_.get_slack,
+        [](auto& stub, grpc::ClientContext* c, const auto* req, auto* resp, auto cb) {
+          stub.StoreGet(c, req, resp, std::move(cb));
+        },
+        [self = shared_from_this(), key, backoff](grpc::Status status,
+                                                  loom::v1::StoreGetResponse response) {
+          self->GetEnded(key, status, response.value(), backoff);
+        });
+  }
+
+  // The upstream get for key ended: answer its waiters, or wait on for
+  // those whose deadline has not passed.
+  void GetEnded(const Key& key, const grpc::Status& status, const std::string& value,
+                absl::Duration backoff) {
+    std::vector<GetDone> answer;
+    std::string token;
+    absl::Time deadline = absl::InfinitePast();
+    bool again = false;
+    bool later = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto found = groups_.find(key);
+      if (found == groups_.end()) return;
+      Group& group = found->second;
+      group.busy = false;
+      const absl::Time now = absl::Now();
+      const bool retry = !stopping_ && (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                        status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+      for (auto it = group.waiters.begin(); it != group.waiters.end();) {
+        Waiter& waiter = it->second;
+        if (!status.ok() && retry && waiter.deadline > now) {
+          if (waiter.deadline > deadline) {
+            deadline = waiter.deadline;
+            token = waiter.token;
+          }
+          ++it;
+          continue;
+        }
+        timer_.Cancel(waiter.timer);
+        ReleaseLocked(waiter.rank);
+        answer.push_back(std::move(waiter.done));
+        it = group.waiters.erase(it);
+      }
+      if (group.waiters.empty()) {
+        groups_.erase(found);
+      } else {
+        group.busy = true;
+        again = true;
+        // A coordinator that is restarting gets a moment; a wait that simply
+        // ran out (a later waiter joined) goes again at once.
+        later = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+      }
+    }
+    const grpc::Status answer_status = stopping() && !status.ok() ? Stopping() : status;
+    for (GetDone& done : answer) done(answer_status, value);
+    if (!again) return;
+    if (!later) {
+      IssueGet(key, token, deadline, options_.initial_backoff);
+      return;
+    }
+    const bool scheduled = Later(backoff, [self = shared_from_this(), key, token, deadline,
+                                           backoff](bool fired) {
+      if (!fired) {
+        self->GetEnded(key, Stopping(), "", backoff);
+        return;
+      }
+      self->IssueGet(key, token, deadline, std::min(backoff * 2, self->options_.max_backoff));
+    });
+    if (!scheduled) GetEnded(key, Stopping(), "", backoff);
+  }
+
+  // Runs f after `delay` on the timer, unless the relay is stopping (false).
+  bool Later(absl::Duration delay, Timer::Callback f) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return false;
+    timer_.After(absl::Now() + delay, std::move(f));
+    return true;
+  }
+
+  void Shutdown() {
+    std::vector<std::shared_ptr<CallBase>> calls;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (auto& [id, call] : in_flight_) calls.push_back(call);
+    }
+    // Outside the lock: a cancelled call's callback may run right here.
+    for (auto& call : calls) call->context.TryCancel();
+    calls.clear();
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](std::map<uint64_t, std::shared_ptr<CallBase>>* m) { return m->empty(); },
+          &in_flight_));
+    }
+    timer_.Stop();  // answers the waiters and retries still pending
+  }
+
+  bool stopping() {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
+  const StoreRelayOptions& options() const { return options_; }
+  int64_t upstream_calls() {
+    absl::MutexLock lock(&mu_);
+    return upstream_calls_;
+  }
+  int pending() {
+    absl::MutexLock lock(&mu_);
+    return pending_;
+  }
+
+ private:
+  struct Waiter {
+    std::string rank;
+    std::string token;
+    absl::Time deadline;
+    uint64_t timer = 0;
+    GetDone done;
+  };
+  struct Group {
+    std::map<uint64_t, Waiter> waiters;
+    bool busy = false;  // an upstream get is in flight or about to be
+  };
+
+  void ReleaseLocked(const std::string& rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = per_rank_.find(rank);
+    if (it != per_rank_.end() && --it->second <= 0) per_rank_.erase(it);
+    --pending_;
+  }
+
+  const std::shared_ptr<rpc::CoordinatorChannel> coordinators_;
+  const StoreRelayOptions options_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, int> per_rank_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t upstream_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::shared_ptr<CallBase>> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
+  Timer timer_;
+};
+
+StoreRelay::StoreRelay(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
+                       StoreRelayOptions options)
+    : impl_(std::make_shared<Impl>(std::move(coordinators), options)) {}
+
+StoreRelay::~StoreRelay() { impl_->Shutdown(); }
+
+void StoreRelay::Shutdown() { impl_->Shutdown(); }
+
+int64_t StoreRelay::upstream_calls() const { return impl_->upstream_calls(); }
+
+int StoreRelay::pending() const { return impl_->pending(); }
+
+namespace {
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+}  // namespace
+
+void StoreRelay::Set(const RankIdentity& rank, const std::string& token,
+                     const loom::v1::StoreSetRequest& request, SetDone done) {
+  if (absl::Status s = CheckStoreCall(rank, request.store_namespace(), request.key(),
+                                      request.value().size());
+      !s.ok()) {
+    done(ToGrpc(s));
+    return;
+  }
+  const std::string key = RankKey(rank);
+  if (grpc::Status admitted = impl_->Admit(key); !admitted.ok()) {
+    done(admitted);
+    return;
+  }
+  impl_->SetAttempt(key, token, request, absl::Now() + impl_->options().set_retry_for,
+                    impl_->options().initial_backoff, std::move(done));
+}
+
+void StoreRelay::Get(const RankIdentity& rank, const std::string& token,
+                     const loom::v1::StoreGetRequest& request, absl::Time deadline,
+                     GetDone done) {
+  if (absl::Status s = CheckStoreCall(rank, request.store_namespace(), request.key(), 0);
+      !s.ok()) {
+    done(ToGrpc(s), "");
+    return;
+  }
+  const std::string key = RankKey(rank);
+  if (grpc::Status admitted = impl_->Admit(key); !admitted.ok()) {
+    done(admitted, "");
+    return;
+  }
+  impl_->Get(key, token, Key{request.store_namespace(), request.key()}, deadline,
+             std::move(done));
+}
+
+void StoreRelay::Add(const RankIdentity& rank, const std::string& token,
+                     const loom::v1::StoreAddRequest& request, AddDone done) {
+  if (absl::Status s = CheckStoreCall(rank, request.store_namespace(), request.key(), 0);
+      !s.ok()) {
+    done(ToGrpc(s), 0);
+    return;
+  }
+  const std::string key = RankKey(rank);
+  if (grpc::Status admitted = impl_->Admit(key); !admitted.ok()) {
+    done(admitted, 0);
+    return;
+  }
+  impl_->AddOnce(key, token, request, std::move(done));
+}
+
+}  // namespace loom::agent
