@@ -11,7 +11,7 @@
 
 namespace loom::coordinator {
 
-KvStore::KvStore(KvQuotas quotas) : quotas_(quotas), timer_([this] { TimerLoop(); }) {}
+KvStore::KvStore(rpc::StoreQuotas quotas) : quotas_(quotas), timer_([this] { TimerLoop(); }) {}
 
 KvStore::~KvStore() {
   {

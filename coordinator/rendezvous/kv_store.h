@@ -18,22 +18,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/store_quotas.h"
 
 namespace loom::coordinator {
-
-struct KvQuotas {
-  int64_t max_keys = 65536;                       // per namespace
-  int64_t max_key_bytes = 1024;
-  int64_t max_value_bytes = 1 << 20;              // 1 MiB
-  int64_t max_namespace_bytes = int64_t{64} << 20;  // keys and values, 64 MiB
-  int64_t max_waiters = 65536;                    // gets waiting in one namespace
-};
 
 class KvStore {
  public:
   using GetCallback = std::function<void(absl::StatusOr<std::string>)>;
 
-  explicit KvStore(KvQuotas quotas = {});
+  explicit KvStore(rpc::StoreQuotas quotas = {});
   ~KvStore();
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
@@ -82,7 +75,7 @@ class KvStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
-  const KvQuotas quotas_;
+  const rpc::StoreQuotas quotas_;
   mutable absl::Mutex mu_;
   std::map<std::string, Namespace> namespaces_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "coordinator/rendezvous/kv_store.h"
+#include "common/rpc/store_quotas.h"
 #include "loom/v1/rank.grpc.pb.h"
 
 namespace loom::agent {
@@ -111,7 +111,7 @@ struct Call final : CallBase {
 
 absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
                             const std::string& key, size_t value_bytes) {
-  const coordinator::KvQuotas quotas;  // the coordinator's own bounds
+  const rpc::StoreQuotas quotas;  // the coordinator's own bounds
   if (store_namespace.empty() || key.empty()) {
     return absl::InvalidArgumentError("store_namespace and key must both be set");
   }

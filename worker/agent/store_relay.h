@@ -13,7 +13,7 @@
 //    that reached the coordinator must not be applied twice).
 //  - What the agent holds is bounded: pending calls per rank and in all
 //    (RESOURCE_EXHAUSTED naming the bound), and the request sizes the
-//    coordinator's store accepts (coordinator/rendezvous/kv_store.h).
+//    coordinator's store accepts (common/rpc/store_quotas.h).
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,7 @@ struct StoreRelayOptions {
 // PERMISSION_DENIED when the namespace is not the rank's own, and
 // INVALID_ARGUMENT for an empty namespace or key or a key larger than the
 // coordinator's store accepts, RESOURCE_EXHAUSTED for a value larger than
-// its default quota (KvQuotas, as the coordinator answers).
+// its default quota (rpc::StoreQuotas, as the coordinator answers).
 absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
                             const std::string& key, size_t value_bytes);
 
