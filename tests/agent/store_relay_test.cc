@@ -79,6 +79,7 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
       absl::MutexLock lock(&mu_);
       if (held_.reactor == nullptr) return false;
       held = held_;
+      held_ = Held{};
       hold_batch_ = false;
     }
     Apply(*held.request, held.response);
