@@ -371,6 +371,7 @@ NodeWrites::Batch* NodeWrites::TakeLocked() {
 
 void NodeWrites::Issue(Batch* batch) {
   batch->start = absl::Now();
+  shared_->stats->store_batches++;
   batch->context.set_deadline(absl::ToChronoTime(batch->start + absl::Seconds(30)));
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -59,6 +59,7 @@ struct ClusterStats {
   std::atomic<int64_t> rendezvous_failed{0};
   // Each set and add, timed as the StoreBatch that carried it.
   LatencyRecorder store_latency;
+  std::atomic<int64_t> store_batches{0};  // StoreBatch calls sent
   // From queueing a heartbeat to gRPC taking it: when this nears the node
   // timeout, loadgen itself (not the coordinator) is what lags.
   LatencyRecorder heartbeat_delay;
