@@ -17,4 +17,12 @@ struct StoreQuotas {
   int64_t max_waiters = 65536;                      // gets waiting in one namespace
 };
 
+// A StoreBatch (RankService) carries at most this many ops; a node agent
+// never sends more (worker/agent/store_relay.h), the coordinator refuses more.
+inline constexpr int kMaxStoreBatchOps = 1024;
+// And at most this many bytes of keys and values in all, well under the
+// 16 MiB message bound (rpc_settings.h); one op (StoreQuotas' key and value
+// bounds) always fits.
+inline constexpr int64_t kMaxStoreBatchBytes = int64_t{8} << 20;
+
 }  // namespace loom::rpc

@@ -34,6 +34,8 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.RankService/StoreSet", {.rank = true}},
       {"/loom.v1.RankService/StoreGet", {.rank = true}},
       {"/loom.v1.RankService/StoreAdd", {.rank = true}},
+      // The node itself; each op is authorized with its own rank token.
+      {"/loom.v1.RankService/StoreBatch", {.node = true}},
   };
   return *rules;
 }

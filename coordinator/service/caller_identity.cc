@@ -16,8 +16,7 @@ std::string FirstProperty(const grpc::AuthContext& context, const char* name) {
 
 }  // namespace
 
-absl::StatusOr<auth::Identity> CallerAuth::Admit(const grpc::ServerContextBase& context,
-                                                 const std::string& method) const {
+auth::PeerInfo CallerAuth::Peer(const grpc::ServerContextBase& context) const {
   auth::PeerInfo peer;
   peer.tls = tls_;
   if (tls_) {
@@ -32,6 +31,23 @@ absl::StatusOr<auth::Identity> CallerAuth::Admit(const grpc::ServerContextBase& 
     auto it = metadata.find("authorization");
     if (it != metadata.end()) peer.authorization = std::string(it->second.data(), it->second.size());
   }
+  return peer;
+}
+
+absl::StatusOr<auth::Identity> CallerAuth::Admit(const grpc::ServerContextBase& context,
+                                                 const std::string& method) const {
+  return Check(Peer(context), method);
+}
+
+absl::StatusOr<auth::Identity> CallerAuth::AdmitWithToken(auth::PeerInfo peer,
+                                                          const std::string& token,
+                                                          const std::string& method) const {
+  peer.authorization = token.empty() ? "" : absl::StrCat("Bearer ", token);
+  return Check(peer, method);
+}
+
+absl::StatusOr<auth::Identity> CallerAuth::Check(const auth::PeerInfo& peer,
+                                                 const std::string& method) const {
   absl::StatusOr<auth::Identity> identity = auth::Authenticate(peer, users_, ranks_);
   if (!identity.ok()) return identity.status();
   if (absl::Status s = auth::AuthorizeMethod(*identity, method); !s.ok()) return s;

@@ -28,9 +28,19 @@ class CallerAuth {
   absl::StatusOr<auth::Identity> Admit(const grpc::ServerContextBase& context,
                                        const std::string& method) const;
 
+  // What the transport says about the caller (certificate, authorization).
+  auth::PeerInfo Peer(const grpc::ServerContextBase& context) const;
+  // As Admit, for a caller seen as `peer` but carrying `token` (a rank
+  // token, "" for none) instead of its call's own authorization: one op of a
+  // StoreBatch is admitted exactly as a single call carrying its token.
+  absl::StatusOr<auth::Identity> AdmitWithToken(auth::PeerInfo peer, const std::string& token,
+                                                const std::string& method) const;
+
   bool tls() const { return tls_; }
 
  private:
+  absl::StatusOr<auth::Identity> Check(const auth::PeerInfo& peer, const std::string& method) const;
+
   bool tls_;
   const auth::UserTokenStore* users_;
   const auth::RankTokenCodec* ranks_;

@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/auth/policy.h"
 #include "coordinator/service/status_convert.h"
+#include "coordinator/service/store_batch.h"
 
 namespace loom::coordinator {
 namespace {
@@ -84,6 +85,26 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
     }
   }
   reactor->Finish(status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RankServiceImpl::StoreBatch(grpc::CallbackServerContext* context,
+                                                      const loom::v1::StoreBatchRequest* request,
+                                                      loom::v1::StoreBatchResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The call is the node's; each op is then admitted with its own rank token.
+  absl::Status status = auth_->Admit(*context, absl::StrCat(kMethodPrefix, "StoreBatch")).status();
+  if (status.ok()) status = CheckStoreBatch(*request);
+  if (status.ok()) {
+    const auth::PeerInfo peer = auth_->Peer(*context);
+    ApplyStoreBatch(
+        *request,
+        [this, &peer](const std::string& token, const std::string& method) {
+          return auth_->AdmitWithToken(peer, token, method);
+        },
+        kv_, response);
+  }
+  reactor->Finish(ToGrpc(status));
   return reactor;
 }
 

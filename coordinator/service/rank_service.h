@@ -26,6 +26,10 @@ class RankServiceImpl final : public loom::v1::RankService::CallbackService {
   grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
                                      const loom::v1::StoreAddRequest* request,
                                      loom::v1::StoreAddResponse* response) override;
+  // A node's sets and adds of several of its ranks (store_batch.h).
+  grpc::ServerUnaryReactor* StoreBatch(grpc::CallbackServerContext* context,
+                                       const loom::v1::StoreBatchRequest* request,
+                                       loom::v1::StoreBatchResponse* response) override;
 
  private:
   // Admits a store call in namespace ns, or says why not.

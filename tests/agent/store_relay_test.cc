@@ -4,8 +4,10 @@
 // upstream; two local gets of one key share one upstream call and both get
 // the value; a waiter whose deadline passes gets DEADLINE_EXCEEDED while the
 // other still gets the value, from a new upstream get when the shared one
-// ended without it; a set is retried through UNAVAILABLE and an add
-// never is; every upstream call carries the calling rank's token.
+// ended without it; sets and adds made while a StoreBatch is in flight go
+// together in the next one, each answered with its own result; a set is
+// retried through UNAVAILABLE and an add never is (also when they shared
+// the batch that failed); every op carries the calling rank's token.
 #include "worker/agent/store_relay.h"
 
 #include <map>
@@ -39,40 +41,54 @@ class FakeTokens final : public RankTokens {
 };
 
 // The coordinator's store as far as the relay sees it: gets of a missing key
-// wait until a set (or the end of the test); sets and adds can be made to
-// fail with UNAVAILABLE a given number of times.
+// wait until a set (or the end of the test); sets and adds come in
+// StoreBatch calls, which can be made to fail whole with UNAVAILABLE a given
+// number of times, or be held (the first one while `hold_batch_`) until the
+// test releases it. A set of the key "refuse-me" is refused in its result.
 class FakeCoordinator final : public loom::v1::RankService::CallbackService {
  public:
-  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
-                                     const loom::v1::StoreSetRequest* request,
-                                     loom::v1::StoreSetResponse*) override {
+  grpc::ServerUnaryReactor* StoreBatch(grpc::CallbackServerContext* context,
+                                       const loom::v1::StoreBatchRequest* request,
+                                       loom::v1::StoreBatchResponse* response) override {
     auto* reactor = context->DefaultReactor();
-    std::vector<Parked> ready;
     {
       absl::MutexLock lock(&mu_);
-      ++sets_;
-      Note(*context);
-      if (fail_sets_ > 0) {
-        --fail_sets_;
+      batch_sizes_.push_back(request->ops_size());
+      if (context->client_metadata().count("authorization") > 0) ++batches_with_authorization_;
+      for (const loom::v1::StoreOp& op : request->ops()) {
+        authorizations_.push_back("Bearer " + op.rank_token());
+      }
+      if (hold_batch_ && held_.reactor == nullptr) {
+        held_ = Held{reactor, request, response};
+        return reactor;
+      }
+      if (fail_batches_ > 0) {
+        --fail_batches_;
         reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"));
         return reactor;
       }
-      values_[request->key()] = request->value();
-      for (auto it = parked_.begin(); it != parked_.end();) {
-        if (it->key == request->key()) {
-          ready.push_back(*it);
-          it = parked_.erase(it);
-        } else {
-          ++it;
-        }
-      }
     }
-    for (Parked& p : ready) {
-      p.response->set_value(request->value());
-      p.reactor->Finish(grpc::Status::OK);
-    }
+    Apply(*request, response);
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+  // Answers the held batch (false if none is held yet).
+  bool ReleaseHeld() {
+    Held held;
+    {
+      absl::MutexLock lock(&mu_);
+      if (held_.reactor == nullptr) return false;
+      held = held_;
+      held_ = Held{};
+      hold_batch_ = false;
+    }
+    Apply(*held.request, held.response);
+    held.reactor->Finish(grpc::Status::OK);
+    return true;
+  }
+  bool holding() {
+    absl::MutexLock lock(&mu_);
+    return held_.reactor != nullptr;
   }
   grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
                                      const loom::v1::StoreGetRequest* request,
@@ -111,24 +127,6 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
       p.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "not set in time"));
     }
   }
-  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
-                                     const loom::v1::StoreAddRequest* request,
-                                     loom::v1::StoreAddResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    absl::MutexLock lock(&mu_);
-    ++adds_;
-    Note(*context);
-    if (fail_adds_ > 0) {
-      --fail_adds_;
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"));
-      return reactor;
-    }
-    counters_[request->key()] += request->delta();
-    response->set_value(counters_[request->key()]);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
   // Ends the gets still waiting (before the server shuts down).
   void FinishParked() {
     std::vector<Parked> left;
@@ -147,11 +145,54 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
   int sets_ ABSL_GUARDED_BY(mu_) = 0;
   int gets_ ABSL_GUARDED_BY(mu_) = 0;
   int adds_ ABSL_GUARDED_BY(mu_) = 0;
-  int fail_sets_ ABSL_GUARDED_BY(mu_) = 0;
-  int fail_adds_ ABSL_GUARDED_BY(mu_) = 0;
+  int fail_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_batch_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);  // ops of each StoreBatch
+  int batches_with_authorization_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
 
  private:
+  struct Held {
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    const loom::v1::StoreBatchRequest* request = nullptr;
+    loom::v1::StoreBatchResponse* response = nullptr;
+  };
+  // Applies each op and answers its result; a set wakes the gets of its key.
+  void Apply(const loom::v1::StoreBatchRequest& request, loom::v1::StoreBatchResponse* response) {
+    std::vector<std::pair<Parked, std::string>> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const loom::v1::StoreOp& op : request.ops()) {
+        loom::v1::StoreOpResult* result = response->add_results();
+        if (op.has_set()) {
+          ++sets_;
+          if (op.set().key() == "refuse-me") {
+            result->set_code(grpc::StatusCode::PERMISSION_DENIED);
+            result->set_message("refused");
+            continue;
+          }
+          values_[op.set().key()] = op.set().value();
+          for (auto it = parked_.begin(); it != parked_.end();) {
+            if (it->key == op.set().key()) {
+              ready.emplace_back(*it, op.set().value());
+              it = parked_.erase(it);
+            } else {
+              ++it;
+            }
+          }
+        } else {
+          ++adds_;
+          int64_t& counter = counters_[op.add().key()];
+          counter += op.add().delta();
+          result->set_value(counter);
+        }
+      }
+    }
+    for (auto& [p, value] : ready) {
+      p.response->set_value(value);
+      p.reactor->Finish(grpc::Status::OK);
+    }
+  }
   struct Parked {
     std::string key;
     grpc::ServerUnaryReactor* reactor;
@@ -167,6 +208,7 @@ class FakeCoordinator final : public loom::v1::RankService::CallbackService {
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> counters_ ABSL_GUARDED_BY(mu_);
   std::vector<Parked> parked_ ABSL_GUARDED_BY(mu_);
+  Held held_ ABSL_GUARDED_BY(mu_);
 };
 
 constexpr char kNamespace[] = "job-1/2";
@@ -211,6 +253,7 @@ class StoreRelayTest : public ::testing::Test {
     if (agent_server_ != nullptr) agent_server_->Shutdown();
     stop_expiry_.Notify();
     if (expiry_.joinable()) expiry_.join();
+    coordinator_.ReleaseHeld();
     coordinator_.FinishParked();
     if (coordinator_server_ != nullptr) coordinator_server_->Shutdown();
   }
@@ -376,29 +419,107 @@ TEST_F(StoreRelayTest, AWaiterLeftWhenTheSharedGetEndsWithoutAValueIsServedByANe
 TEST_F(StoreRelayTest, ASetIsRetriedThroughUnavailable) {
   {
     absl::MutexLock lock(&coordinator_.mu_);
-    coordinator_.fail_sets_ = 2;
+    coordinator_.fail_batches_ = 2;
   }
   grpc::Status status = Set("secret-0", kNamespace, "k", "v");
   EXPECT_TRUE(status.ok()) << status.error_message();
   absl::MutexLock lock(&coordinator_.mu_);
-  EXPECT_EQ(coordinator_.sets_, 3);
+  EXPECT_EQ(coordinator_.batch_sizes_.size(), 3u);
+  EXPECT_EQ(coordinator_.sets_, 1);
   EXPECT_EQ(coordinator_.authorizations_.back(), "Bearer secret-0");
+  // The batch is the node's call; only its ops carry rank tokens.
+  EXPECT_EQ(coordinator_.batches_with_authorization_, 0);
 }
 
 TEST_F(StoreRelayTest, AnAddIsNeverRetried) {
   {
     absl::MutexLock lock(&coordinator_.mu_);
-    coordinator_.fail_adds_ = 1;
+    coordinator_.fail_batches_ = 1;
   }
   int64_t value = 0;
   grpc::Status failed = Add("secret-0", "count", 1, &value);
   EXPECT_EQ(failed.error_code(), grpc::StatusCode::UNAVAILABLE);
   {
     absl::MutexLock lock(&coordinator_.mu_);
-    EXPECT_EQ(coordinator_.adds_, 1);
+    EXPECT_EQ(coordinator_.batch_sizes_.size(), 1u);
+    EXPECT_EQ(coordinator_.adds_, 0);
   }
   ASSERT_TRUE(Add("secret-1", "count", 2, &value).ok());
   EXPECT_EQ(value, 2);
+}
+
+TEST_F(StoreRelayTest, CallsMadeWhileABatchIsInFlightGoTogetherWithTheirOwnResults) {
+  {
+    absl::MutexLock lock(&coordinator_.mu_);
+    coordinator_.hold_batch_ = true;
+  }
+  grpc::Status first;
+  std::thread first_set([&] { first = Set("secret-0", kNamespace, "first", "1"); });
+  for (int i = 0; i < 1000 && !coordinator_.holding(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(coordinator_.holding());
+  // While it is in flight: sets and adds of two ranks, one refused upstream.
+  std::vector<std::thread> calls;
+  grpc::Status set_a, set_b, refused, add_a, add_b;
+  int64_t value_a = 0, value_b = 0;
+  calls.emplace_back([&] { set_a = Set("secret-0", kNamespace, "a", "va"); });
+  calls.emplace_back([&] { set_b = Set("secret-1", kNamespace, "b", "vb"); });
+  calls.emplace_back([&] { refused = Set("secret-1", kNamespace, "refuse-me", "x"); });
+  calls.emplace_back([&] { add_a = Add("secret-0", "count-a", 5, &value_a); });
+  calls.emplace_back([&] { add_b = Add("secret-1", "count-b", 7, &value_b); });
+  for (int i = 0; i < 1000 && relay_->pending() < 6; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 6);
+  ASSERT_TRUE(coordinator_.ReleaseHeld());
+  first_set.join();
+  for (std::thread& t : calls) t.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(set_a.ok()) << set_a.error_message();
+  EXPECT_TRUE(set_b.ok()) << set_b.error_message();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED) << refused.error_message();
+  EXPECT_TRUE(add_a.ok()) << add_a.error_message();
+  EXPECT_TRUE(add_b.ok()) << add_b.error_message();
+  EXPECT_EQ(value_a, 5);
+  EXPECT_EQ(value_b, 7);
+  EXPECT_EQ(relay_->upstream_calls(), 2);
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.batch_sizes_, (std::vector<int>{1, 5}));
+  // Each op carried its own rank's token.
+  int rank0 = 0, rank1 = 0;
+  for (const std::string& a : coordinator_.authorizations_) {
+    rank0 += a == "Bearer secret-0";
+    rank1 += a == "Bearer secret-1";
+  }
+  EXPECT_EQ(rank0, 3);
+  EXPECT_EQ(rank1, 3);
+}
+
+TEST_F(StoreRelayTest, ABatchFailingUnavailableRetriesItsSetsAndFailsItsAdds) {
+  {
+    absl::MutexLock lock(&coordinator_.mu_);
+    coordinator_.hold_batch_ = true;
+    coordinator_.fail_batches_ = 1;  // the batch after the held one
+  }
+  grpc::Status first;
+  std::thread first_set([&] { first = Set("secret-0", kNamespace, "first", "1"); });
+  for (int i = 0; i < 1000 && !coordinator_.holding(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(coordinator_.holding());
+  grpc::Status set, add;
+  int64_t value = 0;
+  std::thread set_call([&] { set = Set("secret-0", kNamespace, "k", "v"); });
+  std::thread add_call([&] { add = Add("secret-1", "count", 1, &value); });
+  for (int i = 0; i < 1000 && relay_->pending() < 3; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 3);
+  ASSERT_TRUE(coordinator_.ReleaseHeld());
+  first_set.join();
+  set_call.join();
+  add_call.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(set.ok()) << set.error_message();
+  EXPECT_EQ(add.error_code(), grpc::StatusCode::UNAVAILABLE) << add.error_message();
+  absl::MutexLock lock(&coordinator_.mu_);
+  // The held one, the failed one (set and add), the set again alone.
+  EXPECT_EQ(coordinator_.batch_sizes_, (std::vector<int>{1, 2, 1}));
+  EXPECT_EQ(coordinator_.adds_, 0);
+  EXPECT_EQ(coordinator_.sets_, 2);
 }
 
 TEST_F(StoreRelayTest, PendingCallsOfOneRankAreBounded) {

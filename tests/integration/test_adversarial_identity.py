@@ -322,6 +322,44 @@ class AdversarialIdentity(unittest.TestCase):
         channel.close()
         self.assert_victim_untouched()
 
+    def test_a_node_cannot_batch_store_ops_with_another_nodes_rank_token(self):
+        namespace = self.assignment(0).store_namespace
+        stolen = self.rank_token(0)  # node-a's rank 0
+        channel = self.cluster.channel("node-y")
+        stub = rank_pb2_grpc.RankServiceStub(channel)
+        batch = rank_pb2.StoreBatchRequest(ops=[
+            rank_pb2.StoreOp(rank_token=stolen, set=rank_pb2.StoreSetRequest(
+                store_namespace=namespace, key="gloo/0", value=b"poison")),
+            rank_pb2.StoreOp(rank_token=stolen, add=rank_pb2.StoreAddRequest(
+                store_namespace=namespace, key="probe-batch", delta=100)),
+            rank_pb2.StoreOp(rank_token="loomr1.forged", add=rank_pb2.StoreAddRequest(
+                store_namespace=namespace, key="probe-batch", delta=100)),
+        ])
+        response = stub.StoreBatch(batch, timeout=TIMEOUT)
+        self.assertEqual(len(response.results), 3)
+        for result in response.results:
+            self.assertEqual(result.code, grpc.StatusCode.UNAUTHENTICATED.value[0], result.message)
+        self.assertIn("another node", response.results[0].message)
+        channel.close()
+        # A user may not call it at all; too many ops are refused naming the bound.
+        alice = rank_pb2_grpc.RankServiceStub(self.alice)
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, alice.StoreBatch, batch)
+        channel = self.cluster.channel("node-a")
+        stub = rank_pb2_grpc.RankServiceStub(channel)
+        too_many = rank_pb2.StoreBatchRequest(ops=[batch.ops[1]] * 1025)
+        details = self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, stub.StoreBatch, too_many)
+        self.assertIn("StoreBatchRequest.ops", details)
+        # node-a itself, with its own rank's token: applied; nothing of the
+        # refused ops above was.
+        own = rank_pb2.StoreBatchRequest(ops=[rank_pb2.StoreOp(
+            rank_token=stolen, add=rank_pb2.StoreAddRequest(
+                store_namespace=namespace, key="probe-batch", delta=1))])
+        response = stub.StoreBatch(own, timeout=TIMEOUT)
+        self.assertEqual(response.results[0].code, 0, response.results[0].message)
+        self.assertEqual(response.results[0].value, 1)
+        channel.close()
+        self.assert_victim_untouched()
+
     def test_refusals_are_counted_by_code(self):
         bob = self.cluster.channel("user-bob")
         self.assert_code(grpc.StatusCode.PERMISSION_DENIED,

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/rpc/rpc_settings.h"
+#include "common/rpc/store_quotas.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "loom/v1/rank.grpc.pb.h"
@@ -78,6 +80,43 @@ class NodeGets {
   std::map<std::pair<std::string, std::string>, Shared> gets_;
 };
 
+// The node agent's batching of its ranks' sets and adds (worker/agent/
+// store_relay.h): with no StoreBatch in flight an op goes at once; while one
+// is, later ops queue and go together when it returns. The follow-up ops a
+// batch's answers cause (a rank's add after its set) queue before the next
+// batch goes, so a node's ranks that act together share their batches.
+class NodeWrites {
+ public:
+  // done runs once with the op's status and, for an add, its value.
+  using Done = std::function<void(const grpc::Status&, int64_t value)>;
+  NodeWrites(loom::v1::RankService::Stub* stub, FakeCluster::Shared* shared)
+      : stub_(stub), shared_(shared) {}
+
+  void Send(loom::v1::StoreOp op, Done done);
+  // Cancels the batch in flight (shutdown).
+  void CancelAll();
+
+ private:
+  struct Batch {
+    grpc::ClientContext context;
+    loom::v1::StoreBatchRequest request;
+    loom::v1::StoreBatchResponse response;
+    std::vector<Done> done;
+    absl::Time start;
+  };
+  // Takes the queue as the next batch (mu_ held); nullptr when it is empty.
+  Batch* TakeLocked();
+  void Issue(Batch* batch);
+  void Ended(Batch* batch, const grpc::Status& status);
+
+  loom::v1::RankService::Stub* const stub_;
+  FakeCluster::Shared* const shared_;
+  std::mutex mu_;
+  std::vector<std::pair<loom::v1::StoreOp, Done>> queue_;
+  Batch* in_flight_ = nullptr;
+  bool busy_ = false;  // a batch is in flight or its answers are being handled
+};
+
 // One rank of a launched attempt: its rendezvous through the store (with its
 // rank token, as its agent relays a trainer's calls; the waiting get goes
 // through its node's NodeGets), then its reports, which its node sends in
@@ -88,10 +127,10 @@ class FakeRank {
   // "ready" not yet in a batch) -> kReporting; kStopped at any point (killed).
   enum State : int { kLaunched, kJoining, kJoined, kReporting, kStopped };
 
-  FakeRank(loom::v1::RankService::Stub* stub, RankAssignment assignment,
-           FakeCluster::Shared* shared, std::atomic<bool>* ready_pending, NodeGets* node_gets)
-      : stub_(stub), a_(Keep(std::move(assignment))), shared_(shared),
-        ready_pending_(ready_pending), node_gets_(node_gets) {}
+  FakeRank(RankAssignment assignment, FakeCluster::Shared* shared,
+           std::atomic<bool>* ready_pending, NodeGets* node_gets, NodeWrites* node_writes)
+      : a_(Keep(std::move(assignment))), shared_(shared), ready_pending_(ready_pending),
+        node_gets_(node_gets), node_writes_(node_writes) {}
 
   const std::string& job_id() const { return a_.job_id(); }
   int32_t attempt() const { return a_.attempt(); }
@@ -109,15 +148,11 @@ class FakeRank {
   void Begin() {
     State expected = kLaunched;
     if (!state_.compare_exchange_strong(expected, kJoining)) return;
-    auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
-    if (call == nullptr) return;
-    call->request.set_store_namespace(a_.store_namespace());
-    call->request.set_key(absl::StrCat("loadgen/addr/", a_.rank()));
-    call->request.set_value(absl::StrCat("127.0.0.1:", 20000 + a_.local_device()));
-    stub_->async()->StoreSet(&call->context, &call->request, &call->response,
-                             [this, call](grpc::Status status) {
-                               if (Done(call, status, "StoreSet", true)) Join();
-                             });
+    loom::v1::StoreOp op = Op();
+    loom::v1::StoreSetRequest* set = op.mutable_set();
+    set->set_key(absl::StrCat("loadgen/addr/", a_.rank()));
+    set->set_value(absl::StrCat("127.0.0.1:", 20000 + a_.local_device()));
+    Write(std::move(op), "StoreSet", [this](int64_t) { Join(); });
   }
 
   // The node's batch builder (one thread at a time, under the node's lock)
@@ -171,72 +206,53 @@ class FakeRank {
   }
 
   // KillRanks (the trainer dies) or the load generator's shutdown: no more
-  // reports, and the rendezvous call in flight is cancelled.
-  void Stop() {
-    state_.store(kStopped, std::memory_order_release);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pending_ != nullptr) pending_->TryCancel();
-  }
+  // reports; the answer of a write in flight is ignored.
+  void Stop() { state_.store(kStopped, std::memory_order_release); }
 
  private:
-  template <typename Request, typename Response>
-  UnaryCall<Request, Response>* NewCall(absl::Duration timeout) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!alive() || shared_->shutting_down.load()) return nullptr;
-    auto* call = new UnaryCall<Request, Response>(a_.rank_token(), timeout);
-    pending_ = &call->context;
-    return call;
+  // A store op with this rank's token and namespace (set or add to fill in).
+  loom::v1::StoreOp Op() const {
+    loom::v1::StoreOp op;
+    op.set_rank_token(a_.rank_token());
+    return op;
   }
-
-  // Records the call; true when it succeeded and the rank goes on.
-  template <typename Call>
-  bool Done(Call* call, const grpc::Status& status, const char* what, bool timed) {
-    const absl::Duration took = absl::Now() - call->start;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_ = nullptr;
-    }
-    delete call;
-    if (!status.ok()) {
-      if (!alive() || shared_->shutting_down.load()) return false;
-      if (timed) shared_->stats->store_latency.RecordFailure();
-      shared_->stats->rendezvous_failed++;
-      LogError(absl::StrCat("rank ", a_.rank(), " ", what, ": ", status.error_message()));
-      return false;
-    }
-    if (timed) shared_->stats->store_latency.Record(took);
-    return true;
+  // Sends op in the node's next StoreBatch; then runs with an add's value
+  // when it succeeded and the rank goes on.
+  void Write(loom::v1::StoreOp op, const char* what, std::function<void(int64_t)> then) {
+    if (!alive() || shared_->shutting_down.load()) return;
+    if (op.has_set()) op.mutable_set()->set_store_namespace(a_.store_namespace());
+    if (op.has_add()) op.mutable_add()->set_store_namespace(a_.store_namespace());
+    node_writes_->Send(std::move(op), [this, what, then = std::move(then)](
+                                          const grpc::Status& status, int64_t value) {
+      if (!status.ok()) {
+        if (!alive() || shared_->shutting_down.load()) return;
+        shared_->stats->rendezvous_failed++;
+        LogError(absl::StrCat("rank ", a_.rank(), " ", what, ": ", status.error_message()));
+        return;
+      }
+      if (alive()) then(value);
+    });
   }
 
   void Join() {
-    auto* call = NewCall<loom::v1::StoreAddRequest, loom::v1::StoreAddResponse>(absl::Seconds(30));
-    if (call == nullptr) return;
-    call->request.set_store_namespace(a_.store_namespace());
-    call->request.set_key("loadgen/joined");
-    call->request.set_delta(1);
-    stub_->async()->StoreAdd(&call->context, &call->request, &call->response,
-                             [this, call](grpc::Status status) {
-                               const int64_t joined = call->response.value();
-                               if (!Done(call, status, "StoreAdd", true)) return;
-                               if (joined == a_.world_size()) {
-                                 Release();
-                               } else {
-                                 WaitForAll();
-                               }
-                             });
+    loom::v1::StoreOp op = Op();
+    op.mutable_add()->set_key("loadgen/joined");
+    op.mutable_add()->set_delta(1);
+    Write(std::move(op), "StoreAdd", [this](int64_t joined) {
+      if (joined == a_.world_size()) {
+        Release();
+      } else {
+        WaitForAll();
+      }
+    });
   }
 
   // The last rank to join opens the barrier.
   void Release() {
-    auto* call = NewCall<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(absl::Seconds(30));
-    if (call == nullptr) return;
-    call->request.set_store_namespace(a_.store_namespace());
-    call->request.set_key("loadgen/go");
-    call->request.set_value("1");
-    stub_->async()->StoreSet(&call->context, &call->request, &call->response,
-                             [this, call](grpc::Status status) {
-                               if (Done(call, status, "StoreSet go", true)) Joined();
-                             });
+    loom::v1::StoreOp op = Op();
+    op.mutable_set()->set_key("loadgen/go");
+    op.mutable_set()->set_value("1");
+    Write(std::move(op), "StoreSet go", [this](int64_t) { Joined(); });
   }
 
   void WaitForAll() {
@@ -272,14 +288,11 @@ class FakeRank {
   std::atomic<State> state_{kLaunched};
   int64_t step_ = 0;  // the node's batch builder's only
 
-  loom::v1::RankService::Stub* const stub_;
   const RankAssignment a_;
   FakeCluster::Shared* const shared_;
   std::atomic<bool>* const ready_pending_;  // the node's
   NodeGets* const node_gets_;               // the node's
-
-  std::mutex mu_;
-  grpc::ClientContext* pending_ = nullptr;  // the rendezvous call in flight
+  NodeWrites* const node_writes_;           // the node's
 };
 
 void NodeGets::Wait(FakeRank* rank, const std::string& store_namespace, const std::string& key,
@@ -332,6 +345,85 @@ void NodeGets::CancelAbandoned(bool all) {
   }
 }
 
+void NodeWrites::Send(loom::v1::StoreOp op, Done done) {
+  Batch* batch = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(op), std::move(done));
+    if (busy_) return;  // goes with the next batch
+    busy_ = true;
+    batch = TakeLocked();
+  }
+  Issue(batch);
+}
+
+NodeWrites::Batch* NodeWrites::TakeLocked() {
+  if (queue_.empty()) return nullptr;
+  auto* batch = new Batch;
+  const size_t n = std::min<size_t>(queue_.size(), rpc::kMaxStoreBatchOps);
+  for (size_t i = 0; i < n; ++i) {
+    *batch->request.add_ops() = std::move(queue_[i].first);
+    batch->done.push_back(std::move(queue_[i].second));
+  }
+  queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
+  return batch;
+}
+
+void NodeWrites::Issue(Batch* batch) {
+  batch->start = absl::Now();
+  shared_->stats->store_batches++;
+  batch->context.set_deadline(absl::ToChronoTime(batch->start + absl::Seconds(30)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = batch;
+  }
+  stub_->async()->StoreBatch(&batch->context, &batch->request, &batch->response,
+                             [this, batch](grpc::Status status) { Ended(batch, status); });
+}
+
+void NodeWrites::Ended(Batch* batch, const grpc::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ = nullptr;
+  }
+  // Each op is timed as the batch that carried it.
+  const absl::Duration took = absl::Now() - batch->start;
+  const bool whole = status.ok() && batch->response.results_size() == batch->request.ops_size();
+  for (size_t i = 0; i < batch->done.size(); ++i) {
+    grpc::Status op_status = status;
+    int64_t value = 0;
+    if (whole) {
+      const loom::v1::StoreOpResult& r = batch->response.results(static_cast<int>(i));
+      op_status = grpc::Status(static_cast<grpc::StatusCode>(r.code()), r.message());
+      value = r.value();
+    } else if (status.ok()) {
+      op_status = grpc::Status(grpc::StatusCode::INTERNAL, "StoreBatch answered the wrong count");
+    }
+    if (!shared_->shutting_down.load()) {
+      if (op_status.ok()) {
+        shared_->stats->store_latency.Record(took);
+      } else {
+        shared_->stats->store_latency.RecordFailure();
+      }
+    }
+    batch->done[i](op_status, value);  // may queue the rank's next op
+  }
+  delete batch;
+  Batch* next = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = shared_->shutting_down.load() ? nullptr : TakeLocked();
+    busy_ = next != nullptr;
+    if (next == nullptr) queue_.clear();  // shutting down, or nothing left
+  }
+  if (next != nullptr) Issue(next);
+}
+
+void NodeWrites::CancelAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_ != nullptr) in_flight_->context.TryCancel();
+}
+
 // One node agent's session. Its writes go one at a time (gRPC allows one in
 // flight), in this order: the heartbeat, then exits (outbox_), then the
 // progress batch. The heartbeat and the batch are reused messages, each
@@ -346,7 +438,8 @@ class FakeNode final
         node_stub_(loom::v1::NodeService::NewStub(channel)),
         rank_stub_(loom::v1::RankService::NewStub(channel)),
         shared_(shared),
-        node_gets_(rank_stub_.get(), shared) {}
+        node_gets_(rank_stub_.get(), shared),
+        node_writes_(rank_stub_.get(), shared) {}
 
   void Start() {
     node_stub_->async()->Session(&context_, this);
@@ -489,6 +582,7 @@ class FakeNode final
     }
     for (FakeRank* rank : ranks) rank->Stop();
     node_gets_.CancelAbandoned(/*all=*/true);
+    node_writes_.CancelAll();
     context_.TryCancel();
   }
 
@@ -511,8 +605,8 @@ class FakeNode final
       registered_ = true;
     } else if (in_.has_launch()) {
       shared_->stats->launches++;
-      auto rank = std::make_unique<FakeRank>(rank_stub_.get(), in_.launch().assignment(), shared_,
-                                             &ready_pending_, &node_gets_);
+      auto rank = std::make_unique<FakeRank>(in_.launch().assignment(), shared_, &ready_pending_,
+                                             &node_gets_, &node_writes_);
       FakeRank* raw = rank.get();
       const double spread = shared_->rank_start_spread_s;
       {
@@ -638,6 +732,7 @@ class FakeNode final
   std::unique_ptr<loom::v1::RankService::Stub> rank_stub_;
   FakeCluster::Shared* const shared_;
   NodeGets node_gets_;  // its ranks' shared waiting gets
+  NodeWrites node_writes_;  // its ranks' sets and adds, in StoreBatch calls
   grpc::ClientContext context_;
   loom::v1::CoordinatorMessage in_;
   std::atomic<bool> ready_pending_{false};

@@ -9,8 +9,9 @@
 //          their "ready" reports within 50 ms of their rendezvous.
 //   rank:  StoreSet of its address, StoreAdd on a join counter (the last
 //          joiner sets the "go" key: a barrier like Gloo's), each with its
-//          rank token, as its agent relays a trainer's calls; then its
-//          reports go through its node.
+//          rank token, in its node's StoreBatch calls as its agent relays a
+//          trainer's (one batch in flight per node, the rest queued for the
+//          next); then its reports go through its node.
 //   node:  as the agent shares its ranks' waiting gets of one key, ONE
 //          StoreGet of "go" per attempt for all its ranks, fanned out to them.
 // Everything is asynchronous (gRPC's callback API), so 2,048 sessions need no
@@ -56,7 +57,9 @@ struct ClusterStats {
   std::atomic<int64_t> reports_skipped{0};
   std::atomic<int64_t> batches_skipped{0};
   std::atomic<int64_t> rendezvous_failed{0};
-  LatencyRecorder store_latency;  // StoreSet / StoreAdd / StoreGet without wait
+  // Each set and add, timed as the StoreBatch that carried it.
+  LatencyRecorder store_latency;
+  std::atomic<int64_t> store_batches{0};  // StoreBatch calls sent
   // From queueing a heartbeat to gRPC taking it: when this nears the node
   // timeout, loadgen itself (not the coordinator) is what lags.
   LatencyRecorder heartbeat_delay;

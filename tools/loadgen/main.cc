@@ -447,6 +447,8 @@ int Run() {
   std::printf("load average (1 min) during the run: mean %.1f, max %.1f\n", probe.mean_load(),
               probe.max_load());
   std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
+  std::printf("store batches: %lld (their sets and adds, per op above)\n",
+              static_cast<long long>(stats.store_batches.load()));
   std::printf("heartbeat send delay:%s\n", stats.heartbeat_delay.Summary().c_str());
   std::printf("heartbeat schedule late by: %s\n",
               stats.heartbeat_tick_lateness.Summary().c_str());

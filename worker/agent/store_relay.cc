@@ -1,6 +1,7 @@
 #include "worker/agent/store_relay.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <thread>
 #include <utility>
@@ -173,7 +174,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
     auto call = std::make_shared<Call<Request, Response>>();
     call->request = std::move(request);
     call->context.set_deadline(absl::ToChronoTime(deadline));
-    call->context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    // A batch is the node's own call: its ops carry their ranks' tokens.
+    if (!token.empty()) call->context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
     call->stub = loom::v1::RankService::NewStub(coordinators_->channel());
     uint64_t id = 0;
     {
@@ -199,49 +201,141 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
           });
   }
 
-  // ---- set ----
-  void SetAttempt(std::string rank, std::string token, loom::v1::StoreSetRequest request,
-                  absl::Time give_up, absl::Duration backoff, SetDone done) {
-    Upstream<loom::v1::StoreSetRequest, loom::v1::StoreSetResponse>(
-        token, request, absl::Now() + options_.unary_deadline,
+  // ---- sets and adds: StoreBatch ----
+  // One rank's set or add, waiting for or riding in a batch.
+  struct Op {
+    std::string rank;     // RankKey, for Release
+    loom::v1::StoreOp op;  // the rank's token and its set or add
+    absl::Time give_up;   // a set is retried through UNAVAILABLE until then
+    absl::Duration backoff;
+    SetDone set_done;     // exactly one of these is set
+    AddDone add_done;
+  };
+
+  // Queues op; it goes at once (a batch of one) when no batch is in flight,
+  // else with the next batch, when the one in flight returns.
+  void Enqueue(Op op) {
+    std::vector<Op> batch;
+    bool refused = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        ReleaseLocked(op.rank);
+        refused = true;
+      } else {
+        queue_.push_back(std::move(op));
+        if (!batch_busy_) {
+          batch_busy_ = true;
+          batch = TakeBatchLocked();
+        }
+      }
+    }
+    if (refused) {
+      Answer(op, Stopping(), 0);
+      return;
+    }
+    if (!batch.empty()) SendBatch(std::move(batch));
+  }
+
+  // The queue's first ops, up to the bounds of one StoreBatch.
+  std::vector<Op> TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Op> batch;
+    int64_t bytes = 0;
+    while (!queue_.empty() && static_cast<int>(batch.size()) < rpc::kMaxStoreBatchOps) {
+      const loom::v1::StoreOp& next = queue_.front().op;
+      const int64_t size = static_cast<int64_t>(next.set().key().size() +
+                                                next.set().value().size() + next.add().key().size());
+      if (!batch.empty() && bytes + size > rpc::kMaxStoreBatchBytes) break;
+      bytes += size;
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    return batch;
+  }
+
+  void SendBatch(std::vector<Op> batch) {
+    loom::v1::StoreBatchRequest request;
+    request.mutable_ops()->Reserve(static_cast<int>(batch.size()));
+    // A copy: a set that fails with UNAVAILABLE goes again.
+    for (const Op& op : batch) *request.add_ops() = op.op;
+    auto ops = std::make_shared<std::vector<Op>>(std::move(batch));
+    Upstream<loom::v1::StoreBatchRequest, loom::v1::StoreBatchResponse>(
+        /*token=*/"", std::move(request), absl::Now() + options_.unary_deadline,
         [](auto& stub, grpc::ClientContext* c, const auto* req, auto* resp, auto cb) {
-          stub.StoreSet(c, req, resp, std::move(cb));
+          stub.StoreBatch(c, req, resp, std::move(cb));
         },
-        [self = shared_from_this(), rank, token, request, give_up, backoff,
-         done = std::move(done)](grpc::Status status, loom::v1::StoreSetResponse) mutable {
-          if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-              absl::Now() + backoff <= give_up &&
-              self->Later(backoff, [self, rank, token, request, give_up, backoff,
-                                    done](bool fired) mutable {
-                if (!fired) {
-                  self->Release(rank);
-                  done(Stopping());
-                  return;
-                }
-                self->SetAttempt(std::move(rank), std::move(token), std::move(request), give_up,
-                                 std::min(backoff * 2, self->options_.max_backoff),
-                                 std::move(done));
-              })) {
-            return;
-          }
-          self->Release(rank);
-          done(status);
+        [self = shared_from_this(), ops](grpc::Status status,
+                                         loom::v1::StoreBatchResponse response) {
+          self->BatchEnded(std::move(*ops), status, response);
         });
   }
 
-  // ---- add ----
-  void AddOnce(std::string rank, const std::string& token, loom::v1::StoreAddRequest request,
-               AddDone done) {
-    Upstream<loom::v1::StoreAddRequest, loom::v1::StoreAddResponse>(
-        token, std::move(request), absl::Now() + options_.unary_deadline,
-        [](auto& stub, grpc::ClientContext* c, const auto* req, auto* resp, auto cb) {
-          stub.StoreAdd(c, req, resp, std::move(cb));
-        },
-        [self = shared_from_this(), rank, done = std::move(done)](
-            grpc::Status status, loom::v1::StoreAddResponse response) {
-          self->Release(rank);
-          done(status, response.value());
-        });
+  // Sends the next batch, then answers each op of the one that ended with
+  // its own result (or the whole call's failure).
+  void BatchEnded(std::vector<Op> ops, const grpc::Status& status,
+                  const loom::v1::StoreBatchResponse& response) {
+    std::vector<Op> next;
+    std::vector<Op> refused;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        for (Op& op : queue_) {
+          ReleaseLocked(op.rank);
+          refused.push_back(std::move(op));
+        }
+        queue_.clear();
+      } else {
+        next = TakeBatchLocked();
+      }
+      batch_busy_ = !next.empty();
+    }
+    if (!next.empty()) SendBatch(std::move(next));
+    for (Op& op : refused) Answer(op, Stopping(), 0);
+
+    grpc::Status whole = status;
+    if (whole.ok() && response.results_size() != static_cast<int>(ops.size())) {
+      whole = grpc::Status(grpc::StatusCode::INTERNAL,
+                           absl::StrCat("the coordinator answered a StoreBatch of ", ops.size(),
+                                        " ops with ", response.results_size(), " results"));
+    }
+    if (!whole.ok() && stopping()) whole = Stopping();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (!whole.ok()) {
+        OpEnded(std::move(ops[i]), whole, 0);
+        continue;
+      }
+      const loom::v1::StoreOpResult& result = response.results(static_cast<int>(i));
+      OpEnded(std::move(ops[i]),
+              grpc::Status(static_cast<grpc::StatusCode>(result.code()), result.message()),
+              result.value());
+    }
+  }
+
+  // A set that met UNAVAILABLE (a coordinator restarting or failing over)
+  // goes again after a backoff until its time is up; an add never does.
+  void OpEnded(Op op, const grpc::Status& status, int64_t value) {
+    if (op.op.has_set() && status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        absl::Now() + op.backoff <= op.give_up) {
+      auto held = std::make_shared<Op>(std::move(op));
+      const bool scheduled = Later(held->backoff, [self = shared_from_this(), held](bool fired) {
+        if (!fired) {
+          self->Release(held->rank);
+          self->Answer(*held, Stopping(), 0);
+          return;
+        }
+        held->backoff = std::min(held->backoff * 2, self->options_.max_backoff);
+        self->Enqueue(std::move(*held));
+      });
+      if (scheduled) return;
+      op = std::move(*held);
+    }
+    Release(op.rank);
+    Answer(op, status, value);
+  }
+
+  static void Answer(Op& op, const grpc::Status& status, int64_t value) {
+    if (op.set_done) op.set_done(status);
+    if (op.add_done) op.add_done(status, value);
   }
 
   // ---- get ----
@@ -446,6 +540,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   int64_t upstream_calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<CallBase>> in_flight_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);  // sets and adds waiting for a batch
+  bool batch_busy_ ABSL_GUARDED_BY(mu_) = false;  // a batch is in flight or about to be
   Timer timer_;
 };
 
@@ -480,8 +576,14 @@ void StoreRelay::Set(const RankIdentity& rank, const std::string& token,
     done(admitted);
     return;
   }
-  impl_->SetAttempt(key, token, request, absl::Now() + impl_->options().set_retry_for,
-                    impl_->options().initial_backoff, std::move(done));
+  Impl::Op op;
+  op.rank = key;
+  op.op.set_rank_token(token);
+  *op.op.mutable_set() = request;
+  op.give_up = absl::Now() + impl_->options().set_retry_for;
+  op.backoff = impl_->options().initial_backoff;
+  op.set_done = std::move(done);
+  impl_->Enqueue(std::move(op));
 }
 
 void StoreRelay::Get(const RankIdentity& rank, const std::string& token,
@@ -513,7 +615,12 @@ void StoreRelay::Add(const RankIdentity& rank, const std::string& token,
     done(admitted, 0);
     return;
   }
-  impl_->AddOnce(key, token, request, std::move(done));
+  Impl::Op op;
+  op.rank = key;
+  op.op.set_rank_token(token);
+  *op.op.mutable_add() = request;
+  op.add_done = std::move(done);
+  impl_->Enqueue(std::move(op));
 }
 
 }  // namespace loom::agent

@@ -8,9 +8,16 @@
 //    waits as long as the longest waiter; a waiter whose own deadline passes
 //    gets DEADLINE_EXCEEDED, and waiters left when the upstream call ends
 //    without a value are served by a new one.
+//  - Sets and adds go up in RankService.StoreBatch calls (each op with its
+//    rank's token and its own result), coalesced adaptively: with no batch
+//    in flight a call goes at once, as a batch of one; while one is in
+//    flight later calls queue and go together when it returns (at most
+//    rpc::kMaxStoreBatchOps ops and kMaxStoreBatchBytes). The launch burst
+//    of a node's ranks thus costs a few upstream calls, not one per call.
 //  - Set and Get are retried through UNAVAILABLE (a coordinator restarting or
 //    failing over) until their deadline, with backoff; Add never is (an add
-//    that reached the coordinator must not be applied twice).
+//    that reached the coordinator must not be applied twice). When a whole
+//    batch fails with UNAVAILABLE its sets are queued again, its adds fail.
 //  - What the agent holds is bounded: pending calls per rank and in all
 //    (RESOURCE_EXHAUSTED naming the bound), and the request sizes the
 //    coordinator's store accepts (common/rpc/store_quotas.h).
@@ -37,7 +44,7 @@ struct StoreRelayOptions {
   absl::Duration set_retry_for = absl::Seconds(30);
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
-  // The deadline of one upstream set or add.
+  // The deadline of one upstream StoreBatch.
   absl::Duration unary_deadline = absl::Seconds(10);
   // An upstream get's call deadline beyond its wait_ms: the round trip.
   absl::Duration get_slack = absl::Seconds(1);
