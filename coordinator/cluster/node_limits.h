@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/rpc/progress_batch.h"
 #include "loom/v1/node.pb.h"
 
 namespace loom::coordinator {
@@ -21,7 +22,7 @@ struct NodeLimits {
   // an agent forwards at most one report per rank per window, and also the
   // last report of ranks that just ended while their successors start; 1024
   // is 128 reports for each of 8 devices.
-  int32_t max_progress_batch = 1024;
+  int32_t max_progress_batch = rpc::kMaxProgressBatchReports;
 };
 
 // A node id is 1-63 characters: letters, digits, '.' and '-', starting with a

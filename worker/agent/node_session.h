@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/security/credentials.h"
 #include "common/rpc/coordinator_channel.h"
+#include "common/rpc/progress_batch.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/rank_commands.h"
 
@@ -48,9 +49,8 @@ struct NodeSessionOptions {
   size_t max_pending_progress = 65536;
 };
 
-// Reports in one NodeMessage.progress; the coordinator refuses more
-// (coordinator/cluster/node_limits.h, max_progress_batch).
-inline constexpr int kMaxProgressBatch = 1024;
+// Reports in one NodeMessage.progress, as the coordinator accepts them.
+inline constexpr int kMaxProgressBatch = rpc::kMaxProgressBatchReports;
 
 class NodeSession {
  public:
