@@ -126,6 +126,32 @@ TEST_F(RankManagerTest, LaunchWritesAssignmentRunsTrainerAndReportsExit) {
   EXPECT_TRUE(ranks.Running().empty());
 }
 
+// A rank's token opens the agent's endpoint from its launch until its exit,
+// for that rank's identity only. The trainer here waits for a file before it
+// exits, so the check runs while the rank certainly lives.
+TEST_F(RankManagerTest, ATokenNamesItsRankFromLaunchUntilExit) {
+  const std::string go = dir_.path() + "/go";
+  RankManager ranks(WithTrainer("while [ ! -e " + go + " ]; do sleep 0.05; done"),
+                    reports_.Sink());
+  loom::v1::RankAssignment assignment = Assignment("job-t", 3, 1);
+  assignment.set_rank_token("token-of-rank-1");
+  assignment.set_store_namespace("job-t/3");
+  ASSERT_TRUE(ranks.Launch(assignment).ok());
+
+  std::optional<RankIdentity> rank = ranks.RankForToken("token-of-rank-1");
+  ASSERT_TRUE(rank.has_value());
+  EXPECT_EQ(rank->job_id, "job-t");
+  EXPECT_EQ(rank->attempt, 3);
+  EXPECT_EQ(rank->rank, 1);
+  EXPECT_EQ(rank->store_namespace, "job-t/3");
+  EXPECT_FALSE(ranks.RankForToken("token-of-rank-").has_value());
+  EXPECT_FALSE(ranks.RankForToken("").has_value());
+
+  std::ofstream(go).put('x');
+  ASSERT_TRUE(reports_.Wait("job-t", 3, 1).has_value());
+  EXPECT_FALSE(ranks.RankForToken("token-of-rank-1").has_value());
+}
+
 TEST_F(RankManagerTest, GpuRanksSeeOnlyTheirDeviceAndRanksWaitPassively) {
   RankManagerOptions options = WithTrainer(
       "echo \"gpu [${CUDA_VISIBLE_DEVICES-unset}] wait $OMP_WAIT_POLICY\"");

@@ -242,9 +242,12 @@ std::optional<RankIdentity> RankManager::RankForToken(std::string_view token) co
   std::optional<RankIdentity> found;
   if (token.empty()) return found;
   absl::MutexLock lock(&mu_);
-  // Every rank is compared: the time does not say which one matched.
+  // Every rank is compared: the time does not say which one matched. A rank
+  // counts from its launch (before its pid is recorded: a trainer that starts
+  // quickly may call before the launching thread has noted it) until its exit
+  // erases it.
   for (const auto& [key, rank] : ranks_) {
-    if (ConstantTimeEquals(rank.token, token) && rank.pid != 0) {
+    if (ConstantTimeEquals(rank.token, token)) {
       found = RankIdentity{std::get<0>(key), std::get<1>(key), std::get<2>(key),
                            rank.store_namespace};
     }
