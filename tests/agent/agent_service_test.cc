@@ -15,21 +15,13 @@
 #include "gtest/gtest.h"
 #include "grpcpp/security/credentials.h"
 #include "tests/agent/agent_test_util.h"
+#include "tests/agent/fake_rank_tokens.h"
 
 namespace loom::agent {
 namespace {
 
 using testing::TempDir;
 
-class FakeTokens final : public RankTokens {
- public:
-  std::optional<RankIdentity> RankForToken(std::string_view token) const override {
-    auto it = ranks_.find(std::string(token));
-    if (it == ranks_.end()) return std::nullopt;
-    return it->second;
-  }
-  std::map<std::string, RankIdentity> ranks_;
-};
 
 class AgentServiceTest : public ::testing::Test {
  protected:
@@ -76,7 +68,7 @@ class AgentServiceTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  FakeTokens tokens_;
+  testing::FakeRankTokens tokens_;
   absl::Mutex mu_;
   std::vector<loom::v1::RankProgress> forwarded_ ABSL_GUARDED_BY(mu_);
   AgentServiceImpl service_{&tokens_, [this](loom::v1::RankProgress p) {

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "loom/v1/rank.grpc.pb.h"
 #include "tests/agent/agent_test_util.h"
+#include "tests/agent/fake_rank_tokens.h"
 #include "worker/agent/agent_service.h"
 
 namespace loom::agent {
@@ -30,15 +31,6 @@ namespace {
 
 using testing::TempDir;
 
-class FakeTokens final : public RankTokens {
- public:
-  std::optional<RankIdentity> RankForToken(std::string_view token) const override {
-    auto it = ranks_.find(std::string(token));
-    if (it == ranks_.end()) return std::nullopt;
-    return it->second;
-  }
-  std::map<std::string, RankIdentity> ranks_;
-};
 
 // The coordinator's store as far as the relay sees it: gets of a missing key
 // wait until a set (or the end of the test); sets and adds come in
@@ -307,7 +299,7 @@ class StoreRelayTest : public ::testing::Test {
   }
 
   TempDir dir_;
-  FakeTokens tokens_;
+  testing::FakeRankTokens tokens_;
   FakeCoordinator coordinator_;
   std::unique_ptr<grpc::Server> coordinator_server_;
   std::unique_ptr<StoreRelay> relay_;
