@@ -19,7 +19,7 @@
 #include "coordinator/service/plan_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/scratch_dir.h"
+#include "tests/coordinator/job_manager_harness.h"
 
 namespace loom::coordinator {
 namespace {
@@ -27,84 +27,36 @@ namespace {
 using ::testing::HasSubstr;
 using loom::v1::JobState;
 
-constexpr char kSpec[] = R"(
-name: small
-model: {vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, ffn_hidden_size: 64,
-        max_seq_len: 32}
-train: {steps: 5, global_batch_size: 4, micro_batch_size: 2, seq_len: 16, eval_interval: 0}
-data: {train_path: corpus.txt}
-parallelism: {dp: 2, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}
-resources: {device: cpu, ranks: 2}
-)";
+using testing::kSmallDpSpec;
+using testing::RecordingChannel;
 
-class RecordingChannel final : public NodeChannel {
- public:
-  void Send(const loom::v1::CoordinatorMessage& message) override {
-    absl::MutexLock lock(&mu_);
-    messages_.push_back(message);
-  }
-  std::vector<loom::v1::CoordinatorMessage> messages() {
-    absl::MutexLock lock(&mu_);
-    return messages_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<loom::v1::CoordinatorMessage> messages_;
-};
-
-class JobManagerBounds : public ::testing::Test {
+class JobManagerBounds : public testing::JobManagerHarness {
  protected:
-  void Start(JobManagerOptions options = {}) {
-    jobs_.reset();
-    options.state_dir = scratch_ / "state";
-    auto store = SqliteJobStore::Open(options.state_dir);
-    ASSERT_TRUE(store.ok()) << store.status();
-    jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
-                                         ResolveLayout);
-    ASSERT_TRUE(jobs_->Recover().ok());
-  }
-  std::shared_ptr<RecordingChannel> AddNode(const std::string& id, int devices) {
-    auto channel = std::make_shared<RecordingChannel>();
-    loom::v1::RegisterNode r;
-    r.set_node_id(id);
-    r.set_address("127.0.0.1");
-    loom::v1::Device* d = r.add_devices();
-    d->set_kind("cpu");
-    d->set_count(devices);
-    d->set_peak_flops(1e11);
-    nodes_.Register(r, channel, absl::Now());
-    return channel;
-  }
-
-  const loom::testing::ScratchDir scratch_{"loom_job_manager_bounds"};
-  NodeRegistry nodes_;
-  KvStore kv_;
-  std::unique_ptr<JobManager> jobs_;
+  JobManagerBounds() : JobManagerHarness("loom_job_manager_bounds") {}
 };
 
 TEST_F(JobManagerBounds, OversizedSubmissionsAreRefusedNamingTheField) {
   JobManagerOptions options;
   options.max_job_ranks = 64;
   Start(options);
-  const std::string huge = std::string(kSpec) + "# " + std::string(300 * 1024, 'x') + "\n";
+  const std::string huge = std::string(kSmallDpSpec) + "# " + std::string(300 * 1024, 'x') + "\n";
   auto too_big = jobs_->Submit(huge, "job.yaml", "", "alice");
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("at most 262144 bytes"));
 
-  auto layers = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"num_layers: 2", "num_layers: 1000000000"}}),
+  auto layers = jobs_->Submit(absl::StrReplaceAll(kSmallDpSpec, {{"num_layers: 2", "num_layers: 1000000000"}}),
                               "job.yaml", "", "alice");
   EXPECT_EQ(layers.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(layers.status().message()), HasSubstr("model.num_layers=1000000000"));
 
   auto ranks = jobs_->Submit(
-      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1000000000"}, {"dp: 2, ", ""}}), "job.yaml",
+      absl::StrReplaceAll(kSmallDpSpec, {{"ranks: 2", "ranks: 1000000000"}, {"dp: 2, ", ""}}), "job.yaml",
       "", "alice");
   EXPECT_EQ(ranks.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ranks.status().message()), HasSubstr("resources.ranks=1000000000"));
 
   auto cluster = jobs_->Submit(
-      absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 128"}, {"dp: 2, ", ""}}), "job.yaml", "", "alice");
+      absl::StrReplaceAll(kSmallDpSpec, {{"ranks: 2", "ranks: 128"}, {"dp: 2, ", ""}}), "job.yaml", "", "alice");
   EXPECT_EQ(cluster.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(cluster.status().message()),
               HasSubstr("resources.ranks=128 must be at most 64"));
@@ -114,7 +66,7 @@ TEST_F(JobManagerBounds, OversizedSubmissionsAreRefusedNamingTheField) {
 TEST_F(JobManagerBounds, AGivenLayoutMustFitInMemory) {
   Start();
   auto job = jobs_->Submit(
-      absl::StrReplaceAll(kSpec, {{"hidden_size: 32", "hidden_size: 65536"},
+      absl::StrReplaceAll(kSmallDpSpec, {{"hidden_size: 32", "hidden_size: 65536"},
                                   {"num_layers: 2", "num_layers: 4000"},
                                   {"num_heads: 2", "num_heads: 512"},
                                   {"ffn_hidden_size: 64", "ffn_hidden_size: 262144"}}),
@@ -126,8 +78,8 @@ TEST_F(JobManagerBounds, AGivenLayoutMustFitInMemory) {
 TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) {
   Start();
   auto node = AddNode("node-a", 4);
-  auto first = jobs_->Submit(kSpec, "job.yaml", "", "alice");
-  auto second = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto first = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
+  auto second = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(first.ok() && second.ok());
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(first->id())->state(), JobState::STARTING);
@@ -157,7 +109,7 @@ TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) 
 TEST_F(JobManagerBounds, GetJobHasThePlacementOnlyInTheFullViewAndARestartKeepsIt) {
   Start();
   AddNode("node-a", 2);
-  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok()) << job.status();
   jobs_->WaitForScheduler();
   auto basic = jobs_->Get(job->id());
@@ -187,17 +139,17 @@ TEST_F(JobManagerBounds, GetJobHasThePlacementOnlyInTheFullViewAndARestartKeepsI
 TEST_F(JobManagerBounds, AJobLargerThanTheWholeClusterDoesNotHoldUpTheQueue) {
   Start();
   AddNode("node-a", 2);
-  auto huge = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 8"}, {"dp: 2", "dp: 8"},
+  auto huge = jobs_->Submit(absl::StrReplaceAll(kSmallDpSpec, {{"ranks: 2", "ranks: 8"}, {"dp: 2", "dp: 8"},
                                                         {"global_batch_size: 4", "global_batch_size: 16"}}),
                             "job.yaml", "", "alice");
   ASSERT_TRUE(huge.ok()) << huge.status();
-  auto small = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto small = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(huge->id())->state(), JobState::PENDING);
   EXPECT_EQ(jobs_->Get(small->id())->state(), JobState::STARTING);
   // A job that the cluster could hold once free still waits its turn.
-  auto waits = jobs_->Submit(kSpec, "job.yaml", "", "alice");
-  auto behind = jobs_->Submit(absl::StrReplaceAll(kSpec, {{"ranks: 2", "ranks: 1"}, {"dp: 2", "dp: 1"}}),
+  auto waits = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
+  auto behind = jobs_->Submit(absl::StrReplaceAll(kSmallDpSpec, {{"ranks: 2", "ranks: 1"}, {"dp: 2", "dp: 1"}}),
                               "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   EXPECT_EQ(jobs_->Get(waits->id())->state(), JobState::PENDING);
@@ -209,7 +161,7 @@ TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
   options.max_launch_bytes = 200;
   Start(options);
   auto node = AddNode("node-a", 2);
-  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok());
   jobs_->WaitForScheduler();
   auto after = jobs_->Get(job->id());
@@ -222,7 +174,7 @@ TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
 TEST_F(JobManagerBounds, ListJobsPagesWithoutSpecs) {
   Start();
   std::vector<std::string> ids;
-  for (int i = 0; i < 25; ++i) ids.push_back(jobs_->Submit(kSpec, "job.yaml", "", "alice")->id());
+  for (int i = 0; i < 25; ++i) ids.push_back(jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice")->id());
   std::vector<std::string> seen;
   std::string token;
   int pages = 0;
@@ -248,8 +200,8 @@ TEST_F(JobManagerBounds, ListJobsPagesWithoutSpecs) {
 
 TEST_F(JobManagerBounds, EndedJobsCanBeDeletedAndTheirIdsAreNeverReused) {
   Start();
-  auto a = jobs_->Submit(kSpec, "job.yaml", "", "alice");
-  auto b = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto a = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
+  auto b = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(jobs_->Cancel(b->id()).ok());
   ASSERT_TRUE(jobs_->Delete(b->id()).ok());
@@ -257,7 +209,7 @@ TEST_F(JobManagerBounds, EndedJobsCanBeDeletedAndTheirIdsAreNeverReused) {
   EXPECT_EQ(jobs_->Delete(b->id()).code(), absl::StatusCode::kNotFound);
   Start();  // a coordinator restart on the same state
   EXPECT_EQ(jobs_->List()->jobs.size(), 1u);
-  auto c = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto c = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   EXPECT_NE(c->id(), b->id());
   EXPECT_GT(c->id(), b->id());
 }
@@ -266,8 +218,8 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
   JobManagerOptions options;
   options.finished_job_retention = absl::Minutes(5);
   Start(options);
-  auto ended = jobs_->Submit(kSpec, "job.yaml", "", "alice");
-  auto waiting = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto ended = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
+  auto waiting = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(jobs_->Cancel(ended->id()).ok());
   jobs_->CheckHealth(absl::Now() + absl::Minutes(4));
   EXPECT_TRUE(jobs_->Get(ended->id()).ok());
@@ -280,7 +232,7 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
 TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMovedOn) {
   Start();
   auto node = AddNode("node-a", 2);
-  auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+  auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   jobs_->WaitForScheduler();
   ASSERT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
   const size_t launches = node->messages().size();

@@ -16,7 +16,7 @@
 #include "coordinator/service/plan_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/common/scratch_dir.h"
+#include "tests/coordinator/job_manager_harness.h"
 
 namespace loom::coordinator {
 namespace {
@@ -24,45 +24,16 @@ namespace {
 using ::testing::HasSubstr;
 using loom::v1::JobState;
 
-constexpr char kSpec[] = R"(
-name: small
-model: {vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, ffn_hidden_size: 64,
-        max_seq_len: 32}
-train: {steps: 5, global_batch_size: 4, micro_batch_size: 2, seq_len: 16, eval_interval: 0}
-data: {train_path: corpus.txt}
-parallelism: {dp: 2, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}
-resources: {device: cpu, ranks: 2}
-)";
+using testing::kSmallDpSpec;
 
-class NullChannel final : public NodeChannel {
- public:
-  void Send(const loom::v1::CoordinatorMessage&) override {}
-};
-
-class ProgressBatchTest : public ::testing::Test {
+class ProgressBatchTest : public testing::JobManagerHarness {
  protected:
-  void SetUp() override {
-    JobManagerOptions options;
-    options.state_dir = scratch_ / "state";
-    auto store = SqliteJobStore::Open(options.state_dir);
-    ASSERT_TRUE(store.ok()) << store.status();
-    jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
-                                         ResolveLayout);
-    ASSERT_TRUE(jobs_->Recover().ok());
-  }
-  void AddNode(const std::string& id, int devices) {
-    loom::v1::RegisterNode r;
-    r.set_node_id(id);
-    r.set_address("127.0.0.1");
-    loom::v1::Device* d = r.add_devices();
-    d->set_kind("cpu");
-    d->set_count(devices);
-    d->set_peak_flops(1e11);
-    nodes_.Register(r, std::make_shared<NullChannel>(), absl::Now());
-  }
+  ProgressBatchTest() : JobManagerHarness("loom_progress_batch") {}
+  void SetUp() override { Start(); }
+
   // A placed job (STARTING).
   loom::v1::Job Placed() {
-    auto job = jobs_->Submit(kSpec, "job.yaml", "", "alice");
+    auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
     EXPECT_TRUE(job.ok()) << job.status();
     jobs_->WaitForScheduler();
     auto full = jobs_->Get(job->id(), loom::v1::JOB_VIEW_FULL);
@@ -82,10 +53,6 @@ class ProgressBatchTest : public ::testing::Test {
     p->set_time_unix_ms(absl::ToUnixMillis(absl::Now()) + step);
   }
 
-  const loom::testing::ScratchDir scratch_{"loom_progress_batch"};
-  NodeRegistry nodes_;
-  KvStore kv_;
-  std::unique_ptr<JobManager> jobs_;
 };
 
 TEST_F(ProgressBatchTest, ABatchMovesTheJobAndTheLastExitEndsIt) {
