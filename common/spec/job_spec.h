@@ -127,6 +127,18 @@ struct FaultToleranceSpec {
   double hang_timeout_s = 0;  // 0: calibrated from observed step times
   double restart_backoff_s = 1.0;  // wait before attempt n+1, doubled per restart, at most 60 s
   int64_t cordon_after = 2;  // failures of one job on one node before the node is cordoned
+  // In-place recovery (docs/fault_tolerance.md): healthy ranks keep their
+  // processes and roll back to their in-memory snapshot; only failed ranks are
+  // relaunched. false: every failure restarts the whole job from disk.
+  bool in_place = true;
+  // Every rank snapshots its whole training state in memory (and sends a copy
+  // to its buddy on another node) after every this many steps; 0: never (no
+  // in-place recovery, whole-job restarts only).
+  int64_t snapshot_interval = 1;
+  // How long the survivors of a failure have to abort their collectives and
+  // report the snapshots they hold before the coordinator falls back to a
+  // whole-job restart.
+  double abort_timeout_s = 10;
 
   int64_t hang_budget() const { return max_hang_restarts.value_or(max_restarts); }
   int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }

@@ -98,6 +98,8 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
   b.AtMost("fault_tolerance.cordon_after", f.cordon_after, l.max_restarts);
   b.AtMost("fault_tolerance.hang_timeout_s", f.hang_timeout_s, l.max_seconds);
   b.AtMost("fault_tolerance.restart_backoff_s", f.restart_backoff_s, l.max_seconds);
+  b.AtMost("fault_tolerance.snapshot_interval", f.snapshot_interval, l.max_steps);
+  b.AtMost("fault_tolerance.abort_timeout_s", f.abort_timeout_s, l.max_seconds);
   return b.Take();
 }
 

@@ -320,6 +320,10 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
             s.fault_tolerance.cordon_after, "must be positive");
   c.Require(s.fault_tolerance.hang_timeout_s >= 0, "fault_tolerance.hang_timeout_s",
             s.fault_tolerance.hang_timeout_s, "must not be negative (0: calibrated)");
+  c.Require(s.fault_tolerance.snapshot_interval >= 0, "fault_tolerance.snapshot_interval",
+            s.fault_tolerance.snapshot_interval, "must not be negative (0: no snapshots)");
+  c.Require(s.fault_tolerance.abort_timeout_s > 0, "fault_tolerance.abort_timeout_s",
+            s.fault_tolerance.abort_timeout_s, "must be positive");
   return c.Take();
 }
 

@@ -243,7 +243,10 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"max_node_restarts", OptInt(&f.max_node_restarts)},
           {"hang_timeout_s", Double(&f.hang_timeout_s)},
           {"restart_backoff_s", Double(&f.restart_backoff_s)},
-          {"cordon_after", Int(&f.cordon_after)}};
+          {"cordon_after", Int(&f.cordon_after)},
+          {"in_place", Bool(&f.in_place)},
+          {"snapshot_interval", Int(&f.snapshot_interval)},
+          {"abort_timeout_s", Double(&f.abort_timeout_s)}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -419,6 +422,9 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "hang_timeout_s" << YAML::Value << s.fault_tolerance.hang_timeout_s;
   out << YAML::Key << "restart_backoff_s" << YAML::Value << s.fault_tolerance.restart_backoff_s;
   out << YAML::Key << "cordon_after" << YAML::Value << s.fault_tolerance.cordon_after;
+  out << YAML::Key << "in_place" << YAML::Value << s.fault_tolerance.in_place;
+  out << YAML::Key << "snapshot_interval" << YAML::Value << s.fault_tolerance.snapshot_interval;
+  out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
   out << YAML::EndMap;
 
   out << YAML::EndMap;
