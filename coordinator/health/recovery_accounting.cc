@@ -228,7 +228,9 @@ std::optional<RecoveryIncident> MarkAborted(Job& job, absl::Time at) {
 std::optional<RecoveryIncident> MarkStopped(Job& job, absl::Time at) {
   return Mark(job, kStopped, at);
 }
-std::optional<RecoveryIncident> MarkPlaced(Job& job, absl::Time at) { return Mark(job, kPlaced, at); }
+std::optional<RecoveryIncident> MarkPlaced(Job& job, absl::Time at) {
+  return Mark(job, kPlaced, at);
+}
 std::optional<RecoveryIncident> MarkReady(Job& job, absl::Time at) { return Mark(job, kReady, at); }
 std::optional<RecoveryIncident> MarkResumed(Job& job, absl::Time at) {
   return Mark(job, kResumed, at);

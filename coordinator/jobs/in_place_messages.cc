@@ -33,8 +33,8 @@ void ApplyInPlace(const InPlaceDecision& decision,
   static const std::vector<int64_t> kNone;
   for (loom::v1::RankAssignment& a : assignments) {
     auto sends = decision.sends.find(a.rank());
-    *a.mutable_snapshots() =
-        SnapshotRingOf(decision.ring, a.rank(), sends == decision.sends.end() ? kNone : sends->second);
+    *a.mutable_snapshots() = SnapshotRingOf(decision.ring, a.rank(),
+                                            sends == decision.sends.end() ? kNone : sends->second);
     loom::v1::RestorePlan* restore = a.mutable_restore();
     restore->set_step(decision.restore_step);
     if (const Relaunch* r = decision.RelaunchOf(a.rank())) {

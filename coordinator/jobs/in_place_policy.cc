@@ -16,8 +16,8 @@ absl::Status CheckRequest(const InPlaceRequest& request) {
   const int64_t world = static_cast<int64_t>(request.placement.size());
   if (world == 0) return absl::InvalidArgumentError("in-place request: the placement is empty");
   if (request.tp < 1 || world % request.tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("in-place request: tp=", request.tp,
-                                                   " does not divide the world of ", world));
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-place request: tp=", request.tp, " does not divide the world of ", world));
   }
   if (!request.ring.buddy.empty() && (static_cast<int64_t>(request.ring.buddy.size()) != world ||
                                       request.ring.ward.size() != request.ring.buddy.size())) {
@@ -59,11 +59,12 @@ std::optional<std::string> MissingCopy(const InPlaceRequest& request,
                         ", which holds its snapshot copies, failed together", LostSuffix(request));
   }
   const std::string& node = request.placement[rank].node_id;
-  const bool one_node = std::all_of(request.placement.begin(), request.placement.end(),
-                                    [&](const topology::DeviceSlot& s) { return s.node_id == node; });
+  const bool one_node =
+      std::all_of(request.placement.begin(), request.placement.end(),
+                  [&](const topology::DeviceSlot& s) { return s.node_id == node; });
   if (one_node) {
-    return absl::StrCat("rank ", rank, " has no copy of its snapshot: every rank ran on node ", node,
-                        ", and copies go to a rank on another node");
+    return absl::StrCat("rank ", rank, " has no copy of its snapshot: every rank ran on node ",
+                        node, ", and copies go to a rank on another node");
   }
   return absl::StrCat("rank ", rank, " has no buddy to hold a copy of its snapshot: node ", node,
                       " holds more than half of the job's ranks (docs/topology.md, snapshot ring)");
@@ -125,9 +126,8 @@ absl::StatusOr<InPlaceDecision> PlanRelaunch(const InPlaceRequest& request) {
     return WholeJob(absl::StrCat("every rank failed", LostSuffix(request),
                                  "; no survivor is left to recover in place"));
   }
-  const topology::SnapshotRing ring = request.ring.buddy.empty()
-                                          ? topology::BuildSnapshotRing(request.placement)
-                                          : request.ring;
+  const topology::SnapshotRing ring =
+      request.ring.buddy.empty() ? topology::BuildSnapshotRing(request.placement) : request.ring;
   for (int64_t rank : failed) {
     if (std::optional<std::string> why = MissingCopy(request, ring, failed, rank)) {
       return WholeJob(*std::move(why));
@@ -193,10 +193,10 @@ absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
     std::sort(own.begin(), own.end());
     std::vector<int64_t> next = common ? Intersect(*common, held.own_steps()) : own;
     if (next.empty()) {
-      return WholeJob(absl::StrCat("the survivors hold no snapshot step in common: rank ", rank,
-                                   " holds steps ", StepList(own),
-                                   common ? absl::StrCat(", the ranks before it ", StepList(*common))
-                                          : std::string()));
+      return WholeJob(absl::StrCat(
+          "the survivors hold no snapshot step in common: rank ", rank, " holds steps ",
+          StepList(own),
+          common ? absl::StrCat(", the ranks before it ", StepList(*common)) : std::string()));
     }
     common = std::move(next);
   }
@@ -210,10 +210,11 @@ absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
     std::vector<int64_t> next = Intersect(*common, held.ward_steps());
     if (next.empty()) {
       std::vector<int64_t> copies(held.ward_steps().begin(), held.ward_steps().end());
-      return WholeJob(absl::StrCat("no snapshot step is held by every survivor and by the buddies "
-                                   "of the failed ranks: the survivors hold steps ",
-                                   StepList(*common), ", rank ", r.peer, " holds copies of rank ",
-                                   r.rank, "'s steps ", StepList(copies)));
+      return WholeJob(
+          absl::StrCat("no snapshot step is held by every survivor and by the buddies "
+                       "of the failed ranks: the survivors hold steps ",
+                       StepList(*common), ", rank ", r.peer, " holds copies of rank ", r.rank,
+                       "'s steps ", StepList(copies)));
     }
     common = std::move(next);
   }

@@ -72,8 +72,8 @@ struct InPlaceDecision {
   // In place: every rank rolls back to (or is given) its snapshot of this
   // step; -1 until DecideInPlace picked it.
   int64_t restore_step = -1;
-  int64_t newest_step = 0;        // the newest step reported (job and survivors)
-  int64_t steps_recomputed = 0;   // newest_step - restore_step (in place)
+  int64_t newest_step = 0;           // the newest step reported (job and survivors)
+  int64_t steps_recomputed = 0;      // newest_step - restore_step (in place)
   std::vector<Relaunch> relaunched;  // ascending rank
   // The next attempt: every rank's place (survivors where they are) and the
   // ring over it.

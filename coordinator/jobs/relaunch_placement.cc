@@ -128,9 +128,9 @@ RelaunchPlacement PlaceRelaunchedRanks(const RelaunchPlacementRequest& request) 
         out.error = absl::StrCat(
             "no place to relaunch ", which, " (", why_not_in_place[ranks.front()],
             "): the rest of its TP group runs on node ", node, ", which ",
-            room == nullptr    ? "is not live"
-            : room->cordoned   ? "is cordoned"
-                               : absl::StrCat("has ", room->free.size(), " free device(s)"),
+            room == nullptr  ? "is not live"
+            : room->cordoned ? "is cordoned"
+                             : absl::StrCat("has ", room->free.size(), " free device(s)"),
             ", and a TP group stays on one node");
         return out;
       }

@@ -39,8 +39,8 @@ struct RelaunchPlacementRequest {
   const std::vector<topology::DeviceSlot>& placement;  // the failed attempt's
   const std::set<int64_t>& failed;                     // every rank to relaunch
   const std::set<std::string>& lost_nodes;
-  const std::vector<RelaunchNode>& nodes;              // live nodes of the job's kind
-  const std::set<std::string>& avoid;                  // nodes that failed the job
+  const std::vector<RelaunchNode>& nodes;  // live nodes of the job's kind
+  const std::set<std::string>& avoid;      // nodes that failed the job
 };
 
 struct RelaunchPlacement {

@@ -97,7 +97,8 @@ TEST(JobFormatTest, AWholeJobRecoverySaysWhyItFellBack) {
   in.set_node_id("node-b");
   in.set_failed_attempt(2);
   in.set_path("whole_job");
-  in.set_fallback_reason("rank 5 and its buddy rank 1, which holds its snapshot copies, failed together");
+  in.set_fallback_reason(
+      "rank 5 and its buddy rank 1, which holds its snapshot copies, failed together");
   in.set_cause_unix_us(At(0));
   in.set_declared_unix_us(At(2));
   in.set_stopped_unix_us(At(2));

@@ -269,7 +269,9 @@ TEST(RecoveryAccountingTest, AFallbackMovesTheIncidentToTheWholeJobPathWithItsRe
   EXPECT_DOUBLE_EQ(done->stopping_seconds(), 2);
   EXPECT_EQ(done->steps_recomputed(), 6);
   std::vector<std::string> names;
-  for (const auto& [phase, seconds] : MeasuredPhases(*done)) names.push_back(kRecoveryPhaseNames[phase]);
+  for (const auto& [phase, seconds] : MeasuredPhases(*done)) {
+    names.push_back(kRecoveryPhaseNames[phase]);
+  }
   EXPECT_EQ(names, (std::vector<std::string>{"detection", "stopping", "placement", "rendezvous",
                                              "checkpoint_load", "first_step"}));
 }
