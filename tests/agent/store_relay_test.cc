@@ -7,7 +7,9 @@
 // ended without it; sets and adds made while a StoreBatch is in flight go
 // together in the next one, each answered with its own result; a set is
 // retried through UNAVAILABLE and an add never is (also when they shared
-// the batch that failed); every op carries the calling rank's token.
+// the batch that failed); every op carries the calling rank's token; a call
+// admitted before the agent's lease ran out is never sent after it (a queued
+// set or add, a get's next upstream call), even once the lease runs again.
 #include "worker/agent/store_relay.h"
 
 #include <map>
@@ -53,7 +55,7 @@ class StoreRelayTest : public ::testing::Test {
     relay_ = std::make_unique<StoreRelay>(
         std::make_shared<rpc::CoordinatorChannel>(absl::StrCat("127.0.0.1:", port),
                                                   grpc::InsecureChannelCredentials()),
-        options);
+        options, &lease_);
     service_ = std::make_unique<AgentServiceImpl>(
         &tokens_, [](loom::v1::RankProgress) {}, relay_.get());
     expiry_ = std::thread([this] {
@@ -128,7 +130,19 @@ class StoreRelayTest : public ::testing::Test {
     return false;
   }
 
+  // Makes the lease run out (registered long ago), then run again (an ack):
+  // generation 1, in which no call admitted so far may go.
+  void ExpireThenRenewLease() {
+    lease_.Registered(1000, Lease::Clock::now() - std::chrono::seconds(5));
+    ASSERT_TRUE(lease_.Observe().expired);
+    lease_.HeartbeatSent(1, Lease::Clock::now());
+    lease_.Acked(1);
+    ASSERT_FALSE(lease_.Observe().expired);
+    ASSERT_EQ(lease_.generation(), 1u);
+  }
+
   TempDir dir_;
+  Lease lease_;  // none until a test registers one: never fenced
   testing::FakeRankTokens tokens_;
   FakeRankService coordinator_;
   std::unique_ptr<grpc::Server> coordinator_server_;
@@ -366,6 +380,61 @@ TEST_F(StoreRelayTest, PendingCallsOfOneRankAreBounded) {
   for (std::thread& t : waiting) t.join();
   EXPECT_TRUE(statuses[0].ok());
   EXPECT_EQ(statuses[1].error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(StoreRelayTest, ACallAdmittedBeforeTheLeaseRanOutIsNeverSentAfterIt) {
+  {
+    absl::MutexLock lock(&coordinator_.mu_);
+    coordinator_.hold_batch_ = true;
+  }
+  grpc::Status first;
+  std::thread first_set([&] { first = Set("secret-0", kNamespace, "first", "1"); });
+  for (int i = 0; i < 1000 && !coordinator_.holding(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(coordinator_.holding());
+  // Queued behind the batch in flight, in lease generation 0.
+  grpc::Status queued_set, queued_add;
+  int64_t value = 0;
+  std::thread set_call([&] { queued_set = Set("secret-0", kNamespace, "queued", "v"); });
+  std::thread add_call([&] { queued_add = Add("secret-1", "loom/commit/8", 1, &value); });
+  for (int i = 0; i < 1000 && relay_->pending() < 3; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 3);
+  // The lease runs out, and runs again, before their batch would go.
+  ExpireThenRenewLease();
+  ASSERT_TRUE(coordinator_.ReleaseHeld());
+  first_set.join();
+  set_call.join();
+  add_call.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();  // sent before the run-out
+  EXPECT_EQ(queued_set.error_code(), grpc::StatusCode::UNAVAILABLE) << queued_set.error_message();
+  EXPECT_NE(queued_set.error_message().find("lease ran out"), std::string::npos);
+  EXPECT_EQ(queued_add.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(relay_->pending(), 0);
+  EXPECT_EQ(relay_->upstream_calls(), 1);
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.sets_, 1);
+  EXPECT_EQ(coordinator_.adds_, 0);
+}
+
+TEST_F(StoreRelayTest, AGetWaiterAdmittedBeforeTheLeaseRanOutGetsNoNewUpstreamCall) {
+  // As above (AWaiterLeft...): the long waiter would be served by a new
+  // upstream get when the shared one ends; the lease ran out in between.
+  std::string value_short, value_long;
+  grpc::Status status_short, status_long;
+  std::thread get_short(
+      [&] { status_short = Get("secret-0", "slow", absl::Milliseconds(1000), &value_short); });
+  ASSERT_TRUE(WaitParked(1));
+  std::thread get_long(
+      [&] { status_long = Get("secret-1", "slow", absl::Seconds(20), &value_long); });
+  for (int i = 0; i < 1000 && relay_->pending() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 2);
+  ExpireThenRenewLease();
+  get_short.join();
+  get_long.join();
+  EXPECT_EQ(status_short.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(status_long.error_code(), grpc::StatusCode::UNAVAILABLE) << status_long.error_message();
+  EXPECT_EQ(relay_->pending(), 0);
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.gets_, 1);
 }
 
 }  // namespace
