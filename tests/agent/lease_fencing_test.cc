@@ -85,7 +85,7 @@ class LeaseFencingTest : public ::testing::Test {
 };
 
 TEST_F(LeaseFencingTest, WithoutAcksTheRanksArePausedAndHeldUntilResumed) {
-  FakeNodeService server(/*heartbeat_ms=*/50, /*lease_ms=*/600);
+  FakeNodeService server(/*heartbeat_ms=*/50, /*lease_ms=*/1500);
   server.Start(0, &store_);
   AgentHarness agent(options_, server.address());
   std::map<int, pid_t> pids = Launch(server, 2);
