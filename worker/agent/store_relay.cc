@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/store_quotas.h"
+#include "worker/agent/callback_timer.h"
 #include "loom/v1/rank.grpc.pb.h"
 
 namespace loom::agent {
@@ -27,76 +28,6 @@ grpc::Status Fenced() {
                       "the node agent's lease ran out after this store call came, so it is not "
                       "relayed; the rank is paused until the coordinator resumes it");
 }
-
-// One thread that runs callbacks at their time: backoff before a retry, and
-// a waiter's deadline. A callback gets true when its time came, false when
-// the timer stopped first (it still runs once, on Stop's caller).
-class Timer {
- public:
-  using Callback = std::function<void(bool fired)>;
-  Timer() : thread_([this] { Loop(); }) {}
-  ~Timer() { Stop(); }
-
-  uint64_t After(absl::Time when, Callback callback) {
-    absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
-    queue_.emplace(std::pair{when, id}, std::move(callback));
-    when_[id] = when;
-    cv_.Signal();  // it may be the earliest now
-    return id;
-  }
-  // The callback does not run if it has not yet.
-  void Cancel(uint64_t id) {
-    absl::MutexLock lock(&mu_);
-    auto it = when_.find(id);
-    if (it == when_.end()) return;
-    queue_.erase(std::pair{it->second, id});
-    when_.erase(it);
-  }
-  void Stop() {
-    std::map<std::pair<absl::Time, uint64_t>, Callback> left;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_) return;
-      stop_ = true;
-      left.swap(queue_);
-      when_.clear();
-      cv_.Signal();
-    }
-    thread_.join();
-    for (auto& [unused, callback] : left) callback(false);
-  }
-
- private:
-  void Loop() {
-    absl::MutexLock lock(&mu_);
-    while (!stop_) {
-      if (queue_.empty()) {
-        cv_.Wait(&mu_);
-        continue;
-      }
-      auto first = queue_.begin();
-      if (first->first.first > absl::Now()) {
-        cv_.WaitWithDeadline(&mu_, first->first.first);
-        continue;
-      }
-      Callback callback = std::move(first->second);
-      when_.erase(first->first.second);
-      queue_.erase(first);
-      mu_.Unlock();
-      callback(true);
-      mu_.Lock();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  std::map<std::pair<absl::Time, uint64_t>, Callback> queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, absl::Time> when_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: starts after the rest exists
-};
 
 std::string RankKey(const RankIdentity& rank) {
   return absl::StrCat(rank.job_id, "/", rank.attempt, "/", rank.rank);
@@ -523,7 +454,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   // Runs f after `delay` on the timer, unless the relay is stopping (false).
-  bool Later(absl::Duration delay, Timer::Callback f) {
+  bool Later(absl::Duration delay, CallbackTimer::Callback f) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     timer_.After(absl::Now() + delay, std::move(f));
@@ -597,7 +528,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);  // sets and adds waiting for a batch
   bool batch_busy_ ABSL_GUARDED_BY(mu_) = false;  // a batch is in flight or about to be
-  Timer timer_;
+  CallbackTimer timer_;
 };
 
 StoreRelay::StoreRelay(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
