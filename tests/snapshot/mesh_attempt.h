@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "common/spec/job_spec.h"
 #include "common/topology/mesh.h"
+#include "common/topology/snapshot_ring.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/comm/pair_groups.h"
@@ -53,6 +54,17 @@ struct MeshLayout {
     job->parallelism.sequence_parallel = sequence_parallel;
   }
 };
+
+// The buddy of every rank placed node by node (ranks_per_node[i] consecutive
+// ranks on node i), by the coordinator's rule (common/topology/snapshot_ring.h).
+inline std::vector<int> NodeRing(const std::vector<int>& ranks_per_node) {
+  std::vector<topology::DeviceSlot> slots;
+  for (size_t n = 0; n < ranks_per_node.size(); ++n) {
+    for (int d = 0; d < ranks_per_node[n]; ++d) slots.push_back({"node-" + std::to_string(n), d});
+  }
+  const topology::SnapshotRing ring = topology::BuildSnapshotRing(slots);
+  return std::vector<int>(ring.buddy.begin(), ring.buddy.end());
+}
 
 // body(rank) on one thread per rank; returns when all have.
 inline void RunRanks(int n, const std::function<void(int)>& body) {

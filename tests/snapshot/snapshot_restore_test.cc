@@ -24,6 +24,7 @@ namespace {
 
 using testing::MeshAttempt;
 using testing::MeshLayout;
+using testing::NodeRing;
 using testing::RunRanks;
 
 constexpr int64_t kSteps = 6;
@@ -33,7 +34,7 @@ struct Case {
   std::string name;
   MeshLayout layout;
   // The buddy of each rank (the ring: -1 none); its ward is the inverse.
-  std::vector<int> buddy;
+  std::vector<int> buddy;  // NodeRing of the nodes the ranks are placed on
   int relaunched = 0;  // the rank that restores from its buddy's copy
   bool moe = false;
   bool tied = false;
@@ -254,23 +255,24 @@ std::vector<Case> Cases() {
   };
   std::vector<Case> cases;
   // Four nodes of one rank: buddy = the next node, ward = the previous.
-  cases.push_back({"dp4_zero1", layout(1, 4, 1, 1, 1, 1), {1, 2, 3, 0}, 2});
-  cases.push_back({"dp2_zero3", layout(1, 2, 1, 1, 1, 3), {1, 0}, 1});
+  cases.push_back({"dp4_zero1", layout(1, 4, 1, 1, 1, 1), NodeRing({1, 1, 1, 1}), 2});
+  cases.push_back({"dp2_zero3", layout(1, 2, 1, 1, 1, 3), NodeRing({1, 1}), 1});
   // Two nodes of two ranks: the same local index on the other node.
-  Case tp_pp{"tp2_pp2_1f1b_tied", layout(2, 1, 1, 1, 2, 0), {2, 3, 0, 1}, 3};
+  const std::vector<int> two_by_two = NodeRing({2, 2});
+  Case tp_pp{"tp2_pp2_1f1b_tied", layout(2, 1, 1, 1, 2, 0), two_by_two, 3};
   tp_pp.tied = true;
   tp_pp.layout.sequence_parallel = true;
   cases.push_back(tp_pp);
-  Case interleaved{"tp2_pp2_interleaved", layout(2, 1, 1, 1, 2, 0), {2, 3, 0, 1}, 0};
+  Case interleaved{"tp2_pp2_interleaved", layout(2, 1, 1, 1, 2, 0), two_by_two, 0};
   interleaved.layout.schedule = spec::Schedule::kInterleaved;
   interleaved.layout.virtual_stages = 2;
   interleaved.layers = 4;
   cases.push_back(interleaved);
-  cases.push_back({"cp2_dp2_zero1", layout(1, 2, 1, 2, 1, 1), {2, 3, 0, 1}, 1});
-  Case ep{"ep2_dp2_zero2_moe", layout(1, 2, 2, 1, 1, 2), {2, 3, 0, 1}, 1};
+  cases.push_back({"cp2_dp2_zero1", layout(1, 2, 1, 2, 1, 1), two_by_two, 1});
+  Case ep{"ep2_dp2_zero2_moe", layout(1, 2, 2, 1, 1, 2), two_by_two, 1};
   ep.moe = true;
   cases.push_back(ep);
-  cases.push_back({"pp2_dp2_zero3", layout(2, 2, 1, 1, 1, 3), {2, 3, 0, 1}, 2});
+  cases.push_back({"pp2_dp2_zero3", layout(2, 2, 1, 1, 1, 3), two_by_two, 2});
   return cases;
 }
 

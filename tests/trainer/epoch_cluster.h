@@ -3,8 +3,12 @@
 // one InProcessStore holding every attempt's namespace, a ControlMailbox per
 // rank (the test posts AbortRanks and EnterEpoch as the agent would relay
 // them), Gloo groups over loopback, and each rank's progress reports
-// recorded. The test plays the coordinator's part: it watches the reports,
-// picks the restore step from the holdings and moves the ranks on.
+// recorded. The test plays the coordinator's part with the coordinator's own
+// pure pieces: the snapshot ring (common/topology/snapshot_ring.h), the
+// in-place decision from the survivors' "aborted" reports and the messages
+// built from it (coordinator/jobs/in_place_policy.h, in_place_messages.h),
+// which it delivers as the agent would: a survivor gets the EnterEpoch of its
+// node with its own entry only, a relaunched rank its new assignment.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/topology/mesh.h"
+#include "common/topology/snapshot_ring.h"
+#include "coordinator/jobs/in_place_messages.h"
+#include "coordinator/jobs/in_place_policy.h"
 #include "proto/group_members.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/in_process_store.h"
@@ -75,10 +82,13 @@ inline std::string Token(int attempt, int rank) { return absl::StrCat("token-", 
 
 class EpochCluster {
  public:
-  // A dp x tp (x pp) job of `world` ranks; buddy[r]: rank r's buddy (-1 none).
-  EpochCluster(spec::JobSpec job, const spec::Layout& layout, std::vector<int> buddy,
-               double collective_timeout_s, std::string checkpoint_dir)
-      : job_(std::move(job)), layout_(layout), buddy_(std::move(buddy)),
+  // The job's ranks placed node by node: ranks_per_node[i] consecutive ranks
+  // on node "node-i", one device each.
+  EpochCluster(spec::JobSpec job, const spec::Layout& layout,
+               const std::vector<int>& ranks_per_node, double collective_timeout_s,
+               std::string checkpoint_dir)
+      : job_(std::move(job)), layout_(layout), slots_(Slots(ranks_per_node)),
+        ring_(topology::BuildSnapshotRing(slots_)),
         timeout_s_(collective_timeout_s), checkpoint_dir_(std::move(checkpoint_dir)),
         mailboxes_(static_cast<size_t>(layout.world())),
         recorders_(static_cast<size_t>(layout.world())),
@@ -94,22 +104,18 @@ class EpochCluster {
   }
 
   int world() const { return static_cast<int>(layout_.world()); }
-  int Ward(int rank) const {
-    for (size_t r = 0; r < buddy_.size(); ++r) {
-      if (buddy_[r] == rank) return static_cast<int>(r);
-    }
-    return -1;
-  }
-  loom::v1::SnapshotRing Ring(int rank) const {
-    loom::v1::SnapshotRing ring;
-    ring.set_buddy_rank(buddy_[static_cast<size_t>(rank)]);
-    ring.set_ward_rank(Ward(rank));
-    return ring;
+  int Buddy(int rank) const { return static_cast<int>(ring_.BuddyOf(rank)); }
+
+  // The assignment rank `rank` is launched with in attempt 1: the newest
+  // checkpoint (none), its place in the ring.
+  loom::v1::RankAssignment FirstAssignment(int rank) const {
+    loom::v1::RankAssignment a = Assignment(rank, 1);
+    *a.mutable_snapshots() = coordinator::SnapshotRingOf(ring_, rank);
+    return a;
   }
 
-  // The assignment rank `rank` is launched with in `attempt`.
-  loom::v1::RankAssignment Assignment(int rank, int attempt, const loom::v1::RestorePlan& restore,
-                                      const loom::v1::SnapshotRing& ring) const {
+  // The parts of an assignment of `attempt` that do not depend on recovery.
+  loom::v1::RankAssignment Assignment(int rank, int attempt) const {
     auto mesh = topology::RankMesh::Create(layout_);
     EXPECT_TRUE(mesh.ok());
     loom::v1::RankAssignment a;
@@ -136,8 +142,8 @@ class EpochCluster {
     a.set_rank_token(Token(attempt, rank));
     a.set_collective_timeout_s(timeout_s_);
     a.set_checkpoint_dir(checkpoint_dir_);
-    *a.mutable_restore() = restore;
-    *a.mutable_snapshots() = ring;
+    a.set_node_id(slots_[static_cast<size_t>(rank)].node_id);
+    a.set_local_device(static_cast<int32_t>(slots_[static_cast<size_t>(rank)].local_device));
     return a;
   }
 
@@ -195,63 +201,49 @@ class EpochCluster {
     return false;
   }
 
-  // The coordinator's choice: the newest step every survivor holds of its
-  // own and whose copy the failed rank's buddy holds.
-  int64_t RestoreStep(const std::vector<int>& survivors, int failed, int attempt) const {
-    std::vector<int64_t> common;
-    bool first = true;
-    for (int r : survivors) {
-      const auto aborted = recorders_[static_cast<size_t>(r)]->Of("aborted", attempt);
-      if (aborted.empty()) return -1;
-      const auto& own = aborted.back().snapshots().own_steps();
-      std::vector<int64_t> mine(own.begin(), own.end());
-      if (first) {
-        common = mine;
-        first = false;
-      } else {
-        std::vector<int64_t> both;
-        for (int64_t s : common) {
-          if (std::find(mine.begin(), mine.end(), s) != mine.end()) both.push_back(s);
-        }
-        common = both;
+  // The coordinator's part after `failed` failed in `from_attempt` and every
+  // survivor reported "aborted": the in-place decision from their reports,
+  // then attempt `attempt`: each survivor its node's EnterEpoch (its own
+  // entry), the failed rank relaunched with its new assignment. Returns the
+  // decision (the restore step, who sends the relaunched rank its copy).
+  absl::StatusOr<coordinator::InPlaceDecision> RecoverInPlace(int failed, int from_attempt,
+                                                              int attempt) {
+    coordinator::InPlaceRequest request;
+    request.fault_tolerance = job_.fault_tolerance;
+    request.tp = layout_.tp;
+    request.placement = slots_;
+    request.ring = ring_;
+    request.failed_ranks = {failed};
+    std::map<std::string, std::vector<int64_t>> devices;
+    for (const topology::DeviceSlot& slot : slots_) devices[slot.node_id].push_back(slot.local_device);
+    for (const auto& [node, free] : devices) request.nodes.push_back({node, free, false});
+    for (int r = 0; r < world(); ++r) {
+      if (r == failed) continue;
+      const auto aborted = recorders_[static_cast<size_t>(r)]->Of("aborted", from_attempt);
+      if (!aborted.empty()) request.aborted[r] = aborted.back();
+    }
+    for (const auto& p : recorders_[0]->Of("step", from_attempt)) {
+      request.newest_step = std::max<int64_t>(request.newest_step, p.step());
+    }
+    absl::StatusOr<coordinator::InPlaceDecision> decision = coordinator::DecideInPlace(request);
+    if (!decision.ok()) return decision.status();
+    if (!decision->in_place) {
+      return absl::FailedPreconditionError("not in place: " + decision->fallback_reason);
+    }
+    std::vector<loom::v1::RankAssignment> next;
+    for (int r = 0; r < world(); ++r) next.push_back(Assignment(r, attempt));
+    coordinator::ApplyInPlace(*decision, next);
+    for (auto& [node, epoch] : coordinator::EnterEpochsByNode(*decision, next, from_attempt)) {
+      for (const loom::v1::RankEpoch& entry : epoch.ranks()) {
+        loom::v1::RankControl control;
+        *control.mutable_enter_epoch() = epoch;
+        control.mutable_enter_epoch()->clear_ranks();
+        *control.mutable_enter_epoch()->add_ranks() = entry;  // as the agent relays it
+        mailboxes_[static_cast<size_t>(entry.rank())]->Post(control);
       }
     }
-    const int buddy = buddy_[static_cast<size_t>(failed)];
-    const auto held = recorders_[static_cast<size_t>(buddy)]->Of("aborted", attempt);
-    if (held.empty() || held.back().snapshots().ward_rank() != failed) return -1;
-    const auto& copies = held.back().snapshots().ward_steps();
-    int64_t best = -1;
-    for (int64_t s : common) {
-      if (std::find(copies.begin(), copies.end(), s) != copies.end()) best = std::max(best, s);
-    }
-    return best;
-  }
-
-  // Moves the survivors on to `attempt` (rolling back to `step`) and
-  // relaunches `failed` there, restoring from its buddy's copy.
-  void RecoverInPlace(const std::vector<int>& survivors, int failed, int from_attempt, int attempt,
-                      int64_t step) {
-    const int helper = buddy_[static_cast<size_t>(failed)];
-    for (int r : survivors) {
-      loom::v1::RankControl control;
-      loom::v1::EnterEpoch* e = control.mutable_enter_epoch();
-      e->set_job_id("job-test");
-      e->set_from_attempt(from_attempt);
-      e->set_attempt(attempt);
-      e->set_store_namespace(Namespace(attempt));
-      e->set_restore_step(step);
-      loom::v1::RankEpoch* entry = e->add_ranks();
-      entry->set_rank(r);
-      entry->set_rank_token(Token(attempt, r));
-      *entry->mutable_snapshots() = Ring(r);
-      if (r == helper) entry->mutable_snapshots()->add_send_snapshot_to(failed);
-      mailboxes_[static_cast<size_t>(r)]->Post(control);
-    }
-    loom::v1::RestorePlan restore;
-    restore.set_source(loom::v1::RestorePlan::PEER_SNAPSHOT);
-    restore.set_step(step);
-    restore.set_peer_rank(helper);
-    Launch(Assignment(failed, attempt, restore, Ring(failed)));
+    Launch(next[static_cast<size_t>(failed)]);
+    return decision;
   }
 
   void Abort(const std::vector<int>& ranks, int attempt, const std::string& reason) {
@@ -278,9 +270,18 @@ class EpochCluster {
   comm::InProcessStore& store() { return store_; }
 
  private:
+  static std::vector<topology::DeviceSlot> Slots(const std::vector<int>& ranks_per_node) {
+    std::vector<topology::DeviceSlot> slots;
+    for (size_t n = 0; n < ranks_per_node.size(); ++n) {
+      for (int d = 0; d < ranks_per_node[n]; ++d) slots.push_back({"node-" + std::to_string(n), d});
+    }
+    return slots;
+  }
+
   const spec::JobSpec job_;
   const spec::Layout layout_;
-  const std::vector<int> buddy_;
+  const std::vector<topology::DeviceSlot> slots_;
+  const topology::SnapshotRing ring_;
   const double timeout_s_;
   const std::string checkpoint_dir_;
   comm::InProcessStore store_;

@@ -1,9 +1,10 @@
 // The trainer's epoch loop (worker/trainer/rank_epochs.h) with a dp4 ZeRO-1
 // job whose ranks are threads (epoch_cluster.h; the test plays the
-// coordinator). A rank crashes after step 4: the survivors' collectives fail
-// on their own, they report "aborted" with their snapshots and wait; the
-// test moves them to attempt 2 (EnterEpoch) and relaunches the crashed rank,
-// which receives its snapshot from its buddy. A rank hangs instead: the test
+// coordinator with its own decision and messages, so both sides of the
+// contract meet). A rank crashes after step 4: the survivors' collectives
+// fail on their own, they report "aborted" with their snapshots and wait; the
+// decision from their reports moves them to attempt 2 (EnterEpoch) and
+// relaunches the crashed rank, which receives its snapshot from its buddy. A rank hangs instead: the test
 // aborts the others (AbortRanks), which leave their blocked collective
 // without any peer dying, then kills and relaunches the hung one. In both,
 // every survivor's loop never returned, no step up to the restore step is
@@ -41,10 +42,8 @@ spec::Layout Dp4() {
   return l;
 }
 
-// Four nodes of one rank: the buddy is the next node's rank.
-std::vector<int> NextNodeRing() { return {1, 2, 3, 0}; }
-
-loom::v1::RestorePlan FromCheckpoint() { return loom::v1::RestorePlan(); }
+// Four nodes of one rank: each rank's buddy is the next node's rank.
+const std::vector<int> kFourNodes = {1, 1, 1, 1};
 
 class RankEpochsTest : public ::testing::Test {
  protected:
@@ -68,9 +67,9 @@ class RankEpochsTest : public ::testing::Test {
   }
 
   std::map<int64_t, double> Reference() {
-    EpochCluster c(Job(), Dp4(), NextNodeRing(), 30, (dir_ / "reference"));
+    EpochCluster c(Job(), Dp4(), kFourNodes, 30, (dir_ / "reference"));
     for (int r = 0; r < kRanks; ++r) {
-      c.Launch(c.Assignment(r, 1, FromCheckpoint(), c.Ring(r)));
+      c.Launch(c.FirstAssignment(r));
     }
     c.JoinAll();
     std::map<int64_t, double> losses;
@@ -139,10 +138,10 @@ class RankEpochsTest : public ::testing::Test {
 
 TEST_F(RankEpochsTest, ACrashedRankIsRelaunchedFromItsBuddysCopyWhileTheOthersRollBack) {
   const std::map<int64_t, double> reference = Reference();
-  EpochCluster c(Job(), Dp4(), NextNodeRing(), 30, (dir_ / "recovered"));
+  EpochCluster c(Job(), Dp4(), kFourNodes, 30, (dir_ / "recovered"));
   constexpr int kFailed = 2;
   for (int r = 0; r < kRanks; ++r) {
-    c.Launch(c.Assignment(r, 1, FromCheckpoint(), c.Ring(r)),
+    c.Launch(c.FirstAssignment(r),
              [r](int attempt, int64_t step) {
                if (r == kFailed && attempt == 1 && step == 4) {
                  return absl::InternalError("killed after step 4 (fault drill)");
@@ -160,21 +159,24 @@ TEST_F(RankEpochsTest, ACrashedRankIsRelaunchedFromItsBuddysCopyWhileTheOthersRo
     EXPECT_GE(aborted.snapshots().own_steps_size(), 1) << "rank " << r;
     EXPECT_GT(aborted.snapshots().snapshot_bytes(), 0) << "rank " << r;
   }
-  const int64_t restore = c.RestoreStep(survivors, kFailed, 1);
+  absl::StatusOr<coordinator::InPlaceDecision> decision = c.RecoverInPlace(kFailed, 1, 2);
+  ASSERT_TRUE(decision.ok()) << decision.status();
   // The copy of step 4 may have been cut short by the crash; step 3's was
   // acknowledged before step 4's snapshot began.
+  const int64_t restore = decision->restore_step;
   ASSERT_TRUE(restore == 3 || restore == 4) << restore;
-  c.RecoverInPlace(survivors, kFailed, 1, 2, restore);
+  ASSERT_EQ(decision->relaunched.size(), 1u);
+  EXPECT_EQ(decision->relaunched[0].peer, c.Buddy(kFailed));
   ExpectRecoveredExactly(c, reference, kFailed, restore);
 }
 
 TEST_F(RankEpochsTest, AnAbortOrderFreesRanksBlockedOnAHungPeer) {
   const std::map<int64_t, double> reference = Reference();
-  EpochCluster c(Job(), Dp4(), NextNodeRing(), 30, (dir_ / "recovered"));
+  EpochCluster c(Job(), Dp4(), kFourNodes, 30, (dir_ / "recovered"));
   constexpr int kHung = 1;
   absl::Notification hung, killed;
   for (int r = 0; r < kRanks; ++r) {
-    c.Launch(c.Assignment(r, 1, FromCheckpoint(), c.Ring(r)),
+    c.Launch(c.FirstAssignment(r),
              [r, &hung, &killed](int attempt, int64_t step) {
                if (r == kHung && attempt == 1 && step == 3) {
                  hung.Notify();
@@ -192,9 +194,10 @@ TEST_F(RankEpochsTest, AnAbortOrderFreesRanksBlockedOnAHungPeer) {
   ASSERT_TRUE(c.WaitForPhase(survivors, "aborted", 1));
   killed.Notify();
   c.Join(kHung);
-  const int64_t restore = c.RestoreStep(survivors, kHung, 1);
+  absl::StatusOr<coordinator::InPlaceDecision> decision = c.RecoverInPlace(kHung, 1, 2);
+  ASSERT_TRUE(decision.ok()) << decision.status();
+  const int64_t restore = decision->restore_step;
   ASSERT_TRUE(restore == 2 || restore == 3) << restore;
-  c.RecoverInPlace(survivors, kHung, 1, 2, restore);
   ExpectRecoveredExactly(c, reference, kHung, restore);
 }
 
@@ -203,9 +206,9 @@ TEST_F(RankEpochsTest, NoNextAttemptInTimeEndsTheRankWithExitCode4) {
   job.parallelism.dp = 2;
   spec::Layout dp2;
   dp2.dp = 2;
-  EpochCluster c(job, dp2, {1, 0}, 2, "");
+  EpochCluster c(job, dp2, {1, 1}, 2, "");
   for (int r = 0; r < 2; ++r) {
-    c.Launch(c.Assignment(r, 1, FromCheckpoint(), c.Ring(r)), [r](int, int64_t step) {
+    c.Launch(c.FirstAssignment(r), [r](int, int64_t step) {
       return r == 1 && step == 2 ? absl::InternalError("killed") : absl::OkStatus();
     });
   }
@@ -223,9 +226,9 @@ TEST_F(RankEpochsTest, WithoutInPlaceRecoveryAFailureEndsTheRank) {
   job.fault_tolerance.in_place = false;
   spec::Layout dp2;
   dp2.dp = 2;
-  EpochCluster c(job, dp2, {1, 0}, 30, "");
+  EpochCluster c(job, dp2, {1, 1}, 30, "");
   for (int r = 0; r < 2; ++r) {
-    c.Launch(c.Assignment(r, 1, FromCheckpoint(), c.Ring(r)), [r](int, int64_t step) {
+    c.Launch(c.FirstAssignment(r), [r](int, int64_t step) {
       return r == 1 && step == 2 ? absl::InternalError("killed") : absl::OkStatus();
     });
   }

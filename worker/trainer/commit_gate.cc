@@ -4,13 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc/commit_gate.h"
 
 namespace loom::trainer {
 
 engine::CommitGate MakeStoreCommitGate(comm::Store* store, CommitGateOptions options,
                                        std::function<void(const std::string&)> on_event) {
   return [store, options, on_event = std::move(on_event)](int64_t step) -> absl::Status {
-    const std::string key = absl::StrCat(kCommitKeyPrefix, step);
+    const std::string key = rpc::CommitKey(step);
     const absl::Time give_up = absl::Now() + options.retry_for;
     absl::Duration backoff = options.first_backoff;
     int tries = 0;

@@ -1,6 +1,7 @@
 // The commit gate over the attempt's rendezvous store (docs/fault_tolerance.md,
 // "Fencing"): before the rank that commits a checkpoint renames it into place,
-// it adds `loom/commit/<step>` in its attempt's namespace. A superseded
+// it adds `loom/commit/<step>` (rpc::CommitKey, common/rpc/commit_gate.h) in
+// its attempt's namespace. A superseded
 // attempt's namespace is gone, so the add is refused and the checkpoint is
 // abandoned (the rank then exits as fenced); UNAVAILABLE (an attempt that
 // replaced a lost node waits for that node's lease to run out, or the
@@ -17,8 +18,6 @@
 #include "worker/engine/checkpoint/distributed_save.h"
 
 namespace loom::trainer {
-
-inline constexpr char kCommitKeyPrefix[] = "loom/commit/";
 
 struct CommitGateOptions {
   // How long UNAVAILABLE (and DEADLINE_EXCEEDED: the call could not be
