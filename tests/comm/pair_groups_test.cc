@@ -5,6 +5,8 @@
 // collective returns ABORTED within a bound, and a group added after the
 // abort is aborted at once). The bounds are loose: they tell "returned on the
 // abort" from "returned at the 60 s timeout".
+#include "worker/comm/pair_groups.h"
+
 #include <chrono>
 #include <map>
 #include <memory>
@@ -16,7 +18,6 @@
 #include "tests/comm/rank_harness.h"
 #include "worker/comm/communicator_set.h"
 #include "worker/comm/in_process_store.h"
-#include "worker/comm/pair_groups.h"
 #include "worker/comm/prefix_store.h"
 
 namespace loom::comm {
@@ -53,7 +54,8 @@ TEST(PairGroupsTest, ARingAndARestorePairMeetAndCarryTrafficBothWays) {
     for (const auto& [peer, group] : mine) {
       EXPECT_EQ(group->size(), 2);
       EXPECT_EQ(group->rank(), r < peer ? 0 : 1);
-      EXPECT_EQ(group->name(), absl::StrCat("pair[", std::min(r, peer), ",", std::max(r, peer), "]"));
+      EXPECT_EQ(group->name(),
+                absl::StrCat("pair[", std::min(r, peer), ",", std::max(r, peer), "]"));
     }
   }
   // Every rank sends its number to its buddy while receiving its ward's.
@@ -91,7 +93,8 @@ TEST(CommunicatorSetTest, AbortEndsABlockedCollectivePromptlyAndReachesLaterMemb
     result = dp->AllReduce(x);  // the peer never joins
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
-  while (dp->Progress().current_op.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  while (dp->Progress().current_op.empty())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_FALSE(set->aborted());
   set->Abort("attempt 3 aborted by the coordinator: rank 2 exited");
   set->Abort("a second reason is not kept");

@@ -4,8 +4,8 @@
 // captured through the backend's copies (the emulation faults if a piece is
 // read or written on the host), is byte-identical to the same snapshot taken
 // on CpuOps, and restoring it (in the same loop after two more steps, and in
-// a fresh loop) continues bit for bit like the uninterrupted CPU run. ZeRO 1 (whole parameters, sharded moments) and 3
-// (sharded parameters).
+// a fresh loop) continues bit for bit like the uninterrupted CPU run. ZeRO 1 (whole parameters,
+// sharded moments) and 3 (sharded parameters).
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -74,7 +74,8 @@ TEST_P(SnapshotDeviceTest, CapturedThroughTheBackendAndRestoredBitForBit) {
     const Snapshot& d = *dev_taken[static_cast<size_t>(r)];
     ASSERT_FALSE(d.empty());
     ASSERT_EQ(d.size_bytes(), c.size_bytes());
-    EXPECT_EQ(0, std::memcmp(d.bytes().data(), c.bytes().data(), static_cast<size_t>(c.size_bytes())));
+    EXPECT_EQ(0,
+              std::memcmp(d.bytes().data(), c.bytes().data(), static_cast<size_t>(c.size_bytes())));
     // Steps 1..4, then 3..6 again after the rollback, as the straight run's.
     const std::vector<DpRankResult>::value_type& run = dev[static_cast<size_t>(r)];
     ASSERT_EQ(run.steps.size(), static_cast<size_t>(kSteps + 2));
@@ -86,8 +87,8 @@ TEST_P(SnapshotDeviceTest, CapturedThroughTheBackendAndRestoredBitForBit) {
     ExpectSameBits(run.params, cpu[static_cast<size_t>(r)].params);
   }
   // A fresh device loop restored from the snapshot.
-  std::vector<DpRankResult> fresh = RunDp(
-      Job(), 2, kSteps, /*device=*/true, [&](int rank, TrainingLoop& loop) {
+  std::vector<DpRankResult> fresh =
+      RunDp(Job(), 2, kSteps, /*device=*/true, [&](int rank, TrainingLoop& loop) {
         absl::Status s = loop.RestoreSnapshot(*dev_taken[static_cast<size_t>(rank)], rank);
         ASSERT_TRUE(s.ok()) << s;
       });

@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "common/spec/job_spec.h"
 #include "common/topology/mesh.h"
 #include "common/topology/snapshot_ring.h"
+#include "gtest/gtest.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/comm/pair_groups.h"
@@ -131,8 +131,8 @@ class MeshAttempt {
 
  private:
   struct Rank {
-    comm::Communicator *tp = nullptr, *dp = nullptr, *pp = nullptr, *cp = nullptr,
-                       *dp_cp = nullptr, *ep = nullptr;
+    comm::Communicator *tp = nullptr, *dp = nullptr, *pp = nullptr, *cp = nullptr, *dp_cp = nullptr,
+                       *ep = nullptr;
     std::map<int, comm::Communicator*> pairs;
     int dp_rank = 0;
     std::vector<std::unique_ptr<comm::Communicator>> owned;

@@ -30,7 +30,8 @@ SnapshotManifest TwoPieces(int64_t step) {
 std::unique_ptr<Snapshot> Filled(int64_t step, float base) {
   auto s = std::make_unique<Snapshot>();
   s->Reset(TwoPieces(step));
-  for (int64_t i = 0; i < s->manifest().data_floats(); ++i) s->data()[i] = base + static_cast<float>(i);
+  for (int64_t i = 0; i < s->manifest().data_floats(); ++i)
+    s->data()[i] = base + static_cast<float>(i);
   return s;
 }
 
@@ -115,7 +116,8 @@ TEST(SnapshotFitTest, NamesTheFirstDifference) {
   got = want;
   got.pieces[1].begin = 0;
   s = CheckSnapshotFits(want, got);
-  EXPECT_NE(s.message().find("piece 1 is optimizer.exp_avg.lm_head.weight"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("piece 1 is optimizer.exp_avg.lm_head.weight"), std::string::npos)
+      << s;
   EXPECT_NE(s.message().find("elements [0, 20)"), std::string::npos) << s;
   got = want;
   got.pieces.pop_back();

@@ -35,7 +35,7 @@ struct Case {
   MeshLayout layout;
   // The buddy of each rank (the ring: -1 none); its ward is the inverse.
   std::vector<int> buddy;  // NodeRing of the nodes the ranks are placed on
-  int relaunched = 0;  // the rank that restores from its buddy's copy
+  int relaunched = 0;      // the rank that restores from its buddy's copy
   bool moe = false;
   bool tied = false;
   int layers = 2;
@@ -157,7 +157,8 @@ TEST_P(SnapshotRestoreTest, NewAttemptFromOwnSnapshotsAndABuddysCopyMatchesTheUn
     RunRanks(n, [&](int r) {
       SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
       const int ward = WardOf(c, r);
-      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward), ward);
+      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                        ward);
       auto loop = TrainingLoop::Create(job, attempt.Context(r));
       ASSERT_TRUE(loop.ok()) << loop.status();
       Train(**loop, &keeper, kRestoreStep + 1, nullptr);
@@ -202,7 +203,8 @@ TEST_P(SnapshotRestoreTest, NewAttemptFromOwnSnapshotsAndABuddysCopyMatchesTheUn
     EXPECT_EQ((*loop)->step(), kRestoreStep);
     EXPECT_EQ(keeper.Holdings().own_steps, (std::vector<int64_t>{kRestoreStep}));
     const int ward = WardOf(c, r);
-    keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward), ward);
+    keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                      ward);
     Train(**loop, &keeper, kSteps, &got[static_cast<size_t>(r)]);
     keeper.WaitForCopies();
     keeper.DetachRing();

@@ -3,6 +3,8 @@
 // copy torn by the sender's death mid-way leaves the receiver with its
 // previous complete copy (the copier's background receive, as a buddy runs
 // it); an abort of the pair ends a copy waiting for its peer at once.
+#include "worker/engine/snapshot/snapshot_transfer.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -15,7 +17,6 @@
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/snapshot/snapshot_copier.h"
 #include "worker/engine/snapshot/snapshot_generations.h"
-#include "worker/engine/snapshot/snapshot_transfer.h"
 
 namespace loom::engine {
 namespace {
@@ -47,7 +48,9 @@ class DyingSender : public comm::Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
-  absl::Status AllReduce(std::span<float> d, comm::ReduceOp op) override { return inner_->AllReduce(d, op); }
+  absl::Status AllReduce(std::span<float> d, comm::ReduceOp op) override {
+    return inner_->AllReduce(d, op);
+  }
   std::unique_ptr<comm::Work> AllReduceAsync(std::span<float> d, comm::ReduceOp op) override {
     return inner_->AllReduceAsync(d, op);
   }
@@ -57,7 +60,9 @@ class DyingSender : public comm::Communicator {
   absl::Status AllGather(std::span<const float> in, std::span<float> out) override {
     return inner_->AllGather(in, out);
   }
-  absl::Status Broadcast(std::span<float> d, int root) override { return inner_->Broadcast(d, root); }
+  absl::Status Broadcast(std::span<float> d, int root) override {
+    return inner_->Broadcast(d, root);
+  }
   absl::Status Send(std::span<const float> d, int peer, uint32_t tag) override {
     return inner_->Send(d, peer, tag);
   }
@@ -93,8 +98,10 @@ TEST(SnapshotTransferTest, ACopyArrivesWholeInManyChunks) {
   Snapshot received;
   absl::Status send_status, recv_status;
   SnapshotTransferStats send_stats, recv_stats;
-  std::thread sender([&] { send_status = SendSnapshot(*pair[0], 5, sent.get(), SmallChunks(), &send_stats); });
-  std::thread receiver([&] { recv_status = ReceiveSnapshot(*pair[1], 5, &received, SmallChunks(), &recv_stats); });
+  std::thread sender(
+      [&] { send_status = SendSnapshot(*pair[0], 5, sent.get(), SmallChunks(), &send_stats); });
+  std::thread receiver(
+      [&] { recv_status = ReceiveSnapshot(*pair[1], 5, &received, SmallChunks(), &recv_stats); });
   sender.join();
   receiver.join();
   ASSERT_TRUE(send_status.ok()) << send_status;
@@ -112,8 +119,10 @@ TEST(SnapshotTransferTest, ASenderWithoutTheStepSaysSo) {
   const std::shared_ptr<Snapshot> other_step = Filled(4, 100, 0);
   Snapshot received;
   absl::Status send_status, recv_status;
-  std::thread sender([&] { send_status = SendSnapshot(*pair[0], 5, other_step.get(), SmallChunks()); });
-  std::thread receiver([&] { recv_status = ReceiveSnapshot(*pair[1], 5, &received, SmallChunks()); });
+  std::thread sender(
+      [&] { send_status = SendSnapshot(*pair[0], 5, other_step.get(), SmallChunks()); });
+  std::thread receiver(
+      [&] { recv_status = ReceiveSnapshot(*pair[1], 5, &received, SmallChunks()); });
   sender.join();
   receiver.join();
   EXPECT_TRUE(absl::IsNotFound(send_status)) << send_status;
@@ -166,7 +175,8 @@ TEST(SnapshotTransferTest, AbortingThePairEndsACopyWaitingForItsPeer) {
   const auto start = std::chrono::steady_clock::now();
   pair[0]->Abort("attempt 1 aborted");
   copier.WaitIdle();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(seconds, 30.0);  // far below the 60 s timeout
   const SnapshotCopier::SendResult result = copier.last_send();
   EXPECT_EQ(result.step, 3);

@@ -5,6 +5,8 @@
 // nothing behind, and fails as PERMISSION_DENIED (exit code 5); UNAVAILABLE
 // is retried with backoff, and past the bound the step is skipped with a log
 // line while training goes on.
+#include "worker/trainer/commit_gate.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -16,7 +18,6 @@
 #include "tests/engine/test_util.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/training_loop.h"
-#include "worker/trainer/commit_gate.h"
 #include "worker/trainer/standalone.h"
 
 namespace loom::trainer {

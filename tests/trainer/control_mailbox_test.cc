@@ -2,13 +2,14 @@
 // communicators (a blocked collective returns), one that came before they
 // were armed aborts them as they are armed, other attempts' orders are
 // ignored, and EnterEpoch is handed to the loop that waits for it (bounded).
+#include "worker/trainer/control_mailbox.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "tests/comm/rank_harness.h"
 #include "worker/comm/in_process_store.h"
-#include "worker/trainer/control_mailbox.h"
 
 namespace loom::trainer {
 namespace {
@@ -46,7 +47,8 @@ TEST(ControlMailboxTest, AnAbortOfTheArmedAttemptEndsItsBlockedCollective) {
   blocked.join();
   EXPECT_TRUE(absl::IsAborted(result)) << result;
   EXPECT_NE(result.message().find("attempt 2 aborted by the coordinator: rank 3 exited"),
-            std::string::npos) << result;
+            std::string::npos)
+      << result;
   EXPECT_TRUE(mailbox.AbortOf(2).has_value());
   EXPECT_FALSE(mailbox.AbortOf(3).has_value());
   mailbox.Disarm();

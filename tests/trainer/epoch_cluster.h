@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "common/topology/mesh.h"
 #include "common/topology/snapshot_ring.h"
 #include "coordinator/jobs/in_place_messages.h"
 #include "coordinator/jobs/in_place_policy.h"
+#include "gtest/gtest.h"
 #include "proto/group_members.h"
 #include "worker/comm/group_factory.h"
 #include "worker/comm/in_process_store.h"
@@ -78,7 +78,9 @@ class RecordingSink : public ProgressSink {
 };
 
 inline std::string Namespace(int attempt) { return absl::StrCat("job-test/attempt-", attempt); }
-inline std::string Token(int attempt, int rank) { return absl::StrCat("token-", attempt, "-", rank); }
+inline std::string Token(int attempt, int rank) {
+  return absl::StrCat("token-", attempt, "-", rank);
+}
 
 class EpochCluster {
  public:
@@ -87,9 +89,12 @@ class EpochCluster {
   EpochCluster(spec::JobSpec job, const spec::Layout& layout,
                const std::vector<int>& ranks_per_node, double collective_timeout_s,
                std::string checkpoint_dir)
-      : job_(std::move(job)), layout_(layout), slots_(Slots(ranks_per_node)),
+      : job_(std::move(job)),
+        layout_(layout),
+        slots_(Slots(ranks_per_node)),
         ring_(topology::BuildSnapshotRing(slots_)),
-        timeout_s_(collective_timeout_s), checkpoint_dir_(std::move(checkpoint_dir)),
+        timeout_s_(collective_timeout_s),
+        checkpoint_dir_(std::move(checkpoint_dir)),
         mailboxes_(static_cast<size_t>(layout.world())),
         recorders_(static_cast<size_t>(layout.world())),
         results_(static_cast<size_t>(layout.world())),
@@ -132,8 +137,11 @@ class EpochCluster {
     a.mutable_coords()->set_tp(static_cast<int32_t>(coord->tp));
     a.mutable_coords()->set_pp(static_cast<int32_t>(coord->pp));
     auto groups = mesh->GroupsOf(rank);
-    for (auto [axis, members] : {std::pair{"tp", groups->tp}, {"dp", groups->dp}, {"pp", groups->pp},
-                                 {"cp", groups->cp}, {"ep", groups->ep}}) {
+    for (auto [axis, members] : {std::pair{"tp", groups->tp},
+                                 {"dp", groups->dp},
+                                 {"pp", groups->pp},
+                                 {"cp", groups->cp},
+                                 {"ep", groups->ep}}) {
       loom::v1::GroupMembers* g = a.add_groups();
       g->set_axis(axis);
       proto::SetGroupMembers(members, g);
@@ -173,7 +181,8 @@ class EpochCluster {
       const absl::Duration timeout = absl::Seconds(timeout_s_);
       world.make_group = [r, timeout](comm::Store& store, const std::string& axis,
                                       const std::vector<int>& members) {
-        return comm::CreateGroupCommunicator(store, "", axis, members, static_cast<int>(r), timeout);
+        return comm::CreateGroupCommunicator(store, "", axis, members, static_cast<int>(r),
+                                             timeout);
       };
       world.on_attempt = [current_attempt](int attempt, const std::string&) {
         *current_attempt = attempt;
@@ -194,7 +203,8 @@ class EpochCluster {
     const absl::Time give_up = absl::Now() + bound;
     while (absl::Now() < give_up) {
       bool all = true;
-      for (int r : ranks) all = all && !recorders_[static_cast<size_t>(r)]->Of(phase, attempt).empty();
+      for (int r : ranks)
+        all = all && !recorders_[static_cast<size_t>(r)]->Of(phase, attempt).empty();
       if (all) return true;
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -215,7 +225,8 @@ class EpochCluster {
     request.ring = ring_;
     request.failed_ranks = {failed};
     std::map<std::string, std::vector<int64_t>> devices;
-    for (const topology::DeviceSlot& slot : slots_) devices[slot.node_id].push_back(slot.local_device);
+    for (const topology::DeviceSlot& slot : slots_)
+      devices[slot.node_id].push_back(slot.local_device);
     for (const auto& [node, free] : devices) request.nodes.push_back({node, free, false});
     for (int r = 0; r < world(); ++r) {
       if (r == failed) continue;

@@ -4,14 +4,13 @@
 // contract meet). A rank crashes after step 4: the survivors' collectives
 // fail on their own, they report "aborted" with their snapshots and wait; the
 // decision from their reports moves them to attempt 2 (EnterEpoch) and
-// relaunches the crashed rank, which receives its snapshot from its buddy. A rank hangs instead: the test
-// aborts the others (AbortRanks), which leave their blocked collective
-// without any peer dying, then kills and relaunches the hung one. In both,
-// every survivor's loop never returned, no step up to the restore step is
-// trained twice, every loss equals the uninterrupted run's bit for bit and
-// the final checkpoint is byte-identical to it. Also: no EnterEpoch in time
-// ends the rank with DEADLINE_EXCEEDED (exit code 4), and without in-place
-// recovery a failure ends the rank as before.
+// relaunches the crashed rank, which receives its snapshot from its buddy. A rank hangs instead:
+// the test aborts the others (AbortRanks), which leave their blocked collective without any peer
+// dying, then kills and relaunches the hung one. In both, every survivor's loop never returned, no
+// step up to the restore step is trained twice, every loss equals the uninterrupted run's bit for
+// bit and the final checkpoint is byte-identical to it. Also: no EnterEpoch in time ends the rank
+// with DEADLINE_EXCEEDED (exit code 4), and without in-place recovery a failure ends the rank as
+// before.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -85,7 +84,8 @@ class RankEpochsTest : public ::testing::Test {
   void ExpectRecoveredExactly(EpochCluster& c, const std::map<int64_t, double>& reference,
                               int failed, int64_t restore_step) {
     c.JoinAll();
-    for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(c.result(r).ok()) << "rank " << r << ": " << c.result(r);
+    for (int r = 0; r < kRanks; ++r)
+      EXPECT_TRUE(c.result(r).ok()) << "rank " << r << ": " << c.result(r);
     std::map<int64_t, int> trained;
     for (const auto& [step, loss] : StepLosses(c.reports(0))) {
       ++trained[step];
@@ -114,8 +114,10 @@ class RankEpochsTest : public ::testing::Test {
     }
     EXPECT_FALSE(opened.count({testing::Namespace(2), testing::Token(1, failed)}));
     // The final checkpoint went through the commit gate of attempt 2.
-    EXPECT_TRUE(c.store().Get(absl::StrCat(testing::Namespace(2), "/loom/commit/", kSteps),
-                              absl::Seconds(1)).ok());
+    EXPECT_TRUE(
+        c.store()
+            .Get(absl::StrCat(testing::Namespace(2), "/loom/commit/", kSteps), absl::Seconds(1))
+            .ok());
     ExpectSameCheckpoint((dir_ / "reference"), (dir_ / "recovered"));
   }
 
@@ -141,13 +143,12 @@ TEST_F(RankEpochsTest, ACrashedRankIsRelaunchedFromItsBuddysCopyWhileTheOthersRo
   EpochCluster c(Job(), Dp4(), kFourNodes, 30, (dir_ / "recovered"));
   constexpr int kFailed = 2;
   for (int r = 0; r < kRanks; ++r) {
-    c.Launch(c.FirstAssignment(r),
-             [r](int attempt, int64_t step) {
-               if (r == kFailed && attempt == 1 && step == 4) {
-                 return absl::InternalError("killed after step 4 (fault drill)");
-               }
-               return absl::OkStatus();
-             });
+    c.Launch(c.FirstAssignment(r), [r](int attempt, int64_t step) {
+      if (r == kFailed && attempt == 1 && step == 4) {
+        return absl::InternalError("killed after step 4 (fault drill)");
+      }
+      return absl::OkStatus();
+    });
   }
   const std::vector<int> survivors = {0, 1, 3};
   // Nobody tells them: their collectives fail when rank 2 is gone.
@@ -176,15 +177,14 @@ TEST_F(RankEpochsTest, AnAbortOrderFreesRanksBlockedOnAHungPeer) {
   constexpr int kHung = 1;
   absl::Notification hung, killed;
   for (int r = 0; r < kRanks; ++r) {
-    c.Launch(c.FirstAssignment(r),
-             [r, &hung, &killed](int attempt, int64_t step) {
-               if (r == kHung && attempt == 1 && step == 3) {
-                 hung.Notify();
-                 killed.WaitForNotification();  // hangs until the "SIGKILL"
-                 return absl::InternalError("killed while hung");
-               }
-               return absl::OkStatus();
-             });
+    c.Launch(c.FirstAssignment(r), [r, &hung, &killed](int attempt, int64_t step) {
+      if (r == kHung && attempt == 1 && step == 3) {
+        hung.Notify();
+        killed.WaitForNotification();  // hangs until the "SIGKILL"
+        return absl::InternalError("killed while hung");
+      }
+      return absl::OkStatus();
+    });
   }
   ASSERT_TRUE(hung.WaitForNotificationWithTimeout(absl::Seconds(120)));
   const std::vector<int> survivors = {0, 2, 3};

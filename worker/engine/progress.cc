@@ -22,7 +22,8 @@ std::string FormatProgressLine(const StepProgress& p) {
   }
   if (p.snapshot && p.snapshot->snapshot_bytes > 0) {
     const SnapshotProgress& s = *p.snapshot;
-    absl::StrAppendFormat(&line, " snap %.1fMiB", static_cast<double>(s.snapshot_bytes) / (1024.0 * 1024.0));
+    absl::StrAppendFormat(&line, " snap %.1fMiB",
+                          static_cast<double>(s.snapshot_bytes) / (1024.0 * 1024.0));
     if (s.capture_seconds > 0) absl::StrAppendFormat(&line, " capture %.3fs", s.capture_seconds);
     if (s.wait_seconds >= 0.001) absl::StrAppendFormat(&line, " copy_wait %.3fs", s.wait_seconds);
     if (s.copy_bytes > 0) absl::StrAppendFormat(&line, " copy %.3fs", s.copy_seconds);

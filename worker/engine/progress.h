@@ -47,8 +47,8 @@ struct StepProgress {
   std::optional<SnapshotProgress> snapshot;
 };
 
-// "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252 rss 61.2MiB
-//  [snap 1.2MiB capture 0.001s copy 0.004s] [val_loss 3.9876]"
+// "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252
+//  rss 61.2MiB [snap 1.2MiB capture 0.001s copy 0.004s] [val_loss 3.9876]"
 std::string FormatProgressLine(const StepProgress& p);
 // {"step":5,"total_steps":50,"loss":...,"val_loss":... (eval steps only)}
 std::string FormatProgressJson(const StepProgress& p);

@@ -11,9 +11,9 @@
 namespace loom::engine {
 
 struct StatePiece {
-  TensorView local;       // the parameter's local tensor (shape, place in the global one)
-  std::string name;       // the global tensor: the parameter or one of its moments
-  int64_t begin = 0;      // elements [begin, begin + count) of the local tensor
+  TensorView local;   // the parameter's local tensor (shape, place in the global one)
+  std::string name;   // the global tensor: the parameter or one of its moments
+  int64_t begin = 0;  // elements [begin, begin + count) of the local tensor
   int64_t count = 0;
   float* data = nullptr;  // backend memory holding them
   bool write = false;     // this rank writes it to a checkpoint

@@ -27,15 +27,15 @@ SnapshotManifest TrainingLoop::SnapshotLayoutAndSources(int rank,
   SnapshotManifest m;
   const spec::ParallelismSpec& par = spec_.parallelism;
   m.owner.rank = rank;
-  m.owner.layout = absl::StrFormat(
-      "dp%d tp%d pp%d cp%d ep%d zero%d v%d %s%s", ctx_.dp_size, ctx_.tp_size(), ctx_.pp_size(),
-      ctx_.cp_size(), ctx_.ep_size(), zero_stage(), ctx_.pp_size() > 1 ? par.virtual_stages : 1,
-      ctx_.pp_size() > 1 ? spec::ScheduleName(par.schedule) : "-",
-      ctx_.tp != nullptr && par.sequence_parallel ? " sp" : "");
-  m.owner.place = absl::StrFormat("dp %d/%d tp %d/%d pp %d/%d cp %d/%d ep %d/%d", ctx_.dp_rank,
-                                  ctx_.dp_size, ctx_.tp_rank(), ctx_.tp_size(), ctx_.stage(),
-                                  ctx_.pp_size(), ctx_.cp_rank(), ctx_.cp_size(), ctx_.ep_rank(),
-                                  ctx_.ep_size());
+  m.owner.layout = absl::StrFormat("dp%d tp%d pp%d cp%d ep%d zero%d v%d %s%s", ctx_.dp_size,
+                                   ctx_.tp_size(), ctx_.pp_size(), ctx_.cp_size(), ctx_.ep_size(),
+                                   zero_stage(), ctx_.pp_size() > 1 ? par.virtual_stages : 1,
+                                   ctx_.pp_size() > 1 ? spec::ScheduleName(par.schedule) : "-",
+                                   ctx_.tp != nullptr && par.sequence_parallel ? " sp" : "");
+  m.owner.place =
+      absl::StrFormat("dp %d/%d tp %d/%d pp %d/%d cp %d/%d ep %d/%d", ctx_.dp_rank, ctx_.dp_size,
+                      ctx_.tp_rank(), ctx_.tp_size(), ctx_.stage(), ctx_.pp_size(), ctx_.cp_rank(),
+                      ctx_.cp_size(), ctx_.ep_rank(), ctx_.ep_size());
   m.step = step_;
   m.tokens = tokens_;
   m.optimizer_step = optimizer_step();
@@ -48,8 +48,8 @@ SnapshotManifest TrainingLoop::SnapshotLayoutAndSources(int rank,
   const std::vector<LlamaModel*> parts = Parts();
   for (size_t i = 0; i < parts.size(); ++i) {  // [moe] state, not parameters; host memory
     for (const TensorView& b : parts[i]->ExpertBiases()) {
-      m.pieces.push_back({kMoeBiasPrefix + b.name, static_cast<int64_t>(i), b.shape, b.shape, -1,
-                          0, 0, b.numel(), 0});
+      m.pieces.push_back({kMoeBiasPrefix + b.name, static_cast<int64_t>(i), b.shape, b.shape, -1, 0,
+                          0, b.numel(), 0});
       sources->push_back({b.data, true});
     }
   }

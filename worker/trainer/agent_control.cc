@@ -58,13 +58,14 @@ void AgentControlStream::Run() {
     if (stopping_) return;
     if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       if (on_event_) {
-        on_event_("the agent serves no control channel: this rank leaves a failed attempt only "
-                  "when one of its own collectives fails");
+        on_event_(
+            "the agent serves no control channel: this rank leaves a failed attempt only "
+            "when one of its own collectives fails");
       }
       return;
     }
-    const std::string error = absl::StrCat(static_cast<int>(status.error_code()), " ",
-                                           status.error_message());
+    const std::string error =
+        absl::StrCat(static_cast<int>(status.error_code()), " ", status.error_message());
     if (on_event_ && error != last_error) {
       on_event_(absl::StrCat("control stream to the agent ended (", error, "); reconnecting"));
       last_error = error;

@@ -41,8 +41,8 @@ absl::Status BuildAttemptGroups(const loom::v1::RankAssignment& a, comm::Store& 
     *slot = set.Add(std::move(*made));
     return absl::OkStatus();
   };
-  for (auto [axis, slot] : {std::pair{"tp", &out->tp}, {"dp", &out->dp}, {"pp", &out->pp},
-                            {"cp", &out->cp}}) {
+  for (auto [axis, slot] :
+       {std::pair{"tp", &out->tp}, {"dp", &out->dp}, {"pp", &out->pp}, {"cp", &out->cp}}) {
     if (absl::Status s = group(axis, slot); !s.ok()) return s;
   }
   // [cp] The DP x CP group its gradients are reduced over exists only with CP.

@@ -25,9 +25,10 @@ engine::CommitGate MakeStoreCommitGate(comm::Store* store, CommitGateOptions opt
         return absl::Status(s.code(), absl::StrCat("commit gate ", key, ": ", s.message()));
       }
       if (absl::Now() + backoff > give_up) {
-        const std::string why = absl::StrCat(
-            "checkpoint of step ", step, " skipped: the commit gate ", key, " stayed unavailable for ",
-            absl::FormatDuration(options.retry_for), " (", tries, " tries): ", s.message());
+        const std::string why =
+            absl::StrCat("checkpoint of step ", step, " skipped: the commit gate ", key,
+                         " stayed unavailable for ", absl::FormatDuration(options.retry_for), " (",
+                         tries, " tries): ", s.message());
         if (on_event) on_event(why);
         return absl::UnavailableError(why);
       }

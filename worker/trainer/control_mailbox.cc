@@ -23,8 +23,8 @@ void ControlMailbox::Post(const loom::v1::RankControl& message) {
     int attempt = -1;
     if (message.has_abort()) {
       attempt = message.abort().attempt();
-      reason = absl::StrCat("attempt ", attempt, " aborted by the coordinator: ",
-                            message.abort().reason());
+      reason = absl::StrCat("attempt ", attempt,
+                            " aborted by the coordinator: ", message.abort().reason());
     } else if (message.has_enter_epoch()) {
       attempt = message.enter_epoch().from_attempt();
       reason = absl::StrCat("attempt ", attempt, " superseded by attempt ",

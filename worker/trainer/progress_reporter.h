@@ -30,6 +30,7 @@ class ProgressReporter final : public ProgressSink {
   void Report(loom::v1::RankProgress progress) override;
   // Waits up to timeout for the queue to drain.
   bool Flush(absl::Duration timeout) override;
+  void Abandon() override;
 
  private:
   void Run();

@@ -15,6 +15,10 @@ class ProgressSink {
   virtual void Report(loom::v1::RankProgress progress) = 0;
   // Waits up to `timeout` for what was reported to be delivered.
   virtual bool Flush(absl::Duration timeout) = 0;
+  // Drops what is still queued and stops trying to deliver it: the attempt
+  // is over and its token may be refused already (a later attempt's
+  // EnterEpoch came first), so the sink can go without waiting.
+  virtual void Abandon() {}
 };
 
 }  // namespace loom::trainer

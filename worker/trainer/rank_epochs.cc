@@ -57,8 +57,8 @@ absl::StatusOr<AttemptPlan> NextPlan(const loom::v1::EnterEpoch& e, int rank) {
     plan.restore.set_step(e.restore_step());
     return plan;
   }
-  return absl::InvalidArgumentError(absl::StrCat("EnterEpoch of attempt ", e.attempt(),
-                                                 " has no entry for rank ", rank));
+  return absl::InvalidArgumentError(
+      absl::StrCat("EnterEpoch of attempt ", e.attempt(), " has no entry for rank ", rank));
 }
 
 // The ranks this one shares a pair group with in the attempt.
@@ -77,10 +77,10 @@ absl::Status CheckStageLayers(const loom::v1::RankAssignment& a, engine::Trainin
   const std::vector<int64_t> mine = engine::StageLayers(loop.pipeline_stage()->plan());
   const std::vector<int64_t> given(a.layers().begin(), a.layers().end());
   if (mine != given) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "assignment of rank ", a.rank(), ": layers [", absl::StrJoin(given, ","),
-        "] differ from pipeline stage ", loop.pipeline_stage()->plan().stage,
-        "'s partition [", absl::StrJoin(mine, ","), "]"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("assignment of rank ", a.rank(), ": layers [", absl::StrJoin(given, ","),
+                     "] differ from pipeline stage ", loop.pipeline_stage()->plan().stage,
+                     "'s partition [", absl::StrJoin(mine, ","), "]"));
   }
   // The instruction list the coordinator derived is the one this stage runs.
   const std::string list = topology::FormatInstructions(loop.pipeline_stage()->plan().instructions);
@@ -119,8 +119,7 @@ struct Attempt {
 
 absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSpec& job,
                             const AttemptPlan& plan, RankWorld& world,
-                            engine::SnapshotKeeper* keeper, ProgressSink& progress,
-                            Attempt& at) {
+                            engine::SnapshotKeeper* keeper, ProgressSink& progress, Attempt& at) {
   auto event = [&world](const std::string& message) {
     if (world.on_event) world.on_event(message);
   };
@@ -143,10 +142,10 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   if (!ctx.ok()) return ctx.status();
   const RestorePlan::Source source = plan.restore.source();
   if (source != RestorePlan::CHECKPOINT && keeper == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("rank ", a.rank(), " is to restore an in-memory snapshot of step ",
-                     plan.restore.step(), ", but the job takes none (fault_tolerance.in_place "
-                     "false or snapshot_interval 0)"));
+    return absl::InternalError(absl::StrCat(
+        "rank ", a.rank(), " is to restore an in-memory snapshot of step ", plan.restore.step(),
+        ", but the job takes none (fault_tolerance.in_place "
+        "false or snapshot_interval 0)"));
   }
   engine::LoopOptions loop_options;
   // A snapshot overwrites every parameter: no need to draw the random init.
@@ -160,8 +159,8 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   if (ctx->ep != nullptr) {  // [ep] which experts this rank holds, for its log
     const int64_t held = job.model.moe.num_experts / ctx->ep_size();
     event(absl::StrCat("expert parallel: ep rank ", ctx->ep_rank(), " of ", ctx->ep_size(),
-                       " holds experts [", ctx->ep_rank() * held, ", ",
-                       (ctx->ep_rank() + 1) * held, ")"));
+                       " holds experts [", ctx->ep_rank() * held, ", ", (ctx->ep_rank() + 1) * held,
+                       ")"));
   }
   CommitGateOptions gate;
   gate.retry_for = std::min(absl::Seconds(30), timeout / 2);
@@ -179,9 +178,9 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   } else if (source == RestorePlan::PEER_SNAPSHOT) {
     comm::Communicator* pair = g.pair(plan.restore.peer_rank());
     if (pair == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", a.rank(), " is to receive its snapshot from rank ", plan.restore.peer_rank(),
-          ", which is not a peer it can pair with"));
+      return absl::InternalError(
+          absl::StrCat("rank ", a.rank(), " is to receive its snapshot from rank ",
+                       plan.restore.peer_rank(), ", which is not a peer it can pair with"));
     }
     if (absl::Status s = keeper->RestoreFromPeer(l, *pair, restore_step); !s.ok()) {
       return RestoreFailure(s, absl::StrCat("restoring step ", restore_step, " from rank ",
@@ -193,9 +192,9 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   // The copies this rank owes relaunched ranks, before the first step.
   for (int to : plan.ring.send_snapshot_to()) {
     comm::Communicator* pair = g.pair(to);
-    absl::Status sent = pair == nullptr
-        ? absl::InvalidArgumentError(absl::StrCat("rank ", to, " is not a peer it can pair with"))
-        : keeper->SendCopyTo(*pair, to, restore_step);
+    absl::Status sent = pair == nullptr ? absl::InvalidArgumentError(absl::StrCat(
+                                              "rank ", to, " is not a peer it can pair with"))
+                                        : keeper->SendCopyTo(*pair, to, restore_step);
     if (!sent.ok() && IsAttemptFailure(sent)) return sent;
     // Without the copy the relaunched rank fails, and with it this attempt.
     if (!sent.ok()) event(absl::StrCat("sending rank ", to, " its snapshot: ", sent.message()));
@@ -308,7 +307,7 @@ absl::Status RunRankEpochs(const loom::v1::RankAssignment& first, const spec::Jo
       return absl::OkStatus();
     }
     if (!in_place || world.control == nullptr || (!aborted && !IsAttemptFailure(status))) {
-      progress->Flush(absl::Seconds(2));
+      if (!progress->Flush(absl::Seconds(2))) progress->Abandon();
       return status;
     }
     // In place: report where this rank stands and wait for the next attempt.
@@ -317,7 +316,8 @@ absl::Status RunRankEpochs(const loom::v1::RankAssignment& first, const spec::Jo
     loom::v1::RankProgress stopped = PhaseReport("aborted", last_step);
     SetHoldings(keeper->Holdings(), stopped.mutable_snapshots());
     progress->Report(std::move(stopped));
-    progress->Flush(absl::Seconds(2));
+    if (!progress->Flush(absl::Seconds(2))) progress->Abandon();
+    progress.reset();
     absl::StatusOr<loom::v1::EnterEpoch> next = world.control->WaitForEpoch(plan.attempt, timeout);
     if (!next.ok()) {
       return absl::DeadlineExceededError(absl::StrCat(next.status().message(), " (", reason, ")"));

@@ -37,10 +37,9 @@ int64_t Numel(const std::vector<int64_t>& shape) {
 }
 
 std::string RangeText(const SnapshotPiece& p) {
-  return absl::StrCat(p.name, " (part ", p.part, ", shape [", absl::StrJoin(p.shape, ","),
-                      "] of [", absl::StrJoin(p.global_shape, ","), "] at axis ", p.shard_axis,
-                      " offset ", p.shard_offset, ", elements [", p.begin, ", ", p.begin + p.count,
-                      "))");
+  return absl::StrCat(p.name, " (part ", p.part, ", shape [", absl::StrJoin(p.shape, ","), "] of [",
+                      absl::StrJoin(p.global_shape, ","), "] at axis ", p.shard_axis, " offset ",
+                      p.shard_offset, ", elements [", p.begin, ", ", p.begin + p.count, "))");
 }
 
 std::string OwnerText(const SnapshotOwner& o) {
@@ -54,12 +53,9 @@ json ManifestToJson(const SnapshotManifest& m) {
     pieces.push_back({p.name, p.part, p.shape, p.global_shape, p.shard_axis, p.shard_offset,
                       p.begin, p.count, p.offset});
   }
-  return {{"rank", m.owner.rank},
-          {"layout", m.owner.layout},
-          {"place", m.owner.place},
-          {"step", m.step},
-          {"tokens", m.tokens},
-          {"optimizer_step", m.optimizer_step},
+  return {{"rank", m.owner.rank},       {"layout", m.owner.layout},
+          {"place", m.owner.place},     {"step", m.step},
+          {"tokens", m.tokens},         {"optimizer_step", m.optimizer_step},
           {"pieces", std::move(pieces)}};
 }
 
@@ -119,19 +115,19 @@ absl::Status CheckSnapshotFits(const SnapshotManifest& want, const SnapshotManif
                      OwnerText(got.owner), ", this rank is ", OwnerText(want.owner)));
   };
   if (want.owner.rank >= 0 && got.owner.rank >= 0 && want.owner.rank != got.owner.rank) {
-    return refuse(absl::StrCat("it is rank ", got.owner.rank, "'s state, not rank ",
-                               want.owner.rank, "'s"));
+    return refuse(
+        absl::StrCat("it is rank ", got.owner.rank, "'s state, not rank ", want.owner.rank, "'s"));
   }
   if (want.owner.layout != got.owner.layout) return refuse("its layout differs");
   if (want.owner.place != got.owner.place) return refuse("its place in the mesh differs");
   if (want.pieces.size() != got.pieces.size()) {
-    return refuse(absl::StrCat("it holds ", got.pieces.size(), " pieces, this rank ",
-                               want.pieces.size()));
+    return refuse(
+        absl::StrCat("it holds ", got.pieces.size(), " pieces, this rank ", want.pieces.size()));
   }
   for (size_t i = 0; i < want.pieces.size(); ++i) {
     if (want.pieces[i] != got.pieces[i]) {
-      return refuse(absl::StrCat("piece ", i, " is ", RangeText(got.pieces[i]), ", this rank holds ",
-                                 RangeText(want.pieces[i])));
+      return refuse(absl::StrCat("piece ", i, " is ", RangeText(got.pieces[i]),
+                                 ", this rank holds ", RangeText(want.pieces[i])));
     }
   }
   return absl::OkStatus();
@@ -175,8 +171,8 @@ std::span<std::byte> Snapshot::PrepareReceive(int64_t bytes) {
 absl::Status Snapshot::Adopt() {
   valid_ = false;
   if (size_ < sizeof(Header)) {
-    return absl::DataLossError(absl::StrCat("snapshot image: ", size_,
-                                            " bytes, shorter than its header"));
+    return absl::DataLossError(
+        absl::StrCat("snapshot image: ", size_, " bytes, shorter than its header"));
   }
   Header h;
   std::memcpy(&h, buffer_.get(), sizeof(h));
@@ -201,9 +197,11 @@ absl::Status Snapshot::Adopt() {
     const int64_t numel = Numel(p.shape);
     if (p.count < 0 || p.begin < 0 || p.offset < 0 || p.begin + p.count > numel ||
         static_cast<uint64_t>(p.offset + p.count) > h.data_floats) {
-      return absl::DataLossError(absl::StrCat("snapshot image: piece ", RangeText(p),
-                                              " at float ", p.offset, " lies outside its tensor "
-                                              "or the image's ", h.data_floats, " floats"));
+      return absl::DataLossError(absl::StrCat("snapshot image: piece ", RangeText(p), " at float ",
+                                              p.offset,
+                                              " lies outside its tensor "
+                                              "or the image's ",
+                                              h.data_floats, " floats"));
     }
   }
   data_offset_ = h.data_offset;

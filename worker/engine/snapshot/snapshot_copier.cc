@@ -71,8 +71,8 @@ void SnapshotCopier::SendToBuddy(std::shared_ptr<const Snapshot> snapshot) {
   sender_->Post([this, snapshot = std::move(snapshot)] {
     SendResult result;
     result.step = snapshot->step();
-    result.status = SendSnapshot(*ring_.to_buddy, snapshot->step(), snapshot.get(), options_,
-                                 &result.stats);
+    result.status =
+        SendSnapshot(*ring_.to_buddy, snapshot->step(), snapshot.get(), options_, &result.stats);
     std::lock_guard<std::mutex> lock(mu_);
     last_send_ = std::move(result);
   });

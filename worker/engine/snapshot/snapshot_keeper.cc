@@ -77,10 +77,9 @@ absl::Status SnapshotKeeper::AfterStep(TrainingLoop& loop, StepProgress* p) {
       ward = ring_ward_;
     }
     // Posted before this rank's own copy starts: the ward may be sending already.
-    copier_->ReceiveFromWard(p->step, ward_.BeginWrite(),
-                             [this, ward](std::shared_ptr<Snapshot> copy) {
-                               CommitWardCopy(ward, std::move(copy));
-                             });
+    copier_->ReceiveFromWard(
+        p->step, ward_.BeginWrite(),
+        [this, ward](std::shared_ptr<Snapshot> copy) { CommitWardCopy(ward, std::move(copy)); });
   }
   std::shared_ptr<Snapshot> snapshot = own_.BeginWrite();
   const auto capture_start = std::chrono::steady_clock::now();
@@ -137,10 +136,10 @@ absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int
   transfer.tag = kRestoreCopyTag;
   absl::Status sent = SendSnapshot(pair, step, copy.get(), transfer);
   if (!sent.ok() && copy == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", options_.rank, " holds no copy of rank ", owner, "'s snapshot of step ", step,
-        " to send it (it holds rank ", held_ward, "'s steps [", absl::StrJoin(ward_.Steps(), ","),
-        "])"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", options_.rank, " holds no copy of rank ", owner,
+                     "'s snapshot of step ", step, " to send it (it holds rank ", held_ward,
+                     "'s steps [", absl::StrJoin(ward_.Steps(), ","), "])"));
   }
   return sent;
 }

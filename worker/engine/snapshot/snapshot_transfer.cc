@@ -23,7 +23,8 @@ std::span<float> AsFloats(int64_t (&ints)[N]) {
 
 absl::Status Named(const absl::Status& s, const comm::Communicator& pair, const std::string& what) {
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat("snapshot ", what, " over ", pair.name(), ": ", s.message()));
+  return absl::Status(s.code(),
+                      absl::StrCat("snapshot ", what, " over ", pair.name(), ": ", s.message()));
 }
 
 // The image in chunks, at most two in flight; send or receive.
@@ -80,8 +81,8 @@ absl::Status SendSnapshot(comm::Communicator& pair, int64_t step, const Snapshot
     return Named(s, pair, absl::StrCat(what, " (waiting for the acknowledgement)"));
   }
   if (ack[0] != kMagic || ack[1] != 1) {
-    return absl::DataLossError(absl::StrCat("snapshot ", what, " over ", pair.name(),
-                                            ": the receiver refused the copy"));
+    return absl::DataLossError(
+        absl::StrCat("snapshot ", what, " over ", pair.name(), ": the receiver refused the copy"));
   }
   if (stats != nullptr) {
     stats->bytes = bytes;
@@ -115,9 +116,9 @@ absl::Status ReceiveSnapshot(comm::Communicator& pair, int64_t step, Snapshot* i
   }
   std::span<std::byte> image = into->PrepareReceive(bytes);
   absl::Status received = Chunked(bytes, header[3], [&](int64_t at, int64_t n) {
-    return pair.RecvAsync(std::span<float>(reinterpret_cast<float*>(image.data() + at),
-                                           static_cast<size_t>(n / 4)),
-                          peer, options.tag + 1);
+    return pair.RecvAsync(
+        std::span<float>(reinterpret_cast<float*>(image.data() + at), static_cast<size_t>(n / 4)),
+        peer, options.tag + 1);
   });
   if (!received.ok()) {
     into->PrepareReceive(0);
