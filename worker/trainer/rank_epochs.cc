@@ -106,7 +106,7 @@ absl::Status RestoreFailure(const absl::Status& s, const std::string& what) {
 }
 
 // One attempt's state, torn down in a fixed order whatever happened
-// (Attempt::TearDown).
+// (TearDown, below).
 struct Attempt {
   std::shared_ptr<comm::CommunicatorSet> set = std::make_shared<comm::CommunicatorSet>();
   std::unique_ptr<comm::Store> store;
@@ -144,8 +144,7 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   if (source != RestorePlan::CHECKPOINT && keeper == nullptr) {
     return absl::InternalError(absl::StrCat(
         "rank ", a.rank(), " is to restore an in-memory snapshot of step ", plan.restore.step(),
-        ", but the job takes none (fault_tolerance.in_place "
-        "false or snapshot_interval 0)"));
+        ", but the job takes none (fault_tolerance.in_place false or snapshot_interval 0)"));
   }
   engine::LoopOptions loop_options;
   // A snapshot overwrites every parameter: no need to draw the random init.
@@ -190,7 +189,11 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
                        " from rank ", plan.restore.peer_rank()));
   }
   // The copies this rank owes relaunched ranks, before the first step.
-  for (int to : plan.ring.send_snapshot_to()) {
+  std::vector<int> owed;
+  if (keeper != nullptr) {
+    owed.assign(plan.ring.send_snapshot_to().begin(), plan.ring.send_snapshot_to().end());
+  }
+  for (int to : owed) {
     comm::Communicator* pair = g.pair(to);
     absl::Status sent = pair == nullptr ? absl::InvalidArgumentError(absl::StrCat(
                                               "rank ", to, " is not a peer it can pair with"))
