@@ -95,15 +95,6 @@ void JobManager::Fenced(const absl::Status& why) {
   if (options_.on_fenced) options_.on_fenced(why);
 }
 
-void JobManager::LeadershipLost(const absl::Status& why) {
-  std::vector<std::function<void()>> answers;
-  {
-    absl::MutexLock lock(&table_.mu());
-    answers = table_.StopActingLocked(/*fenced=*/true, why);
-  }
-  for (auto& answer : answers) answer();
-}
-
 absl::Status JobManager::Recover() {
   absl::StatusOr<std::vector<Job>> jobs = store_->LoadAll();
   if (!jobs.ok()) return jobs.status();

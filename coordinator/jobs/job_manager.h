@@ -173,10 +173,6 @@ class JobManager {
   // the sessions that end with the server are not lost nodes — stores and
   // sends what was decided before, answers what waits, ends the threads.
   void Stop();
-  // This coordinator no longer leads (its lease was lost): it stops acting
-  // at once; nothing more is stored or sent.
-  void LeadershipLost(const absl::Status& why);
-
   // The job table's invariants (tests).
   absl::Status CheckInvariants() const { return table_.CheckInvariants(); }
 
