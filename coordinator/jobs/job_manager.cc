@@ -80,6 +80,15 @@ void JobManager::Stop() {
     (void)none;
   }
   persister_.Stop();  // writes what was queued; held effects are released
+  std::vector<std::function<void()>> answers;
+  {
+    // Callers whose change could not be stored before the stop (the store
+    // failed) hear so; none is left waiting.
+    absl::MutexLock lock(&table_.mu());
+    answers = table_.AbandonWaitersLocked(absl::UnavailableError(
+        "this coordinator stopped before the change could be stored; nothing was changed, retry"));
+  }
+  for (auto& answer : answers) answer();
   scheduler_.Stop();  // sends them
 }
 

@@ -196,8 +196,12 @@ void JobTable::SendLocked(const std::string& node_id, loom::v1::CoordinatorMessa
 
 void JobTable::SendAfterStoredLocked(JobRecord& record, const std::string& node_id,
                                      loom::v1::CoordinatorMessage message) {
-  AfterStoredLocked(record, [this, node_id, message = std::move(message)]()
-                                ABSL_NO_THREAD_SAFETY_ANALYSIS { SendLocked(node_id, message); });
+  // Run once: the message moves on to the outbox (a launch is kilobytes, and
+  // a large job's launches are released together under the lock).
+  AfterStoredLocked(record, [this, node_id, message = std::move(message)]() mutable
+                                ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                  SendLocked(node_id, std::move(message));
+                                });
 }
 
 std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> JobTable::TakeOutboxLocked() {
@@ -228,8 +232,13 @@ std::vector<std::function<void()>> JobTable::StopActingLocked(bool fenced,
   // caller may be told a change it could not store.
   fenced_ = true;
   outbox_.clear();
+  for (auto& [id, record] : jobs_) record.held.clear();
+  return AbandonWaitersLocked(why);
+}
+
+std::vector<std::function<void()>> JobTable::AbandonWaitersLocked(const absl::Status& why) {
+  std::vector<std::function<void()>> answers;
   for (auto& [id, record] : jobs_) {
-    record.held.clear();
     for (auto w = record.waiters.rbegin(); w != record.waiters.rend(); ++w) {
       if (w->undo) w->undo();
       answers.push_back([done = std::move(w->done), why] { done(why, nullptr); });

@@ -133,6 +133,10 @@ class JobTable {
   [[nodiscard]] std::vector<std::function<void()>> StopActingLocked(bool fenced,
                                                                     const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets go of every caller still waiting for a change to be stored (its
+  // change put back): a stop whose last writes failed. Returns their answers.
+  [[nodiscard]] std::vector<std::function<void()>> AbandonWaitersLocked(const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // UNAVAILABLE naming why this coordinator no longer acts.
   absl::Status NotActingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
