@@ -106,6 +106,8 @@ absl::Notification* g_shutdown = nullptr;
 // 1 when this coordinator stops because it no longer leads (crash-only: its
 // supervisor restarts it as a standby).
 std::atomic<int> g_exit_code{0};
+// Set once the job manager exists: a fenced write elsewhere stops it too.
+std::atomic<loom::coordinator::JobManager*> g_jobs{nullptr};
 
 void OnSignal(int) {
   if (g_shutdown != nullptr && !g_shutdown->HasBeenNotified()) g_shutdown->Notify();
@@ -119,6 +121,8 @@ void NoLongerLeading(const absl::Status& why) {
                "(%s); exiting\n", std::string(why.message()).c_str());
   std::fflush(stderr);
   g_exit_code = 1;
+  // At once, not at the shutdown: nothing more reaches an agent.
+  if (loom::coordinator::JobManager* jobs = g_jobs.load()) jobs->NoLongerLeading(why);
   OnSignal(0);
 }
 
@@ -385,6 +389,7 @@ int main(int argc, char** argv) {
   options.on_fenced = NoLongerLeading;
   JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
+  g_jobs = &jobs;
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
   JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
@@ -474,5 +479,6 @@ int main(int argc, char** argv) {
   // to the next coordinator). What was decided before is stored and sent.
   jobs.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  g_jobs = nullptr;
   return g_exit_code.load();
 }

@@ -1,6 +1,7 @@
 // The lifecycle of a placed job: its ranks' progress (ready, RUNNING, steps,
 // the job's progress and its watchers; job_progress.cc), their exits, nodes
-// lost, registered and revived, hangs, cancels, and what a failure leads to.
+// lost, registered and revived (job_lifecycle_nodes.cc), hangs, cancels, and
+// what a failure leads to.
 // The recovery policy (recovery_policy.h, pure) decides from the job's record
 // alone whether the job fails or recovers, on which of two paths, and
 // whether a node is cordoned; this part carries the decision out — the whole

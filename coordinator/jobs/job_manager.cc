@@ -92,13 +92,17 @@ void JobManager::Stop() {
   scheduler_.Stop();  // sends them
 }
 
-void JobManager::Fenced(const absl::Status& why) {
+void JobManager::NoLongerLeading(const absl::Status& why) {
   std::vector<std::function<void()>> answers;
   {
     absl::MutexLock lock(&table_.mu());
     answers = table_.StopActingLocked(/*fenced=*/true, why);
   }
   for (auto& answer : answers) answer();
+}
+
+void JobManager::Fenced(const absl::Status& why) {
+  NoLongerLeading(why);
   std::fprintf(stderr, "loom-coordinator: %s; no longer acting as the leader\n",
                std::string(why.message()).c_str());
   if (options_.on_fenced) options_.on_fenced(why);

@@ -173,6 +173,11 @@ class JobManager {
   // the sessions that end with the server are not lost nodes — stores and
   // sends what was decided before, answers what waits, ends the threads.
   void Stop();
+  // Another coordinator leads (a write of this one was fenced elsewhere, e.g.
+  // the token list's): stop acting at once, as after a fenced job write —
+  // nothing more is stored or sent, waiting callers hear why.
+  void NoLongerLeading(const absl::Status& why);
+
   // The job table's invariants (tests).
   absl::Status CheckInvariants() const { return table_.CheckInvariants(); }
 

@@ -247,6 +247,28 @@ TEST_F(Durability, NoCallerWaitsOnTheStore) {
   EXPECT_EQ(writers.count(std::this_thread::get_id()), 0u);
 }
 
+TEST_F(Durability, NoLongerLeadingStopsActingAtOnce) {
+  Start();
+  auto node = AddNode("node-a", 2);
+  auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
+  ASSERT_TRUE(job.ok());
+  jobs_->WaitIdle();
+  const size_t launches = node->messages().size();
+  // A token write was fenced: another coordinator leads.
+  jobs_->NoLongerLeading(absl::UnavailableError("this coordinator no longer leads"));
+  auto cancel = jobs_->Cancel(job->id());
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(cancel.status().message()), HasSubstr("no longer leads"));
+  jobs_->OnNodeLost("node-a", "its agent's session ended");
+  EXPECT_EQ(jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice").status().code(),
+            absl::StatusCode::kUnavailable);
+  jobs_->WaitIdle();
+  EXPECT_EQ(node->messages().size(), launches);
+  Start();  // what the store holds is what it held
+  EXPECT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
+  EXPECT_EQ(jobs_->List(100)->jobs.size(), 1u);
+}
+
 // A running job: two ranks on node-a, ready, with `steps` steps reported.
 class Restarts : public Durability {
  protected:
