@@ -58,16 +58,9 @@ std::optional<std::string> MissingCopy(const InPlaceRequest& request,
     return absl::StrCat("rank ", rank, " and its buddy rank ", buddy,
                         ", which holds its snapshot copies, failed together", LostSuffix(request));
   }
-  const std::string& node = request.placement[rank].node_id;
-  const bool one_node =
-      std::all_of(request.placement.begin(), request.placement.end(),
-                  [&](const topology::DeviceSlot& s) { return s.node_id == node; });
-  if (one_node) {
-    return absl::StrCat("rank ", rank, " has no copy of its snapshot: every rank ran on node ",
-                        node, ", and copies go to a rank on another node");
-  }
-  return absl::StrCat("rank ", rank, " has no buddy to hold a copy of its snapshot: node ", node,
-                      " holds more than half of the job's ranks (docs/topology.md, snapshot ring)");
+  return absl::StrCat("rank ", rank, " has no buddy to hold a copy of its snapshots: it is the one "
+                      "rank of node ", request.placement[rank].node_id,
+                      " that no other rank can pair with (docs/topology.md, snapshot ring)");
 }
 
 std::string StepList(const std::vector<int64_t>& steps) {
