@@ -13,8 +13,8 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
-#include "coordinator/service/plan_service.h"
 #include "gtest/gtest.h"
+#include "planner/job_planner.h"
 #include "tests/common/scratch_dir.h"
 
 namespace loom::coordinator::testing {
@@ -58,7 +58,7 @@ class JobManagerHarness : public ::testing::Test {
     auto store = SqliteJobStore::Open(options.state_dir);
     ASSERT_TRUE(store.ok()) << store.status();
     jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
-                                         ResolveLayout);
+                                         planner::ResolveLayout);
     ASSERT_TRUE(jobs_->Recover().ok());
   }
 

@@ -1,11 +1,11 @@
 // Text and JSON forms of a plan.
-#include "coordinator/planner/render.h"
+#include "planner/render.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 
 namespace loom::planner {
 namespace {
@@ -26,9 +26,23 @@ std::string Seconds(double s) {
   return absl::StrFormat("%.0f us", s * 1e6);
 }
 
-std::string DescribeCandidate(const Candidate& c, double capacity) {
+// In-place recovery's snapshots where they live: in the rank's memory on a
+// CPU rank (its line above), in the node's host memory on a GPU node.
+std::string DescribeHostMemory(const Candidate& c, const ClusterSpec& cluster) {
+  if (c.host_bytes_per_node <= 0) return "";
+  return absl::StrFormat(
+      "  host memory per node: %.1f GiB%s of in-place recovery snapshots (%.1f GiB per rank: two "
+      "generations of its state, two of its ward's)\n",
+      c.host_bytes_per_node / kGiB,
+      cluster.host_memory_bytes > 0 ? absl::StrFormat(" of %.1f", cluster.host_memory_bytes / kGiB)
+                                    : "",
+      c.memory.host_bytes() / kGiB);
+}
+
+std::string DescribeCandidate(const Candidate& c, const ClusterSpec& cluster) {
   const StepTime& t = c.time;
   const MemoryBreakdown& m = c.memory;
+  const double capacity = cluster.memory_bytes;
   return absl::StrCat(
       "  ", LayoutToString(c.layout), "\n",
       absl::StrFormat("  step %s, %s tokens/s (%s per device), MFU %.1f%%, HFU %.1f%%, bubble %.1f%%\n",
@@ -40,11 +54,15 @@ std::string DescribeCandidate(const Candidate& c, double capacity) {
                       t.ep_comm > 0 ? absl::StrCat(", ep ", Seconds(t.ep_comm)) : ""),
       absl::StrFormat("  memory per rank (stage %d): %.1f of %.1f GiB: weights %.1f, gradients %.1f, "
                       "optimizer %.1f, activations %.1f (%d micro-batches), logits %.1f, zero3 %.1f, "
-                      "buffers %.1f, overhead %.1f\n",
+                      "buffers %.1f, overhead %.1f%s\n",
                       m.stage, m.total() / kGiB, capacity / kGiB, m.weights / kGiB, m.gradients / kGiB,
                       m.optimizer / kGiB, m.activations / kGiB, m.micro_batches_in_flight,
                       m.logits / kGiB, m.zero3_gathered / kGiB, m.comm_buffers / kGiB,
-                      m.overhead / kGiB),
+                      m.overhead / kGiB,
+                      m.snapshots_on_device && m.snapshots > 0
+                          ? absl::StrFormat(", snapshots %.1f", m.snapshots / kGiB)
+                          : ""),
+      DescribeHostMemory(c, cluster),
       c.tight ? "  tight: inside the memory headroom; no layout with headroom was found\n" : "");
 }
 
@@ -102,33 +120,41 @@ std::string RenderPlanText(const PlanRequest& req, const PlanResult& r, const Re
   const ClusterSpec& c = req.cluster;
   std::string out = absl::StrFormat(
       "Plan for %s: %s parameters, seq %d, global batch %d sequences (%s tokens), %s\n"
-      "Cluster: %d node(s) x %d %s, %.1f GiB each\n"
+      "Cluster: %d node(s) x %d %s, %.1f GiB each%s\n"
       "Considered %d layouts: %d fit (%d of them tight: inside the %.0f%% memory headroom), %d out "
       "of memory.\n",
       w.model.name.empty() ? "the model" : w.model.name, Si(static_cast<double>(w.params.total)),
       w.seq_len, w.global_batch, Si(static_cast<double>(w.global_batch) * w.seq_len),
       Recipe(w.recipe).name, c.nodes, c.devices_per_node, c.name, c.memory_bytes / kGiB,
+      c.host_memory_bytes > 0
+          ? absl::StrFormat(", %.1f GiB of host memory per node", c.host_memory_bytes / kGiB)
+          : "",
       r.layouts_considered, r.ranked.size(),
       std::count_if(r.ranked.begin(), r.ranked.end(), [](const Candidate& x) { return x.tight; }),
       100 * req.space.memory_headroom, r.rejected.size());
   if (r.ranked.empty()) {
     absl::StrAppend(&out, "\nNo layout fits in memory. Closest:\n");
   } else {
-    absl::StrAppend(&out, "\nBest:\n", DescribeCandidate(r.ranked.front(), c.memory_bytes),
+    absl::StrAppend(&out, "\nBest:\n", DescribeCandidate(r.ranked.front(), c),
                     DescribeCpSaving(req, r.ranked.front()));
     const int shown = std::min<int>(o.runners_up, static_cast<int>(r.ranked.size()) - 1);
     if (shown > 0) {
+      // GPU nodes' snapshots get their own column (host memory, not the device's).
+      const bool host = r.ranked.front().host_bytes_per_node > 0;
       absl::StrAppend(&out, "\nRunners-up:\n",
-                      absl::StrFormat("  %-3s %-52s %10s %12s %7s %7s %9s\n", "#", "layout", "step",
-                                      "tokens/s", "MFU", "bubble", "mem GiB"));
+                      absl::StrFormat("  %-3s %-52s %10s %12s %7s %7s %9s%s\n", "#", "layout", "step",
+                                      "tokens/s", "MFU", "bubble", "mem GiB",
+                                      host ? " host GiB/node" : ""));
       for (int i = 1; i <= shown; ++i) {
         const Candidate& cand = r.ranked[i];
-        absl::StrAppend(&out, absl::StrFormat("  %-3d %-52s %10s %12s %6.1f%% %6.1f%% %9.1f%s\n", i + 1,
-                                              CompactLayout(cand.layout), Seconds(cand.time.total),
-                                              Si(cand.time.tokens_per_second), 100 * cand.time.mfu,
-                                              100 * cand.time.bubble_fraction,
-                                              cand.memory.total() / kGiB,
-                                              cand.tight ? " tight" : ""));
+        absl::StrAppend(
+            &out, absl::StrFormat("  %-3d %-52s %10s %12s %6.1f%% %6.1f%% %9.1f%s%s\n", i + 1,
+                                  CompactLayout(cand.layout), Seconds(cand.time.total),
+                                  Si(cand.time.tokens_per_second), 100 * cand.time.mfu,
+                                  100 * cand.time.bubble_fraction, cand.memory.total() / kGiB,
+                                  host ? absl::StrFormat(" %14.1f", cand.host_bytes_per_node / kGiB)
+                                       : "",
+                                  cand.tight ? " tight" : ""));
       }
     }
     if (o.rejections > 0 && !r.rejected.empty()) {
@@ -166,6 +192,8 @@ nlohmann::json MemoryToJson(const MemoryBreakdown& m) {
           {"zero3_gathered_bytes", m.zero3_gathered},
           {"comm_buffers_bytes", m.comm_buffers},
           {"overhead_bytes", m.overhead},
+          {"snapshots_bytes", m.snapshots},
+          {"snapshots_on_device", m.snapshots_on_device},
           {"stage", m.stage},
           {"micro_batches_in_flight", m.micro_batches_in_flight}};
 }
@@ -191,7 +219,8 @@ nlohmann::json CandidateToJson(const Candidate& c) {
   return {{"layout", LayoutToJson(c.layout)},
           {"memory", MemoryToJson(c.memory)},
           {"time", StepTimeToJson(c.time)},
-          {"tight", c.tight}};
+          {"tight", c.tight},
+          {"host_bytes_per_node", c.host_bytes_per_node}};
 }
 
 nlohmann::json PlanToJson(const PlanRequest& req, const PlanResult& r, const RenderOptions& o) {
@@ -207,6 +236,7 @@ nlohmann::json PlanToJson(const PlanRequest& req, const PlanResult& r, const Ren
                   {"nodes", c.nodes},
                   {"devices_per_node", c.devices_per_node},
                   {"memory_bytes", c.memory_bytes},
+                  {"host_memory_bytes", c.host_memory_bytes},
                   {"peak_flops", c.PeakFlops(Recipe(w.recipe).compute)}};
   j["layouts_considered"] = r.layouts_considered;
   j["fit"] = r.ranked.size();
@@ -221,6 +251,7 @@ nlohmann::json PlanToJson(const PlanRequest& req, const PlanResult& r, const Ren
   for (const Rejection* x : ClosestRejections(r, o.rejections)) {
     j["rejected"].push_back({{"layout", LayoutToJson(x->layout)},
                              {"memory", MemoryToJson(x->memory)},
+                             {"host_bytes_per_node", x->host_bytes_per_node},
                              {"reason", x->Reason()}});
   }
   return j;

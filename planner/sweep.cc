@@ -1,11 +1,11 @@
 // Running and drawing the sweep.
-#include "coordinator/planner/sweep.h"
+#include "planner/sweep.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/planner/render.h"
+#include "planner/render.h"
 
 namespace loom::planner {
 namespace {

@@ -3,15 +3,17 @@
 // (Korthikanti et al. 2022, table 2, adapted to SwiGLU, GQA and fused
 // attention) times the micro-batches a schedule keeps in flight; embedding,
 // LM head and logits on the stages that hold them; ZeRO-3's gathered blocks;
-// communication buffers; a fixed overhead. The peak is that of the worst
-// pipeline stage (the first holds the most micro-batches, the last the logits).
+// communication buffers; a fixed overhead; in-place recovery's snapshot
+// copies (in host memory, which is a CPU rank's device memory). The peak is
+// that of the worst pipeline stage (the first holds the most micro-batches,
+// the last the logits).
 #pragma once
 
 #include <cstdint>
 
-#include "coordinator/planner/cluster.h"
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/layout.h"
+#include "planner/cluster.h"
+#include "planner/constants.h"
+#include "planner/layout.h"
 
 namespace loom::planner {
 
@@ -24,13 +26,23 @@ struct MemoryBreakdown {
   double zero3_gathered = 0;   // unsharded blocks ZeRO-3 holds while computing
   double comm_buffers = 0;
   double overhead = 0;
+  // [in-place recovery] The rank's snapshot copies: Workload::snapshot_copies
+  // times the state it holds (its weights and optimizer states, ZeRO's
+  // ranges of them: what a snapshot holds). Host memory: on a CPU rank its
+  // device itself (in total()); on a GPU rank beside the device (host_bytes()),
+  // the most any rank of the layout holds, whatever its stage.
+  double snapshots = 0;
+  bool snapshots_on_device = false;
   int64_t stage = 0;           // which pipeline stage this is (the worst one)
   int64_t micro_batches_in_flight = 0;
 
+  // What the rank needs of its device.
   double total() const {
     return weights + gradients + optimizer + activations + logits + zero3_gathered +
-           comm_buffers + overhead;
+           comm_buffers + overhead + (snapshots_on_device ? snapshots : 0);
   }
+  // What the rank needs of its node's host memory beyond that (GPU ranks).
+  double host_bytes() const { return snapshots_on_device ? 0 : snapshots; }
 };
 
 // Bytes of activations one layer saves for one micro-batch on one rank.

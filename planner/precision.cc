@@ -2,12 +2,8 @@
 // practice each recipe names (Micikevicius et al. for bf16 with fp32 master
 // weights; Transformer Engine's cached fp8 weight copy; DeepSeek-V3's fp8
 // GEMMs with bf16 Adam moments and fp32 master weights and gradients).
-#include "coordinator/planner/precision.h"
+#include "planner/precision.h"
 
-#include "common/spec/precision_recipe.h"
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace loom::planner {
 namespace {
@@ -41,27 +37,13 @@ const std::vector<PrecisionRecipe>& AllRecipes() {
 }
 
 const PrecisionRecipe& Recipe(RecipeKind kind) {
-  for (const PrecisionRecipe& r : AllRecipes()) {
-    if (r.kind == kind) return r;
-  }
-  return AllRecipes().front();
-}
-
-absl::StatusOr<RecipeKind> RecipeByName(std::string_view name) {
-  std::vector<std::string> names;
-  for (const PrecisionRecipe& r : AllRecipes()) {
-    if (r.name == name) return r.kind;
-    names.emplace_back(r.name);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("precision recipe '", std::string(name),
-                                                 "' is unknown; known recipes: ",
-                                                 absl::StrJoin(names, ", ")));
+  // The table lists every RecipeKind in the enum's order (checked by
+  // tests/planner/plan_request_test.cc): a recipe is its row.
+  return AllRecipes()[static_cast<size_t>(kind)];
 }
 
 RecipeKind RecipeForPrecision(spec::Precision precision) {
-  absl::StatusOr<RecipeKind> kind =
-      RecipeByName(spec::RecipeOf(precision).planner_recipe);
-  return kind.ok() ? *kind : RecipeKind::kFp32;
+  return spec::RecipeOf(precision).memory;
 }
 
 }  // namespace loom::planner

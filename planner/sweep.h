@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/search.h"
+#include "planner/search.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::planner {

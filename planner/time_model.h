@@ -5,9 +5,9 @@
 // the optimizer step. Also tokens/s, MFU and HFU.
 #pragma once
 
-#include "coordinator/planner/cluster.h"
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/layout.h"
+#include "planner/cluster.h"
+#include "planner/constants.h"
+#include "planner/layout.h"
 
 namespace loom::planner {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "coordinator/planner/search.h"
+#include "planner/search.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::planner {

@@ -4,7 +4,7 @@
 // than the device stays here: one 400 Gb/s NIC per H100/H200 and one 200 Gb/s
 // NIC per A100 (bandwidths per device and per direction). How much of a link
 // collectives achieve is a fitted constant, not a property of the preset.
-#include "coordinator/planner/cluster.h"
+#include "planner/cluster.h"
 
 #include <cstdlib>
 
@@ -116,6 +116,10 @@ absl::StatusOr<ClusterSpec> ApplyOverrides(ClusterSpec c, const ClusterOverrides
   if (o.memory_bytes) {
     if (auto s = positive("memory_bytes", *o.memory_bytes); !s.ok()) return s;
     c.memory_bytes = *o.memory_bytes;
+  }
+  if (o.host_memory_bytes) {
+    if (auto s = positive("host_memory_bytes", *o.host_memory_bytes); !s.ok()) return s;
+    c.host_memory_bytes = *o.host_memory_bytes;
   }
   if (o.intra_node_bandwidth) {
     if (auto s = positive("intra_node_bandwidth", *o.intra_node_bandwidth); !s.ok()) return s;

@@ -1,5 +1,5 @@
 // Parameter counts and FLOPs per token of the planner's model shapes.
-#include "coordinator/planner/model_math.h"
+#include "planner/model_math.h"
 
 namespace loom::planner {
 

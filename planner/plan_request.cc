@@ -1,5 +1,5 @@
 // Translation between job specs and planner requests.
-#include "coordinator/planner/plan_request.h"
+#include "planner/plan_request.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -32,6 +32,9 @@ absl::StatusOr<ClusterSpec> ClusterForJob(const spec::ResourcesSpec& r,
     }
     cluster.nodes = r.nodes;
     cluster.devices_per_node = r.gpus_per_node;
+    if (r.host_memory_mb > 0) {
+      cluster.host_memory_bytes = static_cast<double>(r.host_memory_mb) * (1 << 20);
+    }
   }
   return ApplyOverrides(cluster, overrides);
 }
@@ -48,6 +51,8 @@ absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
   req.workload = MakeWorkload(ModelShapeFromSpec(job.model, job.name), job.train.seq_len,
                               job.train.global_batch_size, RecipeForPrecision(job.train.precision));
   req.workload.dp_bucket_bytes = static_cast<double>(job.parallelism.bucket_mb) * (1 << 20);
+  req.workload.snapshot_copies = SnapshotCopies(job.fault_tolerance.snapshot_interval);
+  req.workload.host_is_device = cluster->is_cpu;
   req.constants = cluster->is_cpu ? CpuEngineConstants() : DefaultConstants();
 
   const spec::ParallelismSpec& p = job.parallelism;

@@ -1,8 +1,11 @@
 // Layout search: enumerate every valid layout of a workload on a cluster
-// (heads, KV heads, FFN, layers and sequence divisible as each axis needs;
-// dp·tp·pp·cp·ep = ranks; mbs·gas·dp = global batch; TP inside a node),
-// reject those that do not fit in memory with the reason, rank the rest by
-// predicted step time. Axes the user fixed are held; the rest are searched.
+// (the rulebook's rules, common/spec/job_spec_rules.h: heads, KV heads, FFN,
+// layers and sequence divisible as each axis needs, the batch split, the ZeRO
+// stage, the schedule; dp·tp·pp·cp·ep = ranks; and the search's own choices:
+// TP inside a node, even stages), reject those that do not fit in memory
+// (the device's, and the node's host memory for snapshots when the cluster
+// gives it) with the reason, rank the rest by predicted step time. Axes the
+// user fixed are held; the rest are searched.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/planner/cluster.h"
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/layout.h"
-#include "coordinator/planner/memory_model.h"
-#include "coordinator/planner/time_model.h"
+#include "planner/cluster.h"
+#include "planner/constants.h"
+#include "planner/layout.h"
+#include "planner/memory_model.h"
+#include "planner/time_model.h"
 
 namespace loom::planner {
 
@@ -63,13 +66,20 @@ struct Candidate {
   MemoryBreakdown memory;
   StepTime time;
   bool tight = false;  // fits, but inside the memory headroom
+  // Host memory one node needs beyond its devices': its ranks' in-place
+  // recovery snapshots (GPU nodes; 0 where none are kept or host memory is
+  // the device).
+  double host_bytes_per_node = 0;
 };
 
 struct Rejection {
   Layout layout;
   MemoryBreakdown memory;
-  double capacity_bytes = 0;
-  // "out of memory: needs 91.2 GiB on stage 0 (activations 60.1 GiB, ...) of 79.6 GiB".
+  double capacity_bytes = 0;       // the device's
+  double host_bytes_per_node = 0;  // as Candidate's
+  double host_capacity_bytes = 0;  // the node's host memory (0: not checked)
+  // "out of memory: needs 91.2 GiB on stage 0 (activations 60.1 GiB, ...) of
+  // 79.6 GiB", or, for the node's host memory, "out of host memory: ...".
   std::string Reason() const;
 };
 
@@ -91,6 +101,15 @@ std::vector<Layout> EnumerateLayouts(const Workload& workload, const ClusterSpec
 // Estimates one layout (no validity check).
 Candidate EvaluateLayout(const Workload& workload, const ClusterSpec& cluster,
                          const PlannerConstants& constants, const Layout& layout);
+
+// Host memory one node of the cluster needs beyond its devices' for a layout
+// with this memory: every rank's snapshots.
+double HostBytesPerNode(const ClusterSpec& cluster, const MemoryBreakdown& memory);
+
+// Why a layout with this memory does not fit the cluster: the device's
+// memory, or the node's host memory when the cluster gives it. nullopt: fits.
+std::optional<Rejection> CheckFits(const ClusterSpec& cluster, const Layout& layout,
+                                   const MemoryBreakdown& memory);
 
 // Enumerates, estimates, rejects and ranks. Fails when no layout is valid
 // (naming the rule that excluded them); an empty `ranked` with rejections

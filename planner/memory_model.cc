@@ -2,7 +2,7 @@
 // units of Korthikanti et al.'s table 2: with fused attention no s×s score
 // matrix is saved; SwiGLU saves gate, up and their product; GQA shrinks the
 // saved K and V to kv_heads·head_dim.
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 
 #include <algorithm>
 
@@ -225,6 +225,10 @@ MemoryBreakdown EstimateStageMemory(const Workload& w, const Layout& l, const Pl
   }
   b.comm_buffers = buffers;
   b.overhead = k.memory_overhead_bytes;
+  // A snapshot holds what the rank holds of the state: weights, master copy
+  // and moments, sharded as ZeRO shards them (docs/fault_tolerance.md).
+  b.snapshots = static_cast<double>(w.snapshot_copies) * (b.weights + b.optimizer);
+  b.snapshots_on_device = w.host_is_device;
   return b;
 }
 
@@ -234,7 +238,11 @@ MemoryBreakdown EstimateMemory(const Workload& w, const Layout& l, const Planner
   MemoryBreakdown worst = EstimateStageMemory(w, l, k, 0);
   if (l.pp > 1) {
     MemoryBreakdown last = EstimateStageMemory(w, l, k, l.pp - 1);
+    const double most_snapshots = std::max(worst.snapshots, last.snapshots);
     if (last.total() > worst.total()) worst = last;
+    // Host snapshots are counted per node, whatever the stages of its ranks:
+    // the most any rank holds (the middle stages hold fewer layers).
+    if (!worst.snapshots_on_device) worst.snapshots = most_snapshots;
   }
   return worst;
 }

@@ -1,7 +1,9 @@
 // Enumeration, validation and ranking of layouts.
-#include "coordinator/planner/search.h"
+#include "planner/search.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,17 +74,43 @@ absl::Status CheckEp(const Workload& w, int64_t ep) {
   return FirstBroken(spec::CheckEpSplit(ShapeOf(w), ep));
 }
 
+// The rulebook's rules on the layout's own numbers (the batch split, the ZeRO
+// stage, the schedule), and grad_accum as the batch split defines it.
+absl::Status CheckLayoutRules(const Workload& w, const Layout& l) {
+  if (absl::Status st = FirstBroken(spec::CheckBatchSplit(w.global_batch, l)); !st.ok()) return st;
+  const int64_t per_step = l.micro_batch_size * l.data_replicas();
+  if (l.grad_accum * per_step != w.global_batch) {
+    return Invalid(absl::StrCat("train.global_batch_size=", w.global_batch,
+                                " must equal micro_batch_size*grad_accum*dp", l.ep > 1 ? "*ep" : "",
+                                "=", l.micro_batch_size, "*", l.grad_accum, "*", l.dp,
+                                l.ep > 1 ? absl::StrCat("*", l.ep) : ""));
+  }
+  if (absl::Status st = FirstBroken(spec::CheckZeroStage(l.zero_stage)); !st.ok()) return st;
+  return FirstBroken(spec::CheckSchedule(l));
+}
+
 }  // namespace
 
 std::string Rejection::Reason() const {
   const MemoryBreakdown& m = memory;
+  if (m.total() <= capacity_bytes && host_capacity_bytes > 0 &&
+      host_bytes_per_node > host_capacity_bytes) {
+    return absl::StrFormat(
+        "out of host memory: a node's ranks hold %.1f GiB of in-place recovery snapshots (%.1f "
+        "GiB per rank: two generations of its state and two of its ward's) of the node's %.1f "
+        "GiB (resources.host_memory_mb; fault_tolerance.snapshot_interval: 0 keeps none)",
+        host_bytes_per_node / kGiB, m.host_bytes() / kGiB, host_capacity_bytes / kGiB);
+  }
   return absl::StrFormat(
       "out of memory: needs %.1f GiB on pipeline stage %d of a %.1f GiB device (weights %.1f, "
       "gradients %.1f, optimizer %.1f, activations %.1f for %d micro-batches, logits %.1f, "
-      "zero3 %.1f, buffers %.1f, overhead %.1f GiB)",
+      "zero3 %.1f, buffers %.1f, overhead %.1f%s GiB)",
       m.total() / kGiB, m.stage, capacity_bytes / kGiB, m.weights / kGiB, m.gradients / kGiB,
       m.optimizer / kGiB, m.activations / kGiB, m.micro_batches_in_flight, m.logits / kGiB,
-      m.zero3_gathered / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB);
+      m.zero3_gathered / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB,
+      m.snapshots_on_device && m.snapshots > 0
+          ? absl::StrFormat(", snapshots %.1f", m.snapshots / kGiB)
+          : "");
 }
 
 absl::Status ValidateLayout(const Workload& w, const ClusterSpec& c, const Layout& l,
@@ -99,26 +127,7 @@ absl::Status ValidateLayout(const Workload& w, const ClusterSpec& c, const Layou
     return Invalid(absl::StrCat("parallelism: dp*tp*pp*cp*ep=", l.world(), " must equal the ",
                                 c.world_size(), " ranks of resources"));
   }
-  if (l.micro_batch_size < 1 || l.grad_accum < 1 ||
-      l.micro_batch_size * l.grad_accum * l.data_replicas() != w.global_batch) {
-    return Invalid(absl::StrCat("train.global_batch_size=", w.global_batch,
-                                " must equal micro_batch_size*grad_accum*dp", l.ep > 1 ? "*ep" : "",
-                                "=", l.micro_batch_size, "*", l.grad_accum, "*", l.dp,
-                                l.ep > 1 ? absl::StrCat("*", l.ep) : ""));
-  }
-  if (l.zero_stage < 0 || l.zero_stage > 3) {
-    return Invalid(absl::StrCat("parallelism.zero_stage=", l.zero_stage, " must be 0, 1, 2 or 3"));
-  }
-  if (l.schedule == spec::Schedule::kInterleaved && l.pp > 1) {
-    if (l.virtual_stages < 2) {
-      return Invalid("parallelism.virtual_stages must be at least 2 for the interleaved schedule");
-    }
-    if (l.grad_accum % l.pp != 0) {
-      return Invalid(absl::StrCat("interleaved schedule: micro-batches per step (", l.grad_accum,
-                                  ") must be a multiple of parallelism.pp=", l.pp));
-    }
-  }
-  return absl::OkStatus();
+  return CheckLayoutRules(w, l);
 }
 
 std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
@@ -130,6 +139,9 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
                   : std::vector<spec::Recompute>{spec::Recompute::kNone,
                                                  spec::Recompute::kSelective,
                                                  spec::Recompute::kFull};
+  // The axes are cut with the rulebook's per-axis rules as they are chosen;
+  // each layout then keeps only if the rules on its own numbers hold (the
+  // batch split, the ZeRO stage, the schedule: CheckLayoutRules).
   for (int64_t tp : Choices(s.tp, world)) {
     if (world % tp != 0 || !CheckTp(w, c, tp, s).ok()) continue;
     for (int64_t cp : Choices(s.cp, world / tp)) {
@@ -141,10 +153,10 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
           if (!CheckEp(w, ep).ok() || (world / (tp * cp * pp)) % ep != 0) continue;
           const int64_t dp = world / (tp * cp * pp * ep);
           if (s.dp && *s.dp != dp) continue;
-          // Every dp x ep rank trains on its own sequences (ep ranks route theirs).
-          if (w.global_batch % (dp * ep) != 0) continue;
+          // Sequences per step on each of the dp x ep ranks with their own
+          // data; the micro-batch sizes tried divide it.
           const int64_t per_dp = w.global_batch / (dp * ep);
-          const int max_zero = (dp * cp == 1) ? 0 : s.max_zero_stage;
+          const int max_zero = (dp * cp == 1) ? 0 : s.max_zero_stage;  // nothing to shard
           // (schedule, virtual stages) pairs: the space's, or every schedule.
           std::vector<std::pair<spec::Schedule, int64_t>> schedules = {
               {s.schedule, s.virtual_stages}};
@@ -155,36 +167,34 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
           }
           std::vector<bool> sps = {s.sequence_parallel ? *s.sequence_parallel : tp > 1};
           if (s.search_schedules && !s.sequence_parallel && tp > 1) sps = {true, false};
-          for (const auto& [schedule, virtual_stages] : schedules)
-          for (bool sp : sps)
-          for (int64_t mbs : Choices(s.micro_batch_size, per_dp)) {
-            if (per_dp % mbs != 0) continue;
-            const int64_t gas = per_dp / mbs;
+          for (const auto& [schedule, virtual_stages] : schedules) {
             const bool interleaved = schedule == spec::Schedule::kInterleaved && pp > 1;
-            if (interleaved && gas % pp != 0) continue;
-            if (interleaved && pp * virtual_stages > w.model.num_layers) continue;
-            if (interleaved && !s.allow_uneven_stages &&
-                w.model.num_layers % (pp * virtual_stages) != 0) {
-              continue;
-            }
-            for (int zero = 0; zero <= 3; ++zero) {
-              if (s.zero_stage ? zero != *s.zero_stage : zero > max_zero) continue;
-              for (spec::Recompute rc : recomputes) {
-                Layout l;
-                l.dp = dp;
-                l.tp = tp;
-                l.pp = pp;
-                l.cp = cp;
-                l.ep = ep;
-                l.zero_stage = zero;
-                l.micro_batch_size = mbs;
-                l.grad_accum = gas;
-                l.schedule = pp > 1 ? schedule : spec::Schedule::k1F1B;
-                l.virtual_stages = interleaved ? virtual_stages : 1;
-                l.sequence_parallel = sp;
-                l.recompute = rc;
-                if (s.accept && !s.accept(l)) continue;
-                out.push_back(l);
+            SearchSpace chunks = s;  // the stage split of this schedule's chunks
+            chunks.schedule = schedule;
+            chunks.virtual_stages = virtual_stages;
+            if (interleaved && !CheckPp(w, pp, chunks).ok()) continue;
+            for (bool sp : sps)
+            for (int64_t mbs : Choices(s.micro_batch_size, per_dp)) {
+              for (int zero = 0; zero <= 3; ++zero) {
+                if (s.zero_stage ? zero != *s.zero_stage : zero > max_zero) continue;
+                for (spec::Recompute rc : recomputes) {
+                  Layout l;
+                  l.dp = dp;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.cp = cp;
+                  l.ep = ep;
+                  l.zero_stage = zero;
+                  l.micro_batch_size = mbs;
+                  l.grad_accum = mbs > 0 ? per_dp / mbs : 0;
+                  l.schedule = pp > 1 ? schedule : spec::Schedule::k1F1B;
+                  l.virtual_stages = interleaved ? virtual_stages : 1;
+                  l.sequence_parallel = sp;
+                  l.recompute = rc;
+                  if (!CheckLayoutRules(w, l).ok()) continue;
+                  if (s.accept && !s.accept(l)) continue;
+                  out.push_back(l);
+                }
               }
             }
           }
@@ -200,8 +210,23 @@ Candidate EvaluateLayout(const Workload& w, const ClusterSpec& c, const PlannerC
   Candidate cand;
   cand.layout = l;
   cand.memory = EstimateMemory(w, l, k);
+  cand.host_bytes_per_node = HostBytesPerNode(c, cand.memory);
   cand.time = EstimateStepTime(w, l, c, k);
   return cand;
+}
+
+double HostBytesPerNode(const ClusterSpec& c, const MemoryBreakdown& m) {
+  return m.host_bytes() * static_cast<double>(c.devices_per_node);
+}
+
+std::optional<Rejection> CheckFits(const ClusterSpec& c, const Layout& l,
+                                   const MemoryBreakdown& m) {
+  const Rejection rejection{l, m, c.memory_bytes, HostBytesPerNode(c, m), c.host_memory_bytes};
+  if (m.total() > c.memory_bytes) return rejection;
+  if (c.host_memory_bytes > 0 && rejection.host_bytes_per_node > c.host_memory_bytes) {
+    return rejection;
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
@@ -239,10 +264,11 @@ absl::StatusOr<PlanResult> PlanLayouts(const PlanRequest& req) {
     Candidate cand;
     cand.layout = l;
     cand.memory = EstimateMemory(w, l, req.constants);
-    if (cand.memory.total() > c.memory_bytes) {
-      result.rejected.push_back(Rejection{l, cand.memory, c.memory_bytes});
+    if (std::optional<Rejection> rejected = CheckFits(c, l, cand.memory)) {
+      result.rejected.push_back(*std::move(rejected));
       continue;
     }
+    cand.host_bytes_per_node = HostBytesPerNode(c, cand.memory);
     cand.tight = cand.memory.total() > (1.0 - req.space.memory_headroom) * c.memory_bytes;
     cand.time = EstimateStepTime(w, l, c, req.constants);
     result.ranked.push_back(std::move(cand));

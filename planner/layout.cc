@@ -1,5 +1,5 @@
-// Labels of layouts and the workload constructor.
-#include "coordinator/planner/layout.h"
+// Labels of layouts, the workload constructor and its snapshot copies.
+#include "planner/layout.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -48,6 +48,13 @@ Workload MakeWorkload(const ModelShape& model, int64_t seq_len, int64_t global_b
   w.global_batch = global_batch;
   w.recipe = recipe;
   return w;
+}
+
+int64_t SnapshotCopies(int64_t snapshot_interval) {
+  // Two generations of its own (the newest complete one and the one being
+  // written) and two of its ward's (docs/fault_tolerance.md, "Snapshots").
+  constexpr int64_t kGenerations = 2;
+  return snapshot_interval > 0 ? 2 * kGenerations : 0;
 }
 
 }  // namespace loom::planner

@@ -9,8 +9,8 @@
 
 #include "common/spec/job_spec.h"
 #include "common/spec/layout.h"
-#include "coordinator/planner/model_math.h"
-#include "coordinator/planner/precision.h"
+#include "planner/model_math.h"
+#include "planner/precision.h"
 
 namespace loom::planner {
 
@@ -32,7 +32,18 @@ struct Workload {
   int64_t global_batch = 0;  // sequences per optimizer step
   RecipeKind recipe = RecipeKind::kBf16Fp32Accum;
   double dp_bucket_bytes = 25.0 * (1 << 20);  // DP gradient bucket (parallelism.bucket_mb)
+  // [in-place recovery] Copies of its whole state each rank keeps in host
+  // memory (docs/fault_tolerance.md): two generations of its own snapshot and
+  // two of its ward's, 4, when fault_tolerance.snapshot_interval > 0; else 0.
+  int64_t snapshot_copies = 0;
+  // Whether a rank's host memory is its device memory (CPU ranks): its
+  // snapshots then count in its memory, else beside it (memory_model.h).
+  bool host_is_device = false;
 };
+
+// Whole-state copies a rank keeps for in-place recovery at this
+// fault_tolerance.snapshot_interval: 4 when it snapshots at all, else 0.
+int64_t SnapshotCopies(int64_t snapshot_interval);
 
 Workload MakeWorkload(const ModelShape& model, int64_t seq_len, int64_t global_batch,
                       RecipeKind recipe);

@@ -1,12 +1,12 @@
 // The step-time model. The mesh is pp × dp × ep × cp × tp with tp varying
 // fastest: a group crosses nodes when the span of ranks it covers is wider
 // than a node.
-#include "coordinator/planner/time_model.h"
+#include "planner/time_model.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 
 namespace loom::planner {
 

@@ -8,27 +8,18 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "common/hardware/device_peaks.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/precision_recipe.h"
 
 namespace loom::planner {
 
 // The dtype a recipe's GEMMs run in: the peak table's (common/hardware).
 using ComputeDtype = hardware::Dtype;
 
-enum class RecipeKind {
-  kFp32,              // CPU engine: fp32 everything
-  kBf16,              // bf16 weights and grads, fp32 master and Adam
-  kBf16Fp32Accum,     // as kBf16, plus an fp32 gradient-accumulation buffer
-  kFp8TransformerEngine,  // bf16 weights + cached fp8 copy, fp32 accumulation
-  kFp8DeepSeekV3,     // fp8 working weights, fp32 master and grads, bf16 Adam moments
-  // Loom's engine today: fp32 weights (they are the master copy), gradients,
-  // activations and Adam; each GEMM casts its operands to bf16 (or quantizes
-  // the linear layers' to e4m3) on the fly (docs/gpu.md).
-  kLoomBf16Cast,
-  kLoomFp8Cast,
-};
+// The memory recipes (common/spec/precision_recipe.h): Loom's engine's, which
+// train.precision names, and those of the framework profiles.
+using RecipeKind = spec::MemoryRecipe;
 
 struct PrecisionRecipe {
   RecipeKind kind;
@@ -51,13 +42,12 @@ struct PrecisionRecipe {
 };
 
 const PrecisionRecipe& Recipe(RecipeKind kind);
+// Every recipe, one per RecipeKind in the enum's order. Names: fp32, bf16,
+// bf16-fp32-accum, fp8-te, fp8-deepseek-v3, loom-bf16-cast, loom-fp8-cast.
 const std::vector<PrecisionRecipe>& AllRecipes();
-// Names: fp32, bf16, bf16-fp32-accum, fp8-te, fp8-deepseek-v3, loom-bf16-cast,
-// loom-fp8-cast.
-absl::StatusOr<RecipeKind> RecipeByName(std::string_view name);
 // The recipe Loom's engine uses for train.precision (what it stores, not the
-// textbook recipe of the same name: the cast recipes above for bf16 and fp8),
-// as the precision descriptor names it (common/spec/precision_recipe.h).
+// textbook recipe of the same name: the cast recipes for bf16 and fp8), the
+// precision descriptor's (spec::RecipeOf(precision).memory).
 RecipeKind RecipeForPrecision(spec::Precision precision);
 
 }  // namespace loom::planner

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/precision.h"
+#include "planner/precision.h"
 
 namespace loom::planner {
 
@@ -25,6 +25,10 @@ struct ClusterSpec {
   double peak_flops_bf16 = 0;
   double peak_flops_fp8 = 0;
   double memory_bytes = 0;          // usable by one rank
+  // Host memory of one node that ranks may fill (in-place recovery's
+  // snapshots, docs/fault_tolerance.md); 0: not known, not checked. On CPU
+  // ranks host memory is the device: memory_bytes holds it.
+  double host_memory_bytes = 0;
   double hbm_bandwidth = 0;         // bytes/s, for the optimizer step
   double intra_node_bandwidth = 0;  // bytes/s per device per direction (NVLink)
   double inter_node_bandwidth = 0;  // bytes/s per device per direction (NIC share)
@@ -46,6 +50,7 @@ struct ClusterOverrides {
   // Replaces the peak of every dtype (a CPU agent measures one number).
   std::optional<double> peak_flops;
   std::optional<double> memory_bytes;
+  std::optional<double> host_memory_bytes;  // per node
   std::optional<double> intra_node_bandwidth;
   std::optional<double> inter_node_bandwidth;
 };

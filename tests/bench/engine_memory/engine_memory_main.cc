@@ -39,7 +39,7 @@ ABSL_FLAG(std::string, out, "", "CSV to write (default: stdout)");
 ABSL_FLAG(int64_t, steps, 3, "optimizer steps per layout; peaks are taken over steps 2..N");
 ABSL_FLAG(std::string, command_line, "", "command recorded in the CSV header (default: argv)");
 
-namespace loom::planner {
+namespace loom::bench {
 namespace {
 
 using engine::MemoryKind;
@@ -345,6 +345,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace loom::planner
+}  // namespace loom::bench
 
-int main(int argc, char** argv) { return loom::planner::Main(argc, argv); }
+int main(int argc, char** argv) { return loom::bench::Main(argc, argv); }

@@ -1,7 +1,7 @@
 // The framework profiles: nanotron's fitted constants, NCCL's link costs,
 // Megatron's and Loom's settings. Refit nanotron's with the command below
 // and keep docs/planner.md's tables and tests/planner's floors in step.
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 
 #include "absl/strings/str_cat.h"
 
