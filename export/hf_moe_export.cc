@@ -1,8 +1,8 @@
-#include "worker/engine/export/hf_moe_export.h"
+#include "export/hf_moe_export.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace loom::engine {
+namespace loom::hf_export {
 namespace {
 
 // Mixtral: no shared experts and no dense layers.
@@ -129,4 +129,4 @@ nlohmann::json HuggingFaceMoeConfig(const spec::ModelSpec& m) {
   return j;
 }
 
-}  // namespace loom::engine
+}  // namespace loom::hf_export

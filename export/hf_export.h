@@ -2,6 +2,9 @@
 // config.json and one model.safetensors (F32) with the HF parameter names.
 // Loom already names and shapes parameters the HF way, so export gathers the
 // "model" group of a checkpoint, checks it is complete, and rewrites it.
+// A library of its own (loom_hf_export): it reads checkpoints through the
+// engine's checkpoint files (worker/engine/checkpoint, loom_checkpoint_files),
+// never the training engine, so `loomctl export` links no model or kernels.
 #pragma once
 
 #include <string>
@@ -11,11 +14,11 @@
 #include "common/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::engine {
+namespace loom::hf_export {
 
 // checkpoint_dir: one step directory, or a checkpoint root (its newest
 // committed step is used). The checkpoint is fully verified first (every
-// field bounded, checkpoint/checkpoint_checks.h), and a bad one is an error
+// field bounded, worker/engine/checkpoint/checkpoint_checks.h), and a bad one is an error
 // with nothing written. The files are written whole in a temporary sibling
 // of out_dir and renamed into place: out_dir is created if absent, otherwise
 // its config.json and model.safetensors are replaced (never followed).
@@ -29,4 +32,4 @@ std::vector<std::string> HuggingFaceParameterNames(const spec::ModelSpec& model)
 // The config.json object for a model.
 nlohmann::json HuggingFaceConfig(const spec::ModelSpec& model);
 
-}  // namespace loom::engine
+}  // namespace loom::hf_export

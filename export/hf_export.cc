@@ -1,4 +1,4 @@
-#include "worker/engine/export/hf_export.h"
+#include "export/hf_export.h"
 
 #include <stdlib.h>
 
@@ -12,11 +12,19 @@
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/checkpoint/safetensors.h"
-#include "worker/engine/export/hf_moe_export.h"
+#include "export/hf_moe_export.h"
 
-namespace loom::engine {
+namespace loom::hf_export {
 
 namespace fs = std::filesystem;
+using engine::CheckpointReader;
+using engine::CheckpointTensorInfo;
+using engine::FileDigest;
+using engine::FsyncDirectory;
+using engine::ResolveStepDir;
+using engine::TensorView;
+using engine::WriteFileDurably;
+using engine::WriteSafetensors;
 
 std::vector<std::string> HuggingFaceParameterNames(const spec::ModelSpec& m) {
   std::vector<std::string> names = {"model.embed_tokens.weight"};
@@ -173,4 +181,4 @@ absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::str
   return FsyncDirectory(out.string());
 }
 
-}  // namespace loom::engine
+}  // namespace loom::hf_export

@@ -17,7 +17,7 @@
 #include "common/spec/job_spec.h"
 #include "nlohmann/json.hpp"
 
-namespace loom::engine {
+namespace loom::hf_export {
 
 // One tensor of the exported file: read loom_name from the checkpoint and
 // multiply by `scale`, or (loom_name empty) zeros of `shape`.
@@ -35,4 +35,4 @@ absl::Status CheckMoeExportable(const spec::ModelSpec& model);
 std::vector<HfTensorSource> HuggingFaceMoeTensors(const spec::ModelSpec& model);
 nlohmann::json HuggingFaceMoeConfig(const spec::ModelSpec& model);
 
-}  // namespace loom::engine
+}  // namespace loom::hf_export
