@@ -1,4 +1,4 @@
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 
 #include <cstring>
 #include <span>

@@ -1,4 +1,4 @@
-#include "worker/engine/tensor_parallel/replicated_grads.h"
+#include "worker/engine/model/replicated_grads.h"
 
 namespace loom::engine {
 
