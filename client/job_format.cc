@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rank_list.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::client {
@@ -42,24 +43,52 @@ std::string LayoutText(const loom::v1::Layout& l) {
                          l.sequence_parallel() ? " sp" : "", l.recompute());
 }
 
-// One line per recovery: what failed where, each phase's seconds ("-" for a
-// phase not reached), and the total.
+// How an incident recovered: "in place, relaunched rank 2, 1 step
+// recomputed" or "whole job, 7 steps recomputed (rank 5 and its buddy ...)".
+// The steps recomputed are known once the next attempt stepped (in place:
+// once the restore step was chosen).
+std::string PathSummary(const loom::v1::RecoveryIncident& in) {
+  const bool in_place = in.path() == "in_place";
+  std::string text = in_place ? "in place" : "whole job";
+  if (in_place && in.relaunched_ranks_size() > 0) {
+    absl::StrAppend(&text, ", relaunched rank", in.relaunched_ranks_size() > 1 ? "s " : " ",
+                    RankList(std::vector<int64_t>(in.relaunched_ranks().begin(),
+                                                 in.relaunched_ranks().end())));
+  }
+  if (in.complete() || in.steps_recomputed() > 0) {
+    absl::StrAppend(&text, ", ", in.steps_recomputed(),
+                    in.steps_recomputed() == 1 ? " step" : " steps", " recomputed");
+  }
+  if (!in.fallback_reason().empty()) absl::StrAppend(&text, " (", in.fallback_reason(), ")");
+  return text;
+}
+
+// One line per recovery: what failed where, each phase of its path's seconds
+// ("-" for a phase not reached), the total, then how it recovered.
 std::string IncidentLine(const loom::v1::RecoveryIncident& in) {
   std::string line = in.kind();
   if (in.rank() >= 0) absl::StrAppend(&line, " rank ", in.rank());
   if (!in.node_id().empty()) absl::StrAppend(&line, " node ", in.node_id());
   absl::StrAppend(&line, " (attempt ", in.failed_attempt(), "):");
-  const struct {
+  struct Phase {
     const char* name;
     int64_t from;
     int64_t to;
     double seconds;
-  } phases[] = {
+  };
+  const bool in_place = in.path() == "in_place";
+  const Phase second = in_place ? Phase{"abort", in.declared_unix_us(), in.aborted_unix_us(),
+                                        in.abort_seconds()}
+                                : Phase{"stop", in.declared_unix_us(), in.stopped_unix_us(),
+                                        in.stopping_seconds()};
+  const int64_t before_placed = in_place ? in.aborted_unix_us() : in.stopped_unix_us();
+  const Phase phases[] = {
       {"detect", in.cause_unix_us(), in.declared_unix_us(), in.detection_seconds()},
-      {"stop", in.declared_unix_us(), in.stopped_unix_us(), in.stopping_seconds()},
-      {"place", in.stopped_unix_us(), in.placed_unix_us(), in.placement_seconds()},
+      second,
+      {in_place ? "relaunch" : "place", before_placed, in.placed_unix_us(), in.placement_seconds()},
       {"rendezvous", in.placed_unix_us(), in.ready_unix_us(), in.rendezvous_seconds()},
-      {"load", in.ready_unix_us(), in.resumed_unix_us(), in.checkpoint_load_seconds()},
+      {in_place ? "restore" : "load", in.ready_unix_us(), in.resumed_unix_us(),
+       in.checkpoint_load_seconds()},
       {"first-step", in.resumed_unix_us(), in.first_step_unix_us(), in.first_step_seconds()},
   };
   for (const auto& p : phases) {
@@ -68,6 +97,8 @@ std::string IncidentLine(const loom::v1::RecoveryIncident& in) {
   }
   absl::StrAppend(&line, absl::StrFormat(" total %.2fs", in.total_seconds()));
   if (!in.complete()) absl::StrAppend(&line, in.closed() ? " (cut short)" : " (in progress)");
+  // Incidents kept from before paths were recorded say nothing of theirs.
+  if (!in.path().empty()) absl::StrAppend(&line, "; ", PathSummary(in));
   return line;
 }
 

@@ -10,7 +10,11 @@ inline constexpr int kExitCrash = 1;
 // The job itself is broken (bad spec, missing data file, unreadable
 // checkpoint): restarting cannot help, so the job fails at once.
 inline constexpr int kExitJobBroken = 3;
-// A collective passed its timeout and the watchdog aborted the rank.
+// A collective passed its timeout and the watchdog aborted the rank (also: a
+// rank of an in-place attempt that was stopped and told no next attempt).
 inline constexpr int kExitCollectiveTimeout = 4;
+// The rank's attempt is superseded (its commit gate or its token was
+// refused): it stopped without acting (docs/fault_tolerance.md, "Fencing").
+inline constexpr int kExitFenced = 5;
 
 }  // namespace loom

@@ -369,6 +369,7 @@ int main(int argc, char** argv) {
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
+  node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -9,38 +9,63 @@ using loom::v1::RecoveryIncident;
 
 namespace {
 
-// Boundary i (0 = cause ... 6 = first step) of an incident.
-constexpr int kBoundaries = kRecoveryPhaseCount + 1;
 constexpr size_t kMaxReasonBytes = 512;
 
-int64_t Boundary(const RecoveryIncident& in, int i) {
-  switch (i) {
-    case 0: return in.cause_unix_us();
-    case 1: return in.declared_unix_us();
-    case 2: return in.stopped_unix_us();
-    case 3: return in.placed_unix_us();
-    case 4: return in.ready_unix_us();
-    case 5: return in.resumed_unix_us();
-    default: return in.first_step_unix_us();
+// Every boundary an incident can have; each path's timeline is seven of them.
+enum Boundary { kCause, kDeclared, kStopped, kAborted, kPlaced, kReady, kResumed, kFirstStep };
+constexpr int kTimelineLength = kRecoveryPhaseCount + 1;
+using Timeline = std::array<Boundary, kTimelineLength>;
+constexpr Timeline kWholeJobTimeline = {kCause,  kDeclared, kStopped,  kPlaced,
+                                        kReady,  kResumed,  kFirstStep};
+constexpr Timeline kInPlaceTimeline = {kCause,  kDeclared, kAborted,  kPlaced,
+                                       kReady,  kResumed,  kFirstStep};
+// Each path's phases as indices into kRecoveryPhaseNames.
+constexpr std::array<int, kRecoveryPhaseCount> kWholeJobLabels = {0, 1, 2, 3, 4, 5};
+constexpr std::array<int, kRecoveryPhaseCount> kInPlaceLabels = {0, 6, 7, 3, 8, 5};
+
+bool InPlace(const RecoveryIncident& in) { return in.path() == kPathInPlace; }
+const Timeline& TimelineOf(const RecoveryIncident& in) {
+  return InPlace(in) ? kInPlaceTimeline : kWholeJobTimeline;
+}
+
+int64_t Get(const RecoveryIncident& in, Boundary b) {
+  switch (b) {
+    case kCause: return in.cause_unix_us();
+    case kDeclared: return in.declared_unix_us();
+    case kStopped: return in.stopped_unix_us();
+    case kAborted: return in.aborted_unix_us();
+    case kPlaced: return in.placed_unix_us();
+    case kReady: return in.ready_unix_us();
+    case kResumed: return in.resumed_unix_us();
+    case kFirstStep: return in.first_step_unix_us();
+  }
+  return 0;
+}
+
+void Set(RecoveryIncident& in, Boundary b, int64_t us) {
+  switch (b) {
+    case kCause: in.set_cause_unix_us(us); break;
+    case kDeclared: in.set_declared_unix_us(us); break;
+    case kStopped: in.set_stopped_unix_us(us); break;
+    case kAborted: in.set_aborted_unix_us(us); break;
+    case kPlaced: in.set_placed_unix_us(us); break;
+    case kReady: in.set_ready_unix_us(us); break;
+    case kResumed: in.set_resumed_unix_us(us); break;
+    case kFirstStep: in.set_first_step_unix_us(us); break;
   }
 }
 
-void SetBoundary(RecoveryIncident& in, int i, int64_t us) {
-  switch (i) {
-    case 0: in.set_cause_unix_us(us); break;
-    case 1: in.set_declared_unix_us(us); break;
-    case 2: in.set_stopped_unix_us(us); break;
-    case 3: in.set_placed_unix_us(us); break;
-    case 4: in.set_ready_unix_us(us); break;
-    case 5: in.set_resumed_unix_us(us); break;
-    default: in.set_first_step_unix_us(us); break;
-  }
-}
-
+// Phase p of the incident's path (0 = detection ... 5 = first step).
 void SetPhase(RecoveryIncident& in, int phase, double seconds) {
   switch (phase) {
     case 0: in.set_detection_seconds(seconds); break;
-    case 1: in.set_stopping_seconds(seconds); break;
+    case 1:
+      if (InPlace(in)) {
+        in.set_abort_seconds(seconds);
+      } else {
+        in.set_stopping_seconds(seconds);
+      }
+      break;
     case 2: in.set_placement_seconds(seconds); break;
     case 3: in.set_rendezvous_seconds(seconds); break;
     case 4: in.set_checkpoint_load_seconds(seconds); break;
@@ -48,48 +73,79 @@ void SetPhase(RecoveryIncident& in, int phase, double seconds) {
   }
 }
 
-// Fills the *_seconds fields of the phases whose two boundaries are set, and
-// the total from the cause to the last boundary set.
+// Fills the *_seconds fields of the path's phases whose two boundaries are
+// set (the other path's own phase is not measured: 0), and the total from
+// the cause to the last boundary set.
 void Recompute(RecoveryIncident& in) {
+  if (InPlace(in)) {
+    in.set_stopping_seconds(0);
+  } else {
+    in.set_abort_seconds(0);
+  }
+  const Timeline& timeline = TimelineOf(in);
   int64_t last = in.cause_unix_us();
   for (int p = 0; p < kRecoveryPhaseCount; ++p) {
-    const int64_t from = Boundary(in, p);
-    const int64_t to = Boundary(in, p + 1);
-    if (from != 0 && to != 0) SetPhase(in, p, static_cast<double>(to - from) / 1e6);
+    const int64_t from = Get(in, timeline[p]);
+    const int64_t to = Get(in, timeline[p + 1]);
+    SetPhase(in, p, from != 0 && to != 0 ? static_cast<double>(to - from) / 1e6 : 0);
     if (to != 0) last = to;
   }
   in.set_total_seconds(static_cast<double>(last - in.cause_unix_us()) / 1e6);
 }
 
+// The open incident, if any, its newest step brought up to date: reports of
+// the failed attempt can still arrive after the declaration (a rank's last
+// step travels ahead of its exit, not of another rank's), and every event up
+// to the new attempt's first step sees them.
 RecoveryIncident* OpenOne(Job& job) {
   if (job.incidents_size() == 0) return nullptr;
   RecoveryIncident* last = job.mutable_incidents(job.incidents_size() - 1);
-  return last->closed() ? nullptr : last;
-}
-
-bool AllSet(const RecoveryIncident& in) {
-  for (int b = 0; b < kBoundaries; ++b) {
-    if (Boundary(in, b) == 0) return false;
+  if (last->closed()) return nullptr;
+  if (job.last_progress().attempt() == last->failed_attempt()) {
+    last->set_last_step(std::max(last->last_step(), job.last_progress().step()));
   }
-  return true;
+  return last;
 }
 
-// Sets boundary i once. The boundaries set stay in order: this one is at
-// least every earlier one set, and later ones set already are at least it.
-std::optional<RecoveryIncident> Mark(Job& job, int i, absl::Time at) {
+// Completes the incident when its path's every boundary is set.
+std::optional<RecoveryIncident> Settle(RecoveryIncident& in) {
+  for (Boundary b : TimelineOf(in)) {
+    if (Get(in, b) == 0) return std::nullopt;
+  }
+  in.set_complete(true);
+  in.set_closed(true);
+  return in;
+}
+
+// Sets boundary b once. The path's boundaries set stay in order: this one is
+// at least every earlier one set, and later ones set already are at least it.
+// A boundary of the other path (a kill's end on the in-place path) is only
+// noted.
+std::optional<RecoveryIncident> Mark(Job& job, Boundary b, absl::Time at) {
   RecoveryIncident* in = OpenOne(job);
-  if (in == nullptr || Boundary(*in, i) != 0) return std::nullopt;
-  int64_t value = absl::ToUnixMicros(at);
-  for (int b = 0; b < i; ++b) value = std::max(value, Boundary(*in, b));
-  SetBoundary(*in, i, value);
-  for (int b = i + 1; b < kBoundaries; ++b) {
-    if (Boundary(*in, b) != 0 && Boundary(*in, b) < value) SetBoundary(*in, b, value);
+  if (in == nullptr || Get(*in, b) != 0) return std::nullopt;
+  const Timeline& timeline = TimelineOf(*in);
+  const int i = static_cast<int>(std::find(timeline.begin(), timeline.end(), b) - timeline.begin());
+  int64_t value = std::max(absl::ToUnixMicros(at), in->declared_unix_us());
+  if (i == kTimelineLength) {
+    Set(*in, b, value);
+    return std::nullopt;
+  }
+  for (int k = 0; k < i; ++k) value = std::max(value, Get(*in, timeline[k]));
+  Set(*in, b, value);
+  for (int k = i + 1; k < kTimelineLength; ++k) {
+    if (Get(*in, timeline[k]) != 0 && Get(*in, timeline[k]) < value) Set(*in, timeline[k], value);
   }
   Recompute(*in);
-  if (!AllSet(*in)) return std::nullopt;
-  in->set_complete(true);
-  in->set_closed(true);
-  return *in;
+  return Settle(*in);
+}
+
+void SetStepsRecomputed(RecoveryIncident& in) {
+  in.set_steps_recomputed(std::max<int64_t>(0, in.last_step() - in.resumed_step()));
+}
+
+std::string FirstLine(const std::string& text) {
+  return text.substr(0, std::min<size_t>(text.find('\n'), kMaxReasonBytes));
 }
 
 }  // namespace
@@ -101,7 +157,7 @@ std::optional<RecoveryIncident> CloseIncident(Job& job, absl::Time at) {
   Recompute(*in);
   // Cut short: the time until now still counts in the total.
   int64_t last = in->cause_unix_us();
-  for (int b = 1; b < kBoundaries; ++b) last = std::max(last, Boundary(*in, b));
+  for (Boundary b : TimelineOf(*in)) last = std::max(last, Get(*in, b));
   in->set_total_seconds(
       static_cast<double>(std::max(last, absl::ToUnixMicros(at)) - in->cause_unix_us()) / 1e6);
   return *in;
@@ -117,7 +173,9 @@ std::optional<RecoveryIncident> OpenIncident(Job& job, const std::string& kind, 
   in.set_node_id(node_id);
   in.set_failed_attempt(job.attempt());
   // The first line, bounded: the full reason is in the job's history.
-  in.set_reason(reason.substr(0, std::min<size_t>(reason.find('\n'), kMaxReasonBytes)));
+  in.set_reason(FirstLine(reason));
+  in.set_path(kPathWholeJob);
+  in.set_last_step(job.last_progress().step());
   const int64_t declared_us = absl::ToUnixMicros(declared);
   in.set_cause_unix_us(std::min(absl::ToUnixMicros(cause), declared_us));
   in.set_declared_unix_us(declared_us);
@@ -128,23 +186,73 @@ std::optional<RecoveryIncident> OpenIncident(Job& job, const std::string& kind, 
   return cut;
 }
 
-std::optional<RecoveryIncident> MarkStopped(Job& job, absl::Time at) { return Mark(job, 2, at); }
-std::optional<RecoveryIncident> MarkPlaced(Job& job, absl::Time at) { return Mark(job, 3, at); }
-std::optional<RecoveryIncident> MarkReady(Job& job, absl::Time at) { return Mark(job, 4, at); }
-std::optional<RecoveryIncident> MarkResumed(Job& job, absl::Time at) { return Mark(job, 5, at); }
+std::optional<RecoveryIncident> MarkInPlace(Job& job, const std::vector<int64_t>& relaunched) {
+  RecoveryIncident* in = OpenOne(job);
+  if (in == nullptr) return std::nullopt;
+  in->set_path(kPathInPlace);
+  in->clear_fallback_reason();
+  in->clear_relaunched_ranks();
+  for (int64_t rank : relaunched) {
+    if (in->relaunched_ranks_size() == kMaxRelaunchedRanksKept) break;
+    in->add_relaunched_ranks(static_cast<int32_t>(rank));
+  }
+  // Nothing was stopped on this path.
+  in->set_stopped_unix_us(0);
+  Recompute(*in);
+  return Settle(*in);
+}
+
+std::optional<RecoveryIncident> MarkWholeJob(Job& job, const std::string& fallback_reason) {
+  RecoveryIncident* in = OpenOne(job);
+  if (in == nullptr) return std::nullopt;
+  in->set_path(kPathWholeJob);
+  in->set_fallback_reason(FirstLine(fallback_reason));
+  in->clear_relaunched_ranks();
+  // The abort that was tried counts in stopping: declared -> every rank exited.
+  in->set_aborted_unix_us(0);
+  Recompute(*in);
+  return Settle(*in);
+}
+
+void MarkRestoreStep(Job& job, int64_t restore_step, int64_t newest_step) {
+  RecoveryIncident* in = OpenOne(job);
+  if (in == nullptr) return;
+  in->set_resumed_step(restore_step);
+  in->set_last_step(std::max(in->last_step(), newest_step));
+  SetStepsRecomputed(*in);
+}
+
+std::optional<RecoveryIncident> MarkAborted(Job& job, absl::Time at) {
+  return Mark(job, kAborted, at);
+}
+std::optional<RecoveryIncident> MarkStopped(Job& job, absl::Time at) {
+  return Mark(job, kStopped, at);
+}
+std::optional<RecoveryIncident> MarkPlaced(Job& job, absl::Time at) {
+  return Mark(job, kPlaced, at);
+}
+std::optional<RecoveryIncident> MarkReady(Job& job, absl::Time at) { return Mark(job, kReady, at); }
+std::optional<RecoveryIncident> MarkResumed(Job& job, absl::Time at) {
+  return Mark(job, kResumed, at);
+}
 
 std::optional<RecoveryIncident> MarkFirstStep(Job& job, absl::Time at, int64_t resumed_step) {
   RecoveryIncident* in = OpenOne(job);
   if (in == nullptr) return std::nullopt;
   in->set_resumed_step(resumed_step);
-  return Mark(job, 6, at);
+  SetStepsRecomputed(*in);
+  return Mark(job, kFirstStep, at);
 }
 
 std::vector<std::pair<int, double>> MeasuredPhases(const RecoveryIncident& in) {
+  const Timeline& timeline = TimelineOf(in);
+  const auto& labels = InPlace(in) ? kInPlaceLabels : kWholeJobLabels;
   std::vector<std::pair<int, double>> phases;
   for (int p = 0; p < kRecoveryPhaseCount; ++p) {
-    if (Boundary(in, p) == 0 || Boundary(in, p + 1) == 0) continue;
-    phases.emplace_back(p, static_cast<double>(Boundary(in, p + 1) - Boundary(in, p)) / 1e6);
+    const int64_t from = Get(in, timeline[p]);
+    const int64_t to = Get(in, timeline[p + 1]);
+    if (from == 0 || to == 0) continue;
+    phases.emplace_back(labels[p], static_cast<double>(to - from) / 1e6);
   }
   return phases;
 }

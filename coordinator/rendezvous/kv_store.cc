@@ -1,6 +1,7 @@
 #include "coordinator/rendezvous/kv_store.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <optional>
 #include <utility>
@@ -8,10 +9,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/rpc/commit_gate.h"
 
 namespace loom::coordinator {
 
-KvStore::KvStore(rpc::StoreQuotas quotas) : quotas_(quotas), timer_([this] { TimerLoop(); }) {}
+KvStore::KvStore(rpc::StoreQuotas quotas, Clock clock)
+    : quotas_(quotas), clock_(std::move(clock)), timer_([this] { TimerLoop(); }) {}
 
 KvStore::~KvStore() {
   {
@@ -21,9 +25,22 @@ KvStore::~KvStore() {
   timer_.join();
 }
 
-void KvStore::OpenNamespace(const std::string& ns) {
+void KvStore::OpenNamespace(const std::string& ns, CommitFence fence) {
   absl::MutexLock lock(&mu_);
-  namespaces_[ns];
+  Namespace& space = namespaces_[ns];
+  if (fence.until > space.fence.until) space.fence = std::move(fence);
+}
+
+absl::Status KvStore::CheckFenceLocked(const Namespace& space, const std::string& key) const {
+  if (!rpc::IsCommitKey(key)) return absl::OkStatus();
+  const absl::Duration left = space.fence.until - clock_();
+  if (left <= absl::ZeroDuration()) return absl::OkStatus();
+  // Rounded up: "0.0 s more" would invite a retry that is refused again.
+  const double seconds = std::ceil(absl::ToDoubleSeconds(left) * 10) / 10;
+  return absl::UnavailableError(absl::StrFormat(
+      "checkpoint commit %s is held back for %.1f s more: %s (docs/fault_tolerance.md, "
+      "Fencing); retry after that",
+      key, seconds, space.fence.why));
 }
 
 absl::StatusOr<KvStore::Namespace*> KvStore::FindLocked(const std::string& ns) {
@@ -89,6 +106,7 @@ absl::Status KvStore::Set(const std::string& ns, const std::string& key, std::st
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Namespace*> space = FindLocked(ns);
     if (!space.ok()) return space.status();
+    if (absl::Status s = CheckFenceLocked(**space, key); !s.ok()) return s;
     if (absl::Status s = CheckQuotaLocked(**space, ns, key, value.size()); !s.ok()) return s;
     ready = StoreLocked(**space, key, value);
   }
@@ -151,6 +169,7 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& ns, const std::string& k
     absl::StatusOr<Namespace*> found = FindLocked(ns);
     if (!found.ok()) return found.status();
     Namespace& space = **found;
+    if (absl::Status s = CheckFenceLocked(space, key); !s.ok()) return s;
     auto it = space.values.find(key);
     if (it != space.values.end()) {
       int64_t old = 0;

@@ -59,6 +59,21 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
     if (!writing_) WriteNextLocked();
   }
 
+  // Acks are cumulative (the agent's lease runs from the newest acked
+  // heartbeat): while one waits to be written, a newer heartbeat's seq takes
+  // its place, so an agent that sends and never reads cannot grow the queue.
+  void EnqueueAck(int64_t seq) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    ack_seq_ = seq;
+    if (ack_queued_) return;
+    ack_queued_ = true;
+    CoordinatorMessage ack;
+    ack.mutable_heartbeat_ack();
+    outgoing_.push_back(std::move(ack));
+    if (!writing_) WriteNextLocked();
+  }
+
   void OnReadDone(bool ok) override {
     if (!ok) {
       absl::MutexLock lock(&mu_);
@@ -126,6 +141,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         reply.mutable_registered()->set_node_id(node_id_);
         reply.mutable_registered()->set_heartbeat_interval_ms(
             absl::ToInt64Milliseconds(heartbeat_interval_));
+        reply.mutable_registered()->set_lease_ms(
+            absl::ToInt64Milliseconds(service_->agent_lease()));
         Enqueue(reply);
         service_->UpdateNodeGauges();
         jobs_->OnNodeRegistered(message.register_());
@@ -163,6 +180,9 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
             case NodeRegistry::HeartbeatResult::kStale:
               return absl::OkStatus();  // another live session speaks for this node
           }
+          // Read and recorded: the agent's lease runs from when it sent this
+          // heartbeat (never acked on a stale session).
+          EnqueueAck(message.heartbeat().seq());
           jobs_->OnNodeHeartbeat(node_id_, message.heartbeat());
         }
         return absl::OkStatus();
@@ -206,6 +226,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
     if (outgoing_.empty() || finished_) return;
     current_ = std::move(outgoing_.front());
     outgoing_.pop_front();
+    if (current_.has_heartbeat_ack()) {
+      current_.mutable_heartbeat_ack()->set_seq(ack_seq_);
+      ack_queued_ = false;
+    }
     writing_ = true;
     StartWrite(&current_);
   }
@@ -233,6 +257,8 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   CoordinatorMessage current_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool ack_queued_ ABSL_GUARDED_BY(mu_) = false;  // an ack waits in outgoing_
+  int64_t ack_seq_ ABSL_GUARDED_BY(mu_) = 0;       // the newest heartbeat read
 };
 
 void SessionChannel::Send(const CoordinatorMessage& message) {

@@ -36,6 +36,12 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   // What a registration may claim (docs/limits.md); set before serving.
   void SetNodeLimits(const NodeLimits& limits) { limits_ = limits; }
   const NodeLimits& node_limits() const { return limits_; }
+  // The agents' lease (Registered.lease_ms; docs/fault_tolerance.md,
+  // "Fencing"): the node timeout, so an agent cut off pauses its ranks before
+  // its node can be declared lost. Zero (the default): no lease. Set before
+  // serving.
+  void SetAgentLease(absl::Duration lease) { agent_lease_ = lease; }
+  absl::Duration agent_lease() const { return agent_lease_; }
 
  private:
   NodeRegistry* nodes_;
@@ -44,6 +50,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   absl::Duration heartbeat_interval_;
   const CallerAuth* auth_;
   NodeLimits limits_;
+  absl::Duration agent_lease_ = absl::ZeroDuration();
 };
 
 }  // namespace loom::coordinator

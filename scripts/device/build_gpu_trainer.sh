@@ -8,7 +8,8 @@
 #   scripts/device/build_gpu_trainer.sh [OUT_DIR]     (default build-gpu/device-bin)
 #
 # It is the normal CMake build of the real targets (loom-trainer,
-# cuda_ops_test, gpu_nccl_communicator_test) in its own build directory
+# cuda_ops_test, gpu_nccl_communicator_test, gpu_ring_attention_test, gpu_snapshot_test)
+# in its own build directory
 # (BUILD_DIR, default build-gpustatic), configured with -DLOOM_WITH_GRPC=OFF
 # (the trainer's standalone mode alone), -DLOOM_NATIVE=OFF (the device's CPU
 # is not this one) and scripts/device/static_link.cmake as
@@ -44,7 +45,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_WITH_GRPC=OFF 
 grep -E "Loom:" "$build/configure.log" || true
 
 targets=(loom-trainer loom-device-peaks)
-for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test; do
+for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test gpu_snapshot_test; do
   if ninja -C "$build" -t query "$t" > /dev/null 2>&1; then
     targets+=("$t")
   else

@@ -10,7 +10,12 @@
 #   1. cuda_ops_test (CudaOps against CpuOps, op by op),
 #      gpu_nccl_communicator_test and gpu_ring_attention_test (context
 #      parallelism: the LSE merge and the ring's blocks on the device; the
-#      NCCL ring itself needs two devices and skips on one);
+#      NCCL ring itself needs two devices and skips on one), and
+#      gpu_snapshot_test (in-place recovery: a snapshot captured from and
+#      rolled back into CudaOps, byte-identical images, the steps after the
+#      rollback against the first pass; an attempt's NCCL groups stopped by
+#      the abort, ncclCommAbort; the blocked-collective case needs two
+#      devices and skips on one);
 #   2. (a) the small model (jobs/small_*.yaml: vocab 256 bytes of a synthetic
 #      corpus made here, hidden 256, 2 layers) for 20 steps on the CPU in fp32
 #      and on the GPU in bf16 (and fp32, and CPU bf16 emulation, for context):
@@ -137,7 +142,7 @@ fp8_peak=$("$peaks" "$gpu_name" fp8 2>/dev/null) || fp8_peak=0
 note "device '$gpu_name': dense peaks from the table bf16 $bf16_peak, fp8 $fp8_peak FLOP/s (0: not in the table)"
 
 # --- 1. GPU unit tests -----------------------------------------------------
-for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test; do
+for t in cuda_ops_test gpu_nccl_communicator_test gpu_ring_attention_test gpu_snapshot_test; do
   if [ -x "$bins/$t" ]; then
     NCCL_DEBUG=${NCCL_DEBUG:-WARN} run_step "$t" 150 "$out/tests.log" "$bins/$t"
     rc=$?

@@ -26,8 +26,8 @@ using testing::TempDir;
 class AgentServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tokens_.ranks_["secret-0"] = RankIdentity{"job-1", 2, 0, "job-1/attempt-2"};
-    tokens_.ranks_["secret-1"] = RankIdentity{"job-1", 2, 1, "job-1/attempt-2"};
+    tokens_.ranks_["secret-0"] = RankIdentity{"job-1", 2, 0, "job-1/attempt-2", /*launch_id=*/1};
+    tokens_.ranks_["secret-1"] = RankIdentity{"job-1", 2, 1, "job-1/attempt-2", /*launch_id=*/2};
     auto target = AgentSocketTarget(dir_.path());
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = *target;

@@ -72,6 +72,18 @@ inline char ProcState(pid_t pid) {
   return stat[paren + 2];
 }
 
+// Polls until the process is stopped (state T) or, with stopped == false,
+// running again (any other state of a live process); false after the timeout.
+inline bool WaitStopped(pid_t pid, bool stopped, absl::Duration timeout = absl::Seconds(20)) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    const char state = ProcState(pid);
+    if (state != 0 && (state == 'T') == stopped) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
 struct GoneResult {
   bool gone = false;
   std::optional<int> reaped_status;  // set when this process reaped it

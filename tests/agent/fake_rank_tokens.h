@@ -18,6 +18,13 @@ class FakeRankTokens final : public RankTokens {
     if (it == ranks_.end()) return std::nullopt;
     return it->second;
   }
+  std::optional<RankIdentity> RankForLaunch(uint64_t launch_id) const override {
+    for (const auto& [token, rank] : ranks_) {
+      if (rank.launch_id == launch_id) return rank;
+    }
+    return std::nullopt;
+  }
+  // Give each rank its own launch_id when RankForLaunch matters.
   std::map<std::string, RankIdentity> ranks_;
 };
 

@@ -38,6 +38,9 @@ class RecordingRanks : public RankCommands {
     killed_.push_back(kill);
     return 0;
   }
+  int Abort(const loom::v1::AbortRanks&) override { return 0; }
+  int EnterEpoch(const loom::v1::EnterEpoch&) override { return 0; }
+  int Resume(const loom::v1::ResumeRanks&) override { return 0; }
   std::vector<loom::v1::RunningRank> Running() const override {
     loom::v1::RunningRank rank;
     rank.set_job_id("old-job");

@@ -1,6 +1,7 @@
 // ProcessSupervisor with /bin/sh and /bin/sleep children: exit codes,
 // signals, logs and environment, kills with a grace period, process-group
-// clean-up, and PDEATHSIG when the supervising process is SIGKILLed.
+// clean-up, PDEATHSIG when the supervising process is SIGKILLed, and
+// pausing (SIGSTOP/SIGCONT to the group; a stopped child is killed at once).
 #include "worker/agent/process_supervisor.h"
 
 #include <signal.h>
@@ -281,6 +282,71 @@ TEST_F(ProcessSupervisorTest, BadWorkingDirectoryIsReportedInTheLog) {
   ASSERT_TRUE(exit.has_value());
   EXPECT_EQ(exit->exit_code, 127);
   EXPECT_NE(ReadFile(log).find("cannot enter working directory"), std::string::npos);
+}
+
+TEST_F(ProcessSupervisorTest, StopAndContinueReachTheWholeGroup) {
+  ProcessSupervisor supervisor;
+  const std::string log = dir_.path() + "/log.txt";
+  absl::StatusOr<pid_t> pid = supervisor.Launch(
+      Shell("/bin/sleep 30 & echo \"bg $!\"; wait", log), exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  pid_t background = WaitForPid(log, "bg ");
+  ASSERT_GT(background, 0);
+  ASSERT_TRUE(supervisor.Signal(*pid, SIGSTOP).ok());
+  EXPECT_TRUE(testing::WaitStopped(*pid, true));
+  EXPECT_TRUE(testing::WaitStopped(background, true));
+  ASSERT_TRUE(supervisor.Signal(*pid, SIGCONT).ok());
+  EXPECT_TRUE(testing::WaitStopped(*pid, false));
+  EXPECT_TRUE(testing::WaitStopped(background, false));
+  // A stopped child is not an exit: it is still running.
+  EXPECT_EQ(supervisor.Running(), std::vector<pid_t>{*pid});
+  EXPECT_EQ(exits_.size(), 0u);
+  ASSERT_TRUE(supervisor.Kill(*pid, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(exits_.Wait(*pid).has_value());
+  testing::GoneResult gone = WaitGone(background);
+  EXPECT_TRUE(gone.gone);
+  if (!gone.gone) KillAndReap(background);
+}
+
+TEST_F(ProcessSupervisorTest, AStoppedChildIsKilledAtOnceWhateverTheGrace) {
+  ProcessSupervisor supervisor;
+  absl::StatusOr<pid_t> pid = supervisor.Launch(
+      ProcessSpec{{"/bin/sleep", "300"}, {}, "", ""}, exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(supervisor.Signal(*pid, SIGSTOP).ok());
+  ASSERT_TRUE(testing::WaitStopped(*pid, true));
+  // Its SIGTERM would wait for a SIGCONT that must not come: SIGKILL now,
+  // not after the hour of grace.
+  ASSERT_TRUE(supervisor.Kill(*pid, absl::Hours(1)).ok());
+  std::optional<ProcessExit> exit = exits_.Wait(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->signal, SIGKILL);
+}
+
+TEST_F(ProcessSupervisorTest, AChildStoppedDuringItsGraceIsKilledAtOnce) {
+  ProcessSupervisor supervisor;
+  const std::string log = dir_.path() + "/log.txt";
+  absl::StatusOr<pid_t> pid = supervisor.Launch(
+      Shell("trap '' TERM; echo ready; while :; do /bin/sleep 0.05; done", log),
+      exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  ASSERT_TRUE(WaitForFileContains(log, "ready"));
+  ASSERT_TRUE(supervisor.Kill(*pid, absl::Hours(1)).ok());
+  ASSERT_TRUE(supervisor.Signal(*pid, SIGSTOP).ok());
+  std::optional<ProcessExit> exit = exits_.Wait(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->signal, SIGKILL);
+}
+
+TEST_F(ProcessSupervisorTest, SignalTakesOnlyStopAndContinueOfItsOwnChildren) {
+  ProcessSupervisor supervisor;
+  EXPECT_EQ(supervisor.Signal(getpid(), SIGSTOP).code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<pid_t> pid = supervisor.Launch(
+      ProcessSpec{{"/bin/sleep", "30"}, {}, "", ""}, exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  EXPECT_EQ(supervisor.Signal(*pid, SIGTERM).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(supervisor.Kill(*pid, absl::ZeroDuration()).ok());
+  ASSERT_TRUE(exits_.Wait(*pid).has_value());
 }
 
 TEST_F(ProcessSupervisorTest, KillOfUnknownPidIsNotFound) {

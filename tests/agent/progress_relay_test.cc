@@ -18,8 +18,15 @@ class OneRank final : public RankTokens {
  public:
   std::optional<RankIdentity> RankForToken(std::string_view token) const override {
     if (!ConstantTimeEquals(token, "the-token")) return std::nullopt;
-    return RankIdentity{"job-1", 3, 1, "job-1/attempt-3"};
+    return Identity();
   }
+  std::optional<RankIdentity> RankForLaunch(uint64_t launch_id) const override {
+    if (launch_id != 1) return std::nullopt;
+    return Identity();
+  }
+
+ private:
+  static RankIdentity Identity() { return RankIdentity{"job-1", 3, 1, "job-1/attempt-3", 1}; }
 };
 
 class Relay {

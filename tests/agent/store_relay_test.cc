@@ -7,7 +7,9 @@
 // ended without it; sets and adds made while a StoreBatch is in flight go
 // together in the next one, each answered with its own result; a set is
 // retried through UNAVAILABLE and an add never is (also when they shared
-// the batch that failed); every op carries the calling rank's token.
+// the batch that failed); every op carries the calling rank's token; a call
+// admitted before the agent's lease ran out is never sent after it (a queued
+// set or add, a get's next upstream call), even once the lease runs again.
 #include "worker/agent/store_relay.h"
 
 #include <map>
@@ -23,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "loom/v1/rank.grpc.pb.h"
 #include "tests/agent/agent_test_util.h"
+#include "tests/agent/fake_rank_service.h"
 #include "tests/agent/fake_rank_tokens.h"
 #include "worker/agent/agent_service.h"
 
@@ -30,178 +33,7 @@ namespace loom::agent {
 namespace {
 
 using testing::TempDir;
-
-
-// The coordinator's store as far as the relay sees it: gets of a missing key
-// wait until a set (or the end of the test); sets and adds come in
-// StoreBatch calls, which can be made to fail whole with UNAVAILABLE a given
-// number of times, or be held (the first one while `hold_batch_`) until the
-// test releases it. A set of the key "refuse-me" is refused in its result.
-class FakeCoordinator final : public loom::v1::RankService::CallbackService {
- public:
-  grpc::ServerUnaryReactor* StoreBatch(grpc::CallbackServerContext* context,
-                                       const loom::v1::StoreBatchRequest* request,
-                                       loom::v1::StoreBatchResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    {
-      absl::MutexLock lock(&mu_);
-      batch_sizes_.push_back(request->ops_size());
-      if (context->client_metadata().count("authorization") > 0) ++batches_with_authorization_;
-      for (const loom::v1::StoreOp& op : request->ops()) {
-        authorizations_.push_back("Bearer " + op.rank_token());
-      }
-      if (hold_batch_ && held_.reactor == nullptr) {
-        held_ = Held{reactor, request, response};
-        return reactor;
-      }
-      if (fail_batches_ > 0) {
-        --fail_batches_;
-        reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting"));
-        return reactor;
-      }
-    }
-    Apply(*request, response);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  // Answers the held batch (false if none is held yet).
-  bool ReleaseHeld() {
-    Held held;
-    {
-      absl::MutexLock lock(&mu_);
-      if (held_.reactor == nullptr) return false;
-      held = held_;
-      held_ = Held{};
-      hold_batch_ = false;
-    }
-    Apply(*held.request, held.response);
-    held.reactor->Finish(grpc::Status::OK);
-    return true;
-  }
-  bool holding() {
-    absl::MutexLock lock(&mu_);
-    return held_.reactor != nullptr;
-  }
-  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
-                                     const loom::v1::StoreGetRequest* request,
-                                     loom::v1::StoreGetResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    absl::MutexLock lock(&mu_);
-    ++gets_;
-    Note(*context);
-    auto it = values_.find(request->key());
-    if (it != values_.end()) {
-      response->set_value(it->second);
-      reactor->Finish(grpc::Status::OK);
-    } else {
-      parked_.push_back(Parked{request->key(), reactor, response,
-                               absl::Now() + absl::Milliseconds(request->wait_ms())});
-    }
-    return reactor;
-  }
-  // As the coordinator does at wait_ms: DEADLINE_EXCEEDED for gets still
-  // waiting (called by the test's expiry thread).
-  void ExpireParked() {
-    std::vector<Parked> expired;
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
-      for (auto it = parked_.begin(); it != parked_.end();) {
-        if (it->until <= now) {
-          expired.push_back(*it);
-          it = parked_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (Parked& p : expired) {
-      p.reactor->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "not set in time"));
-    }
-  }
-  // Ends the gets still waiting (before the server shuts down).
-  void FinishParked() {
-    std::vector<Parked> left;
-    {
-      absl::MutexLock lock(&mu_);
-      left.swap(parked_);
-    }
-    for (Parked& p : left) p.reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ending"));
-  }
-  int parked() {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int>(parked_.size());
-  }
-
-  absl::Mutex mu_;
-  int sets_ ABSL_GUARDED_BY(mu_) = 0;
-  int gets_ ABSL_GUARDED_BY(mu_) = 0;
-  int adds_ ABSL_GUARDED_BY(mu_) = 0;
-  int fail_batches_ ABSL_GUARDED_BY(mu_) = 0;
-  bool hold_batch_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);  // ops of each StoreBatch
-  int batches_with_authorization_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
-
- private:
-  struct Held {
-    grpc::ServerUnaryReactor* reactor = nullptr;
-    const loom::v1::StoreBatchRequest* request = nullptr;
-    loom::v1::StoreBatchResponse* response = nullptr;
-  };
-  // Applies each op and answers its result; a set wakes the gets of its key.
-  void Apply(const loom::v1::StoreBatchRequest& request, loom::v1::StoreBatchResponse* response) {
-    std::vector<std::pair<Parked, std::string>> ready;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const loom::v1::StoreOp& op : request.ops()) {
-        loom::v1::StoreOpResult* result = response->add_results();
-        if (op.has_set()) {
-          ++sets_;
-          if (op.set().key() == "refuse-me") {
-            result->set_code(grpc::StatusCode::PERMISSION_DENIED);
-            result->set_message("refused");
-            continue;
-          }
-          values_[op.set().key()] = op.set().value();
-          for (auto it = parked_.begin(); it != parked_.end();) {
-            if (it->key == op.set().key()) {
-              ready.emplace_back(*it, op.set().value());
-              it = parked_.erase(it);
-            } else {
-              ++it;
-            }
-          }
-        } else {
-          ++adds_;
-          int64_t& counter = counters_[op.add().key()];
-          counter += op.add().delta();
-          result->set_value(counter);
-        }
-      }
-    }
-    for (auto& [p, value] : ready) {
-      p.response->set_value(value);
-      p.reactor->Finish(grpc::Status::OK);
-    }
-  }
-  struct Parked {
-    std::string key;
-    grpc::ServerUnaryReactor* reactor;
-    loom::v1::StoreGetResponse* response;
-    absl::Time until;
-  };
-  void Note(const grpc::CallbackServerContext& context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = context.client_metadata().find("authorization");
-    authorizations_.push_back(it == context.client_metadata().end()
-                                  ? std::string()
-                                  : std::string(it->second.data(), it->second.size()));
-  }
-  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> counters_ ABSL_GUARDED_BY(mu_);
-  std::vector<Parked> parked_ ABSL_GUARDED_BY(mu_);
-  Held held_ ABSL_GUARDED_BY(mu_);
-};
+using testing::FakeRankService;
 
 constexpr char kNamespace[] = "job-1/2";
 
@@ -223,7 +55,7 @@ class StoreRelayTest : public ::testing::Test {
     relay_ = std::make_unique<StoreRelay>(
         std::make_shared<rpc::CoordinatorChannel>(absl::StrCat("127.0.0.1:", port),
                                                   grpc::InsecureChannelCredentials()),
-        options);
+        options, &lease_);
     service_ = std::make_unique<AgentServiceImpl>(
         &tokens_, [](loom::v1::RankProgress) {}, relay_.get());
     expiry_ = std::thread([this] {
@@ -298,9 +130,21 @@ class StoreRelayTest : public ::testing::Test {
     return false;
   }
 
+  // Makes the lease run out (registered long ago), then run again (an ack):
+  // generation 1, in which no call admitted so far may go.
+  void ExpireThenRenewLease() {
+    lease_.Registered(1000, Lease::Clock::now() - std::chrono::seconds(5));
+    ASSERT_TRUE(lease_.Observe().expired);
+    lease_.HeartbeatSent(1, Lease::Clock::now());
+    lease_.Acked(1);
+    ASSERT_FALSE(lease_.Observe().expired);
+    ASSERT_EQ(lease_.generation(), 1u);
+  }
+
   TempDir dir_;
+  Lease lease_;  // none until a test registers one: never fenced
   testing::FakeRankTokens tokens_;
-  FakeCoordinator coordinator_;
+  FakeRankService coordinator_;
   std::unique_ptr<grpc::Server> coordinator_server_;
   std::unique_ptr<StoreRelay> relay_;
   std::unique_ptr<AgentServiceImpl> service_;
@@ -536,6 +380,61 @@ TEST_F(StoreRelayTest, PendingCallsOfOneRankAreBounded) {
   for (std::thread& t : waiting) t.join();
   EXPECT_TRUE(statuses[0].ok());
   EXPECT_EQ(statuses[1].error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(StoreRelayTest, ACallAdmittedBeforeTheLeaseRanOutIsNeverSentAfterIt) {
+  {
+    absl::MutexLock lock(&coordinator_.mu_);
+    coordinator_.hold_batch_ = true;
+  }
+  grpc::Status first;
+  std::thread first_set([&] { first = Set("secret-0", kNamespace, "first", "1"); });
+  for (int i = 0; i < 1000 && !coordinator_.holding(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(coordinator_.holding());
+  // Queued behind the batch in flight, in lease generation 0.
+  grpc::Status queued_set, queued_add;
+  int64_t value = 0;
+  std::thread set_call([&] { queued_set = Set("secret-0", kNamespace, "queued", "v"); });
+  std::thread add_call([&] { queued_add = Add("secret-1", "loom/commit/8", 1, &value); });
+  for (int i = 0; i < 1000 && relay_->pending() < 3; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 3);
+  // The lease runs out, and runs again, before their batch would go.
+  ExpireThenRenewLease();
+  ASSERT_TRUE(coordinator_.ReleaseHeld());
+  first_set.join();
+  set_call.join();
+  add_call.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();  // sent before the run-out
+  EXPECT_EQ(queued_set.error_code(), grpc::StatusCode::UNAVAILABLE) << queued_set.error_message();
+  EXPECT_NE(queued_set.error_message().find("lease ran out"), std::string::npos);
+  EXPECT_EQ(queued_add.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(relay_->pending(), 0);
+  EXPECT_EQ(relay_->upstream_calls(), 1);
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.sets_, 1);
+  EXPECT_EQ(coordinator_.adds_, 0);
+}
+
+TEST_F(StoreRelayTest, AGetWaiterAdmittedBeforeTheLeaseRanOutGetsNoNewUpstreamCall) {
+  // As above (AWaiterLeft...): the long waiter would be served by a new
+  // upstream get when the shared one ends; the lease ran out in between.
+  std::string value_short, value_long;
+  grpc::Status status_short, status_long;
+  std::thread get_short(
+      [&] { status_short = Get("secret-0", "slow", absl::Milliseconds(1000), &value_short); });
+  ASSERT_TRUE(WaitParked(1));
+  std::thread get_long(
+      [&] { status_long = Get("secret-1", "slow", absl::Seconds(20), &value_long); });
+  for (int i = 0; i < 1000 && relay_->pending() < 2; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(relay_->pending(), 2);
+  ExpireThenRenewLease();
+  get_short.join();
+  get_long.join();
+  EXPECT_EQ(status_short.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(status_long.error_code(), grpc::StatusCode::UNAVAILABLE) << status_long.error_message();
+  EXPECT_EQ(relay_->pending(), 0);
+  absl::MutexLock lock(&coordinator_.mu_);
+  EXPECT_EQ(coordinator_.gets_, 1);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // The rendezvous store: namespaces isolate attempts, waiting gets complete on
 // set or at their deadline, adds are atomic, dropping a namespace wakes its
 // waiters. Only open namespaces (live attempts) accept requests, and each
-// has quotas.
+// has quotas. The commit gate: commit keys wait for the namespace's fence.
 #include "coordinator/rendezvous/kv_store.h"
 
 #include <atomic>
 #include <thread>
 #include <vector>
 
+#include "common/rpc/commit_gate.h"
 #include "gtest/gtest.h"
 
 namespace loom::coordinator {
@@ -163,6 +164,82 @@ TEST(KvStore, AddOnAValueThatIsNotANumberIsAnErrorNotACrash) {
   kv.OpenNamespace("ns");
   ASSERT_TRUE(kv.Set("ns", "k", "not a number").ok());
   EXPECT_EQ(kv.Add("ns", "k", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The commit gate on a clock the test moves: before the fence a commit key is
+// UNAVAILABLE (Set and Add), naming the time left and why, and nothing is
+// stored; other keys are not held; after the fence the add succeeds as any.
+TEST(KvStore, CommitKeysWaitForTheNamespacesFence) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  absl::Time now = t0;
+  KvStore kv({}, [&now] { return now; });
+  kv.OpenNamespace("job-1/attempt-2",
+                   {.until = t0 + absl::Seconds(5),
+                    .why = "node n2 was lost and its lease may not have run out"});
+  const std::string commit = rpc::CommitKey(7);
+  EXPECT_EQ(commit, "loom/commit/7");
+  absl::StatusOr<int64_t> early = kv.Add("job-1/attempt-2", commit, 1);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable);
+  const std::string message(early.status().message());
+  EXPECT_NE(message.find("5.0 s more"), std::string::npos) << message;
+  EXPECT_NE(message.find("node n2 was lost"), std::string::npos) << message;
+  EXPECT_NE(message.find(commit), std::string::npos) << message;
+  EXPECT_EQ(kv.Set("job-1/attempt-2", rpc::CommitKey(8), "1").code(),
+            absl::StatusCode::kUnavailable);
+  // Rendezvous keys are not held.
+  EXPECT_EQ(*kv.Add("job-1/attempt-2", "barrier/ready", 1), 1);
+  ASSERT_TRUE(kv.Set("job-1/attempt-2", "addr/0", "x").ok());
+  // The time left is rounded up, never "0.0 s".
+  now = t0 + absl::Milliseconds(4960);
+  absl::StatusOr<int64_t> late = kv.Add("job-1/attempt-2", commit, 1);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(late.status().message()).find("0.1 s more"), std::string::npos)
+      << late.status();
+  now = t0 + absl::Seconds(5);
+  absl::StatusOr<int64_t> on_time = kv.Add("job-1/attempt-2", commit, 1);
+  ASSERT_TRUE(on_time.ok()) << on_time.status();
+  EXPECT_EQ(*on_time, 1);  // the refused adds were not counted
+  EXPECT_TRUE(kv.Set("job-1/attempt-2", rpc::CommitKey(8), "1").ok());
+}
+
+TEST(KvStore, WithoutAFenceACommitKeyIsAnyKey) {
+  KvStore kv;
+  kv.OpenNamespace("job-1/attempt-1");
+  EXPECT_EQ(*kv.Add("job-1/attempt-1", rpc::CommitKey(3), 1), 1);
+  // A fence already past holds nothing either.
+  kv.OpenNamespace("job-1/attempt-2", {.until = absl::Now() - absl::Seconds(1), .why = "old"});
+  EXPECT_EQ(*kv.Add("job-1/attempt-2", rpc::CommitKey(3), 1), 1);
+}
+
+TEST(KvStore, OpeningAgainRaisesTheFenceButNeverLowersItAndKeepsTheKeys) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  absl::Time now = t0;
+  KvStore kv({}, [&now] { return now; });
+  kv.OpenNamespace("ns", {.until = t0 + absl::Seconds(2), .why = "first"});
+  ASSERT_TRUE(kv.Set("ns", "k", "v").ok());
+  kv.OpenNamespace("ns", {.until = t0 + absl::Seconds(10), .why = "second"});
+  kv.OpenNamespace("ns", {.until = t0 + absl::Seconds(1), .why = "third"});  // earlier: ignored
+  kv.OpenNamespace("ns");
+  now = t0 + absl::Seconds(5);
+  absl::StatusOr<int64_t> held = kv.Add("ns", rpc::CommitKey(1), 1);
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(held.status().message()).find("second"), std::string::npos)
+      << held.status();
+  EXPECT_EQ(*kv.Get("ns", "k", absl::Seconds(1)), "v");
+  now = t0 + absl::Seconds(10);
+  EXPECT_TRUE(kv.Add("ns", rpc::CommitKey(1), 1).ok());
+}
+
+TEST(KvStore, ADroppedNamespaceRefusesACommitAsNotFoundFenceOrNot) {
+  KvStore kv;
+  kv.OpenNamespace("job-1/attempt-2", {.until = absl::Now() + absl::Hours(1), .why = "lease"});
+  kv.DropNamespace("job-1/attempt-2");
+  EXPECT_EQ(kv.Add("job-1/attempt-2", rpc::CommitKey(7), 1).status().code(),
+            absl::StatusCode::kNotFound);
+  kv.OpenNamespace("job-1/attempt-1");
+  kv.DropNamespace("job-1/attempt-1");
+  EXPECT_EQ(kv.Add("job-1/attempt-1", rpc::CommitKey(7), 1).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -1,5 +1,11 @@
-// The phases of a recovery and the job's goodput, fed with events and times.
+// The phases of a recovery and the job's goodput, fed with events and times:
+// the whole-job path's and the in-place path's, a fallback from one to the
+// other, and the steps recomputed.
 #include "coordinator/health/recovery_accounting.h"
+
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -158,6 +164,164 @@ TEST(RecoveryAccountingTest, AJobKeepsTheLastIncidentsOnly) {
   EXPECT_EQ(job.incidents(0).failed_attempt(), 6);
   EXPECT_EQ(job.incidents(kMaxIncidents - 1).failed_attempt(), kMaxIncidents + 5);
   for (int i = 0; i + 1 < kMaxIncidents; ++i) EXPECT_TRUE(job.incidents(i).closed());
+}
+
+TEST(RecoveryAccountingTest, AnIncidentOpensOnTheWholeJobPathNotingTheNewestStep) {
+  loom::v1::Job job;
+  job.mutable_last_progress()->set_step(57);
+  OpenIncident(job, "crash", 2, "n1", "x", At(0), At(1));
+  const loom::v1::RecoveryIncident& in = job.incidents(0);
+  EXPECT_EQ(in.path(), kPathWholeJob);
+  EXPECT_EQ(in.last_step(), 57);
+  EXPECT_TRUE(in.fallback_reason().empty());
+  MarkStopped(job, At(2));
+  MarkPlaced(job, At(3));
+  MarkReady(job, At(4));
+  MarkResumed(job, At(5));
+  // The next attempt resumed after the checkpoint of step 50: 51-57 again.
+  std::optional<loom::v1::RecoveryIncident> done = MarkFirstStep(job, At(6), 50);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->steps_recomputed(), 7);
+  EXPECT_EQ(done->path(), kPathWholeJob);
+}
+
+TEST(RecoveryAccountingTest, InPlacePhasesAreDetectionAbortRelaunchRendezvousRestoreFirstStep) {
+  loom::v1::Job job;
+  job.set_attempt(3);
+  job.mutable_last_progress()->set_step(8);
+  OpenIncident(job, "crash", 2, "n1", "rank 2 was killed", At(0), At(0.25));
+  EXPECT_FALSE(MarkInPlace(job, {2}).has_value());
+  EXPECT_FALSE(MarkAborted(job, At(0.5)).has_value());
+  MarkRestoreStep(job, 7, 8);
+  // While it recovers, the steps it will recompute are known already.
+  EXPECT_EQ(job.incidents(0).steps_recomputed(), 1);
+  EXPECT_EQ(job.incidents(0).resumed_step(), 7);
+  EXPECT_FALSE(MarkPlaced(job, At(1.0)).has_value());
+  EXPECT_FALSE(MarkReady(job, At(1.25)).has_value());
+  EXPECT_FALSE(MarkResumed(job, At(1.5)).has_value());
+  std::optional<loom::v1::RecoveryIncident> done = MarkFirstStep(job, At(2.0), 7);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->complete());
+  EXPECT_EQ(done->path(), kPathInPlace);
+  EXPECT_EQ(std::vector<int32_t>(done->relaunched_ranks().begin(), done->relaunched_ranks().end()),
+            std::vector<int32_t>{2});
+  EXPECT_EQ(done->steps_recomputed(), 1);
+  EXPECT_DOUBLE_EQ(done->detection_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(done->abort_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(done->stopping_seconds(), 0);
+  EXPECT_DOUBLE_EQ(done->placement_seconds(), 0.5);  // the relaunch
+  EXPECT_DOUBLE_EQ(done->rendezvous_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(done->checkpoint_load_seconds(), 0.25);  // the restore
+  EXPECT_DOUBLE_EQ(done->first_step_seconds(), 0.5);
+  EXPECT_DOUBLE_EQ(done->total_seconds(), 2.0);
+  std::vector<std::string> names;
+  double sum = 0;
+  for (const auto& [phase, seconds] : MeasuredPhases(*done)) {
+    names.push_back(kRecoveryPhaseNames[phase]);
+    sum += seconds;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"detection", "abort", "relaunch", "rendezvous",
+                                             "restore", "first_step"}));
+  EXPECT_DOUBLE_EQ(sum, done->total_seconds());
+}
+
+TEST(RecoveryAccountingTest, AKillOnTheInPlacePathIsNotAPhaseOfIt) {
+  // The failed rank's kill completing (stopped) neither completes nor
+  // measures anything on the in-place path: aborted is its boundary.
+  loom::v1::Job job;
+  OpenIncident(job, "hang", 1, "n1", "hang", At(0), At(1));
+  MarkInPlace(job, {1});
+  MarkStopped(job, At(1.5));
+  MarkPlaced(job, At(3));
+  MarkReady(job, At(4));
+  MarkResumed(job, At(5));
+  EXPECT_FALSE(MarkFirstStep(job, At(6), 4).has_value());
+  EXPECT_FALSE(job.incidents(0).complete());
+  EXPECT_DOUBLE_EQ(job.incidents(0).stopping_seconds(), 0);
+  std::optional<loom::v1::RecoveryIncident> done = MarkAborted(job, At(2));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_DOUBLE_EQ(done->abort_seconds(), 1);
+  EXPECT_DOUBLE_EQ(done->placement_seconds(), 1);
+}
+
+TEST(RecoveryAccountingTest, AFallbackMovesTheIncidentToTheWholeJobPathWithItsReason) {
+  loom::v1::Job job;
+  job.mutable_last_progress()->set_step(10);
+  OpenIncident(job, "node_lost", -1, "n2", "node n2 lost", At(0), At(1));
+  MarkInPlace(job, {4, 5, 6, 7});
+  MarkAborted(job, At(2));
+  EXPECT_EQ(job.incidents(0).relaunched_ranks_size(), 4);
+  EXPECT_FALSE(
+      MarkWholeJob(job, "rank 5 and its buddy rank 1 failed together\nmore").has_value());
+  const loom::v1::RecoveryIncident& in = job.incidents(0);
+  EXPECT_EQ(in.path(), kPathWholeJob);
+  EXPECT_EQ(in.fallback_reason(), "rank 5 and its buddy rank 1 failed together");
+  EXPECT_EQ(in.relaunched_ranks_size(), 0);
+  EXPECT_EQ(in.aborted_unix_us(), 0);
+  EXPECT_DOUBLE_EQ(in.abort_seconds(), 0);
+  MarkStopped(job, At(3));
+  MarkPlaced(job, At(4));
+  MarkReady(job, At(5));
+  MarkResumed(job, At(6));
+  std::optional<loom::v1::RecoveryIncident> done = MarkFirstStep(job, At(7), 4);
+  ASSERT_TRUE(done.has_value());
+  // The abort that was tried counts in stopping.
+  EXPECT_DOUBLE_EQ(done->stopping_seconds(), 2);
+  EXPECT_EQ(done->steps_recomputed(), 6);
+  std::vector<std::string> names;
+  for (const auto& [phase, seconds] : MeasuredPhases(*done)) {
+    names.push_back(kRecoveryPhaseNames[phase]);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"detection", "stopping", "placement", "rendezvous",
+                                             "checkpoint_load", "first_step"}));
+}
+
+TEST(RecoveryAccountingTest, StepsRecomputedCountTheNewestStepAnyRankReportedAndNeverGoNegative) {
+  loom::v1::Job job;
+  job.mutable_last_progress()->set_step(8);
+  OpenIncident(job, "crash", 0, "n1", "x", At(0), At(1));
+  MarkInPlace(job, {0});
+  // A survivor's abort report shows step 9, newer than rank 0's last report.
+  MarkRestoreStep(job, 7, 9);
+  EXPECT_EQ(job.incidents(0).last_step(), 9);
+  EXPECT_EQ(job.incidents(0).steps_recomputed(), 2);
+  MarkRestoreStep(job, 7, 3);  // an older report lowers nothing
+  EXPECT_EQ(job.incidents(0).last_step(), 9);
+
+  loom::v1::Job fresh;
+  fresh.mutable_last_progress()->set_step(3);
+  OpenIncident(fresh, "crash", 0, "n1", "x", At(0), At(1));
+  MarkFirstStep(fresh, At(2), 5);
+  EXPECT_EQ(fresh.incidents(0).steps_recomputed(), 0);
+}
+
+TEST(RecoveryAccountingTest, ALateReportOfTheFailedAttemptRaisesTheNewestStep) {
+  loom::v1::Job job;
+  job.set_attempt(1);
+  job.mutable_last_progress()->set_attempt(1);
+  job.mutable_last_progress()->set_step(5);
+  OpenIncident(job, "crash", 2, "n1", "x", At(0), At(1));
+  // Rank 0's report of step 6 arrives after the declaration.
+  job.mutable_last_progress()->set_step(6);
+  MarkStopped(job, At(2));
+  EXPECT_EQ(job.incidents(0).last_step(), 6);
+  MarkPlaced(job, At(3));
+  job.set_attempt(2);
+  MarkReady(job, At(4));
+  MarkResumed(job, At(5));
+  // The new attempt's first step (after the checkpoint of step 4) is not one
+  // of the failed attempt's.
+  job.mutable_last_progress()->set_attempt(2);
+  job.mutable_last_progress()->set_step(5);
+  std::optional<loom::v1::RecoveryIncident> done = MarkFirstStep(job, At(6), 4);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->last_step(), 6);
+  EXPECT_EQ(done->steps_recomputed(), 2);
+}
+
+TEST(RecoveryAccountingTest, PhaseLabelsAreDistinct) {
+  std::set<std::string> labels(kRecoveryPhaseNames.begin(), kRecoveryPhaseNames.end());
+  EXPECT_EQ(labels.size(), kRecoveryPhaseNames.size());
 }
 
 TEST(GoodputTest, StepsRedoneAfterARestartDoNotCount) {

@@ -2,9 +2,11 @@
 // real authentication of a node certificate and rank tokens: each op is
 // admitted on its own, so a batch mixing a good op with another node's
 // rank's token, a foreign namespace and a bad token applies only the good
-// one; a batch over the bound is refused naming it.
+// one; a batch over the bound is refused naming it; the commit gate answers a
+// rank's commit add per op (fenced, superseded, foreign).
 #include "coordinator/service/store_batch.h"
 
+#include "common/rpc/commit_gate.h"
 #include "common/rpc/store_quotas.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/service/caller_identity.h"
@@ -132,6 +134,30 @@ TEST_F(StoreBatchTest, ABatchOverTheBoundIsRefusedNamingIt) {
   status = CheckStoreBatch(big);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("bytes"), std::string::npos) << status;
+}
+
+// What a rank's commit add gets through RankService: its own attempt's fenced
+// namespace UNAVAILABLE naming the wait; a superseded attempt's (its token
+// still verifies, its namespace is dropped) NOT_FOUND; another attempt's
+// namespace with an old token PERMISSION_DENIED.
+TEST_F(StoreBatchTest, TheCommitGateAsARankSeesIt) {
+  const std::string next = "job-000001/attempt-2";
+  kv_.OpenNamespace(next, {.until = absl::Now() + absl::Hours(1),
+                           .why = "node node-b was lost and its lease may not have run out"});
+  kv_.DropNamespace(kNs);  // attempt 1 was superseded
+  loom::v1::StoreBatchRequest request;
+  *request.add_ops() = AddOp(codec_.Issue(Claim("node-a", 0, next)), next, rpc::CommitKey(7));
+  *request.add_ops() = AddOp(codec_.Issue(Claim("node-a", 0)), kNs, rpc::CommitKey(7));
+  *request.add_ops() = AddOp(codec_.Issue(Claim("node-a", 0)), next, rpc::CommitKey(7));
+  *request.add_ops() = AddOp(codec_.Issue(Claim("node-a", 0, next)), next, "barrier");
+  loom::v1::StoreBatchResponse response = Apply(request);
+  ASSERT_EQ(response.results_size(), 4);
+  EXPECT_EQ(response.results(0).code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(response.results(0).message().find("node-b was lost"), std::string::npos)
+      << response.results(0).message();
+  EXPECT_EQ(response.results(1).code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(response.results(2).code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(response.results(3).code(), 0) << response.results(3).message();
 }
 
 }  // namespace

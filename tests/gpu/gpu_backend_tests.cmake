@@ -34,3 +34,19 @@ if(TARGET loom_cuda_backend AND TARGET loom_model)
   endif()
   gtest_discover_tests(gpu_ring_attention_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120)
 endif()
+
+# In-place recovery on the device (docs/fault_tolerance.md): a snapshot's
+# capture and rollback through CudaOps, and an attempt's NCCL groups stopped
+# by the set's abort. Part of the device script's binaries.
+if(TARGET loom_cuda_backend AND TARGET loom_engine)
+  add_executable(gpu_snapshot_test ${CMAKE_CURRENT_LIST_DIR}/snapshot_gpu_test.cc)
+  target_link_libraries(gpu_snapshot_test PRIVATE loom_engine loom_cuda_backend CUDA::cudart
+    GTest::gtest_main)
+  target_include_directories(gpu_snapshot_test PRIVATE ${CMAKE_SOURCE_DIR})
+  if(TARGET loom_comm_nccl)
+    target_link_libraries(gpu_snapshot_test PRIVATE loom_comm_nccl)
+    target_compile_definitions(gpu_snapshot_test PRIVATE LOOM_SNAPSHOT_TEST_HAVE_NCCL=1)
+  endif()
+  gtest_discover_tests(gpu_snapshot_test DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 120
+    ENVIRONMENT "OMP_WAIT_POLICY=passive")
+endif()

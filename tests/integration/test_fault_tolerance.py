@@ -154,7 +154,8 @@ class FaultTolerance(unittest.TestCase):
         # from the last progress to the declaration: the 4 s timeout at least.
         incidents = incident_lines(c.status(job))
         self.assertEqual(len(incidents), 1, incidents)
-        found = re.match(r"hang rank 1 node node-a \(attempt 1\): detect (\d+\.\d+)s .* total [\d.]+s$",
+        found = re.match(r"hang rank 1 node node-a \(attempt 1\): detect (\d+\.\d+)s .* total [\d.]+s; "
+                         r"(whole job|in place), .*\d+ steps? recomputed",
                          incidents[0])
         self.assertIsNotNone(found, incidents[0])
         self.assertGreaterEqual(float(found.group(1)), 3.99)
@@ -184,7 +185,8 @@ class FaultTolerance(unittest.TestCase):
         self.assertIn("LOST", [line.split()[2] for line in nodes.splitlines() if line.startswith(victim)])
         incidents = incident_lines(status)
         self.assertEqual(len(incidents), 1, incidents)
-        self.assertRegex(incidents[0], rf"^node_lost node {victim} \(attempt 1\): detect [\d.]+s .* total [\d.]+s$")
+        self.assertRegex(incidents[0], rf"^node_lost node {victim} \(attempt 1\): detect [\d.]+s .* total [\d.]+s; "
+                                       r"(whole job|in place), .*\d+ steps? recomputed")
         print(f"\nrecovery (lost node): {recovery_seconds(watch, failed_at):.2f} s\n  {incidents[0]}")
 
     def test_coordinator_restart_mid_run_does_not_restart_the_job(self):

@@ -1,9 +1,9 @@
 """Recovery, accounted (docs/fault_tolerance.md): a rank of a running job
 kills itself (the LOOM_TEST_FAULT drill); the job's status keeps one incident
 whose six phases were each measured and add up to the recovery the test saw
-from the outside, the coordinator's histogram counts every phase once, and
-the job's goodput lies strictly between 0 and 1 (the steps redone after the
-restart do not count)."""
+from the outside, on the whole-job path with the steps it recomputed; the
+coordinator's histogram counts every phase once, and the job's goodput lies
+strictly between 0 and 1 (the steps redone after the restart do not count)."""
 
 import os
 import sys
@@ -58,6 +58,13 @@ class RecoveryAccounting(unittest.TestCase):
         self.assertEqual(incident.failed_attempt, 1)
         self.assertTrue(incident.complete and incident.closed)
         self.assertEqual(incident.resumed_step, second[0]["step"] - 1)
+        # The whole job restarted (the job runs on one node: no rank has a
+        # buddy elsewhere), from the checkpoint of step 4: steps 5 and 6, done
+        # before the crash (rank 0's report of step 6 travels ahead of its
+        # exit), were computed again.
+        self.assertEqual(incident.path, "whole_job")
+        self.assertEqual(incident.last_step, 6)
+        self.assertEqual(incident.steps_recomputed, 2)
         phases = {p: getattr(incident, f"{p}_seconds") for p in PHASES}
         for phase, seconds in phases.items():
             self.assertGreater(seconds, 0, f"{phase}: {incident}")
@@ -73,7 +80,8 @@ class RecoveryAccounting(unittest.TestCase):
 
         status = c.status(job_id)
         self.assertIn("recoveries:", status)
-        self.assertRegex(status, r"crash rank \d node node-a \(attempt 1\): detect \d+\.\d\ds")
+        self.assertRegex(status, r"crash rank \d node node-a \(attempt 1\): detect \d+\.\d\ds .* "
+                                 r"total [\d.]+s; whole job, 2 steps recomputed\n")
         self.assertIn("goodput:", status)
 
         for phase in PHASES:

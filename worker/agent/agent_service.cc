@@ -35,7 +35,7 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
  public:
   ProgressReactor(grpc::CallbackServerContext* context, const RankTokens* tokens,
                   const AgentServiceImpl::Forward* forward)
-      : forward_(forward) {
+      : tokens_(tokens), forward_(forward) {
     std::optional<RankIdentity> rank;
     const std::string_view token = BearerToken(*context);
     if (!token.empty()) rank = tokens->RankForToken(token);
@@ -45,6 +45,10 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
                           "this agent runs"));
       return;
     }
+    if (absl::Status paused = CheckNotPaused(*rank); !paused.ok()) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(paused.message())));
+      return;
+    }
     rank_ = *std::move(rank);
     StartRead(&progress_);
   }
@@ -52,6 +56,24 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
+      return;
+    }
+    // The rank as it is now: its token may have been replaced (EnterEpoch),
+    // or the agent's lease may have run out, since the stream opened.
+    const std::optional<RankIdentity> now = tokens_->RankForLaunch(rank_.launch_id);
+    if (!now || now->attempt != rank_.attempt) {
+      Finish(grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("the token of job ", rank_.job_id, " attempt ", rank_.attempt, " rank ",
+                       rank_.rank, " is no longer current",
+                       now ? absl::StrCat(" (the rank is in attempt ", now->attempt,
+                                          " now: report with its new token)")
+                           : std::string())));
+      return;
+    }
+    if (absl::Status paused = CheckNotPaused(*now); !paused.ok()) {
+      // Not forwarded; the trainer keeps the report and sends it again.
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(paused.message())));
       return;
     }
     if (progress_.job_id() != rank_.job_id || progress_.attempt() != rank_.attempt ||
@@ -72,6 +94,7 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
   void OnDone() override { delete this; }
 
  private:
+  const RankTokens* tokens_;
   const AgentServiceImpl::Forward* forward_;
   RankIdentity rank_;
   loom::v1::RankProgress progress_;
@@ -95,6 +118,7 @@ grpc::Status StoreCaller(const grpc::CallbackServerContext& context, const RankT
                                      " needs 'authorization: Bearer <rank token>' of a rank this "
                                      "agent runs"));
   }
+  // A paused rank's call is refused by the relay (CheckStoreCall).
   *rank = *std::move(found);
   return grpc::Status::OK;
 }
@@ -160,6 +184,25 @@ grpc::ServerUnaryReactor* AgentServiceImpl::StoreAdd(grpc::CallbackServerContext
     reactor->Finish(status);
   });
   return reactor;
+}
+
+grpc::ServerWriteReactor<loom::v1::RankControl>* AgentServiceImpl::Control(
+    grpc::CallbackServerContext* context, const loom::v1::ControlRequest* /*request*/) {
+  if (control_ == nullptr) {
+    return RankControlHub::Refuse(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this agent has no control streams"));
+  }
+  const std::string_view token = BearerToken(*context);
+  std::optional<RankIdentity> rank;
+  if (!token.empty()) rank = tokens_->RankForToken(token);
+  if (!rank) {
+    return RankControlHub::Refuse(grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        "Control needs 'authorization: Bearer <rank token>' with the current token of a rank "
+        "this agent runs"));
+  }
+  // A paused rank may still listen: nothing goes to the coordinator here.
+  return control_->Attach(rank->launch_id);
 }
 
 absl::StatusOr<std::string> AgentSocketTarget(const std::string& work_dir) {

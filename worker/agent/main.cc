@@ -19,7 +19,9 @@
 #include "worker/agent/agent_config.h"
 #include "worker/agent/agent_service.h"
 #include "worker/agent/device_probe.h"
+#include "worker/agent/lease.h"
 #include "worker/agent/node_session.h"
+#include "worker/agent/rank_control.h"
 #include "worker/agent/rank_manager.h"
 
 namespace {
@@ -155,6 +157,12 @@ int Main(int argc, char** argv) {
     return 2;
   }
   rank_options.agent_socket = *agent_socket;
+  // The lease (docs/fault_tolerance.md, "Fencing") and the ranks' control
+  // streams; both outlive everything that uses them below.
+  Lease lease;
+  RankControlHub control;
+  rank_options.lease = &lease;
+  rank_options.control = &control;
 
   // Exits are only reported after a launch, which only the session causes,
   // so the session exists by the time the sink is used.
@@ -180,17 +188,28 @@ int Main(int argc, char** argv) {
   rpc::WarnIfInsecure(config.tls, "loom-worker");
   session_options.registration = registration;
   session_options.progress_batch_window = absl::Milliseconds(config.progress_batch_ms);
+  session_options.lease = &lease;
   NodeSession session(session_options, &ranks);
   session_ptr.store(&session);
+
+  // When the lease runs out the coordinator may have declared this node lost
+  // and placed its ranks elsewhere: they stop until it resumes them.
+  LeaseWatcher lease_watcher(&lease, [&ranks, &lease] {
+    const int paused = ranks.PauseAll();
+    fprintf(stderr,
+            "loom-worker: lease of %lld ms ran out (no heartbeat acknowledged in time): paused "
+            "%d ranks; they stay paused until a coordinator resumes them\n",
+            static_cast<long long>(lease.lease_ms()), paused);
+  });
 
   // The ranks' progress comes in on the local socket and leaves in batches
   // on the session.
   // The ranks' store calls are relayed on the session's channel.
-  StoreRelay store_relay(session_options.coordinators);
+  StoreRelay store_relay(session_options.coordinators, StoreRelayOptions{}, &lease);
   AgentServiceImpl agent_service(
       &ranks,
       [&session](loom::v1::RankProgress progress) { session.ReportProgress(std::move(progress)); },
-      &store_relay);
+      &store_relay, &control);
   absl::StatusOr<std::unique_ptr<grpc::Server>> agent_server =
       StartAgentServer(*agent_socket, !config.run_as_user.empty(), &agent_service);
   if (!agent_server.ok()) {

@@ -10,8 +10,6 @@
 
 namespace loom::agent {
 
-using Clock = std::chrono::steady_clock;
-
 // Longer than keepalive needs to notice a dead connection (time + timeout).
 constexpr absl::Duration kResendWindow = absl::Seconds(60);
 
@@ -141,20 +139,55 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
       int64_t ms = message.registered().heartbeat_interval_ms();
       heartbeat_interval_ = ms > 0 ? absl::Milliseconds(ms) : options_.default_heartbeat;
       next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
+      // The coordinator read the registration: the lease runs from when it
+      // was sent (Lease has its own lock; it never calls back).
+      if (options_.lease != nullptr) {
+        options_.lease->Registered(message.registered().lease_ms(), register_sent_);
+      }
       cv_.notify_all();
-      fprintf(stderr, "loom-worker: registered with coordinator %s as %s (heartbeat %s)\n",
+      fprintf(stderr,
+              "loom-worker: registered with coordinator %s as %s (heartbeat %s, lease %s)\n",
               address_.c_str(), message.registered().node_id().c_str(),
-              absl::FormatDuration(heartbeat_interval_).c_str());
+              absl::FormatDuration(heartbeat_interval_).c_str(),
+              message.registered().lease_ms() > 0
+                  ? absl::FormatDuration(absl::Milliseconds(message.registered().lease_ms()))
+                        .c_str()
+                  : "none");
       return;
     }
+    case loom::v1::CoordinatorMessage::kHeartbeatAck:
+      if (options_.lease != nullptr) options_.lease->Acked(message.heartbeat_ack().seq());
+      return;
     case loom::v1::CoordinatorMessage::kLaunch:
       (void)ranks_->Launch(message.launch().assignment());  // failures come back as exits
       return;
     case loom::v1::CoordinatorMessage::kKill:
       ranks_->Kill(message.kill());
       return;
+    case loom::v1::CoordinatorMessage::kAbort:
+      ranks_->Abort(message.abort());
+      return;
+    case loom::v1::CoordinatorMessage::kEnterEpoch:
+      ranks_->EnterEpoch(message.enter_epoch());
+      return;
+    case loom::v1::CoordinatorMessage::kResume:
+      ranks_->Resume(message.resume());
+      return;
     case loom::v1::CoordinatorMessage::KIND_NOT_SET:
       return;  // a newer coordinator's message this agent does not know
+  }
+}
+
+void NodeSession::AwaitChannelWhileLeased(grpc::Channel& channel) {
+  if (options_.lease == nullptr) return;
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+    }
+    if (options_.lease->lease_ms() <= 0 || options_.lease->Observe().expired) return;
+    if (channel.WaitForConnected(absl::ToChronoTime(absl::Now() + kLeaseReconnectPoll))) return;
+    grpc::experimental::ChannelResetConnectionBackoff(&channel);
   }
 }
 
@@ -164,6 +197,8 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
     last_error_ = "none of the coordinators leads right now";
     return false;
   }
+  // (FindLeader has just reached the leader when there are several.)
+  if (!coordinators.several()) AwaitChannelWhileLeased(*coordinators.channel());
   auto stub = loom::v1::NodeService::NewStub(coordinators.channel());
   grpc::ClientContext context;
   int64_t registrations_before = 0;
@@ -188,6 +223,11 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
   loom::v1::NodeMessage hello;
   *hello.mutable_register_() = options_.registration;
   for (auto& rank : ranks_->Running()) *hello.mutable_register_()->add_running() = std::move(rank);
+  {
+    // Before the write: a lease counted from earlier is only shorter.
+    std::lock_guard lock(mu_);
+    register_sent_ = Clock::now();
+  }
   bool ok = stream->Write(hello);
 
   std::thread reader([&] {
@@ -259,9 +299,11 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
         *beat.mutable_heartbeat()->add_running() = std::move(rank);
       }
       // Lets the coordinator tell its own backlog from this node's silence.
+      const Clock::time_point sent = Clock::now();
       beat.mutable_heartbeat()->set_sent_monotonic_us(
-          std::chrono::duration_cast<std::chrono::microseconds>(
-              Clock::now().time_since_epoch()).count());
+          std::chrono::duration_cast<std::chrono::microseconds>(sent.time_since_epoch()).count());
+      // Noted before the write, so its ack always finds it.
+      if (options_.lease != nullptr) options_.lease->HeartbeatSent(beat.heartbeat().seq(), sent);
       ok = stream->Write(beat);
       lock.lock();
     }

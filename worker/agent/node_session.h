@@ -3,9 +3,12 @@
 // so a coordinator that restarted learns about them), then, once Registered
 // arrives, heartbeats, rank exits and the ranks' progress (in batches: every
 // report waits at most progress_batch_window, so the reports of one step go
-// in one message); carries LaunchRank and KillRanks down to
-// the rank commands. When the stream fails it reconnects with exponential
-// backoff and never touches the ranks: a coordinator restart kills nothing.
+// in one message); carries LaunchRank, KillRanks, AbortRanks, EnterEpoch and
+// ResumeRanks down to the rank commands, and feeds the agent's lease
+// (lease.h): Registered.lease_ms with the registration's send time, and each
+// HeartbeatAck with its heartbeat's. When the stream fails it reconnects with
+// exponential backoff and never touches the ranks: a coordinator restart
+// kills nothing (one longer than the lease pauses them, through the lease).
 // Given several coordinator addresses (a highly available cluster), each new
 // stream goes to the one that leads (rpc::CoordinatorChannel).
 #pragma once
@@ -24,6 +27,7 @@
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/progress_batch.h"
 #include "loom/v1/node.grpc.pb.h"
+#include "worker/agent/lease.h"
 #include "worker/agent/rank_commands.h"
 
 namespace loom::agent {
@@ -47,13 +51,21 @@ struct NodeSessionOptions {
   absl::Duration progress_batch_window = absl::Milliseconds(100);
   // Progress reports held while no session is up (the oldest go first).
   size_t max_pending_progress = 65536;
+  // The agent's lease, fed by the session (outlives it); null: none.
+  Lease* lease = nullptr;
 };
+
+// How often a session without a coordinator tries to connect while its lease
+// runs (AwaitChannelWhileLeased).
+inline constexpr absl::Duration kLeaseReconnectPoll = absl::Milliseconds(200);
 
 // Reports in one NodeMessage.progress, as the coordinator accepts them.
 inline constexpr int kMaxProgressBatch = rpc::kMaxProgressBatchReports;
 
 class NodeSession {
  public:
+  using Clock = std::chrono::steady_clock;
+
   NodeSession(NodeSessionOptions options, RankCommands* ranks);
   ~NodeSession();
 
@@ -86,6 +98,11 @@ class NodeSession {
  private:
   // Runs one stream until it fails or Shutdown; true when it got Registered.
   bool RunStream(rpc::CoordinatorChannel& coordinators);
+  // While the lease runs, waits for the channel to connect, trying again
+  // every kLeaseReconnectPoll rather than after the channel's backoff (up to
+  // 2 s): a coordinator back within the lease must be reached before it runs
+  // out. Returns at once without a lease, once it has run out, or stopping.
+  void AwaitChannelWhileLeased(grpc::Channel& channel);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
   // The oldest pending progress reports, at most kMaxProgressBatch, as one
   // message (mu_ held).
@@ -98,7 +115,7 @@ class NodeSession {
   std::condition_variable cv_;
   std::deque<loom::v1::NodeMessage> outbox_;
   std::deque<loom::v1::RankProgress> pending_progress_;  // not yet in a batch
-  std::chrono::steady_clock::time_point progress_due_;   // of the oldest pending
+  Clock::time_point progress_due_;                       // of the oldest pending
   int64_t progress_dropped_ = 0;
   bool stopping_ = false;
   bool running_ = false;     // inside Run
@@ -106,8 +123,9 @@ class NodeSession {
   bool broken_ = false;      // the current stream has ended
   grpc::ClientContext* context_ = nullptr;  // of the current stream
   absl::Duration heartbeat_interval_;
-  std::chrono::steady_clock::time_point next_heartbeat_;
+  Clock::time_point next_heartbeat_;
   int64_t heartbeat_seq_ = 0;
+  Clock::time_point register_sent_;  // of the current stream's RegisterNode
   int64_t streams_opened_ = 0;
   int64_t registrations_ = 0;
   std::string last_error_;  // how the last stream ended

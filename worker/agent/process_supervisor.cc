@@ -24,12 +24,13 @@ extern char** environ;
 namespace loom::agent {
 
 struct ProcessSupervisor::Request {
-  enum class Kind { kLaunch, kKill, kKillAll };
+  enum class Kind { kLaunch, kKill, kKillAll, kSignal };
   Kind kind = Kind::kLaunch;
   ProcessSpec spec;
   ExitCallback on_exit;
   pid_t pid = 0;
   absl::Duration grace;
+  int sig = 0;  // kSignal
   absl::Notification done;
   absl::Status status;
 };
@@ -200,6 +201,19 @@ absl::Status ProcessSupervisor::Kill(pid_t pid, absl::Duration grace) {
   return request->status;
 }
 
+absl::Status ProcessSupervisor::Signal(pid_t pid, int sig) {
+  if (sig != SIGSTOP && sig != SIGCONT) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("signal ", sig, ": only SIGSTOP and SIGCONT go through Signal"));
+  }
+  auto request = std::make_shared<Request>();
+  request->kind = Request::Kind::kSignal;
+  request->pid = pid;
+  request->sig = sig;
+  Submit(request);
+  return request->status;
+}
+
 void ProcessSupervisor::KillAll(absl::Duration grace) {
   auto request = std::make_shared<Request>();
   request->kind = Request::Kind::kKillAll;
@@ -282,6 +296,26 @@ void ProcessSupervisor::Handle(std::shared_ptr<Request> shared) {
       request.done.Notify();
       return;
     }
+    case Request::Kind::kSignal: {
+      // On this thread, so the pid cannot have been reaped (and reused) in
+      // between: an unreaped child keeps its pid.
+      auto it = children_.find(request.pid);
+      if (it == children_.end()) {
+        request.status = absl::NotFoundError(
+            absl::StrCat("pid ", request.pid, " is not a running child of this agent"));
+      } else {
+        SignalGroup(it->first, request.sig);
+        it->second.stopped = request.sig == SIGSTOP;
+        if (it->second.stopped && it->second.kill_at.has_value()) {
+          // A kill already under way: a stopped child cannot handle its
+          // SIGTERM, so it ends now.
+          SignalGroup(it->first, SIGKILL);
+          it->second.kill_at.reset();
+        }
+      }
+      request.done.Notify();
+      return;
+    }
     case Request::Kind::kKillAll: {
       for (auto& [pid, child] : children_) Terminate(pid, child, request.grace);
       // Answered by Loop once no child is left.
@@ -348,7 +382,7 @@ absl::StatusOr<pid_t> ProcessSupervisor::Spawn(const ProcessSpec& spec, ExitCall
 }
 
 void ProcessSupervisor::Terminate(pid_t pid, Child& child, absl::Duration grace) {
-  if (grace <= absl::ZeroDuration()) {
+  if (grace <= absl::ZeroDuration() || child.stopped) {
     SignalGroup(pid, SIGKILL);
     child.kill_at.reset();
     return;

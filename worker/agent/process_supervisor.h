@@ -12,6 +12,9 @@
 // - Children are reaped by pid only (pidfds), never with waitpid(-1), so other
 //   children of the process are left alone.
 // - The destructor kills what is still running and waits for it.
+// - A child stopped through Signal(SIGSTOP) is killed with SIGKILL at once:
+//   it could not handle SIGTERM (which stays pending while it is stopped),
+//   and continuing it to do so would let it run again.
 #pragma once
 
 #include <sys/types.h>
@@ -79,6 +82,11 @@ class ProcessSupervisor {
   // when grace <= 0). NotFound when pid is not a running child of ours.
   absl::Status Kill(pid_t pid, absl::Duration grace);
 
+  // Sends SIGSTOP or SIGCONT to the child's process group (pausing and
+  // continuing it; nothing else is accepted: kills go through Kill).
+  // NotFound when pid is not a running child of ours.
+  absl::Status Signal(pid_t pid, int sig);
+
   // Kills every running child like Kill and returns once all are reaped
   // (their on_exit callbacks have run).
   void KillAll(absl::Duration grace);
@@ -91,6 +99,7 @@ class ProcessSupervisor {
     int pidfd = -1;
     ExitCallback on_exit;
     std::optional<absl::Time> kill_at;  // when SIGKILL is due
+    bool stopped = false;               // SIGSTOPped by Signal, not continued since
   };
   struct Request;
 

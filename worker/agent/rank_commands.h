@@ -16,6 +16,14 @@ class RankCommands {
   virtual absl::Status Launch(const loom::v1::RankAssignment& assignment) = 0;
   // Kills the matching ranks; returns how many were signalled.
   virtual int Kill(const loom::v1::KillRanks& kill) = 0;
+  // In-place recovery: tells the job's ranks of that attempt to abort their
+  // communicators (on their control streams); returns how many were told.
+  virtual int Abort(const loom::v1::AbortRanks& abort) = 0;
+  // Moves the named survivors to the new attempt (token, namespace, what
+  // they report) and tells each its own entry; returns how many moved.
+  virtual int EnterEpoch(const loom::v1::EnterEpoch& epoch) = 0;
+  // Continues paused ranks the coordinator still counts; returns how many.
+  virtual int Resume(const loom::v1::ResumeRanks& resume) = 0;
   // The ranks alive now (launched and not yet reaped).
   virtual std::vector<loom::v1::RunningRank> Running() const = 0;
 };

@@ -1,11 +1,13 @@
 #include "worker/agent/rank_manager.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -95,6 +97,7 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   const Key key{assignment.job_id(), assignment.attempt(), assignment.rank()};
   const std::string dir = RankDir(assignment.job_id(), assignment.attempt(), assignment.rank());
   const std::string log_path = dir + "/log.txt";
+  uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) {
@@ -105,14 +108,29 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
                                                    assignment.job_id(), " attempt ",
                                                    assignment.attempt(), " is already running"));
     }
-    ranks_[key] = Rank{0, log_path, assignment.rank_token(), assignment.store_namespace()};
+    id = next_id_++;
+    Rank& rank = ranks_[key];
+    rank.id = id;
+    rank.log_path = log_path;
+    rank.token = assignment.rank_token();
+    rank.store_namespace = assignment.store_namespace();
+    rank.lease_generation = LeaseState().generation;
+    keys_[id] = key;
   }
+  // Before the process exists: what the rank is told from now on waits for
+  // its stream.
+  if (options_.control != nullptr) options_.control->Open(id);
   bool dir_made = false;
   auto fail = [&](const std::string& reason, int exit_code = kLaunchFailedExitCode) {
     {
       absl::MutexLock lock(&mu_);
-      ranks_.erase(key);
+      auto it = keys_.find(id);
+      if (it != keys_.end()) {
+        ranks_.erase(it->second);
+        keys_.erase(it);
+      }
     }
+    if (options_.control != nullptr) options_.control->Close(id);
     ReportLaunchFailure(assignment, dir_made ? log_path : "", reason, exit_code);
     return absl::FailedPreconditionError(reason);
   };
@@ -167,22 +185,27 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   spec.uid = options_.run_as.uid;
   spec.gid = options_.run_as.gid;
 
-  loom::v1::RankExited exited_template;
-  exited_template.set_job_id(assignment.job_id());
-  exited_template.set_attempt(assignment.attempt());
-  exited_template.set_rank(assignment.rank());
-  exited_template.set_log_path(log_path);
-  auto on_exit = [this, key, exited_template](const ProcessExit& exit) {
-    loom::v1::RankExited exited = exited_template;
+  auto on_exit = [this, id, log_path](const ProcessExit& exit) {
+    loom::v1::RankExited exited;
+    {
+      // The rank's attempt as it is now: an EnterEpoch may have moved it.
+      absl::MutexLock lock(&mu_);
+      auto it = keys_.find(id);
+      if (it == keys_.end()) return;  // cannot happen: only the exit erases a launched rank
+      const auto& [job_id, attempt, number] = it->second;
+      exited.set_job_id(job_id);
+      exited.set_attempt(attempt);
+      exited.set_rank(number);
+      ranks_.erase(it->second);
+      keys_.erase(it);
+    }
+    if (options_.control != nullptr) options_.control->Close(id);
+    exited.set_log_path(log_path);
     exited.set_exit_code(exit.exit_code);
     exited.set_signal(exit.signal);
     // When the exit was seen: where the coordinator's incident begins.
     exited.set_exited_unix_us(absl::ToUnixMicros(absl::Now()));
     exited.set_log_tail(ReadLogTail(exited.log_path(), 20));
-    {
-      absl::MutexLock lock(&mu_);
-      ranks_.erase(key);
-    }
     fprintf(stderr, "loom-worker: rank %d of job %s attempt %d (pid %d) ended: %s\n",
             exited.rank(), exited.job_id().c_str(), exited.attempt(), exit.pid,
             DescribeExit(exit).c_str());
@@ -192,10 +215,22 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   absl::StatusOr<pid_t> pid = supervisor_.Launch(std::move(spec), std::move(on_exit));
   if (!pid.ok()) return fail(std::string(pid.status().message()));
   {
-    absl::MutexLock lock(&mu_);
-    // The rank may already have exited and been erased by on_exit.
-    auto it = ranks_.find(key);
-    if (it != ranks_.end()) it->second.pid = *pid;
+    absl::MutexLock signals(&signal_mu_);
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      // The rank may already have exited and been erased by on_exit.
+      auto it = keys_.find(id);
+      if (it != keys_.end()) {
+        Rank& rank = ranks_[it->second];
+        rank.pid = *pid;
+        // The lease ran out while it was being started: PauseAll could not
+        // stop it yet.
+        stop = rank.lease_generation != LeaseState().generation && !rank.stopped;
+        rank.stopped = rank.stopped || stop;
+      }
+    }
+    if (stop) (void)supervisor_.Signal(*pid, SIGSTOP);
   }
   fprintf(stderr, "loom-worker: started rank %d of job %s attempt %d (pid %d), log %s\n",
           assignment.rank(), assignment.job_id().c_str(), assignment.attempt(), *pid,
@@ -206,26 +241,168 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
 int RankManager::Kill(const loom::v1::KillRanks& kill) {
   const absl::Duration grace = kill.grace_seconds() > 0 ? absl::Seconds(kill.grace_seconds())
                                                         : options_.default_grace;
+  const std::set<int32_t> only(kill.ranks().begin(), kill.ranks().end());
   std::vector<pid_t> pids;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, rank] : ranks_) {
       const auto& [job_id, attempt, number] = key;
       if (job_id == kill.job_id() && (kill.attempt() == 0 || attempt == kill.attempt()) &&
-          rank.pid != 0) {
+          (only.empty() || only.count(number) != 0) && rank.pid != 0) {
         pids.push_back(rank.pid);
       }
     }
   }
   int signalled = 0;
-  // A rank that ended meanwhile is simply not found: its exit is reported anyway.
+  // A rank that ended meanwhile is simply not found: its exit is reported
+  // anyway. A paused rank is SIGKILLed at once (process_supervisor.h).
   for (pid_t pid : pids) signalled += supervisor_.Kill(pid, grace).ok() ? 1 : 0;
   return signalled;
+}
+
+int RankManager::Abort(const loom::v1::AbortRanks& abort) {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, rank] : ranks_) {
+      if (std::get<0>(key) == abort.job_id() && std::get<1>(key) == abort.attempt()) {
+        ids.push_back(rank.id);
+      }
+    }
+  }
+  fprintf(stderr, "loom-worker: abort for job %s attempt %d (%s): telling %zu ranks\n",
+          abort.job_id().c_str(), abort.attempt(), abort.reason().c_str(), ids.size());
+  if (options_.control != nullptr) {
+    loom::v1::RankControl message;
+    *message.mutable_abort() = abort;
+    for (uint64_t id : ids) options_.control->Push(id, message);
+  }
+  return static_cast<int>(ids.size());
+}
+
+int RankManager::EnterEpoch(const loom::v1::EnterEpoch& epoch) {
+  if (epoch.attempt() <= epoch.from_attempt()) {
+    fprintf(stderr,
+            "loom-worker: EnterEpoch for job %s ignored: attempt %d must come after "
+            "from_attempt %d\n",
+            epoch.job_id().c_str(), epoch.attempt(), epoch.from_attempt());
+    return 0;
+  }
+  std::vector<std::pair<uint64_t, loom::v1::RankControl>> pushes;
+  std::vector<std::string> notes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const loom::v1::RankEpoch& entry : epoch.ranks()) {
+      const Key from{epoch.job_id(), epoch.from_attempt(), entry.rank()};
+      const Key to{epoch.job_id(), epoch.attempt(), entry.rank()};
+      auto it = ranks_.find(from);
+      if (it == ranks_.end()) {
+        auto there = ranks_.find(to);
+        if (there != ranks_.end() && ConstantTimeEquals(there->second.token, entry.rank_token())) {
+          continue;  // moved by an earlier copy of this message
+        }
+        notes.push_back(absl::StrCat("rank ", entry.rank(), " is not running here in attempt ",
+                                     epoch.from_attempt()));
+        continue;
+      }
+      if (entry.rank_token().empty() || ranks_.count(to) != 0) {
+        notes.push_back(absl::StrCat("rank ", entry.rank(),
+                                     entry.rank_token().empty()
+                                         ? " has no token for the new attempt"
+                                         : " already runs here in the new attempt"));
+        continue;
+      }
+      Rank moved = std::move(it->second);
+      ranks_.erase(it);
+      // From here on the old token opens nothing: every check looks the
+      // token up in this table.
+      moved.token = entry.rank_token();
+      moved.store_namespace = epoch.store_namespace();
+      keys_[moved.id] = to;
+      loom::v1::RankControl message;
+      loom::v1::EnterEpoch* own = message.mutable_enter_epoch();
+      own->set_job_id(epoch.job_id());
+      own->set_from_attempt(epoch.from_attempt());
+      own->set_attempt(epoch.attempt());
+      own->set_store_namespace(epoch.store_namespace());
+      own->set_restore_step(epoch.restore_step());
+      *own->add_ranks() = entry;  // its own entry only: no other rank's token
+      pushes.emplace_back(moved.id, std::move(message));
+      notes.push_back(absl::StrCat("rank ", entry.rank(), " (pid ", moved.pid, ") moved on"));
+      ranks_.emplace(to, std::move(moved));
+    }
+  }
+  for (const std::string& note : notes) {
+    fprintf(stderr, "loom-worker: EnterEpoch job %s attempt %d -> %d: %s\n",
+            epoch.job_id().c_str(), epoch.from_attempt(), epoch.attempt(), note.c_str());
+  }
+  if (options_.control != nullptr) {
+    for (auto& [id, message] : pushes) options_.control->Push(id, std::move(message));
+  }
+  return static_cast<int>(pushes.size());
+}
+
+int RankManager::Resume(const loom::v1::ResumeRanks& resume) {
+  absl::MutexLock signals(&signal_mu_);
+  std::vector<pid_t> continued;
+  int resumed = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const Lease::State lease = LeaseState();
+    for (const loom::v1::RunningRank& named : resume.ranks()) {
+      auto it = ranks_.find(Key{named.job_id(), named.attempt(), named.rank()});
+      if (it == ranks_.end()) continue;
+      Rank& rank = it->second;
+      if (named.pid() != 0 && named.pid() != rank.pid) continue;  // another process of that rank
+      if (!rank.stopped && rank.lease_generation == lease.generation) continue;  // not paused
+      rank.lease_generation = lease.generation;
+      if (rank.stopped && rank.pid != 0) continued.push_back(rank.pid);
+      rank.stopped = false;
+      ++resumed;
+    }
+  }
+  for (pid_t pid : continued) (void)supervisor_.Signal(pid, SIGCONT);
+  if (resumed > 0) fprintf(stderr, "loom-worker: resumed %d paused ranks\n", resumed);
+  return resumed;
+}
+
+int RankManager::PauseAll() {
+  absl::MutexLock signals(&signal_mu_);
+  std::vector<pid_t> stop;
+  {
+    absl::MutexLock lock(&mu_);
+    const Lease::State lease = LeaseState();
+    for (auto& [key, rank] : ranks_) {
+      if (rank.stopped || rank.pid == 0 || rank.lease_generation == lease.generation) continue;
+      rank.stopped = true;
+      stop.push_back(rank.pid);
+    }
+  }
+  int stopped = 0;
+  for (pid_t pid : stop) stopped += supervisor_.Signal(pid, SIGSTOP).ok() ? 1 : 0;
+  return stopped;
+}
+
+Lease::State RankManager::LeaseState() const {
+  return options_.lease != nullptr ? options_.lease->Observe() : Lease::State{};
+}
+
+RankIdentity RankManager::Identity(const Key& key, const Rank& rank, const Lease::State& lease) {
+  RankIdentity identity;
+  identity.job_id = std::get<0>(key);
+  identity.attempt = std::get<1>(key);
+  identity.rank = std::get<2>(key);
+  identity.store_namespace = rank.store_namespace;
+  identity.launch_id = rank.id;
+  identity.paused = Paused(rank, lease);
+  identity.lease_generation = rank.lease_generation;
+  return identity;
 }
 
 std::vector<loom::v1::RunningRank> RankManager::Running() const {
   std::vector<loom::v1::RunningRank> running;
   absl::MutexLock lock(&mu_);
+  const Lease::State lease = LeaseState();
   for (const auto& [key, rank] : ranks_) {
     if (rank.pid == 0) continue;
     loom::v1::RunningRank entry;
@@ -233,6 +410,9 @@ std::vector<loom::v1::RunningRank> RankManager::Running() const {
     entry.set_attempt(std::get<1>(key));
     entry.set_rank(std::get<2>(key));
     entry.set_pid(rank.pid);
+    // Needs a ResumeRanks: stopped, or fenced by a run-out since its launch
+    // or resume.
+    entry.set_paused(rank.stopped || rank.lease_generation != lease.generation);
     running.push_back(std::move(entry));
   }
   return running;
@@ -242,17 +422,22 @@ std::optional<RankIdentity> RankManager::RankForToken(std::string_view token) co
   std::optional<RankIdentity> found;
   if (token.empty()) return found;
   absl::MutexLock lock(&mu_);
+  const Lease::State lease = LeaseState();
   // Every rank is compared: the time does not say which one matched. A rank
   // counts from its launch (before its pid is recorded: a trainer that starts
   // quickly may call before the launching thread has noted it) until its exit
   // erases it.
   for (const auto& [key, rank] : ranks_) {
-    if (ConstantTimeEquals(rank.token, token)) {
-      found = RankIdentity{std::get<0>(key), std::get<1>(key), std::get<2>(key),
-                           rank.store_namespace};
-    }
+    if (ConstantTimeEquals(rank.token, token)) found = Identity(key, rank, lease);
   }
   return found;
+}
+
+std::optional<RankIdentity> RankManager::RankForLaunch(uint64_t launch_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = keys_.find(launch_id);
+  if (it == keys_.end()) return std::nullopt;
+  return Identity(it->second, ranks_.at(it->second), LeaseState());
 }
 
 void RankManager::Shutdown(absl::Duration grace) {

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/rpc/store_quotas.h"
+#include "worker/agent/callback_timer.h"
 #include "loom/v1/rank.grpc.pb.h"
 
 namespace loom::agent {
@@ -22,75 +23,11 @@ grpc::Status Stopping() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the node agent is stopping");
 }
 
-// One thread that runs callbacks at their time: backoff before a retry, and
-// a waiter's deadline. A callback gets true when its time came, false when
-// the timer stopped first (it still runs once, on Stop's caller).
-class Timer {
- public:
-  using Callback = std::function<void(bool fired)>;
-  Timer() : thread_([this] { Loop(); }) {}
-  ~Timer() { Stop(); }
-
-  uint64_t After(absl::Time when, Callback callback) {
-    absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
-    queue_.emplace(std::pair{when, id}, std::move(callback));
-    when_[id] = when;
-    cv_.Signal();  // it may be the earliest now
-    return id;
-  }
-  // The callback does not run if it has not yet.
-  void Cancel(uint64_t id) {
-    absl::MutexLock lock(&mu_);
-    auto it = when_.find(id);
-    if (it == when_.end()) return;
-    queue_.erase(std::pair{it->second, id});
-    when_.erase(it);
-  }
-  void Stop() {
-    std::map<std::pair<absl::Time, uint64_t>, Callback> left;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_) return;
-      stop_ = true;
-      left.swap(queue_);
-      when_.clear();
-      cv_.Signal();
-    }
-    thread_.join();
-    for (auto& [unused, callback] : left) callback(false);
-  }
-
- private:
-  void Loop() {
-    absl::MutexLock lock(&mu_);
-    while (!stop_) {
-      if (queue_.empty()) {
-        cv_.Wait(&mu_);
-        continue;
-      }
-      auto first = queue_.begin();
-      if (first->first.first > absl::Now()) {
-        cv_.WaitWithDeadline(&mu_, first->first.first);
-        continue;
-      }
-      Callback callback = std::move(first->second);
-      when_.erase(first->first.second);
-      queue_.erase(first);
-      mu_.Unlock();
-      callback(true);
-      mu_.Lock();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  std::map<std::pair<absl::Time, uint64_t>, Callback> queue_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, absl::Time> when_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: starts after the rest exists
-};
+grpc::Status Fenced() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the node agent's lease ran out after this store call came, so it is not "
+                      "relayed; the rank is paused until the coordinator resumes it");
+}
 
 std::string RankKey(const RankIdentity& rank) {
   return absl::StrCat(rank.job_id, "/", rank.attempt, "/", rank.rank);
@@ -113,6 +50,7 @@ struct Call final : CallBase {
 absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
                             const std::string& key, size_t value_bytes) {
   const rpc::StoreQuotas quotas;  // the coordinator's own bounds
+  if (absl::Status paused = CheckNotPaused(rank); !paused.ok()) return paused;
   if (store_namespace.empty() || key.empty()) {
     return absl::InvalidArgumentError("store_namespace and key must both be set");
   }
@@ -137,8 +75,16 @@ absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_n
 
 class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
  public:
-  Impl(std::shared_ptr<rpc::CoordinatorChannel> coordinators, StoreRelayOptions options)
-      : coordinators_(std::move(coordinators)), options_(options) {}
+  Impl(std::shared_ptr<rpc::CoordinatorChannel> coordinators, StoreRelayOptions options,
+       Lease* lease)
+      : coordinators_(std::move(coordinators)), options_(options), lease_(lease) {}
+
+  // Whether a call admitted in lease generation `admitted` may still go
+  // upstream, given the lease's state now.
+  bool MayGo(uint64_t admitted, const Lease::State& lease) const {
+    return lease_ == nullptr || (!lease.expired && lease.generation == admitted);
+  }
+  Lease::State LeaseNow() const { return lease_ != nullptr ? lease_->Observe() : Lease::State{}; }
 
   // A slot for one pending call of `rank`, or why not.
   grpc::Status Admit(const std::string& rank) {
@@ -208,6 +154,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
     loom::v1::StoreOp op;  // the rank's token and its set or add
     absl::Time give_up;   // a set is retried through UNAVAILABLE until then
     absl::Duration backoff;
+    uint64_t lease_generation = 0;  // the lease generation it was admitted in
     SetDone set_done;     // exactly one of these is set
     AddDone add_done;
   };
@@ -216,6 +163,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   // else with the next batch, when the one in flight returns.
   void Enqueue(Op op) {
     std::vector<Op> batch;
+    std::vector<Op> fenced;
     bool refused = false;
     {
       absl::MutexLock lock(&mu_);
@@ -225,8 +173,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
       } else {
         queue_.push_back(std::move(op));
         if (!batch_busy_) {
-          batch_busy_ = true;
-          batch = TakeBatchLocked();
+          batch = TakeBatchLocked(&fenced);
+          batch_busy_ = !batch.empty();
         }
       }
     }
@@ -234,14 +182,24 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
       Answer(op, Stopping(), 0);
       return;
     }
+    for (Op& each : fenced) Answer(each, Fenced(), 0);
     if (!batch.empty()) SendBatch(std::move(batch));
   }
 
-  // The queue's first ops, up to the bounds of one StoreBatch.
-  std::vector<Op> TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // The queue's first ops, up to the bounds of one StoreBatch. Ops that may
+  // not go any more (the lease ran out since they came) leave the queue into
+  // *fenced, released, to be answered outside the lock.
+  std::vector<Op> TakeBatchLocked(std::vector<Op>* fenced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Op> batch;
     int64_t bytes = 0;
+    const Lease::State lease = LeaseNow();
     while (!queue_.empty() && static_cast<int>(batch.size()) < rpc::kMaxStoreBatchOps) {
+      if (!MayGo(queue_.front().lease_generation, lease)) {
+        ReleaseLocked(queue_.front().rank);
+        fenced->push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        continue;
+      }
       const loom::v1::StoreOp& next = queue_.front().op;
       const int64_t size = static_cast<int64_t>(next.set().key().size() +
                                                 next.set().value().size() + next.add().key().size());
@@ -276,6 +234,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
                   const loom::v1::StoreBatchResponse& response) {
     std::vector<Op> next;
     std::vector<Op> refused;
+    std::vector<Op> fenced;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) {
@@ -285,12 +244,13 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
         }
         queue_.clear();
       } else {
-        next = TakeBatchLocked();
+        next = TakeBatchLocked(&fenced);
       }
       batch_busy_ = !next.empty();
     }
     if (!next.empty()) SendBatch(std::move(next));
     for (Op& op : refused) Answer(op, Stopping(), 0);
+    for (Op& op : fenced) Answer(op, Fenced(), 0);
 
     grpc::Status whole = status;
     if (whole.ok() && response.results_size() != static_cast<int>(ops.size())) {
@@ -339,8 +299,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   }
 
   // ---- get ----
-  void Get(const std::string& rank, const std::string& token, const Key& key, absl::Time deadline,
-           GetDone done) {
+  void Get(const std::string& rank, const std::string& token, uint64_t lease_generation,
+           const Key& key, absl::Time deadline, GetDone done) {
     bool issue = false;
     bool refused = false;
     {
@@ -355,6 +315,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
         waiter.rank = rank;
         waiter.token = token;
         waiter.deadline = deadline;
+        waiter.lease_generation = lease_generation;
         waiter.done = std::move(done);
         waiter.timer = timer_.After(deadline, [self = shared_from_this(), key, id](bool fired) {
           self->Expire(key, id, fired);
@@ -367,7 +328,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
       done(Stopping(), "");
       return;
     }
-    if (issue) IssueGet(key, token, deadline, options_.initial_backoff);
+    if (issue) IssueGet(key, options_.initial_backoff);
   }
 
   void Expire(const Key& key, uint64_t id, bool fired) {
@@ -390,8 +351,38 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
          "");
   }
 
-  void IssueGet(const Key& key, const std::string& token, absl::Time deadline,
-                absl::Duration backoff) {
+  // Sends the group's upstream get, for its waiters that may still go (the
+  // others are answered: fenced), with the token of the one that waits
+  // longest, for as long as it waits.
+  void IssueGet(const Key& key, absl::Duration backoff) {
+    std::vector<GetDone> fenced;
+    std::string token;
+    absl::Time deadline = absl::InfinitePast();
+    {
+      absl::MutexLock lock(&mu_);
+      auto found = groups_.find(key);
+      if (found == groups_.end()) return;
+      const Lease::State lease = LeaseNow();
+      Group& group = found->second;
+      for (auto it = group.waiters.begin(); it != group.waiters.end();) {
+        Waiter& waiter = it->second;
+        if (!MayGo(waiter.lease_generation, lease)) {
+          timer_.Cancel(waiter.timer);
+          ReleaseLocked(waiter.rank);
+          fenced.push_back(std::move(waiter.done));
+          it = group.waiters.erase(it);
+          continue;
+        }
+        if (waiter.deadline > deadline) {
+          deadline = waiter.deadline;
+          token = waiter.token;
+        }
+        ++it;
+      }
+      if (group.waiters.empty()) groups_.erase(found);
+    }
+    for (GetDone& done : fenced) done(Fenced(), "");
+    if (deadline == absl::InfinitePast()) return;  // nobody left to ask for
     loom::v1::StoreGetRequest request;
     request.set_store_namespace(key.first);
     request.set_key(key.second);
@@ -413,8 +404,6 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   void GetEnded(const Key& key, const grpc::Status& status, const std::string& value,
                 absl::Duration backoff) {
     std::vector<GetDone> answer;
-    std::string token;
-    absl::Time deadline = absl::InfinitePast();
     bool again = false;
     bool later = false;
     {
@@ -429,10 +418,6 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
       for (auto it = group.waiters.begin(); it != group.waiters.end();) {
         Waiter& waiter = it->second;
         if (!status.ok() && retry && waiter.deadline > now) {
-          if (waiter.deadline > deadline) {
-            deadline = waiter.deadline;
-            token = waiter.token;
-          }
           ++it;
           continue;
         }
@@ -455,22 +440,21 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
     for (GetDone& done : answer) done(answer_status, value);
     if (!again) return;
     if (!later) {
-      IssueGet(key, token, deadline, options_.initial_backoff);
+      IssueGet(key, options_.initial_backoff);
       return;
     }
-    const bool scheduled = Later(backoff, [self = shared_from_this(), key, token, deadline,
-                                           backoff](bool fired) {
+    const bool scheduled = Later(backoff, [self = shared_from_this(), key, backoff](bool fired) {
       if (!fired) {
         self->GetEnded(key, Stopping(), "", backoff);
         return;
       }
-      self->IssueGet(key, token, deadline, std::min(backoff * 2, self->options_.max_backoff));
+      self->IssueGet(key, std::min(backoff * 2, self->options_.max_backoff));
     });
     if (!scheduled) GetEnded(key, Stopping(), "", backoff);
   }
 
   // Runs f after `delay` on the timer, unless the relay is stopping (false).
-  bool Later(absl::Duration delay, Timer::Callback f) {
+  bool Later(absl::Duration delay, CallbackTimer::Callback f) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return false;
     timer_.After(absl::Now() + delay, std::move(f));
@@ -516,6 +500,7 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
     std::string rank;
     std::string token;
     absl::Time deadline;
+    uint64_t lease_generation = 0;
     uint64_t timer = 0;
     GetDone done;
   };
@@ -532,7 +517,8 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
 
   const std::shared_ptr<rpc::CoordinatorChannel> coordinators_;
   const StoreRelayOptions options_;
-  absl::Mutex mu_;
+  Lease* const lease_;
+  absl::Mutex mu_;  // before the lease's: StoreRelay -> Lease, never back
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, int> per_rank_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
@@ -542,12 +528,12 @@ class StoreRelay::Impl : public std::enable_shared_from_this<Impl> {
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);  // sets and adds waiting for a batch
   bool batch_busy_ ABSL_GUARDED_BY(mu_) = false;  // a batch is in flight or about to be
-  Timer timer_;
+  CallbackTimer timer_;
 };
 
 StoreRelay::StoreRelay(std::shared_ptr<rpc::CoordinatorChannel> coordinators,
-                       StoreRelayOptions options)
-    : impl_(std::make_shared<Impl>(std::move(coordinators), options)) {}
+                       StoreRelayOptions options, Lease* lease)
+    : impl_(std::make_shared<Impl>(std::move(coordinators), options, lease)) {}
 
 StoreRelay::~StoreRelay() { impl_->Shutdown(); }
 
@@ -582,6 +568,7 @@ void StoreRelay::Set(const RankIdentity& rank, const std::string& token,
   *op.op.mutable_set() = request;
   op.give_up = absl::Now() + impl_->options().set_retry_for;
   op.backoff = impl_->options().initial_backoff;
+  op.lease_generation = rank.lease_generation;
   op.set_done = std::move(done);
   impl_->Enqueue(std::move(op));
 }
@@ -599,8 +586,8 @@ void StoreRelay::Get(const RankIdentity& rank, const std::string& token,
     done(admitted, "");
     return;
   }
-  impl_->Get(key, token, Key{request.store_namespace(), request.key()}, deadline,
-             std::move(done));
+  impl_->Get(key, token, rank.lease_generation, Key{request.store_namespace(), request.key()},
+             deadline, std::move(done));
 }
 
 void StoreRelay::Add(const RankIdentity& rank, const std::string& token,
@@ -619,6 +606,7 @@ void StoreRelay::Add(const RankIdentity& rank, const std::string& token,
   op.rank = key;
   op.op.set_rank_token(token);
   *op.op.mutable_add() = request;
+  op.lease_generation = rank.lease_generation;
   op.add_done = std::move(done);
   impl_->Enqueue(std::move(op));
 }

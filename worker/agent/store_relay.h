@@ -21,6 +21,10 @@
 //  - What the agent holds is bounded: pending calls per rank and in all
 //    (RESOURCE_EXHAUSTED naming the bound), and the request sizes the
 //    coordinator's store accepts (common/rpc/store_quotas.h).
+//  - Fenced by the agent's lease (lease.h): a paused rank's call is refused
+//    (UNAVAILABLE), and a call admitted before the lease ran out is never
+//    sent upstream after that (also not when the lease runs again by then):
+//    it fails with UNAVAILABLE when its batch or get would go.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,7 @@
 #include "common/rpc/coordinator_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/rank.pb.h"
+#include "worker/agent/lease.h"
 #include "worker/agent/rank_tokens.h"
 
 namespace loom::agent {
@@ -51,10 +56,11 @@ struct StoreRelayOptions {
 };
 
 // OK, or why the agent refuses a store call of `rank` before relaying it:
-// PERMISSION_DENIED when the namespace is not the rank's own, and
-// INVALID_ARGUMENT for an empty namespace or key or a key larger than the
-// coordinator's store accepts, RESOURCE_EXHAUSTED for a value larger than
-// its default quota (rpc::StoreQuotas, as the coordinator answers).
+// UNAVAILABLE while the rank is paused (CheckNotPaused), PERMISSION_DENIED
+// when the namespace is not the rank's own, and INVALID_ARGUMENT for an
+// empty namespace or key or a key larger than the coordinator's store
+// accepts, RESOURCE_EXHAUSTED for a value larger than its default quota
+// (rpc::StoreQuotas, as the coordinator answers).
 absl::Status CheckStoreCall(const RankIdentity& rank, const std::string& store_namespace,
                             const std::string& key, size_t value_bytes);
 
@@ -64,7 +70,9 @@ class StoreRelay {
   using GetDone = std::function<void(grpc::Status, const std::string& value)>;
   using AddDone = std::function<void(grpc::Status, int64_t value)>;
 
-  StoreRelay(std::shared_ptr<rpc::CoordinatorChannel> coordinators, StoreRelayOptions options = {});
+  // lease: the agent's (outlives the relay); null: never fenced.
+  StoreRelay(std::shared_ptr<rpc::CoordinatorChannel> coordinators, StoreRelayOptions options = {},
+             Lease* lease = nullptr);
   ~StoreRelay();  // Shutdown()
   StoreRelay(const StoreRelay&) = delete;
   StoreRelay& operator=(const StoreRelay&) = delete;

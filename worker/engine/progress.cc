@@ -20,6 +20,14 @@ std::string FormatProgressLine(const StepProgress& p) {
       absl::StrAppendFormat(&line, " moe_dropped %.4f", p.moe->dropped_fraction);
     }
   }
+  if (p.snapshot && p.snapshot->snapshot_bytes > 0) {
+    const SnapshotProgress& s = *p.snapshot;
+    absl::StrAppendFormat(&line, " snap %.1fMiB",
+                          static_cast<double>(s.snapshot_bytes) / (1024.0 * 1024.0));
+    if (s.capture_seconds > 0) absl::StrAppendFormat(&line, " capture %.3fs", s.capture_seconds);
+    if (s.wait_seconds >= 0.001) absl::StrAppendFormat(&line, " copy_wait %.3fs", s.wait_seconds);
+    if (s.copy_bytes > 0) absl::StrAppendFormat(&line, " copy %.3fs", s.copy_seconds);
+  }
   if (p.val_loss) absl::StrAppendFormat(&line, " val_loss %.4f", *p.val_loss);
   return line;
 }
@@ -43,6 +51,13 @@ std::string FormatProgressJson(const StepProgress& p) {
                 {"imbalance", p.moe->imbalance},
                 {"dropped_fraction", p.moe->dropped_fraction},
                 {"aux_loss", p.moe->aux_loss}};
+  }
+  if (p.snapshot) {
+    const SnapshotProgress& s = *p.snapshot;
+    j["snapshot"] = {{"own_steps", s.own_steps},          {"ward_rank", s.ward_rank},
+                     {"ward_steps", s.ward_steps},        {"snapshot_bytes", s.snapshot_bytes},
+                     {"capture_seconds", s.capture_seconds}, {"wait_seconds", s.wait_seconds},
+                     {"copy_seconds", s.copy_seconds},    {"copy_bytes", s.copy_bytes}};
   }
   if (p.val_loss) {
     j["val_loss"] = *p.val_loss;

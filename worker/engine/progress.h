@@ -5,10 +5,25 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "worker/engine/model/moe_summary.h"
 
 namespace loom::engine {
+
+// The in-memory snapshots of in-place recovery as of a step
+// (docs/fault_tolerance.md): what the rank holds, and what taking and copying
+// them cost.
+struct SnapshotProgress {
+  std::vector<int64_t> own_steps;   // complete snapshots of its own state, oldest first
+  int ward_rank = -1;               // whose copies it holds; -1: none
+  std::vector<int64_t> ward_steps;  // complete copies of the ward's snapshots, oldest first
+  int64_t snapshot_bytes = 0;       // one snapshot of its own state
+  double capture_seconds = 0;       // this step's capture into host memory (0: none due)
+  double wait_seconds = 0;          // this step's wait for the previous copy to be acknowledged
+  double copy_seconds = 0;          // the last completed copy to the buddy (in the background)
+  int64_t copy_bytes = 0;           // its bytes
+};
 
 struct StepProgress {
   int64_t step = 0;  // optimizer steps completed, 1-based
@@ -28,9 +43,12 @@ struct StepProgress {
   int64_t peak_device_bytes = 0;
   // [moe] The step's expert statistics, for a model with model.moe.
   std::optional<MoeSummary> moe;
+  // With fault_tolerance.snapshot_interval > 0 in a coordinated run.
+  std::optional<SnapshotProgress> snapshot;
 };
 
-// "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252 rss 61.2MiB [val_loss 3.9876]"
+// "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252
+//  rss 61.2MiB [snap 1.2MiB capture 0.001s copy 0.004s] [val_loss 3.9876]"
 std::string FormatProgressLine(const StepProgress& p);
 // {"step":5,"total_steps":50,"loss":...,"val_loss":... (eval steps only)}
 std::string FormatProgressJson(const StepProgress& p);

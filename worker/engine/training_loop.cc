@@ -60,8 +60,9 @@ double ModelFlopsPerToken(const spec::ModelSpec& m, int64_t num_parameters, int6
          12.0 * static_cast<double>(m.num_layers * m.hidden_size * seq_len);
 }
 
-TrainingLoop::TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx)
-    : spec_(spec), ctx_(ctx) {}
+TrainingLoop::TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx,
+                           LoopOptions options)
+    : spec_(spec), ctx_(ctx), options_(options) {}
 
 TrainingLoop::~TrainingLoop() = default;
 
@@ -75,7 +76,8 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
 }
 
 absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
-    const spec::JobSpec& spec, const ParallelContext& ctx, std::shared_ptr<kernels::Ops> ops) {
+    const spec::JobSpec& spec, const ParallelContext& ctx, std::shared_ptr<kernels::Ops> ops,
+    LoopOptions options) {
   spec::JobSpec resolved = spec;
   if (resolved.model.num_kv_heads == 0) resolved.model.num_kv_heads = resolved.model.num_heads;
   if (absl::Status s = CheckContextMatchesSpec(ctx, resolved); !s.ok()) return s;
@@ -84,7 +86,7 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
   if (absl::Status s = spec::ValidateEngineRuns(resolved, ContextLayout(resolved, ctx)); !s.ok()) {
     return s;
   }
-  std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, ctx));
+  std::unique_ptr<TrainingLoop> loop(new TrainingLoop(resolved, ctx, options));
   const spec::JobSpec& job = loop->spec_;
   const spec::TrainSpec& t = job.train;
 
@@ -143,7 +145,7 @@ absl::Status TrainingLoop::CreateParts() {
   for (int64_t c = 0; expert_exchange_ != nullptr && c < stage_->num_chunks(); ++c) {
     stage_->model(c).SetExpertExchange(expert_exchange_.get());  // the chunks share the exchange
   }
-  stage_->InitParameters(t.seed);
+  if (options_.initialize_parameters) stage_->InitParameters(t.seed);
   pipeline_ = std::make_unique<PipelineExecutor>(stage_.get(), ctx_.pp);  // pp null: one stage
   const int64_t param_bytes = stage_->NumParameters() * static_cast<int64_t>(sizeof(float));
   // [dp] One engine per chunk: ZeRO shards each chunk's optimizer states

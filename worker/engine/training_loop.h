@@ -33,10 +33,19 @@
 #include "worker/engine/pipeline_parallel/pipeline_stage.h"     // [pp]
 #include "worker/engine/progress.h"
 #include "worker/engine/data_parallel/dp_engine.h"
+#include "worker/engine/checkpoint/distributed_save.h"
+#include "worker/engine/snapshot/snapshot.h"
 
 namespace loom::engine {
 
 struct StatePiece;
+
+struct LoopOptions {
+  // false: the parameters are left as allocated, for a loop whose state a
+  // snapshot restore overwrites before its first step (RestoreSnapshot
+  // writes every piece), which saves drawing the whole model's random init.
+  bool initialize_parameters = true;
+};
 
 inline constexpr char kTiedEmbedding[] = "model.embed_tokens.weight";
 
@@ -68,7 +77,7 @@ class TrainingLoop {
   // (docs/engine.md, "Device memory").
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
       const spec::JobSpec& spec, const ParallelContext& ctx,
-      std::shared_ptr<kernels::Ops> ops = nullptr);
+      std::shared_ptr<kernels::Ops> ops = nullptr, LoopOptions options = {});
   // The same with the context made from its parts (ParallelContext::Make),
   // for tests and tools that hold loose groups.
   static absl::StatusOr<std::unique_ptr<TrainingLoop>> Create(
@@ -97,6 +106,26 @@ class TrainingLoop {
   // its pieces out of whatever shards the step holds. NOT_FOUND when root
   // holds none.
   absl::StatusOr<LoadedCheckpoint> RestoreNewest(const std::string& root);
+  // Called by the rank that commits a checkpoint just before it does
+  // (checkpoint/distributed_save.h: the fencing of superseded attempts).
+  void set_commit_gate(CommitGate gate) { commit_gate_ = std::move(gate); }
+
+  // In-place recovery's snapshots (training_loop_snapshot.cc). The manifest
+  // of this rank's snapshot now: its owner (`rank`, its global rank, -1 if
+  // not known; the layout; its place in the mesh), the step counters and
+  // every piece of state it holds, replicated ones too.
+  SnapshotManifest SnapshotLayout(int rank = -1);
+  // Copies the whole state into `into` (host memory; a device backend's
+  // pieces are copied down), at a step boundary. Local: no collective.
+  absl::Status CaptureSnapshot(Snapshot* into, int rank = -1);
+  // Restores a snapshot of this rank's layout and place (else
+  // FAILED_PRECONDITION naming the difference, nothing changed): every
+  // piece, step, tokens, optimizer step and MoE biases. Local. Valid at a
+  // step boundary of a loop whose groups are intact, or in a fresh loop (the
+  // coordinated trainer builds a new loop on new groups after a failure: a
+  // step cut short leaves engine state such as ZeRO-3's gathered units that
+  // is rebuilt by a new loop, not restored).
+  absl::Status RestoreSnapshot(const Snapshot& from, int rank = -1);
 
   // Told where the loop is (phase name, micro-batch or -1) at each phase
   // change, for the rank's health reports. Cheap; called on the loop's thread.
@@ -135,15 +164,22 @@ class TrainingLoop {
   void FillTrainMicroBatch(int64_t step, int64_t micro, Batch* out) const;
 
  private:
-  TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx);
+  TrainingLoop(const spec::JobSpec& spec, const ParallelContext& ctx, LoopOptions options);
   bool IsEvalStep(int64_t step) const;
   // The model parts this rank trains: the stage's chunks (one
   // DataParallelEngine each under DP); their parameters, part after part.
   std::vector<LlamaModel*> Parts();
   std::vector<TensorView> PartParameters();
   // The state this rank holds, piece by piece, for checkpoints
-  // (training_loop_checkpoint.cc).
+  // (training_loop_checkpoint.cc) and snapshots (training_loop_snapshot.cc).
   std::vector<StatePiece> CheckpointPieces();
+  // The snapshot's manifest and where each piece's floats live (backend
+  // memory, or host memory for the MoE biases).
+  struct SnapshotSource {
+    float* data;
+    bool host;
+  };
+  SnapshotManifest SnapshotLayoutAndSources(int rank, std::vector<SnapshotSource>* sources);
   // The gradient this rank's optimizer reads, for ClipGradients.
   std::vector<GradientPiece> GradientPiecesToClip();
   // [ep] After the DP reduction: the dense gradients summed over EP, whole
@@ -184,6 +220,8 @@ class TrainingLoop {
 
   spec::JobSpec spec_;
   ParallelContext ctx_;
+  LoopOptions options_;
+  CommitGate commit_gate_;
   TokenDataset train_data_;
   std::optional<TokenDataset> val_data_;
   std::unique_ptr<TrainSampler> sampler_;

@@ -14,6 +14,7 @@
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/model/moe_stats.h"
+#include "worker/engine/state_piece.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -35,16 +36,6 @@ std::vector<RectSlice> GlobalRects(const TensorView& local, int64_t begin, int64
 
 }  // namespace
 
-// One piece of the state this rank holds.
-struct StatePiece {
-  TensorView local;       // the parameter's local tensor (shape, place in the global one)
-  std::string name;       // the global tensor: the parameter or one of its moments
-  int64_t begin = 0;      // elements [begin, begin + count) of the local tensor
-  int64_t count = 0;
-  float* data = nullptr;  // backend memory holding them
-  bool write = false;     // this rank writes it
-};
-
 std::vector<StatePiece> TrainingLoop::CheckpointPieces() {
   std::vector<StatePiece> out;
   std::map<std::string, TensorView> moments;  // the unsharded optimizer's
@@ -54,6 +45,7 @@ std::vector<StatePiece> TrainingLoop::CheckpointPieces() {
   const std::vector<LlamaModel*> parts = Parts();
   for (size_t i = 0; i < parts.size(); ++i) {
     LlamaModel* part = parts[i];
+    const int64_t part_index = static_cast<int64_t>(i);
     const bool has_embedding = part->part().embedding;
     auto writes = [&](const TensorView& p, bool dp_sharded) {
       // A tied head's copy of the embedding: the embedding's holder writes it.
@@ -66,10 +58,10 @@ std::vector<StatePiece> TrainingLoop::CheckpointPieces() {
     if (engine == nullptr || engine->zero_stage() == 0) {
       for (const TensorView& p : params) {
         const bool w = writes(p, false);
-        out.push_back({p, p.name, 0, p.numel(), p.data, w});
+        out.push_back({p, p.name, 0, p.numel(), p.data, w, part_index});
         for (const char* prefix : {kExpAvg, kExpAvgSq}) {
           const TensorView& m = moments.at(prefix + p.name);
-          out.push_back({p, m.name, 0, p.numel(), m.data, w});
+          out.push_back({p, m.name, 0, p.numel(), m.data, w, part_index});
         }
       }
       continue;
@@ -83,13 +75,18 @@ std::vector<StatePiece> TrainingLoop::CheckpointPieces() {
       const int64_t begin = o.flat_begin - partition.tensors()[static_cast<size_t>(o.tensor)].offset;
       const bool w = writes(p, true);
       if (engine->zero_stage() == 3) {
-        out.push_back({p, p.name, begin, o.count, engine->parameter_shard() + o.shard_offset, w});
+        out.push_back({p, p.name, begin, o.count, engine->parameter_shard() + o.shard_offset, w,
+                       part_index});
       }
-      out.push_back({p, kExpAvg + p.name, begin, o.count, opt->exp_avg() + o.shard_offset, w});
-      out.push_back({p, kExpAvgSq + p.name, begin, o.count, opt->exp_avg_sq() + o.shard_offset, w});
+      out.push_back({p, kExpAvg + p.name, begin, o.count, opt->exp_avg() + o.shard_offset, w,
+                     part_index});
+      out.push_back({p, kExpAvgSq + p.name, begin, o.count, opt->exp_avg_sq() + o.shard_offset, w,
+                     part_index});
     }
     if (engine->zero_stage() < 3) {
-      for (const TensorView& p : params) out.push_back({p, p.name, 0, p.numel(), p.data, writes(p, false)});
+      for (const TensorView& p : params) {
+        out.push_back({p, p.name, 0, p.numel(), p.data, writes(p, false), part_index});
+      }
     }
   }
   return out;
@@ -134,7 +131,8 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
     }
   }
   content.files = {std::move(model), std::move(optimizer)};
-  return SaveDistributedStep(*ops_, ctx_.MeshGroups(), root, content, spec_.checkpoint.keep);
+  return SaveDistributedStep(*ops_, ctx_.MeshGroups(), root, content, spec_.checkpoint.keep,
+                             commit_gate_);
 }
 
 absl::StatusOr<LoadedCheckpoint> TrainingLoop::RestoreNewest(const std::string& root) {

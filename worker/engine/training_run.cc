@@ -33,6 +33,9 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
   while (!loop.done()) {
     absl::StatusOr<StepProgress> p = loop.TrainStep();
     if (!p.ok()) return p.status();
+    if (options.snapshots != nullptr) {
+      if (absl::Status s = options.snapshots->AfterStep(loop, &*p); !s.ok()) return s;
+    }
     if (options.on_step) {
       if (absl::Status s = options.on_step(*p); !s.ok()) return s;
     }
@@ -48,6 +51,7 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
       break;
     }
   }
+  if (options.snapshots != nullptr) options.snapshots->WaitForCopies();
   return absl::OkStatus();
 }
 

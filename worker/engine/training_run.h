@@ -1,6 +1,7 @@
 // Running a training loop to the end with the checkpoint policy: resume from
 // the newest loadable checkpoint, save every checkpoint.interval steps and at
-// the last step. Used by the standalone runner and the coordinated trainer.
+// the last step, and (coordinated) take the in-memory snapshots. Used by the
+// standalone runner and the coordinated trainer.
 #pragma once
 
 #include <functional>
@@ -8,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "worker/engine/progress.h"
+#include "worker/engine/snapshot/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -28,6 +30,10 @@ struct RunOptions {
   // Called once before the first step, when loading the checkpoint is over
   // (or there was none), with the step the run resumes after (0: the start).
   std::function<void(int64_t)> on_resumed;
+  // In-place recovery: takes the snapshots due after each step (before
+  // on_step, which then sees them in StepProgress::snapshot) and, once the
+  // run is done, waits for the copies in flight. Null: none.
+  SnapshotKeeper* snapshots = nullptr;
 };
 
 absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options);

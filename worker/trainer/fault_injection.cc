@@ -61,7 +61,12 @@ absl::StatusOr<std::function<void(int64_t)>> InstallFaultPlan(int32_t rank, int3
   if (text == nullptr || *text == '\0') return nothing;
   absl::StatusOr<FaultPlan> plan = ParseFaultPlan(text);
   if (!plan.ok()) return plan.status();
-  if ((!plan->always && attempt != 1) || (plan->rank >= 0 && plan->rank != rank)) return nothing;
+  if ((!plan->always && attempt != 1) || (plan->rank >= 0 && plan->rank != rank)) {
+    // A rank that lives on into a later attempt (in-place recovery) drops
+    // the hook its first attempt installed.
+    engine::SetCommitFaultHook(nullptr);
+    return nothing;
+  }
   if (plan->point == "after_step") {
     const int64_t at = plan->step;
     return std::function<void(int64_t)>([at](int64_t step) {

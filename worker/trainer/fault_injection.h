@@ -29,8 +29,10 @@ struct FaultPlan {
 absl::StatusOr<FaultPlan> ParseFaultPlan(const std::string& text);
 
 // Reads LOOM_TEST_FAULT; installs the checkpoint-commit hook when the plan
-// applies to this rank and attempt, and returns the per-step check to call
-// after each step (a no-op when nothing applies).
+// applies to this rank and attempt (and removes one installed before when it
+// does not: a rank that recovers in place calls this again for each
+// attempt), and returns the per-step check to call after each step (a no-op
+// when nothing applies).
 absl::StatusOr<std::function<void(int64_t step)>> InstallFaultPlan(int32_t rank, int32_t attempt);
 
 }  // namespace loom::trainer

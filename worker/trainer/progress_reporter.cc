@@ -53,6 +53,12 @@ bool ProgressReporter::Flush(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
 
+void ProgressReporter::Abandon() {
+  absl::MutexLock lock(&mu_);
+  queue_.clear();
+  stopping_ = true;
+}
+
 void ProgressReporter::Run() {
   absl::Duration backoff = absl::Milliseconds(100);
   while (true) {

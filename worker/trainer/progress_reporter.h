@@ -15,20 +15,22 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "loom/v1/node.grpc.pb.h"
+#include "worker/trainer/progress_sink.h"
 
 namespace loom::trainer {
 
-class ProgressReporter {
+class ProgressReporter final : public ProgressSink {
  public:
   // agent: the agent's socket ("unix:PATH", loom-trainer --agent_socket).
   ProgressReporter(const std::string& agent, std::string rank_token, std::string job_id,
                    int32_t attempt, int32_t rank);
-  ~ProgressReporter();  // flushes (bounded) and closes the stream
+  ~ProgressReporter() override;  // flushes (bounded) and closes the stream
 
   // Fills job, attempt, rank and time; queues the report.
-  void Report(loom::v1::RankProgress progress);
+  void Report(loom::v1::RankProgress progress) override;
   // Waits up to timeout for the queue to drain.
-  bool Flush(absl::Duration timeout);
+  bool Flush(absl::Duration timeout) override;
+  void Abandon() override;
 
  private:
   void Run();

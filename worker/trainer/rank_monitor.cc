@@ -30,7 +30,7 @@ PhaseBoard::Snapshot PhaseBoard::Get() const {
   return current_;
 }
 
-RankMonitor::RankMonitor(RankMonitorOptions options, ProgressReporter* reporter,
+RankMonitor::RankMonitor(RankMonitorOptions options, ProgressSink* reporter,
                          const PhaseBoard* board, std::vector<comm::Communicator*> groups)
     : options_(options),
       reporter_(reporter),

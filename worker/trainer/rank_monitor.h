@@ -17,7 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
-#include "worker/trainer/progress_reporter.h"
+#include "worker/trainer/progress_sink.h"
 
 namespace loom::trainer {
 
@@ -50,7 +50,7 @@ struct RankMonitorOptions {
 
 class RankMonitor {
  public:
-  RankMonitor(RankMonitorOptions options, ProgressReporter* reporter, const PhaseBoard* board,
+  RankMonitor(RankMonitorOptions options, ProgressSink* reporter, const PhaseBoard* board,
               std::vector<comm::Communicator*> groups);
   ~RankMonitor();
 
@@ -58,7 +58,7 @@ class RankMonitor {
   void Run();
 
   const RankMonitorOptions options_;
-  ProgressReporter* reporter_;
+  ProgressSink* reporter_;
   const PhaseBoard* board_;
   std::vector<comm::Communicator*> groups_;
   absl::Notification stop_;

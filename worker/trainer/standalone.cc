@@ -93,6 +93,9 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kDeadlineExceeded:
       // A collective timed out: a peer is gone or stuck.
       return kExitCollectiveTimeout;
+    case absl::StatusCode::kPermissionDenied:
+      // A superseded attempt: its commit gate or its token was refused.
+      return kExitFenced;
     default:
       return kExitCrash;
   }

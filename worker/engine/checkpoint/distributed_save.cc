@@ -20,6 +20,8 @@ using nlohmann::json;
 constexpr int kMaxFiles = 2;  // model and optimizer
 // Per rank: [wrote ok (1) / failed (0), file count, kMaxFiles digests].
 constexpr int kSlotInts = 2 + kMaxFiles * kDigestInts;
+// The commit's outcome as the first rank broadcasts it.
+constexpr int32_t kFailed = 0, kCommitted = 1, kSkipped = 2, kFenced = 3;
 
 int MeshRank(const std::vector<comm::Communicator*>& mesh) {
   int rank = 0, stride = 1;
@@ -114,7 +116,8 @@ absl::StatusOr<std::vector<CheckpointFile>> ReadDescription(const std::string& p
 absl::StatusOr<std::string> SaveDistributedStep(kernels::Ops& ops,
                                                 const std::vector<comm::Communicator*>& mesh,
                                                 const std::string& root,
-                                                const CheckpointContent& content, int64_t keep) {
+                                                const CheckpointContent& content, int64_t keep,
+                                                const CommitGate& gate) {
   const int rank = MeshRank(mesh), ranks = MeshSize(mesh);
   const bool first = rank == 0;
 
@@ -168,7 +171,8 @@ absl::StatusOr<std::string> SaveDistributedStep(kernels::Ops& ops,
 
   // 3. The first rank commits when every rank wrote what it said it would.
   absl::StatusOr<std::string> committed = std::string();
-  int32_t ok = 0;
+  int32_t ok = kFailed;
+  absl::Status gate_answer;
   if (first) {
     CheckpointContent all = content;
     all.files.clear();
@@ -205,15 +209,30 @@ absl::StatusOr<std::string> SaveDistributedStep(kernels::Ops& ops,
           "checkpoint of step ", content.step, ": not every rank wrote its shards (",
           absl::StrJoin(failed, ", "), ")",
           write_status.ok() ? "" : ": " + write_status.ToString()));
+    } else if (committed.ok() && gate) {
+      gate_answer = gate(content.step);
+    }
+    if (!gate_answer.ok()) {
+      // Skipped or fenced: nothing of this step may land in the root.
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      const bool skip = absl::IsUnavailable(gate_answer) || absl::IsDeadlineExceeded(gate_answer);
+      ok = skip ? kSkipped : kFenced;
     } else if (committed.ok()) {
       committed = CommitCheckpointStep(root, tmp, all, digests, keep);
+      ok = committed.ok() ? kCommitted : kFailed;
     }
-    ok = committed.ok() ? 1 : 0;
   }
   if (absl::Status s = BroadcastFromFirst(ops, mesh, &ok, 1); !s.ok()) return s;
+  if (ok == kSkipped) return std::string();
+  if (ok == kFenced) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "checkpoint of step ", content.step, " abandoned: the commit gate refused it (this attempt "
+        "is superseded)", first ? absl::StrCat(": ", gate_answer.message()) : ""));
+  }
   if (first) return committed;
   if (!write_status.ok()) return write_status;
-  if (ok != 1) {
+  if (ok != kCommitted) {
     return absl::InternalError(absl::StrCat("the first rank failed to commit the checkpoint of step ",
                                             content.step, " under ", root));
   }

@@ -1,0 +1,335 @@
+// In-place recovery's rollback, in process, for every kind of layout: ranks
+// are threads with real Gloo groups built as the trainer builds them
+// (mesh_attempt.h). Each rank trains to step k + 1 taking a snapshot after
+// every step and copying it to its buddy over a pair group in the background;
+// then (as after a failure) a new attempt builds new groups and new loops,
+// the survivors roll back to their own snapshot of step k and one
+// "relaunched" rank, which lost its memory, receives its snapshot from its
+// buddy. Every later step's loss and every final parameter equal the
+// uninterrupted run's bit for bit. Also: rolling every rank back inside its
+// own loop, and a snapshot of another rank, layout or rank number refused.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/engine/test_util.h"
+#include "tests/snapshot/mesh_attempt.h"
+#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/training_loop.h"
+
+namespace loom::engine {
+namespace {
+
+using testing::MeshAttempt;
+using testing::MeshLayout;
+using testing::NodeRing;
+using testing::RunRanks;
+
+constexpr int64_t kSteps = 6;
+constexpr int64_t kRestoreStep = 3;
+
+struct Case {
+  std::string name;
+  MeshLayout layout;
+  // The buddy of each rank (the ring: -1 none); its ward is the inverse.
+  std::vector<int> buddy;  // NodeRing of the nodes the ranks are placed on
+  int relaunched = 0;      // the rank that restores from its buddy's copy
+  bool moe = false;
+  bool tied = false;
+  int layers = 2;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+int WardOf(const Case& c, int rank) {
+  for (size_t r = 0; r < c.buddy.size(); ++r) {
+    if (c.buddy[r] == rank) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+struct RankRun {
+  std::vector<double> losses;  // steps trained in the run's last attempt, in order
+  std::vector<int64_t> steps;
+  std::vector<float> params;  // GatherParameters after the last step
+};
+
+class SnapshotRestoreTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { testing::WriteTinyCorpus(dir_); }
+
+  spec::JobSpec Job() const {
+    const Case& c = GetParam();
+    spec::JobSpec job = testing::TinyJob(dir_ / "train.txt", dir_ / "val.txt");
+    job.train.steps = kSteps;
+    job.train.eval_interval = 3;
+    job.train.grad_clip = 0.5;  // clipping active: the norm crosses every group
+    job.model.num_layers = c.layers;
+    job.model.tie_embeddings = c.tied;
+    if (c.moe) {
+      spec::MoeSpec& m = job.model.moe;
+      m.num_experts = 4;
+      m.top_k = 2;
+      m.expert_ffn_hidden_size = 16;
+      m.num_shared_experts = 1;
+      m.first_dense_layers = 1;
+      m.aux_loss_coef = 0.01;
+      m.bias_update_rate = 0.01;  // the selection biases are state that moves
+    }
+    c.layout.ApplyTo(&job);
+    return job;
+  }
+
+  std::vector<int> RingPeers(int rank) const {
+    const Case& c = GetParam();
+    return {c.buddy[static_cast<size_t>(rank)], WardOf(c, rank)};
+  }
+
+  // Trains a fresh loop per rank to the end, without snapshots.
+  std::vector<RankRun> Reference() {
+    const Case& c = GetParam();
+    const spec::JobSpec job = Job();
+    MeshAttempt attempt(store_, "reference", c.layout, [](int) { return std::vector<int>{}; });
+    std::vector<RankRun> out(static_cast<size_t>(c.layout.world()));
+    RunRanks(c.layout.world(), [&](int r) {
+      auto loop = TrainingLoop::Create(job, attempt.Context(r));
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      Train(**loop, nullptr, kSteps, &out[static_cast<size_t>(r)]);
+      ASSERT_TRUE((*loop)->GatherParameters(&out[static_cast<size_t>(r)].params).ok());
+    });
+    return out;
+  }
+
+  // Steps `loop` until `until`, snapshots through `keeper` when given.
+  static void Train(TrainingLoop& loop, SnapshotKeeper* keeper, int64_t until, RankRun* run) {
+    while (loop.step() < until) {
+      absl::StatusOr<StepProgress> p = loop.TrainStep();
+      ASSERT_TRUE(p.ok()) << p.status();
+      if (keeper != nullptr) {
+        ASSERT_TRUE(keeper->AfterStep(loop, &*p).ok());
+        ASSERT_TRUE(p->snapshot.has_value());
+        EXPECT_EQ(p->snapshot->own_steps.back(), p->step);
+      }
+      if (run != nullptr) {
+        run->losses.push_back(p->loss);
+        run->steps.push_back(p->step);
+      }
+    }
+  }
+
+  std::unique_ptr<SnapshotKeeper> NewKeeper(int rank) {
+    SnapshotKeeperOptions options;
+    options.interval = 1;
+    options.rank = rank;
+    options.chunk_bytes = 4096;  // many chunks even for the tiny model
+    return std::make_unique<SnapshotKeeper>(options);
+  }
+
+  void ExpectSameAsReference(const std::vector<RankRun>& got, const std::vector<RankRun>& ref) {
+    for (size_t r = 0; r < ref.size(); ++r) {
+      ASSERT_EQ(got[r].steps.size(), static_cast<size_t>(kSteps - kRestoreStep)) << "rank " << r;
+      for (size_t i = 0; i < got[r].steps.size(); ++i) {
+        const size_t at = static_cast<size_t>(got[r].steps[i] - 1);
+        EXPECT_EQ(got[r].losses[i], ref[r].losses[at])
+            << "rank " << r << " step " << got[r].steps[i];
+      }
+      EXPECT_TRUE(got[r].params == ref[r].params) << "rank " << r << ": final parameters differ";
+    }
+  }
+
+  testing::ScratchDir dir_;
+  comm::InProcessStore store_;
+};
+
+TEST_P(SnapshotRestoreTest, NewAttemptFromOwnSnapshotsAndABuddysCopyMatchesTheUninterruptedRun) {
+  const Case& c = GetParam();
+  const spec::JobSpec job = Job();
+  const int n = c.layout.world();
+  const std::vector<RankRun> ref = Reference();
+  std::vector<std::unique_ptr<SnapshotKeeper>> keepers(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) keepers[static_cast<size_t>(r)] = NewKeeper(r);
+  {
+    // Attempt 1: snapshots after every step, each copied to the buddy; it
+    // stops at k + 1 (the failure).
+    MeshAttempt attempt(store_, "attempt-1", c.layout, [&](int r) { return RingPeers(r); });
+    RunRanks(n, [&](int r) {
+      SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+      const int ward = WardOf(c, r);
+      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                        ward);
+      auto loop = TrainingLoop::Create(job, attempt.Context(r));
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      Train(**loop, &keeper, kRestoreStep + 1, nullptr);
+      keeper.WaitForCopies();
+      keeper.DetachRing();
+      const SnapshotProgress held = keeper.Holdings();
+      EXPECT_EQ(held.own_steps, (std::vector<int64_t>{kRestoreStep, kRestoreStep + 1}));
+      if (ward >= 0) {
+        EXPECT_EQ(held.ward_rank, ward);
+        EXPECT_EQ(held.ward_steps, (std::vector<int64_t>{kRestoreStep, kRestoreStep + 1}));
+      }
+      EXPECT_GT(held.snapshot_bytes, 0);
+    });
+  }
+  // The relaunched rank's process is new: it holds nothing.
+  const int lost = c.relaunched;
+  const int helper = c.buddy[static_cast<size_t>(lost)];
+  keepers[static_cast<size_t>(lost)] = NewKeeper(lost);
+  std::vector<RankRun> got(static_cast<size_t>(n));
+  MeshAttempt attempt(store_, "attempt-2", c.layout, [&](int r) {
+    std::vector<int> peers = RingPeers(r);
+    if (r == lost) peers.push_back(helper);
+    if (r == helper) peers.push_back(lost);
+    return peers;
+  });
+  RunRanks(n, [&](int r) {
+    SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+    LoopOptions options;
+    options.initialize_parameters = false;  // the snapshot overwrites every piece
+    auto loop = TrainingLoop::Create(job, attempt.Context(r), nullptr, options);
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    if (r == lost) {
+      ASSERT_TRUE(keeper.RestoreFromPeer(**loop, *attempt.Pair(r, helper), kRestoreStep).ok());
+    } else {
+      absl::Status s = keeper.RestoreOwn(**loop, kRestoreStep);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    if (r == helper) {
+      absl::Status s = keeper.SendCopyTo(*attempt.Pair(r, lost), lost, kRestoreStep);
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ((*loop)->step(), kRestoreStep);
+    EXPECT_EQ(keeper.Holdings().own_steps, (std::vector<int64_t>{kRestoreStep}));
+    const int ward = WardOf(c, r);
+    keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                      ward);
+    Train(**loop, &keeper, kSteps, &got[static_cast<size_t>(r)]);
+    keeper.WaitForCopies();
+    keeper.DetachRing();
+    ASSERT_TRUE((*loop)->GatherParameters(&got[static_cast<size_t>(r)].params).ok());
+  });
+  ExpectSameAsReference(got, ref);
+}
+
+TEST_P(SnapshotRestoreTest, RollingBackInsideTheSameLoopMatchesTheUninterruptedRun) {
+  const Case& c = GetParam();
+  const spec::JobSpec job = Job();
+  const int n = c.layout.world();
+  const std::vector<RankRun> ref = Reference();
+  std::vector<RankRun> got(static_cast<size_t>(n));
+  MeshAttempt attempt(store_, "same-loop", c.layout, [](int) { return std::vector<int>{}; });
+  RunRanks(n, [&](int r) {
+    std::unique_ptr<SnapshotKeeper> keeper = NewKeeper(r);
+    keeper->AttachRing(nullptr, nullptr, -1);  // no buddy: own snapshots only
+    auto loop = TrainingLoop::Create(job, attempt.Context(r));
+    ASSERT_TRUE(loop.ok()) << loop.status();
+    Train(**loop, keeper.get(), kRestoreStep + 2, nullptr);
+    keeper->DetachRing();
+    // Two generations: k + 1 and k + 2; k is gone, k + 1 is there.
+    EXPECT_FALSE(keeper->RestoreOwn(**loop, kRestoreStep).ok());
+    ASSERT_TRUE(keeper->RestoreOwn(**loop, kRestoreStep + 1).ok());
+    EXPECT_EQ((*loop)->step(), kRestoreStep + 1);
+    Train(**loop, nullptr, kSteps, &got[static_cast<size_t>(r)]);
+    ASSERT_TRUE((*loop)->GatherParameters(&got[static_cast<size_t>(r)].params).ok());
+  });
+  for (size_t r = 0; r < ref.size(); ++r) {
+    ASSERT_EQ(got[r].steps.size(), static_cast<size_t>(kSteps - kRestoreStep - 1));
+    for (size_t i = 0; i < got[r].steps.size(); ++i) {
+      EXPECT_EQ(got[r].losses[i], ref[r].losses[static_cast<size_t>(got[r].steps[i] - 1)])
+          << "rank " << r << " step " << got[r].steps[i];
+    }
+    EXPECT_TRUE(got[r].params == ref[r].params) << "rank " << r;
+  }
+}
+
+std::vector<Case> Cases() {
+  auto layout = [](int pp, int dp, int ep, int cp, int tp, int zero) {
+    MeshLayout l;
+    l.pp = pp;
+    l.dp = dp;
+    l.ep = ep;
+    l.cp = cp;
+    l.tp = tp;
+    l.zero = zero;
+    return l;
+  };
+  std::vector<Case> cases;
+  // Four nodes of one rank: buddy = the next node, ward = the previous.
+  cases.push_back({"dp4_zero1", layout(1, 4, 1, 1, 1, 1), NodeRing({1, 1, 1, 1}), 2});
+  cases.push_back({"dp2_zero3", layout(1, 2, 1, 1, 1, 3), NodeRing({1, 1}), 1});
+  // Two nodes of two ranks: the same local index on the other node.
+  const std::vector<int> two_by_two = NodeRing({2, 2});
+  Case tp_pp{"tp2_pp2_1f1b_tied", layout(2, 1, 1, 1, 2, 0), two_by_two, 3};
+  tp_pp.tied = true;
+  tp_pp.layout.sequence_parallel = true;
+  cases.push_back(tp_pp);
+  Case interleaved{"tp2_pp2_interleaved", layout(2, 1, 1, 1, 2, 0), two_by_two, 0};
+  interleaved.layout.schedule = spec::Schedule::kInterleaved;
+  interleaved.layout.virtual_stages = 2;
+  interleaved.layers = 4;
+  cases.push_back(interleaved);
+  cases.push_back({"cp2_dp2_zero1", layout(1, 2, 1, 2, 1, 1), two_by_two, 1});
+  Case ep{"ep2_dp2_zero2_moe", layout(1, 2, 2, 1, 1, 2), two_by_two, 1};
+  ep.moe = true;
+  cases.push_back(ep);
+  cases.push_back({"pp2_dp2_zero3", layout(2, 2, 1, 1, 1, 3), two_by_two, 2});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, SnapshotRestoreTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// A snapshot names its owner: another rank's place, another layout, or
+// another rank number is refused with the difference, and nothing changes.
+TEST(SnapshotRefusalTest, AnotherPlaceLayoutOrRankIsRefused) {
+  testing::ScratchDir dir;
+  testing::WriteTinyCorpus(dir);
+  spec::JobSpec job = testing::TinyJob(dir / "train.txt", "");
+  job.train.steps = 4;
+  comm::InProcessStore store;
+  MeshLayout dp2;
+  dp2.dp = 2;
+  dp2.zero = 1;
+  dp2.ApplyTo(&job);
+  std::vector<std::unique_ptr<Snapshot>> taken(2);
+  MeshAttempt attempt(store, "refusal", dp2, [](int) { return std::vector<int>{}; });
+  RunRanks(2, [&](int r) {
+    auto loop = TrainingLoop::Create(job, attempt.Context(r));
+    ASSERT_TRUE(loop.ok());
+    ASSERT_TRUE((*loop)->TrainStep().ok());
+    taken[static_cast<size_t>(r)] = std::make_unique<Snapshot>();
+    ASSERT_TRUE((*loop)->CaptureSnapshot(taken[static_cast<size_t>(r)].get(), r).ok());
+  });
+  // Rank 1 of the same layout: another place (ZeRO-1's moment ranges differ too).
+  {
+    MeshAttempt again(store, "refusal-2", dp2, [](int) { return std::vector<int>{}; });
+    RunRanks(2, [&](int r) {
+      auto loop = TrainingLoop::Create(job, again.Context(r));
+      ASSERT_TRUE(loop.ok());
+      if (r != 1) return;
+      absl::Status s = (*loop)->RestoreSnapshot(*taken[0], /*rank=*/1);
+      EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+      EXPECT_NE(s.message().find("rank 0's state, not rank 1's"), std::string::npos) << s;
+      s = (*loop)->RestoreSnapshot(*taken[0]);  // rank not given: the place still differs
+      EXPECT_NE(s.message().find("place in the mesh differs"), std::string::npos) << s;
+      EXPECT_NE(s.message().find("dp 0/2"), std::string::npos) << s;
+      EXPECT_EQ((*loop)->step(), 0);
+      EXPECT_TRUE((*loop)->RestoreSnapshot(*taken[1], 1).ok());
+      EXPECT_EQ((*loop)->step(), 1);
+    });
+  }
+  // One process: another layout.
+  spec::JobSpec single = job;
+  single.parallelism = spec::ParallelismSpec{};
+  auto loop = TrainingLoop::Create(single);
+  ASSERT_TRUE(loop.ok());
+  absl::Status s = (*loop)->RestoreSnapshot(*taken[0]);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("its layout differs"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("dp2 tp1 pp1 cp1 ep1 zero1"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace loom::engine

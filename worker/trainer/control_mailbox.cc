@@ -1,0 +1,97 @@
+#include "worker/trainer/control_mailbox.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::trainer {
+namespace {
+
+// A rank moves through few attempts; older entries are of no use.
+constexpr size_t kRemembered = 16;
+
+}  // namespace
+
+void ControlMailbox::AbortLocked(int attempt, const std::string& reason) {
+  if (!aborted_.emplace(attempt, reason).second) return;
+  while (aborted_.size() > kRemembered) aborted_.erase(aborted_.begin());
+}
+
+void ControlMailbox::Post(const loom::v1::RankControl& message) {
+  std::shared_ptr<comm::CommunicatorSet> to_abort;
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    int attempt = -1;
+    if (message.has_abort()) {
+      attempt = message.abort().attempt();
+      reason = absl::StrCat("attempt ", attempt,
+                            " aborted by the coordinator: ", message.abort().reason());
+    } else if (message.has_enter_epoch()) {
+      attempt = message.enter_epoch().from_attempt();
+      reason = absl::StrCat("attempt ", attempt, " superseded by attempt ",
+                            message.enter_epoch().attempt());
+      epochs_.push_back(message.enter_epoch());
+      while (epochs_.size() > kRemembered) epochs_.pop_front();
+    } else {
+      return;
+    }
+    AbortLocked(attempt, reason);
+    if (armed_attempt_ == attempt) to_abort = armed_;
+  }
+  // Outside the lock: aborting a NCCL communicator can take a while.
+  if (to_abort != nullptr) to_abort->Abort(reason);
+}
+
+void ControlMailbox::Arm(int attempt, std::shared_ptr<comm::CommunicatorSet> set) {
+  std::optional<std::string> reason;
+  {
+    absl::MutexLock lock(&mu_);
+    armed_attempt_ = attempt;
+    armed_ = set;
+    auto it = aborted_.find(attempt);
+    if (it != aborted_.end()) reason = it->second;
+  }
+  if (reason.has_value() && set != nullptr) set->Abort(*reason);
+}
+
+void ControlMailbox::Disarm() {
+  // Destroyed after the lock is released, when it is the last reference
+  // (its members join their threads).
+  std::shared_ptr<comm::CommunicatorSet> released;
+  {
+    absl::MutexLock lock(&mu_);
+    armed_attempt_ = -1;
+    released = std::move(armed_);
+  }
+}
+
+std::optional<std::string> ControlMailbox::AbortOf(int attempt) const {
+  absl::MutexLock lock(&mu_);
+  auto it = aborted_.find(attempt);
+  if (it == aborted_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<loom::v1::EnterEpoch> ControlMailbox::WaitForEpoch(int from_attempt,
+                                                                  absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, from_attempt]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& e : epochs_) {
+      if (e.from_attempt() == from_attempt) return true;
+    }
+    return false;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no EnterEpoch moving on from attempt ", from_attempt, " came within ",
+                     absl::FormatDuration(timeout), " after it stopped"));
+  }
+  for (auto it = epochs_.begin(); it != epochs_.end(); ++it) {
+    if (it->from_attempt() != from_attempt) continue;
+    loom::v1::EnterEpoch epoch = *it;
+    epochs_.erase(it);
+    return epoch;
+  }
+  return absl::InternalError("control mailbox: the EnterEpoch vanished");
+}
+
+}  // namespace loom::trainer

@@ -1,0 +1,52 @@
+// The trainer's control channel as its epoch loop sees it (in-place recovery,
+// docs/fault_tolerance.md): what the agent pushes on AgentService.Control
+// (agent_control.h reads the stream and posts here; a test posts directly).
+// An AbortRanks of attempt n aborts the communicators armed for attempt n at
+// once, on the posting thread (a blocked collective returns ABORTED), or as
+// soon as they are armed if it came first; an EnterEpoch waits for the loop
+// to take it, and aborts its from_attempt too (an abort that never arrived
+// is implied). Messages of other attempts are ignored. Thread-safe.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "loom/v1/node.pb.h"
+#include "worker/comm/communicator_set.h"
+
+namespace loom::trainer {
+
+class ControlMailbox {
+ public:
+  void Post(const loom::v1::RankControl& message);
+
+  // The communicators of `attempt`; an abort of it, posted before or after,
+  // aborts them. Replaces what was armed.
+  void Arm(int attempt, std::shared_ptr<comm::CommunicatorSet> set);
+  // Releases them (before they are destroyed).
+  void Disarm();
+  // The reason of an abort of `attempt` posted so far, if any.
+  std::optional<std::string> AbortOf(int attempt) const;
+
+  // The EnterEpoch that moves this rank on from `from_attempt`, as soon as
+  // it has been posted; DEADLINE_EXCEEDED naming the wait when none comes
+  // within `timeout`.
+  absl::StatusOr<loom::v1::EnterEpoch> WaitForEpoch(int from_attempt, absl::Duration timeout);
+
+ private:
+  void AbortLocked(int attempt, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<int, std::string> aborted_ ABSL_GUARDED_BY(mu_);  // attempt -> reason (recent ones)
+  std::deque<loom::v1::EnterEpoch> epochs_ ABSL_GUARDED_BY(mu_);
+  int armed_attempt_ ABSL_GUARDED_BY(mu_) = -1;
+  std::shared_ptr<comm::CommunicatorSet> armed_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace loom::trainer

@@ -1,0 +1,20 @@
+// The reports a rank sends about itself (RankProgress): a step's record with
+// the snapshots it holds, and the phases of its life (ready, resumed,
+// aborted, finished).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "loom/v1/rank.pb.h"
+#include "worker/engine/progress.h"
+
+namespace loom::trainer {
+
+loom::v1::RankProgress StepReport(const engine::StepProgress& p);
+void SetHoldings(const engine::SnapshotProgress& s, loom::v1::SnapshotHoldings* out);
+// A report of `phase` after `step` (ready, resumed: with resumed_step too,
+// aborted, finished).
+loom::v1::RankProgress PhaseReport(const std::string& phase, int64_t step);
+
+}  // namespace loom::trainer
