@@ -1,4 +1,4 @@
-#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/snapshot_keeper.h"
 
 #include <chrono>
 
