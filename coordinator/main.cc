@@ -6,6 +6,7 @@
 // With --state=etcd://... jobs, leadership, the user-token hashes and the
 // rank-token key live in etcd instead: several coordinators run, one leads,
 // the others stand by (coordinator/ha/, docs/ha.md).
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -103,9 +104,27 @@ ABSL_FLAG(int64_t, store_max_namespace_bytes, int64_t{64} << 20,
 namespace {
 
 absl::Notification* g_shutdown = nullptr;
+// 1 when this coordinator stops because it no longer leads (crash-only: its
+// supervisor restarts it as a standby).
+std::atomic<int> g_exit_code{0};
+// Set once the job manager exists: a fenced write elsewhere stops it too.
+std::atomic<loom::coordinator::JobManager*> g_jobs{nullptr};
 
 void OnSignal(int) {
   if (g_shutdown != nullptr && !g_shutdown->HasBeenNotified()) g_shutdown->Notify();
+}
+
+// A write was fenced: another coordinator leads. This one has already stopped
+// acting (the job manager refuses and sends nothing more); the process ends
+// through the ordinary shutdown, with status 1.
+void NoLongerLeading(const absl::Status& why) {
+  std::fprintf(stderr, "loom-coordinator: a write was fenced, this coordinator no longer leads "
+               "(%s); exiting\n", std::string(why.message()).c_str());
+  std::fflush(stderr);
+  g_exit_code = 1;
+  // At once, not at the shutdown: nothing more reaches an agent.
+  if (loom::coordinator::JobManager* jobs = g_jobs.load()) jobs->NoLongerLeading(why);
+  OnSignal(0);
 }
 
 // Linking gRPC's reflection library registers its plugin with every server
@@ -301,11 +320,20 @@ int main(int argc, char** argv) {
   if (!tls->insecure) {
     // With etcd the hashes live there: a standby that takes over knows every
     // token the leaders before it issued.
-    absl::StatusOr<std::unique_ptr<auth::UserTokenStore>> opened =
-        etcd == nullptr
-            ? auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"))
-            : auth::UserTokenStore::Open(ha::EtcdTokenPersistence(
-                  etcd.get(), etcd_prefix + "/secrets/user_tokens", election->Fence()));
+    absl::StatusOr<std::unique_ptr<auth::UserTokenStore>> opened;
+    if (etcd == nullptr) {
+      opened = auth::UserTokenStore::Open(absl::StrCat(state_dir, "/tokens"));
+    } else {
+      auth::TokenPersistence persistence = ha::EtcdTokenPersistence(
+          etcd.get(), etcd_prefix + "/secrets/user_tokens", election->Fence());
+      // A fenced token write ends the term as a fenced job write does.
+      persistence.save = [save = std::move(persistence.save)](const std::string& text) {
+        absl::Status status = save(text);
+        if (IsFenced(status)) NoLongerLeading(status);
+        return status;
+      };
+      opened = auth::UserTokenStore::Open(std::move(persistence));
+    }
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     user_tokens = *std::move(opened);
     if (etcd != nullptr) {
@@ -359,9 +387,11 @@ int main(int argc, char** argv) {
   options.hang_policy.floor = absl::Seconds(absl::GetFlag(FLAGS_hang_floor_s));
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
+  options.on_fenced = NoLongerLeading;
   JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(),
                   loom::planner::ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
+  g_jobs = &jobs;
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
   JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
@@ -444,7 +474,14 @@ int main(int argc, char** argv) {
   });
   shutdown.WaitForNotification();
   std::printf("loom-coordinator: shutting down\n");
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  std::fflush(stdout);
   liveness.join();
-  return 0;
+  // First the jobs stop acting: the node sessions that end with the server
+  // below are this coordinator's going, not the nodes' failure, and nothing
+  // is decided or stored for them (the ranks train on; the agents reconnect
+  // to the next coordinator). What was decided before is stored and sent.
+  jobs.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  g_jobs = nullptr;
+  return g_exit_code.load();
 }

@@ -2,7 +2,9 @@
 // per user (`loomctl token create --user=NAME`); the coordinator keeps only
 // the SHA-256 of each token, in a file of its state directory (or, with
 // several coordinators on etcd, in an etcd key every leader reads), so a
-// leaked state directory leaks no credentials. Thread-safe.
+// leaked state directory leaks no credentials. Thread-safe: a change is
+// saved before it takes effect (copy on write), and lookups read the current
+// set without ever waiting for a save.
 #pragma once
 
 #include <functional>
@@ -30,9 +32,11 @@ class UserTokenStore {
   static absl::StatusOr<std::unique_ptr<UserTokenStore>> Open(const std::string& path);
   static absl::StatusOr<std::unique_ptr<UserTokenStore>> Open(TokenPersistence persistence);
 
-  // A new random token for user (a valid name); persisted before it returns.
+  // A new random token for user (a valid name); persisted before it
+  // returns. A failed save changes nothing and is UNAVAILABLE naming why.
   absl::StatusOr<std::string> Create(const std::string& user);
-  // Every token of user stops working; returns how many there were.
+  // Every token of user stops working; returns how many there were. Saved
+  // first, as Create.
   absl::StatusOr<int> Revoke(const std::string& user);
   // The user a token belongs to; UNAUTHENTICATED for an unknown token.
   absl::StatusOr<std::string> Lookup(const std::string& token) const;
@@ -40,12 +44,18 @@ class UserTokenStore {
   static bool LooksLikeUserToken(const std::string& token);
 
  private:
+  using Hashes = std::map<std::string, std::string>;  // hex hash -> user
+
   explicit UserTokenStore(TokenPersistence persistence) : persistence_(std::move(persistence)) {}
-  absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const Hashes> Current() const;
+  // Saves next and makes it current; nothing changes if the save fails.
+  absl::Status Replace(Hashes next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   const TokenPersistence persistence_;
-  mutable absl::Mutex mu_;
-  std::map<std::string, std::string> user_by_hash_ ABSL_GUARDED_BY(mu_);  // hex hash -> user
+  absl::Mutex write_mu_;  // one change at a time, held across its save
+  mutable absl::Mutex read_mu_;  // held only to read or swap the pointer
+  std::shared_ptr<const Hashes> hashes_ ABSL_GUARDED_BY(read_mu_) =
+      std::make_shared<const Hashes>();
 };
 
 }  // namespace loom::coordinator::auth

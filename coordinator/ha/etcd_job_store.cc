@@ -19,6 +19,7 @@ constexpr size_t kMaxBytesPerTxn = 1 << 20;
 EtcdJobStore::EtcdJobStore(EtcdClient* etcd, std::string prefix, etcdserverpb::Compare fence)
     : etcd_(etcd),
       jobs_prefix_(absl::StrCat(prefix, "/jobs/")),
+      steps_prefix_(absl::StrCat(prefix, "/steps/")),
       max_seq_key_(absl::StrCat(prefix, "/meta/max_seq")),
       fence_(std::move(fence)) {}
 
@@ -41,7 +42,7 @@ absl::Status EtcdJobStore::Commit(std::vector<etcdserverpb::RequestOp> ops,
       return absl::UnavailableError(absl::StrCat("job store: ", what, ": ", result.status().message()));
     }
     if (!result->succeeded()) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      return FencedError(absl::StrCat(
           "job store: ", what, ": refused, this coordinator no longer leads (leader key ",
           fence_.key(), " is not the one created at revision ", fence_.create_revision(), ")"));
     }
@@ -49,18 +50,63 @@ absl::Status EtcdJobStore::Commit(std::vector<etcdserverpb::RequestOp> ops,
   return absl::OkStatus();
 }
 
-absl::Status EtcdJobStore::Put(const loom::v1::Job& job) { return PutAll({&job}); }
+std::string EtcdJobStore::ChunkKey(const std::string& id, int64_t index) const {
+  // Ten digits: the keys of a job's chunks sort as their numbers do.
+  return absl::StrCat(StepsPrefix(id), absl::Dec(index, absl::kZeroPad10));
+}
 
-absl::Status EtcdJobStore::PutAll(const std::vector<const loom::v1::Job*>& jobs) {
-  if (jobs.empty()) return absl::OkStatus();
+absl::Status EtcdJobStore::Write(const JobWrite& write) {
   std::vector<etcdserverpb::RequestOp> ops;
-  ops.reserve(jobs.size());
-  for (const loom::v1::Job* job : jobs) {
+  ops.reserve(write.jobs.size() + write.step_chunks.size() + write.keep_chunks_from.size());
+  for (const loom::v1::Job* job : write.jobs) {
     etcdserverpb::PutRequest* put = ops.emplace_back().mutable_request_put();
     put->set_key(JobKey(job->id()));
     put->set_value(job->SerializeAsString());
   }
-  return Commit(std::move(ops), absl::StrCat("store job ", jobs.front()->id()));
+  for (const StepChunk& chunk : write.step_chunks) {
+    etcdserverpb::PutRequest* put = ops.emplace_back().mutable_request_put();
+    put->set_key(ChunkKey(chunk.job_id, chunk.index));
+    put->set_value(chunk.steps.SerializeAsString());
+  }
+  for (const auto& [id, below] : write.keep_chunks_from) {
+    if (below <= 0) continue;
+    etcdserverpb::DeleteRangeRequest* drop = ops.emplace_back().mutable_request_delete_range();
+    drop->set_key(StepsPrefix(id));
+    drop->set_range_end(ChunkKey(id, below));
+  }
+  if (ops.empty()) return absl::OkStatus();
+  return Commit(std::move(ops), write.jobs.empty() ? std::string("store steps")
+                                                    : absl::StrCat("store job ", write.jobs.front()->id()));
+}
+
+absl::StatusOr<std::map<std::string, StoredSteps>> EtcdJobStore::LoadSteps() {
+  etcdserverpb::RangeRequest request;
+  request.set_key(steps_prefix_);
+  request.set_range_end(PrefixRangeEnd(steps_prefix_));
+  absl::StatusOr<etcdserverpb::RangeResponse> response = etcd_->Range(request);
+  if (!response.ok()) {
+    return absl::UnavailableError(absl::StrCat("job store: read steps: ", response.status().message()));
+  }
+  // Keys come sorted: by job, then by chunk.
+  std::map<std::string, StoredSteps> steps;
+  for (const etcdserverpb::KeyValue& kv : response->kvs()) {
+    const std::string rest = kv.key().substr(steps_prefix_.size());
+    const size_t slash = rest.find('/');
+    const std::string id = rest.substr(0, slash);
+    int64_t index = 0;
+    loom::v1::JobSteps chunk;
+    if (slash == std::string::npos || !absl::SimpleAtoi(rest.substr(slash + 1), &index) ||
+        !chunk.ParseFromString(kv.value())) {
+      return absl::DataLossError(absl::StrCat("job store: etcd key ", kv.key(),
+                                              " holds unreadable steps"));
+    }
+    auto [it, first] = steps.try_emplace(id);
+    if (first) it->second.first = index * kStepsPerChunk;
+    for (loom::v1::JobProgress& step : *chunk.mutable_steps()) {
+      it->second.steps.push_back(std::move(step));
+    }
+  }
+  return steps;
 }
 
 absl::StatusOr<std::vector<loom::v1::Job>> EtcdJobStore::LoadAll() {
@@ -98,6 +144,9 @@ absl::Status EtcdJobStore::Delete(const std::vector<std::string>& ids) {
   put->set_value(absl::StrCat(*max));
   for (const std::string& id : ids) {
     ops.emplace_back().mutable_request_delete_range()->set_key(JobKey(id));
+    etcdserverpb::DeleteRangeRequest* steps = ops.emplace_back().mutable_request_delete_range();
+    steps->set_key(StepsPrefix(id));
+    steps->set_range_end(PrefixRangeEnd(StepsPrefix(id)));
   }
   return Commit(std::move(ops), absl::StrCat("delete job ", ids.front()));
 }

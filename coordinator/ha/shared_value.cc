@@ -1,6 +1,7 @@
 #include "coordinator/ha/shared_value.h"
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/jobs/job_store.h"
 
 namespace loom::coordinator::ha {
 
@@ -36,8 +37,7 @@ absl::Status FencedPut(EtcdClient* etcd, const etcdserverpb::Compare& fence,
   absl::StatusOr<etcdserverpb::TxnResponse> result = etcd->Txn(txn);
   if (!result.ok()) return result.status();
   if (!result->succeeded()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("etcd key ", key, ": refused, this coordinator no longer leads"));
+    return FencedError(absl::StrCat("etcd key ", key, ": refused, this coordinator no longer leads"));
   }
   return absl::OkStatus();
 }

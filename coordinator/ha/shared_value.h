@@ -16,8 +16,8 @@ namespace loom::coordinator::ha {
 absl::StatusOr<std::string> LoadOrCreateShared(EtcdClient* etcd, const std::string& key,
                                                const std::function<std::string()>& make);
 
-// Writes key = value if fence holds (the writer still leads);
-// FAILED_PRECONDITION otherwise. For state only the leader changes (the user
+// Writes key = value if fence holds (the writer still leads); FencedError
+// (jobs/job_store.h) otherwise. For state only the leader changes (the user
 // token hashes).
 absl::Status FencedPut(EtcdClient* etcd, const etcdserverpb::Compare& fence,
                        const std::string& key, const std::string& value);

@@ -1,15 +1,11 @@
-// Admission: SubmitJob requests are checked (parse, rules, limits, layout,
-// memory) and persisted on the manager's admission thread, never on a gRPC
-// reaction thread and never under the job mutex. Requests that wait together
-// are written in one SQLite transaction (one fsync for the batch), and each
-// caller hears OK only once its job is durable.
-#include <cstdio>
+#include "coordinator/jobs/job_admission.h"
 
-#include "absl/strings/numbers.h"
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/layout_proto.h"
 
 namespace loom::coordinator {
@@ -17,42 +13,57 @@ namespace loom::coordinator {
 using loom::v1::Job;
 using loom::v1::JobState;
 
-absl::StatusOr<Job> JobManager::Submit(const std::string& spec_yaml,
-                                       const std::string& source_name,
-                                       const std::string& base_dir,
-                                       const std::string& owner) {
-  absl::Mutex done_mu;
-  bool finished = false;
-  absl::StatusOr<Job> result;
-  SubmitAsync(spec_yaml, source_name, base_dir, owner, [&](absl::StatusOr<Job> job) {
-    absl::MutexLock lock(&done_mu);
-    result = std::move(job);
-    finished = true;
-  });
-  absl::MutexLock lock(&done_mu);
-  done_mu.Await(absl::Condition(&finished));
-  return result;
+JobAdmission::JobAdmission(AdmissionOptions options, LayoutResolver resolver, JobTable* table,
+                           JobPersister* persister, JobLifecycle* lifecycle)
+    : options_(std::move(options)),
+      resolver_(std::move(resolver)),
+      table_(table),
+      persister_(persister),
+      lifecycle_(lifecycle) {}
+
+JobAdmission::~JobAdmission() { Stop(); }
+
+void JobAdmission::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void JobAdmission::Stop() {
+  std::deque<Request> left;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(queue_);
+  }
+  for (Request& r : left) {
+    r.done(absl::UnavailableError("the coordinator is stopping; submit again"));
+  }
 }
 
-void JobManager::SubmitAsync(std::string spec_yaml, std::string source_name, std::string base_dir,
-                             std::string owner, SubmitCallback done) {
+void JobAdmission::SubmitAsync(std::string spec_yaml, std::string source_name,
+                               std::string base_dir, std::string owner, SubmitCallback done) {
+  absl::Status refused;
   {
-    absl::MutexLock lock(&admission_mu_);
-    if (!admission_stopping_ &&
-        static_cast<int64_t>(admissions_.size()) < options_.max_queued_submissions) {
-      admissions_.push_back(Admission{std::move(spec_yaml), std::move(source_name),
-                                      std::move(base_dir), std::move(owner), std::move(done)});
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = absl::UnavailableError("the coordinator is stopping; submit again");
+    } else if (static_cast<int64_t>(queue_.size()) < options_.max_queued_submissions) {
+      queue_.push_back(Request{std::move(spec_yaml), std::move(source_name), std::move(base_dir),
+                               std::move(owner), std::move(done)});
       return;
+    } else {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "the coordinator already has ", options_.max_queued_submissions,
+          " submissions waiting to be admitted; retry later"));
     }
   }
-  done(absl::ResourceExhaustedError(absl::StrCat(
-      "the coordinator already has ", options_.max_queued_submissions,
-      " submissions waiting to be admitted; retry later")));
+  done(refused);
 }
 
-absl::StatusOr<spec::JobSpec> JobManager::CheckSubmission(const std::string& spec_yaml,
-                                                          const std::string& source_name,
-                                                          const std::string& base_dir) const {
+absl::StatusOr<spec::JobSpec> JobAdmission::Check(const std::string& spec_yaml,
+                                                  const std::string& source_name,
+                                                  const std::string& base_dir) const {
   // Bounded before anything is parsed or echoed: the spec and its name are
   // kept with the job and copied into every reply that shows it.
   if (static_cast<int64_t>(spec_yaml.size()) > options_.max_spec_bytes) {
@@ -93,11 +104,10 @@ absl::StatusOr<spec::JobSpec> JobManager::CheckSubmission(const std::string& spe
   if (absl::Status s = ConfineSpecPaths(spec, options_.roots); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   }
-
   return spec;
 }
 
-absl::Status JobManager::AssignCheckpointDirLocked(const spec::JobSpec& spec, Job& job) const {
+absl::Status JobAdmission::AssignCheckpointDirLocked(const spec::JobSpec& spec, Job& job) {
   absl::StatusOr<std::string> checkpoint_dir =
       CheckpointDirOf(spec, options_.roots, job.owner(), job.id());
   if (!checkpoint_dir.ok()) return checkpoint_dir.status();
@@ -105,8 +115,8 @@ absl::Status JobManager::AssignCheckpointDirLocked(const spec::JobSpec& spec, Jo
   if (const std::string& from = spec.checkpoint.resume_from; !from.empty()) {
     // The same answer for a job that does not exist and another owner's, so
     // that nobody learns which ids exist.
-    auto it = jobs_.find(from);
-    if (it == jobs_.end() || it->second.job.owner() != job.owner()) {
+    const JobRecord* source = table_->FindLocked(from);
+    if (source == nullptr || source->job.owner() != job.owner()) {
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint.resume_from='", from, "' is not one of your jobs"));
     }
@@ -114,45 +124,44 @@ absl::Status JobManager::AssignCheckpointDirLocked(const spec::JobSpec& spec, Jo
   return absl::OkStatus();
 }
 
-void JobManager::AdmissionLoop() {
+void JobAdmission::Loop() {
   while (true) {
-    std::vector<Admission> batch;
+    std::vector<Request> batch;
     {
-      absl::MutexLock lock(&admission_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
-        return !admissions_.empty() || admission_stopping_;
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() || stopping_;
       };
-      admission_mu_.Await(absl::Condition(&ready));
-      if (admissions_.empty()) return;  // stopping, nothing left
-      // One transaction for what waits now, bounded so that the first caller
-      // of a burst is not kept waiting for the last.
-      while (!admissions_.empty() && batch.size() < 256) {
-        batch.push_back(std::move(admissions_.front()));
-        admissions_.pop_front();
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;  // Stop answers what is left
+      // One write for what waits now, bounded so that the first caller of a
+      // burst is not kept waiting for the last.
+      while (!queue_.empty() && batch.size() < 256) {
+        batch.push_back(std::move(queue_.front()));
+        queue_.pop_front();
       }
     }
     AdmitBatch(batch);
   }
 }
 
-void JobManager::AdmitBatch(std::vector<Admission>& batch) {
+void JobAdmission::AdmitBatch(std::vector<Request>& batch) {
   std::vector<absl::StatusOr<spec::JobSpec>> checked;
   checked.reserve(batch.size());
-  for (const Admission& a : batch) {
-    checked.push_back(CheckSubmission(a.spec_yaml, a.source_name, a.base_dir));
-  }
+  for (const Request& r : batch) checked.push_back(Check(r.spec_yaml, r.source_name, r.base_dir));
   std::vector<JobRecord> records;
   std::vector<size_t> admitted;  // indices into batch
+  absl::Status acting = absl::OkStatus();
   {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < batch.size(); ++i) {
+    absl::MutexLock lock(&table_->mu());
+    if (!table_->ActingLocked()) acting = table_->NotActingLocked();
+    for (size_t i = 0; i < batch.size() && acting.ok(); ++i) {
       if (!checked[i].ok()) continue;
       const spec::JobSpec& spec = *checked[i];
       JobRecord& record = records.emplace_back();
       record.spec = spec;
       Job& job = record.job;
-      job.set_id(NewJobIdLocked());
-      record.sequence = next_sequence_ - 1;
+      job.set_id(table_->NewIdLocked(&record.sequence));
       job.set_name(spec.name);
       job.set_owner(batch[i].owner);
       job.set_state(JobState::PENDING);
@@ -166,7 +175,7 @@ void JobManager::AdmitBatch(std::vector<Admission>& batch) {
             batch[i].source_name.empty() ? "job spec" : batch[i].source_name;
         checked[i] = absl::Status(paths.code(), absl::StrCat(source, ": ", paths.message()));
         records.pop_back();
-        --next_sequence_;  // the id just taken is the newest: give it back
+        table_->GiveBackIdLocked();  // the id just taken is the newest
         continue;
       }
       job.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
@@ -181,25 +190,28 @@ void JobManager::AdmitBatch(std::vector<Admission>& batch) {
       admitted.push_back(i);
     }
   }
-  // Durable before any caller hears OK; nothing is kept if the write fails
-  // (the ids it took stay unused).
-  absl::Status stored = absl::OkStatus();
-  if (!records.empty()) {
-    std::vector<const Job*> jobs;
-    for (const JobRecord& r : records) jobs.push_back(&r.job);
-    stored = store_->PutAll(jobs);
+  // Stored before any caller hears OK, by the persister (the one writer); a
+  // job enters the table only once it is stored.
+  absl::Status stored = acting;
+  if (stored.ok() && !records.empty()) {
+    std::vector<Job> jobs;
+    jobs.reserve(records.size());
+    for (const JobRecord& r : records) jobs.push_back(r.job);
+    absl::Notification written;
+    persister_->Insert(std::move(jobs), [&stored, &written](absl::Status status) {
+      stored = std::move(status);
+      written.Notify();
+    });
+    written.WaitForNotification();
   }
   std::vector<Job> replies;
   if (stored.ok() && !records.empty()) {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&table_->mu());
     for (JobRecord& record : records) {
-      const std::string id = record.job.id();
-      replies.push_back(record.job);
-      order_.push_back(id);  // only this thread adds jobs, in id order
-      jobs_.emplace(id, std::move(record));
+      replies.push_back(table_->InsertLocked(std::move(record)).job);
     }
-    UpdateJobGaugesLocked();
-    ScheduleLocked();
+    lifecycle_->UpdateJobGaugesLocked();
+    table_->RequestScheduleLocked();
   }
   // Callers are answered outside every lock: done completes an RPC.
   size_t next_admitted = 0;

@@ -1,138 +1,114 @@
-// Placement without the job mutex. One scheduler thread owns placement and
-// the sending of every message to the agents: it copies what it needs under
-// mu_ (the first waiting job and the devices other jobs hold), computes the
-// placement and every rank's assignment without the lock, commits under mu_
-// only if nothing it read has changed, and sends after unlocking. A large
-// job's placement therefore never stalls other RPCs, heartbeats included.
+#include "coordinator/jobs/job_scheduler.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/jobs/assignment_builder.h"
-#include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/job_states.h"
-#include "coordinator/jobs/rank_peak.h"
 #include "common/confine/path_rules.h"
 #include "common/topology/placement.h"
-#include "coordinator/jobs/layout_proto.h"
+#include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/job_states.h"
+#include "coordinator/jobs/rank_peak.h"
 
 namespace loom::coordinator {
 
 using loom::v1::Job;
 using loom::v1::JobState;
 
-struct JobManager::PlacementSnapshot {
-  std::string job_id;
-  JobState state = JobState::PENDING;
-  int32_t attempt = 0;  // before this placement
-  spec::JobSpec spec;
-  std::string resolved_spec_yaml;
-  std::string owner;
-  std::string checkpoint_dir;  // Job.checkpoint_dir: <checkpoint_root>/<owner>/<id>
-  std::set<std::string> avoid;                         // nodes that failed this job
-  std::map<std::string, std::set<int32_t>> taken;      // devices other jobs hold, by node
-};
+JobScheduler::JobScheduler(SchedulerOptions options, JobTable* table, JobLifecycle* lifecycle,
+                           NodeRegistry* nodes)
+    : options_(std::move(options)), table_(table), lifecycle_(lifecycle), nodes_(nodes) {}
 
-struct JobManager::PlacementResult {
-  bool fits = false;
-  absl::Status error;  // the job can never be placed as specified: it fails
-  std::string store_namespace;
-  std::vector<loom::v1::RankAssignment> assignments;
-  std::shared_ptr<const Placement> placement;  // built here, without the lock
-  double peak_flops = 0;  // summed over the placement (for MFU)
-  std::set<std::string> nodes;
-  std::string nodes_text;
-};
+JobScheduler::~JobScheduler() { Stop(); }
 
-void JobManager::Schedule() {
-  absl::MutexLock lock(&mu_);
-  ScheduleLocked();
+void JobScheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void JobScheduler::Stop() {
+  {
+    absl::MutexLock lock(&table_->mu());
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
 }
 
-void JobManager::ScheduleLocked() {
-  schedule_requested_ = true;
-  ++requests_queued_;
+void JobScheduler::Schedule() {
+  absl::MutexLock lock(&table_->mu());
+  table_->RequestScheduleLocked();
 }
 
-void JobManager::WaitForScheduler() {
-  absl::MutexLock lock(&mu_);
-  ScheduleLocked();
-  const int64_t target = requests_queued_;
-  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return requests_handled_ >= target || stopping_;
+void JobScheduler::WaitHandled() {
+  absl::MutexLock lock(&table_->mu());
+  const int64_t target = table_->RequestScheduleLocked();
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu()) {
+    return handled_ >= target || stopping_;
   };
-  mu_.Await(absl::Condition(&done));
+  table_->mu().Await(absl::Condition(&done));
 }
 
-void JobManager::QueueSendLocked(const std::string& node_id, loom::v1::CoordinatorMessage message) {
-  outbox_.emplace_back(node_id, std::move(message));
-}
-
-void JobManager::FlushOutbox() {
-  // Only the scheduler thread sends, so messages leave in the order they were
-  // queued (a kill never overtakes the launch it is meant to stop).
+void JobScheduler::Flush() {
+  // Only this thread sends, so messages leave in the order they were queued
+  // (a kill never overtakes the launch it is meant to stop).
   while (true) {
     std::deque<std::pair<std::string, loom::v1::CoordinatorMessage>> batch;
     {
-      absl::MutexLock lock(&mu_);
-      batch.swap(outbox_);
+      absl::MutexLock lock(&table_->mu());
+      batch = table_->TakeOutboxLocked();
     }
     if (batch.empty()) return;
     for (auto& [node, message] : batch) nodes_->Send(node, message);
   }
 }
 
-void JobManager::SchedulerLoop() {
+void JobScheduler::Loop() {
   while (true) {
-    bool place = false;
-    int64_t handled = 0;
+    int64_t request = 0;
     {
-      absl::MutexLock lock(&mu_);
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return schedule_requested_ || !outbox_.empty() || stopping_;
+      absl::MutexLock lock(&table_->mu());
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu()) {
+        return table_->ScheduleRequestedLocked() || !table_->OutboxEmptyLocked() || stopping_;
       };
-      mu_.Await(absl::Condition(&has_work));
-      if (stopping_) return;
-      place = schedule_requested_;
-      schedule_requested_ = false;
-      handled = requests_queued_;
+      table_->mu().Await(absl::Condition(&has_work));
+      if (stopping_) break;
+      request = table_->TakeScheduleRequestLocked();
     }
-    FlushOutbox();
-    if (place) RunSchedulingPass();
-    FlushOutbox();
-    absl::MutexLock lock(&mu_);
-    requests_handled_ = std::max(requests_handled_, handled);
+    Flush();
+    if (request != 0) RunPass();
+    Flush();
+    absl::MutexLock lock(&table_->mu());
+    handled_ = std::max(handled_, request);
   }
+  Flush();  // what was decided before the stop still reaches the agents
 }
 
-void JobManager::RunSchedulingPass() {
+void JobScheduler::RunPass() {
   // First come, first served: a job that does not fit blocks the ones behind
   // it, so a large job is not starved by a stream of small ones.
   while (true) {
     // Devices of every node known, live or not, by kind: what the cluster
     // could hold if it were free.
     const std::map<std::string, int64_t> capacity = nodes_->Counts().all_devices;
-    PlacementSnapshot snapshot;
+    Snapshot snapshot;
     {
-      absl::MutexLock lock(&mu_);
-      if (!SnapshotNextLocked(capacity, snapshot)) return;
+      absl::MutexLock lock(&table_->mu());
+      if (!table_->ActingLocked() || !SnapshotNextLocked(capacity, snapshot)) return;
     }
-    PlacementResult result = Place(snapshot);
+    Result result = Place(snapshot);
     if (!result.fits && result.error.ok()) return;  // waits for devices
     {
-      absl::MutexLock lock(&mu_);
+      absl::MutexLock lock(&table_->mu());
       // When the job or a node changed meanwhile nothing is recorded and the
       // next round starts from a fresh snapshot.
-      CommitLocked(snapshot, result);
+      if (table_->ActingLocked()) CommitLocked(snapshot, result);
     }
-    FlushOutbox();
+    Flush();
   }
 }
 
-bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
-                                    PlacementSnapshot& snapshot) {
+bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
+                                      Snapshot& snapshot) {
   const JobRecord* next = nullptr;
-  for (const std::string& id : order_) {
-    const JobRecord& record = jobs_.at(id);
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  for (const std::string& id : table_->OrderLocked()) {
+    const JobRecord& record = table_->AtLocked(id);
     // A job larger than every node known together waits without holding up
     // the queue: it could not start before more nodes join anyway.
     auto devices = capacity.find(spec::DeviceKindName(record.spec.resources.device));
@@ -141,10 +117,9 @@ bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capaci
       continue;
     }
     const JobState state = record.job.state();
-    const bool restart_ready =
-        state == JobState::RESTARTING &&
-        absl::ToUnixMillis(absl::Now()) >= record.job.not_before_unix_ms() &&
-        record.ranks_exited == record.ranks.size();
+    const bool restart_ready = state == JobState::RESTARTING &&
+                               now_ms >= record.job.not_before_unix_ms() &&
+                               record.ranks_exited == record.ranks.size();
     if (state == JobState::PENDING || restart_ready) {
       next = &record;
       break;
@@ -159,17 +134,16 @@ bool JobManager::SnapshotNextLocked(const std::map<std::string, int64_t>& capaci
   snapshot.owner = next->job.owner();
   snapshot.checkpoint_dir = next->job.checkpoint_dir();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
-  for (const auto& [id, other] : jobs_) {
+  for (const std::string& id : table_->OrderLocked()) {
+    const JobRecord& other = table_->AtLocked(id);
     if (!HoldsDevices(other.job.state()) || &other == next) continue;
-    for (const auto& p : *other.placement) {
-      snapshot.taken[p.node_id()].insert(p.local_device());
-    }
+    for (const auto& p : *other.placement) snapshot.taken[p.node_id()].insert(p.local_device());
   }
   return true;
 }
 
-JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot) const {
-  PlacementResult result;
+JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
+  Result result;
   const spec::JobSpec& spec = snapshot.spec;
   const std::string kind = spec::DeviceKindName(spec.resources.device);
   topology::PlacementRequest request;
@@ -243,7 +217,7 @@ JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot)
     }
   }
   result.fits = true;
-  result.store_namespace = context.store_namespace;
+  result.attempt.store_namespace = context.store_namespace;
   auto places = std::make_shared<Placement>();
   places->Reserve(static_cast<int>(assignments->size()));
   for (const auto& a : *assignments) {
@@ -254,61 +228,33 @@ JobManager::PlacementResult JobManager::Place(const PlacementSnapshot& snapshot)
     p->set_local_device(a.local_device());
     p->set_place(a.place());
     p->set_peak_flops(RankPeakFlops(live[a.node_id()], spec.train.precision));
-    result.peak_flops += p->peak_flops();
+    result.attempt.peak_flops += p->peak_flops();
   }
-  result.placement = std::move(places);
+  result.attempt.placement = std::move(places);
   for (const auto& use : placement->nodes) {
-    absl::StrAppend(&result.nodes_text, result.nodes_text.empty() ? "" : ", ", use.node_id,
-                    " (ranks ", use.first_rank, "-", use.first_rank + use.num_ranks - 1, ")");
+    absl::StrAppend(&result.attempt.nodes_text, result.attempt.nodes_text.empty() ? "" : ", ",
+                    use.node_id, " (ranks ", use.first_rank, "-",
+                    use.first_rank + use.num_ranks - 1, ")");
   }
-  result.assignments = *std::move(assignments);
+  result.attempt.assignments = *std::move(assignments);
   return result;
 }
 
-bool JobManager::CommitLocked(const PlacementSnapshot& snapshot, PlacementResult& result) {
-  auto it = jobs_.find(snapshot.job_id);
-  if (it == jobs_.end()) return false;
-  JobRecord& record = it->second;
-  Job& job = record.job;
-  if (job.state() != snapshot.state || job.attempt() != snapshot.attempt) return false;
+bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
+  JobRecord* record = table_->FindLocked(snapshot.job_id);
+  if (record == nullptr) return false;
+  if (record->job.state() != snapshot.state || record->job.attempt() != snapshot.attempt) {
+    return false;
+  }
   if (!result.error.ok()) {
-    // Nothing was sent and no node is blamed: the spec is what cannot run.
-    TransitionLocked(record, JobState::FAILED, std::string(result.error.message()));
-    FinishAttemptLocked(record);
+    lifecycle_->FailUnplaceableLocked(*record, std::string(result.error.message()));
     return true;
   }
   for (const std::string& node : result.nodes) {
     std::optional<NodeInfo> info = nodes_->Get(node);
     if (!info || !info->live) return false;
   }
-
-  const int32_t attempt = snapshot.attempt + 1;
-  job.set_attempt(attempt);
-  record.ranks.assign(result.assignments.size(), RankState{});
-  record.ranks_ready = 0;
-  record.ranks_resumed = 0;
-  record.ranks_exited = 0;
-  record.placement = std::move(result.placement);
-  record.peak_flops = result.peak_flops;
-  job.set_store_namespace(result.store_namespace);
-  kv_->OpenNamespace(result.store_namespace);
-  record.placed_at = absl::Now();
-  std::vector<std::string> places;
-  places.reserve(record.placement->size());
-  for (const auto& p : *record.placement) places.push_back(p.place());
-  HangPolicy policy = options_.hang_policy;
-  policy.fixed_timeout = absl::Seconds(record.spec.fault_tolerance.hang_timeout_s);
-  record.hang = std::make_unique<HangDetector>(policy, std::move(places), absl::Now());
-  // A recovery's placement phase ends.
-  IncidentCompletedLocked(record, MarkPlaced(job, absl::Now()));
-  TransitionLocked(record, JobState::STARTING,
-                   absl::StrCat("attempt ", attempt, " placed on ", result.nodes_text));
-  for (auto& a : result.assignments) {
-    loom::v1::CoordinatorMessage message;
-    const std::string node = a.node_id();
-    *message.mutable_launch()->mutable_assignment() = std::move(a);
-    QueueSendLocked(node, std::move(message));
-  }
+  lifecycle_->StartAttemptLocked(*record, std::move(result.attempt));
   return true;
 }
 

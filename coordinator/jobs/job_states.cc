@@ -11,11 +11,11 @@ bool IsTerminal(JobState state) {
 
 bool HoldsDevices(JobState state) {
   return state == JobState::STARTING || state == JobState::RUNNING ||
-         state == JobState::RESTARTING;
+         state == JobState::RESTARTING || state == JobState::RECOVERING;
 }
 
 bool CanTransition(JobState from, JobState to) {
-  if (IsTerminal(from) || from == to) return false;
+  if (IsTerminal(from) || from == to || from == JobState::JOB_STATE_UNSPECIFIED) return false;
   // Any live job can be cancelled or fail.
   if (to == JobState::CANCELLED || to == JobState::FAILED) return true;
   switch (from) {
@@ -23,9 +23,14 @@ bool CanTransition(JobState from, JobState to) {
       return to == JobState::STARTING;
     case JobState::STARTING:
       // A very short job can finish before every rank has said it is ready.
-      return to == JobState::RUNNING || to == JobState::RESTARTING || to == JobState::SUCCEEDED;
+      return to == JobState::RUNNING || to == JobState::RESTARTING ||
+             to == JobState::RECOVERING || to == JobState::SUCCEEDED;
     case JobState::RUNNING:
-      return to == JobState::SUCCEEDED || to == JobState::RESTARTING;
+      return to == JobState::SUCCEEDED || to == JobState::RESTARTING ||
+             to == JobState::RECOVERING;
+    case JobState::RECOVERING:
+      // Repaired in place, or the whole job restarts after all (fallback).
+      return to == JobState::RUNNING || to == JobState::RESTARTING;
     case JobState::RESTARTING:
       return to == JobState::STARTING;
     default:

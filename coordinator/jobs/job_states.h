@@ -1,4 +1,13 @@
 // The job state machine: which transitions are legal. Pure.
+//
+//   PENDING -> STARTING -> RUNNING -> SUCCEEDED
+//                 |    \      |
+//                 |     RECOVERING -> RUNNING (in place: survivors kept, failed ranks relaunched)
+//                 v         |
+//              RESTARTING <-+      (whole job: every rank stopped, attempt n+1 placed)
+//                 |
+//                 +--> STARTING
+// and every state that has not ended -> FAILED | CANCELLED.
 #pragma once
 
 #include "loom/v1/job.pb.h"

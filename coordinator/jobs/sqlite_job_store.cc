@@ -15,7 +15,8 @@ absl::Status SqlError(sqlite3* db, const std::string& path, const std::string& w
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::string& state_dir) {
+absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(
+    const std::string& state_dir, const SqliteJobStoreOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(state_dir, ec);
   if (ec) {
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
     return status;
   }
   std::unique_ptr<SqliteJobStore> store(new SqliteJobStore(db, path));
-  sqlite3_busy_timeout(db, 5000);
+  sqlite3_busy_timeout(db, static_cast<int>(absl::ToInt64Milliseconds(options.busy_timeout)));
   // WAL with synchronous=FULL: a committed Put survives power loss, and
   // readers (the sqlite3 shell) never block the coordinator.
   for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;",
@@ -43,7 +44,11 @@ absl::StatusOr<std::unique_ptr<SqliteJobStore>> SqliteJobStore::Open(const std::
                           // The largest sequence ever used, so a deleted job's id is never
                           // given again.
                           "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY,"
-                          " value INTEGER NOT NULL);"}) {
+                          " value INTEGER NOT NULL);",
+                          // The steps watchers replay, a chunk of them per row.
+                          "CREATE TABLE IF NOT EXISTS steps (job_id TEXT NOT NULL,"
+                          " chunk INTEGER NOT NULL, steps BLOB NOT NULL,"
+                          " PRIMARY KEY (job_id, chunk));"}) {
     if (absl::Status s = store->Exec(sql); !s.ok()) return s;
   }
   return store;
@@ -61,25 +66,86 @@ absl::Status SqliteJobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
-absl::Status SqliteJobStore::Put(const loom::v1::Job& job) {
+absl::Status SqliteJobStore::Write(const JobWrite& write) {
   absl::MutexLock lock(&mu_);
-  return PutLocked(job);
+  // IMMEDIATE: the write lock is taken now, so a database another connection
+  // holds fails here, before anything is written.
+  if (absl::Status s = Exec("BEGIN IMMEDIATE;"); !s.ok()) return s;
+  auto fail = [this](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  };
+  for (const loom::v1::Job* job : write.jobs) {
+    if (absl::Status s = PutLocked(*job); !s.ok()) return fail(s);
+  }
+  for (const StepChunk& chunk : write.step_chunks) {
+    if (absl::Status s = PutChunkLocked(chunk); !s.ok()) return fail(s);
+  }
+  for (const auto& [job_id, below] : write.keep_chunks_from) {
+    if (absl::Status s = DropChunksLocked(job_id, below); !s.ok()) return fail(s);
+  }
+  if (absl::Status s = Exec("COMMIT;"); !s.ok()) return fail(s);
+  return absl::OkStatus();
 }
 
-absl::Status SqliteJobStore::PutAll(const std::vector<const loom::v1::Job*>& jobs) {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
-  for (const loom::v1::Job* job : jobs) {
-    if (absl::Status s = PutLocked(*job); !s.ok()) {
-      Exec("ROLLBACK;").IgnoreError();
-      return s;
-    }
+absl::Status SqliteJobStore::PutChunkLocked(const StepChunk& chunk) {
+  const std::string blob = chunk.steps.SerializeAsString();
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO steps (job_id, chunk, steps) VALUES (?, ?, ?);",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return SqlError(db_, path_, "prepare steps insert");
   }
-  if (absl::Status s = Exec("COMMIT;"); !s.ok()) {
-    Exec("ROLLBACK;").IgnoreError();
-    return s;
+  sqlite3_bind_text(stmt, 1, chunk.job_id.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 2, chunk.index);
+  sqlite3_bind_blob(stmt, 3, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return SqlError(db_, path_, absl::StrCat("store steps of job ", chunk.job_id));
   }
   return absl::OkStatus();
+}
+
+absl::Status SqliteJobStore::DropChunksLocked(const std::string& job_id, int64_t below) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM steps WHERE job_id = ? AND chunk < ?;", -1, &stmt,
+                         nullptr) != SQLITE_OK) {
+    return SqlError(db_, path_, "prepare steps delete");
+  }
+  sqlite3_bind_text(stmt, 1, job_id.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 2, below);
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return SqlError(db_, path_, absl::StrCat("drop steps of job ", job_id));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, StoredSteps>> SqliteJobStore::LoadSteps() {
+  absl::MutexLock lock(&mu_);
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT job_id, chunk, steps FROM steps ORDER BY job_id, chunk;",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return SqlError(db_, path_, "prepare steps select");
+  }
+  std::map<std::string, StoredSteps> steps;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    const std::string id = reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0));
+    loom::v1::JobSteps chunk;
+    if (!chunk.ParseFromArray(sqlite3_column_blob(stmt, 2), sqlite3_column_bytes(stmt, 2))) {
+      sqlite3_finalize(stmt);
+      return absl::DataLossError(
+          absl::StrCat("job store ", path_, ": the steps of job ", id, " are unreadable"));
+    }
+    auto [it, first] = steps.try_emplace(id);
+    if (first) it->second.first = sqlite3_column_int64(stmt, 1) * kStepsPerChunk;
+    for (loom::v1::JobProgress& step : *chunk.mutable_steps()) {
+      it->second.steps.push_back(std::move(step));
+    }
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) return SqlError(db_, path_, "read steps");
+  return steps;
 }
 
 absl::Status SqliteJobStore::PutLocked(const loom::v1::Job& job) {
@@ -134,7 +200,7 @@ absl::StatusOr<std::vector<loom::v1::Job>> SqliteJobStore::LoadAll() {
 absl::Status SqliteJobStore::Delete(const std::vector<std::string>& ids) {
   absl::MutexLock lock(&mu_);
   if (ids.empty()) return absl::OkStatus();
-  if (absl::Status s = Exec("BEGIN;"); !s.ok()) return s;
+  if (absl::Status s = Exec("BEGIN IMMEDIATE;"); !s.ok()) return s;
   auto fail = [this](absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Exec("ROLLBACK;").IgnoreError();
     return status;
@@ -145,20 +211,22 @@ absl::Status SqliteJobStore::Delete(const std::vector<std::string>& ids) {
       !s.ok()) {
     return fail(s);
   }
-  sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "DELETE FROM jobs WHERE id = ?;", -1, &stmt, nullptr) != SQLITE_OK) {
-    return fail(SqlError(db_, path_, "prepare delete"));
-  }
-  for (const std::string& id : ids) {
-    sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(stmt) != SQLITE_DONE) {
-      absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
-      sqlite3_finalize(stmt);
-      return fail(status);
+  for (const char* sql : {"DELETE FROM jobs WHERE id = ?;", "DELETE FROM steps WHERE job_id = ?;"}) {
+    sqlite3_stmt* stmt = nullptr;
+    if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+      return fail(SqlError(db_, path_, "prepare delete"));
     }
-    sqlite3_reset(stmt);
+    for (const std::string& id : ids) {
+      sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+      if (sqlite3_step(stmt) != SQLITE_DONE) {
+        absl::Status status = SqlError(db_, path_, absl::StrCat("delete job ", id));
+        sqlite3_finalize(stmt);
+        return fail(status);
+      }
+      sqlite3_reset(stmt);
+    }
+    sqlite3_finalize(stmt);
   }
-  sqlite3_finalize(stmt);
   if (absl::Status s = Exec("COMMIT;"); !s.ok()) return fail(s);
   return absl::OkStatus();
 }

@@ -13,6 +13,10 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context, const absl:
   return reactor;
 }
 
+absl::Status Busy() {
+  return absl::ResourceExhaustedError("too many token changes wait to be stored; retry");
+}
+
 absl::Status NeedTokens(const auth::UserTokenStore* tokens) {
   if (tokens != nullptr) return absl::OkStatus();
   return absl::FailedPreconditionError("bearer tokens need TLS; this coordinator runs --insecure");
@@ -27,13 +31,21 @@ grpc::ServerUnaryReactor* AuthServiceImpl::CreateToken(grpc::CallbackServerConte
       auth_->Admit(*context, "/loom.v1.AuthService/CreateToken");
   if (!caller.ok()) return Done(context, caller.status());
   if (absl::Status s = NeedTokens(tokens_); !s.ok()) return Done(context, s);
-  absl::StatusOr<std::string> token = tokens_->Create(request->user());
-  if (!token.ok()) return Done(context, token.status());
-  std::fprintf(stderr, "auth: %s created a token for user %s\n", caller->name.c_str(),
-               request->user().c_str());
-  response->set_user(request->user());
-  response->set_token(*token);
-  return Done(context, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool queued = writes_.TrySubmit([this, request, response, reactor, who = caller->name] {
+    absl::StatusOr<std::string> token = tokens_->Create(request->user());
+    if (!token.ok()) {
+      reactor->Finish(ToGrpc(token.status()));
+      return;
+    }
+    std::fprintf(stderr, "auth: %s created a token for user %s\n", who.c_str(),
+                 request->user().c_str());
+    response->set_user(request->user());
+    response->set_token(*token);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued) reactor->Finish(ToGrpc(Busy()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AuthServiceImpl::RevokeTokens(grpc::CallbackServerContext* context,
@@ -43,12 +55,20 @@ grpc::ServerUnaryReactor* AuthServiceImpl::RevokeTokens(grpc::CallbackServerCont
       auth_->Admit(*context, "/loom.v1.AuthService/RevokeTokens");
   if (!caller.ok()) return Done(context, caller.status());
   if (absl::Status s = NeedTokens(tokens_); !s.ok()) return Done(context, s);
-  absl::StatusOr<int> revoked = tokens_->Revoke(request->user());
-  if (!revoked.ok()) return Done(context, revoked.status());
-  std::fprintf(stderr, "auth: %s revoked %d token(s) of user %s\n", caller->name.c_str(), *revoked,
-               auth::IsValidName(request->user()) ? request->user().c_str() : "(invalid name)");
-  response->set_revoked(*revoked);
-  return Done(context, absl::OkStatus());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool queued = writes_.TrySubmit([this, request, response, reactor, who = caller->name] {
+    absl::StatusOr<int> revoked = tokens_->Revoke(request->user());
+    if (!revoked.ok()) {
+      reactor->Finish(ToGrpc(revoked.status()));
+      return;
+    }
+    std::fprintf(stderr, "auth: %s revoked %d token(s) of user %s\n", who.c_str(), *revoked,
+                 auth::IsValidName(request->user()) ? request->user().c_str() : "(invalid name)");
+    response->set_revoked(*revoked);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued) reactor->Finish(ToGrpc(Busy()));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AuthServiceImpl::WhoAmI(grpc::CallbackServerContext* context,

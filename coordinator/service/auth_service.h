@@ -1,8 +1,13 @@
 // AuthService handlers: bearer tokens for users (admin only) and WhoAmI.
+// Creating and revoking a token writes the hashes durably (an fsync, or an
+// etcd transaction): that runs on a one-thread pool, never on a callback
+// thread, and the call is answered once it is stored. Lookups never wait for
+// it (user_tokens.h).
 #pragma once
 
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/service/caller_identity.h"
+#include "coordinator/service/work_pool.h"
 #include "loom/v1/auth.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -11,7 +16,7 @@ class AuthServiceImpl final : public loom::v1::AuthService::CallbackService {
  public:
   // tokens may be null (--insecure): token calls then fail FAILED_PRECONDITION.
   AuthServiceImpl(auth::UserTokenStore* tokens, const CallerAuth* auth)
-      : tokens_(tokens), auth_(auth) {}
+      : tokens_(tokens), auth_(auth), writes_(1, 16) {}
 
   grpc::ServerUnaryReactor* CreateToken(grpc::CallbackServerContext* context,
                                         const loom::v1::CreateTokenRequest* request,
@@ -26,6 +31,7 @@ class AuthServiceImpl final : public loom::v1::AuthService::CallbackService {
  private:
   auth::UserTokenStore* tokens_;
   const CallerAuth* auth_;
+  WorkPool writes_;  // last: its thread stops before the members it uses go
 };
 
 }  // namespace loom::coordinator

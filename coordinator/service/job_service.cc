@@ -190,7 +190,24 @@ grpc::ServerUnaryReactor* JobServiceImpl::PlanJob(grpc::CallbackServerContext* c
   absl::StatusOr<auth::Identity> caller =
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "PlanJob"));
   if (!caller.ok()) return Refuse(context, caller.status());
-  return Reply(context, plan_(*request), response);
+  // A search takes from milliseconds to seconds of CPU: never on a callback
+  // thread, and never more of them at once than the pool holds.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool queued = plans_.TrySubmit([this, request, response, reactor] {
+    absl::StatusOr<loom::v1::PlanJobResponse> plan = plan_(*request);
+    if (plan.ok()) {
+      *response = *std::move(plan);
+      reactor->Finish(grpc::Status::OK);
+    } else {
+      reactor->Finish(ToGrpc(plan.status()));
+    }
+  });
+  if (!queued) {
+    reactor->Finish(ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator is already planning ", plans_.capacity(),
+        " requests (its bound); retry, or plan here with loomctl plan --offline"))));
+  }
+  return reactor;
 }
 
 grpc::Status JobServiceImpl::GetJob(grpc::ServerContext* context,
@@ -231,8 +248,10 @@ grpc::ServerUnaryReactor* JobServiceImpl::DeleteJob(grpc::CallbackServerContext*
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "DeleteJob"));
   if (!caller.ok()) return Refuse(context, caller.status());
   if (absl::Status s = AuthorizeJob(*caller, request->id()); !s.ok()) return Refuse(context, s);
+  // Answered by the persister once the store has deleted it.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpc(jobs_->Delete(request->id())));
+  jobs_->DeleteAsync(request->id(),
+                     [reactor](absl::Status status) { reactor->Finish(ToGrpc(status)); });
   return reactor;
 }
 
@@ -262,7 +281,17 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "CancelJob"));
   if (!caller.ok()) return Refuse(context, caller.status());
   if (absl::Status s = AuthorizeJob(*caller, request->id()); !s.ok()) return Refuse(context, s);
-  return Reply(context, jobs_->Cancel(request->id()), response);
+  // Answered by the persister once the cancel is stored.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  jobs_->CancelAsync(request->id(), [reactor, response](absl::StatusOr<loom::v1::Job> job) {
+    if (job.ok()) {
+      *response = *std::move(job);
+      reactor->Finish(grpc::Status::OK);
+    } else {
+      reactor->Finish(ToGrpc(job.status()));
+    }
+  });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<WatchJobResponse>* JobServiceImpl::WatchJob(

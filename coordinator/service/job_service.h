@@ -9,6 +9,10 @@
 // behind whatever burst of reports is ahead of it, and those threads, always
 // busy, are the last the kernel schedules on a loaded machine. A sync thread
 // sleeps until a read arrives (docs/scale.md).
+//
+// No callback waits: SubmitJob is answered by the admission thread, CancelJob
+// and DeleteJob by the persister once their change is stored, PlanJob by a
+// small bounded pool (RESOURCE_EXHAUSTED when it is full).
 #pragma once
 
 #include <functional>
@@ -16,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
+#include "coordinator/service/work_pool.h"
 #include "loom/v1/job.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -31,10 +36,20 @@ using JobServiceBase = loom::v1::JobService::WithCallbackMethod_SubmitJob<
                     loom::v1::JobService::WithCallbackMethod_WatchJob<
                         loom::v1::JobService::Service>>>>>>;
 
+struct JobServiceOptions {
+  // Planner searches at once, and waiting beyond them (PlanJob).
+  int plan_threads = 2;
+  size_t plan_queue = 8;
+};
+
 class JobServiceImpl final : public JobServiceBase {
  public:
-  JobServiceImpl(JobManager* jobs, PlanFunction plan, const CallerAuth* auth)
-      : jobs_(jobs), plan_(std::move(plan)), auth_(auth) {}
+  JobServiceImpl(JobManager* jobs, PlanFunction plan, const CallerAuth* auth,
+                 JobServiceOptions options = {})
+      : jobs_(jobs),
+        plan_(std::move(plan)),
+        auth_(auth),
+        plans_(options.plan_threads, options.plan_queue) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const loom::v1::SubmitJobRequest* request,
@@ -68,6 +83,7 @@ class JobServiceImpl final : public JobServiceBase {
   JobManager* jobs_;
   PlanFunction plan_;
   const CallerAuth* auth_;
+  WorkPool plans_;  // last: its threads stop before the members they use go
 };
 
 }  // namespace loom::coordinator

@@ -10,7 +10,11 @@
 #include "coordinator/auth/policy.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/auth/user_tokens.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+
+#include <thread>
 
 namespace loom::coordinator::auth {
 namespace {
@@ -219,6 +223,72 @@ TEST(PolicyTest, RanksReachOnlyTheirNamespace) {
   EXPECT_FALSE(AuthorizeStore(rank, "job-000002/attempt-1").ok());
   const Identity node{.role = Role::kNode, .name = "node-a", .rank = {}};
   EXPECT_FALSE(AuthorizeStore(node, "job-000001/attempt-1").ok());
+}
+
+// Token hashes kept in memory, with a save that waits at a gate or fails.
+struct SlowPersistence {
+  absl::Mutex mu;
+  std::string text;
+  bool open = true;
+  bool saving = false;
+  absl::Status failure;
+  TokenPersistence Persistence() {
+    return {.name = "memory",
+            .load = [this]() -> absl::StatusOr<std::string> {
+              absl::MutexLock lock(&mu);
+              return text;
+            },
+            .save = [this](const std::string& next) {
+              absl::MutexLock lock(&mu);
+              saving = true;
+              mu.Await(absl::Condition(&open));
+              saving = false;
+              if (!failure.ok()) return failure;
+              text = next;
+              return absl::OkStatus();
+            }};
+  }
+};
+
+TEST(UserTokenStoreTest, ALookupNeverWaitsForASaveAndAFailedSaveChangesNothing) {
+  SlowPersistence saved;
+  auto store = UserTokenStore::Open(saved.Persistence());
+  ASSERT_TRUE(store.ok());
+  auto alice = (*store)->Create("alice");
+  ASSERT_TRUE(alice.ok());
+  {
+    absl::MutexLock lock(&saved.mu);
+    saved.open = false;
+  }
+  absl::StatusOr<std::string> bob;
+  std::thread create([&] { bob = (*store)->Create("bob"); });
+  {
+    absl::MutexLock lock(&saved.mu);
+    saved.mu.Await(absl::Condition(&saved.saving));
+  }
+  // Bob's save is under way: lookups answer meanwhile.
+  auto user = (*store)->Lookup(*alice);
+  ASSERT_TRUE(user.ok()) << user.status();
+  EXPECT_EQ(*user, "alice");
+  {
+    absl::MutexLock lock(&saved.mu);
+    saved.open = true;
+  }
+  create.join();
+  ASSERT_TRUE(bob.ok());
+  EXPECT_EQ(*(*store)->Lookup(*bob), "bob");
+
+  // A save that fails: UNAVAILABLE naming why, and nothing changed.
+  {
+    absl::MutexLock lock(&saved.mu);
+    saved.failure = absl::InternalError("cannot write memory: No space left on device");
+  }
+  auto carol = (*store)->Create("carol");
+  EXPECT_EQ(carol.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(carol.status().message().find("No space left on device"), std::string::npos);
+  auto revoked = (*store)->Revoke("alice");
+  EXPECT_EQ(revoked.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE((*store)->Lookup(*alice).ok());  // still valid: the revoke was not saved
 }
 
 }  // namespace

@@ -26,8 +26,11 @@
 #include "coordinator/ha/etcd_target.h"
 #include "coordinator/ha/leader_election.h"
 #include "coordinator/ha/shared_value.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/service/plan_service.h"
 #include "gtest/gtest.h"
 #include "tests/common/scratch_dir.h"
+#include "tests/coordinator/job_manager_harness.h"
 
 namespace loom::coordinator::ha {
 namespace {
@@ -86,27 +89,32 @@ loom::v1::Job MakeJob(const std::string& id, loom::v1::JobState state) {
 class EtcdHa : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string etcd = FindEtcd();
-    if (etcd.empty()) GTEST_SKIP() << "etcd is not installed (scripts/install_deps.sh)";
+    etcd_ = FindEtcd();
+    if (etcd_.empty()) GTEST_SKIP() << "etcd is not installed (scripts/install_deps.sh)";
     ASSERT_FALSE(scratch_.path().empty());
-    const int client_port = FreePort();
-    const int peer_port = FreePort();
-    endpoint_ = absl::StrCat("127.0.0.1:", client_port);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port);
+    endpoint_ = absl::StrCat("127.0.0.1:", FreePort());
+    peer_ = absl::StrCat("http://127.0.0.1:", FreePort());
+    client_ = std::make_unique<EtcdClient>(std::vector<std::string>{endpoint_},
+                                           grpc::InsecureChannelCredentials());
+    StartEtcd();
+  }
+
+  // Starts the member (again: same ports, same data) and waits until it answers.
+  void StartEtcd() {
     std::vector<std::string> args = {
-        etcd,
+        etcd_,
         "--name=t0",
         "--data-dir=" + (scratch_ / "etcd"),
         "--listen-client-urls=http://" + endpoint_,
         "--advertise-client-urls=http://" + endpoint_,
-        "--listen-peer-urls=" + peer,
-        "--initial-advertise-peer-urls=" + peer,
-        "--initial-cluster=t0=" + peer};
+        "--listen-peer-urls=" + peer_,
+        "--initial-advertise-peer-urls=" + peer_,
+        "--initial-cluster=t0=" + peer_};
     const std::string log = scratch_ / "etcd.log";
     // posix_spawn, not fork: no fork handlers of the gRPC this test links run.
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -114,8 +122,6 @@ class EtcdHa : public ::testing::Test {
     if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
     ASSERT_GT(pid_, 0);
-    client_ = std::make_unique<EtcdClient>(std::vector<std::string>{endpoint_},
-                                           grpc::InsecureChannelCredentials());
     for (int i = 0; i < 200; ++i) {
       if (absl::IsNotFound(client_->Get("/probe").status())) return;
       absl::SleepFor(absl::Milliseconds(100));
@@ -126,12 +132,16 @@ class EtcdHa : public ::testing::Test {
     FAIL() << "etcd did not answer within 20 s; its log:\n" << text.str();
   }
 
-  void TearDown() override {
+  // SIGKILL: whatever it had not acknowledged is gone with it.
+  void KillEtcd() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
+    pid_ = -1;
   }
+
+  void TearDown() override { KillEtcd(); }
 
   ElectionOptions Options(const std::string& address) {
     return {.leader_key = "/t/leader",
@@ -141,8 +151,10 @@ class EtcdHa : public ::testing::Test {
   }
 
   loom::testing::ScratchDir scratch_{"loom_etcd_ha"};
+  std::string etcd_;
   pid_t pid_ = -1;
   std::string endpoint_;
+  std::string peer_;
   std::unique_ptr<EtcdClient> client_;
 };
 
@@ -247,6 +259,7 @@ TEST_F(EtcdHa, StandbyLeadsWhenTheLeaderGoesAndTheOldLeaderCannotWrite) {
   // changes nothing; b's writes go through.
   absl::Status fenced = a_store.Put(MakeJob("job-abc123-000001", loom::v1::FAILED));
   EXPECT_TRUE(absl::IsFailedPrecondition(fenced)) << fenced;
+  EXPECT_TRUE(IsFenced(fenced)) << fenced;
   EXPECT_NE(fenced.message().find("no longer leads"), std::string::npos) << fenced;
   EXPECT_TRUE(absl::IsFailedPrecondition(a_store.Delete({"job-abc123-000001"})));
   EtcdJobStore b_store(&b_client, "/t", b.Fence());
@@ -282,10 +295,112 @@ TEST_F(EtcdHa, UserTokensIssuedByOneLeaderAreKnownToTheNext) {
   auto user = (*b_tokens)->Lookup(*token);
   ASSERT_TRUE(user.ok()) << user.status();
   EXPECT_EQ(*user, "alice");
-  // The old leader can no longer issue or revoke.
-  EXPECT_TRUE(absl::IsFailedPrecondition((*a_tokens)->Create("mallory").status()));
-  EXPECT_TRUE(absl::IsFailedPrecondition((*a_tokens)->Revoke("alice").status()));
+  // The old leader can no longer issue or revoke: UNAVAILABLE (a client
+  // goes to the leader), marked fenced (the coordinator stops acting).
+  const absl::Status create = (*a_tokens)->Create("mallory").status();
+  EXPECT_TRUE(absl::IsUnavailable(create)) << create;
+  EXPECT_TRUE(IsFenced(create)) << create;
+  const absl::Status revoke = (*a_tokens)->Revoke("alice").status();
+  EXPECT_TRUE(absl::IsUnavailable(revoke) && IsFenced(revoke)) << revoke;
+  EXPECT_TRUE((*a_tokens)->Lookup(*token).ok());  // nothing changed
   EXPECT_TRUE((*b_tokens)->Lookup(*token).ok());
+}
+
+// A job manager on etcd: clients hear UNAVAILABLE for what etcd, stopped,
+// could not store, and a manager started after etcd is back holds exactly
+// what they were told.
+TEST_F(EtcdHa, WhatClientsAreToldIsWhatEtcdHoldsWhenEtcdStopsDuringWrites) {
+  LeaderElection election(client_.get(), Options("a:1"));
+  absl::Notification never;
+  ASSERT_TRUE(election.Campaign(never, [](const std::string&) {}, [](const std::string&) {}).ok());
+  NodeRegistry nodes;
+  KvStore kv;
+  auto start = [&] {
+    auto jobs = std::make_unique<JobManager>(
+        JobManagerOptions{.state_dir = scratch_ / "state"},
+        std::make_unique<EtcdJobStore>(client_.get(), "/t", election.Fence()), &nodes, &kv,
+        nullptr, ResolveLayout);
+    EXPECT_TRUE(jobs->Recover().ok());
+    return jobs;
+  };
+  auto jobs = start();
+  auto kept = jobs->Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
+  auto cancelled = jobs->Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
+  ASSERT_TRUE(kept.ok() && cancelled.ok());
+  ASSERT_TRUE(jobs->Cancel(cancelled->id()).ok());
+
+  KillEtcd();
+  auto lost = jobs->Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kUnavailable) << lost.status();
+  auto cancel = jobs->Cancel(kept->id());
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable) << cancel.status();
+  const absl::Status deleted = jobs->Delete(cancelled->id());
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kUnavailable) << deleted;
+  EXPECT_EQ(jobs->Get(kept->id())->state(), loom::v1::PENDING);
+  EXPECT_TRUE(jobs->Get(cancelled->id()).ok());
+  jobs.reset();
+
+  StartEtcd();
+  jobs = start();
+  auto page = jobs->List(100);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs.size(), 2u);
+  EXPECT_EQ(page->jobs[0].id(), kept->id());
+  EXPECT_EQ(page->jobs[0].state(), loom::v1::PENDING);
+  EXPECT_EQ(page->jobs[1].id(), cancelled->id());
+  EXPECT_EQ(page->jobs[1].state(), loom::v1::CANCELLED);
+}
+
+// A fenced write (another coordinator leads) makes the job manager stop
+// acting at once: the caller hears UNAVAILABLE, nothing reaches the agents,
+// nothing more is accepted or decided.
+TEST_F(EtcdHa, AFencedWriteStopsTheJobManagerActingAtOnce) {
+  LeaderElection election(client_.get(), Options("a:1"));
+  absl::Notification never;
+  ASSERT_TRUE(election.Campaign(never, [](const std::string&) {}, [](const std::string&) {}).ok());
+  NodeRegistry nodes;
+  KvStore kv;
+  auto channel = std::make_shared<testing::RecordingChannel>();
+  loom::v1::RegisterNode node;
+  node.set_node_id("node-a");
+  node.set_address("127.0.0.1");
+  loom::v1::Device* device = node.add_devices();
+  device->set_kind("cpu");
+  device->set_count(2);
+  nodes.Register(node, channel, absl::Now());
+  absl::Notification fenced;
+  JobManagerOptions options{.state_dir = scratch_ / "state"};
+  options.on_fenced = [&](const absl::Status& why) {
+    EXPECT_TRUE(IsFenced(why)) << why;
+    fenced.Notify();
+  };
+  JobManager jobs(options, std::make_unique<EtcdJobStore>(client_.get(), "/t", election.Fence()),
+                  &nodes, &kv, nullptr, ResolveLayout);
+  ASSERT_TRUE(jobs.Recover().ok());
+  auto job = jobs.Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
+  ASSERT_TRUE(job.ok()) << job.status();
+  jobs.WaitIdle();
+  ASSERT_EQ(jobs.Get(job->id())->state(), loom::v1::STARTING);
+  const size_t launches = channel->messages().size();
+  ASSERT_EQ(launches, 2u);
+
+  // Its term ends (the lease is gone: another coordinator may lead now).
+  ASSERT_TRUE(client_->LeaseRevoke(election.lease()).ok());
+  auto cancel = jobs.Cancel(job->id());
+  EXPECT_EQ(cancel.status().code(), absl::StatusCode::kUnavailable) << cancel.status();
+  EXPECT_NE(cancel.status().message().find("no longer leads"), std::string::npos);
+  fenced.WaitForNotification();
+  jobs.OnNodeLost("node-a", "its agent's session ended");
+  auto refused = jobs.Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  jobs.WaitIdle();
+  EXPECT_EQ(channel->messages().size(), launches);  // no kill left
+  EXPECT_EQ(jobs.Get(job->id())->state(), loom::v1::STARTING);  // as stored
+  auto stored = client_->Get(absl::StrCat("/t/jobs/", job->id()));
+  ASSERT_TRUE(stored.ok());
+  loom::v1::Job record;
+  ASSERT_TRUE(record.ParseFromString(stored->value()));
+  EXPECT_EQ(record.state(), loom::v1::STARTING);
 }
 
 TEST_F(EtcdHa, SharedValuesAreCreatedOnceForEveryone) {

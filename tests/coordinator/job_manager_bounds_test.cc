@@ -80,7 +80,7 @@ TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) 
   auto first = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   auto second = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(first.ok() && second.ok());
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(first->id())->state(), JobState::STARTING);
   EXPECT_EQ(jobs_->Get(second->id())->state(), JobState::STARTING);
   std::vector<std::string> namespaces;
@@ -98,7 +98,7 @@ TEST_F(JobManagerBounds, PlacementRunsOnTheSchedulerWithAnUnguessableNamespace) 
   EXPECT_TRUE(jobs_->Get(first->id())->store_namespace().empty());  // never shown
   ASSERT_TRUE(jobs_->Cancel(first->id()).ok());
   EXPECT_EQ(kv_.Set(namespaces[0], "k", "v").code(), absl::StatusCode::kNotFound);
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   // The cancel's kill went out after the launches, in order.
   const auto messages = node->messages();
   ASSERT_EQ(messages.size(), 5u);
@@ -110,7 +110,7 @@ TEST_F(JobManagerBounds, GetJobHasThePlacementOnlyInTheFullViewAndARestartKeepsI
   AddNode("node-a", 2);
   auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok()) << job.status();
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   auto basic = jobs_->Get(job->id());
   ASSERT_TRUE(basic.ok());
   EXPECT_EQ(basic->state(), JobState::STARTING);
@@ -143,14 +143,14 @@ TEST_F(JobManagerBounds, AJobLargerThanTheWholeClusterDoesNotHoldUpTheQueue) {
                             "job.yaml", "", "alice");
   ASSERT_TRUE(huge.ok()) << huge.status();
   auto small = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(huge->id())->state(), JobState::PENDING);
   EXPECT_EQ(jobs_->Get(small->id())->state(), JobState::STARTING);
   // A job that the cluster could hold once free still waits its turn.
   auto waits = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   auto behind = jobs_->Submit(absl::StrReplaceAll(kSmallDpSpec, {{"ranks: 2", "ranks: 1"}, {"dp: 2", "dp: 1"}}),
                               "job.yaml", "", "alice");
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(waits->id())->state(), JobState::PENDING);
   EXPECT_EQ(jobs_->Get(behind->id())->state(), JobState::PENDING);
 }
@@ -162,7 +162,7 @@ TEST_F(JobManagerBounds, ALaunchAboveTheTransportLimitFailsTheJobNotTheNode) {
   auto node = AddNode("node-a", 2);
   auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok());
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   auto after = jobs_->Get(job->id());
   EXPECT_EQ(after->state(), JobState::FAILED);
   EXPECT_THAT(after->failure_reason(), HasSubstr("above the transport limit of 200 bytes"));
@@ -224,6 +224,7 @@ TEST_F(JobManagerBounds, FinishedJobsAreForgottenAfterTheirRetention) {
   EXPECT_TRUE(jobs_->Get(ended->id()).ok());
   Start(options);  // the sweep's clock starts over with the process
   jobs_->CheckHealth(absl::Now() + absl::Minutes(6));
+  jobs_->WaitIdle();  // the delete is the persister's
   EXPECT_EQ(jobs_->Get(ended->id()).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(jobs_->Get(waiting->id()).ok());  // not ended: kept
 }
@@ -232,17 +233,18 @@ TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMove
   Start();
   auto node = AddNode("node-a", 2);
   auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   ASSERT_EQ(jobs_->Get(job->id())->state(), JobState::STARTING);
   const size_t launches = node->messages().size();
 
   // Lost for silence: its ranks are given up and the reason says why.
   ASSERT_EQ(nodes_.ExpireSilent(absl::Now() + absl::Minutes(1), absl::Seconds(3)).size(), 1u);
   jobs_->OnNodeLost("node-a", "no heartbeat for 3s");
+  jobs_->WaitIdle();
   auto lost = jobs_->Get(job->id());
   EXPECT_EQ(lost->state(), JobState::RESTARTING);
   EXPECT_THAT(lost->last_diagnosis(), HasSubstr("node node-a was lost (no heartbeat for 3s)"));
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   EXPECT_EQ(node->messages().size(), launches);  // a lost node is sent nothing
 
   // Its session speaks again, still running attempt 1's ranks.
@@ -256,7 +258,7 @@ TEST_F(JobManagerBounds, ANodeBackFromSilenceIsToldToKillRanksOfAttemptsThatMove
   ASSERT_EQ(nodes_.Heartbeat("node-a", node.get(), heartbeat, absl::Now()),
             NodeRegistry::HeartbeatResult::kRevived);
   jobs_->OnNodeRevived("node-a", {heartbeat.running().begin(), heartbeat.running().end()});
-  jobs_->WaitForScheduler();
+  jobs_->WaitIdle();
   const auto messages = node->messages();
   ASSERT_GT(messages.size(), launches);
   ASSERT_TRUE(messages[launches].has_kill());

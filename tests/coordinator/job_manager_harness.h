@@ -52,15 +52,22 @@ class JobManagerHarness : public ::testing::Test {
   explicit JobManagerHarness(const std::string& scratch_name) : scratch_(scratch_name) {}
 
   // A fresh manager over the scratch state directory (what was stored stays).
-  void Start(JobManagerOptions options = {}) {
+  void Start(JobManagerOptions options = {}, SqliteJobStoreOptions sqlite = {}) {
     jobs_.reset();
-    options.state_dir = scratch_ / "state";
-    auto store = SqliteJobStore::Open(options.state_dir);
+    auto store = SqliteJobStore::Open(state_dir(), sqlite);
     ASSERT_TRUE(store.ok()) << store.status();
-    jobs_ = std::make_unique<JobManager>(options, *std::move(store), &nodes_, &kv_, nullptr,
-                                         planner::ResolveLayout);
-    ASSERT_TRUE(jobs_->Recover().ok());
+    StartWith(std::move(options), *std::move(store));
   }
+  // The same over a given store (one that wraps the scratch SQLite store).
+  void StartWith(JobManagerOptions options, std::unique_ptr<JobStore> store) {
+    jobs_.reset();
+    options.state_dir = state_dir();
+    jobs_ = std::make_unique<JobManager>(options, std::move(store), &nodes_, &kv_, nullptr,
+                                         planner::ResolveLayout);
+    absl::Status recovered = jobs_->Recover();
+    ASSERT_TRUE(recovered.ok()) << recovered;
+  }
+  std::string state_dir() const { return scratch_ / "state"; }
 
   // Registers a CPU node with `devices` devices.
   std::shared_ptr<RecordingChannel> AddNode(const std::string& id, int devices) {

@@ -71,6 +71,41 @@ TEST(JobStore, DeletedJobsAreGoneButTheirSequenceIsNeverReused) {
   EXPECT_EQ(*(*store)->MaxSequence(), 3);
 }
 
+TEST(JobStore, StepsAreStoredInChunksBoundedAndDeletedWithTheirJob) {
+  const loom::testing::ScratchDir scratch("loom_job_store_steps");
+  const std::string dir = scratch / "state";
+  auto chunk = [](int64_t index, int64_t first, int64_t count) {
+    StepChunk c{.job_id = "job-000001", .index = index, .steps = {}};
+    for (int64_t s = first; s < first + count; ++s) c.steps.add_steps()->set_step(s);
+    return c;
+  };
+  {
+    auto store = SqliteJobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const loom::v1::Job job = MakeJob("job-000001", loom::v1::RUNNING);
+    JobWrite write;
+    write.jobs = {&job};
+    write.step_chunks = {chunk(0, 1, kStepsPerChunk), chunk(1, 257, 10)};
+    ASSERT_TRUE((*store)->Write(write).ok());
+    // The bound moves on: chunk 0 goes, chunk 1 grows, chunk 2 begins.
+    JobWrite next;
+    next.step_chunks = {chunk(1, 257, kStepsPerChunk), chunk(2, 513, 3)};
+    next.keep_chunks_from["job-000001"] = 1;
+    ASSERT_TRUE((*store)->Write(next).ok());
+  }
+  auto store = SqliteJobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  auto steps = (*store)->LoadSteps();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  const StoredSteps& stored = steps->at("job-000001");
+  EXPECT_EQ(stored.first, kStepsPerChunk);  // the series goes on numbering from chunk 1
+  ASSERT_EQ(stored.steps.size(), static_cast<size_t>(kStepsPerChunk + 3));
+  EXPECT_EQ(stored.steps.front().step(), 257);
+  EXPECT_EQ(stored.steps.back().step(), 515);
+  ASSERT_TRUE((*store)->Delete({"job-000001"}).ok());
+  EXPECT_TRUE((*store)->LoadSteps()->empty());
+}
+
 TEST(JobStore, UnwritableStateDirIsNamed) {
   auto store = SqliteJobStore::Open("/proc/loom-cannot-exist/state");
   ASSERT_FALSE(store.ok());

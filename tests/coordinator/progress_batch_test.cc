@@ -34,7 +34,7 @@ class ProgressBatchTest : public testing::JobManagerHarness {
   loom::v1::Job Placed() {
     auto job = jobs_->Submit(kSmallDpSpec, "job.yaml", "", "alice");
     EXPECT_TRUE(job.ok()) << job.status();
-    jobs_->WaitForScheduler();
+    jobs_->WaitIdle();
     auto full = jobs_->Get(job->id(), loom::v1::JOB_VIEW_FULL);
     EXPECT_TRUE(full.ok());
     EXPECT_EQ(full->state(), JobState::STARTING);
@@ -63,6 +63,7 @@ TEST_F(ProgressBatchTest, ABatchMovesTheJobAndTheLastExitEndsIt) {
   ProgressBatchResult result = jobs_->OnRankProgressBatch("node-a", ready);
   EXPECT_EQ(result.applied, 2);
   EXPECT_EQ(result.refused, 0);
+  jobs_->WaitIdle();  // readers see a state change once it is stored
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
 
   loom::v1::RankProgressBatch step;
@@ -78,9 +79,11 @@ TEST_F(ProgressBatchTest, ABatchMovesTheJobAndTheLastExitEndsIt) {
   exit.set_rank(0);
   jobs_->OnRankExited("node-a", exit);
   jobs_->OnRankExited("node-a", exit);  // twice: counted once
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
   exit.set_rank(1);
   jobs_->OnRankExited("node-a", exit);
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::SUCCEEDED);
 }
 
@@ -127,11 +130,13 @@ TEST_F(ProgressBatchTest, ReportsForRanksOfAnotherNodeOrAttemptAreRefusedAndCoun
   result = jobs_->OnRankProgressBatch(node0, own);
   EXPECT_EQ(result.applied, 1);
   EXPECT_EQ(result.refused, 1);
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::STARTING);
 
   loom::v1::RankProgressBatch other;
   Add(other, job, 1, "ready", 0);
   EXPECT_EQ(jobs_->OnRankProgressBatch(node1, other).applied, 1);
+  jobs_->WaitIdle();
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
 }
 

@@ -1,0 +1,175 @@
+// The lifecycle of a placed job: its ranks' progress (ready, RUNNING, steps,
+// the job's progress and its watchers; job_progress.cc), their exits, nodes
+// lost, registered and revived (job_lifecycle_nodes.cc), hangs, cancels, and
+// what a failure leads to.
+// The recovery policy (recovery_policy.h, pure) decides from the job's record
+// alone whether the job fails or recovers, on which of two paths, and
+// whether a node is cordoned; this part carries the decision out — the whole
+// job restart (every rank stopped, attempt n+1 placed after a backoff from
+// the newest checkpoint) today, in-place recovery next (RECOVERING). A
+// coordinator that restarted finishes the recoveries it finds: it counts the
+// exits of a restarting attempt again from the agents' registrations and
+// sends again the kills that its ranks still need; a coordinator that stops
+// (SIGTERM, leadership lost) reacts to nothing more, so its ending sessions
+// are never taken for failed nodes. Every method runs under the job table's
+// mutex (taking it, or requiring it) and never waits on anything else:
+// messages to agents and watchers' updates queue, and wait for the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/cluster/node_registry.h"
+#include "coordinator/health/hang_detector.h"
+#include "coordinator/jobs/job_metrics.h"
+#include "coordinator/jobs/job_record.h"
+#include "coordinator/jobs/job_table.h"
+#include "coordinator/jobs/recovery_policy.h"
+#include "coordinator/jobs/watch_hub.h"
+#include "coordinator/rendezvous/kv_store.h"
+#include "loom/v1/job.pb.h"
+#include "loom/v1/node.pb.h"
+#include "loom/v1/rank.pb.h"
+
+namespace loom::coordinator {
+
+struct LifecycleOptions {
+  // SIGTERM to SIGKILL, when ranks are stopped.
+  double kill_grace_seconds = 5;
+  // After a coordinator restart, nodes that ran a job's ranks get this long
+  // to reconnect before they count as lost.
+  absl::Duration recovery_grace = absl::Seconds(10);
+  HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  // A job's metric series are removed this long after it ends.
+  absl::Duration job_metrics_grace = absl::Seconds(60);
+};
+
+// What became of a batch of progress reports (OnRankProgressBatch).
+struct ProgressBatchResult {
+  int32_t applied = 0;
+  int32_t refused = 0;        // not this node's ranks in their jobs' current attempts
+  int32_t stale = 0;          // of an earlier attempt of the job (draining after a restart)
+  std::string first_refused;  // "job J attempt A rank R" of the first refused, for a log line
+};
+
+// A placement the scheduler computed for a job's next attempt.
+struct PlacedAttempt {
+  std::string store_namespace;
+  std::vector<loom::v1::RankAssignment> assignments;
+  std::shared_ptr<const Placement> placement;
+  double peak_flops = 0;  // summed over the placement (for MFU)
+  std::string nodes_text;  // "node-a (ranks 0-3), ..." for the history
+};
+
+class JobLifecycle {
+ public:
+  using JobCallback = std::function<void(absl::StatusOr<loom::v1::Job>)>;
+
+  JobLifecycle(LifecycleOptions options, JobTable* table, WatchHub* hub, JobMetrics* metrics,
+               NodeRegistry* nodes, KvStore* kv);
+
+  // Events from nodes and ranks.
+  // The progress reports of node_id's ranks (one lock for the batch). A
+  // report counts only if its rank runs on node_id in its job's current
+  // attempt; the others are refused.
+  ProgressBatchResult OnRankProgressBatch(const std::string& node_id,
+                                          const loom::v1::RankProgressBatch& batch);
+  // Ignored unless node_id runs that rank in the job's current attempt.
+  void OnRankExited(const std::string& node_id, const loom::v1::RankExited& exit);
+  void OnNodeLost(const std::string& node_id, const std::string& why);
+  // A node (re)registered: ranks it runs of attempts that moved on are
+  // killed; a restarting attempt counts the ranks it no longer runs as
+  // exited and has the others killed (again).
+  void OnNodeRegistered(const loom::v1::RegisterNode& registration);
+  // A lost node's session spoke again: live once more; ranks it still runs
+  // from attempts that moved on are killed.
+  void OnNodeRevived(const std::string& node_id,
+                     const std::vector<loom::v1::RunningRank>& running);
+  // The first heartbeat after a registration: placed ranks the node neither
+  // runs nor reported are handled as crashed.
+  void OnNodeHeartbeat(const std::string& node_id, const loom::v1::Heartbeat& heartbeat);
+  // Periodic: hung jobs, restart backoffs that expired, nodes that did not
+  // come back after a coordinator restart.
+  void CheckHealth(absl::Time now);
+
+  // Cancels a job; done runs once the change is stored (on the persister's
+  // thread), or with UNAVAILABLE when it could not be (then nothing changed).
+  void Cancel(const std::string& id, JobCallback done);
+
+  // For the scheduler: a placement committed (attempt n+1 starts; its
+  // launches leave once it is stored), or a job that can never be placed as
+  // specified fails.
+  void StartAttemptLocked(JobRecord& record, PlacedAttempt attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  void FailUnplaceableLocked(JobRecord& record, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A job loaded from the store at start: its namespace, its hang watch, the
+  // grace its nodes get, and a recovery in place it was in the middle of
+  // (finished as a whole-job restart: nothing of it was kept).
+  void RecoveredLocked(JobRecord& record, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+
+  void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+
+ private:
+  // The state machine (table) and what follows a transition: the job's end
+  // (its incident closed, goodput, metrics' grace), the watchers' event once
+  // it is stored, the gauges.
+  bool TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // To the job's watchers once what they are told is stored.
+  void NotifyLocked(JobRecord& record, loom::v1::WatchJobResponse update)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // One report of a rank already checked to run on its sender's node in the
+  // job's current attempt.
+  void ApplyProgressLocked(JobRecord& record, const loom::v1::RankProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A rank of the current attempt is gone; false when it already was.
+  bool MarkExitedLocked(JobRecord& record, int32_t rank, bool ok)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A failure was declared: the policy decides, this carries it out.
+  void HandleFailureLocked(JobRecord& record, const Failure& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The whole-job path: restart counted, incident opened, RESTARTING, kills.
+  void RestartWholeJobLocked(JobRecord& record, const Failure& failure,
+                             const RecoveryDecision& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Ranks that exited while nothing acted on their exits (a cancel that was
+  // then put back): the job ends or fails as their exits say.
+  void ReconcileExitsLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Kills of every rank of the current attempt, once the change is stored.
+  void KillRanksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Kills of the ranks node_id runs that are not of their jobs' current
+  // attempts on that node (now: they are known to be stale).
+  void KillStaleLocked(const std::string& node_id,
+                       const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Every rank of the attempt is gone: its namespace goes once that is stored.
+  void FinishAttemptLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // An incident the last event completed: counted and persisted.
+  void IncidentCompletedLocked(JobRecord& record,
+                               const std::optional<loom::v1::RecoveryIncident>& incident)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  loom::v1::CoordinatorMessage KillMessage(const std::string& job_id, int32_t attempt) const;
+  std::unique_ptr<HangDetector> NewHangDetector(const JobRecord& record, absl::Time now) const;
+
+  const LifecycleOptions options_;
+  JobTable* const table_;
+  WatchHub* const hub_;
+  JobMetrics* const metrics_;
+  NodeRegistry* const nodes_;
+  KvStore* const kv_;
+  // When this coordinator loaded jobs whose ranks may run; InfinitePast once
+  // their nodes' grace is over.
+  absl::Time recovered_at_ ABSL_GUARDED_BY(table_->mu()) = absl::InfinitePast();
+  // Nodes that (re)registered and whose ranks are checked at their next heartbeat.
+  std::map<std::string, absl::Time> unconfirmed_ ABSL_GUARDED_BY(table_->mu());
+};
+
+}  // namespace loom::coordinator

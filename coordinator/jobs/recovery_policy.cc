@@ -1,0 +1,95 @@
+#include "coordinator/jobs/recovery_policy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::coordinator {
+namespace {
+
+// The budget of a kind and how much of it the job used.
+std::pair<int64_t, int32_t> BudgetOf(const loom::v1::Job& job,
+                                     const spec::FaultToleranceSpec& ft, FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kCrash: return {ft.max_restarts, job.crash_restarts()};
+    case FailureKind::kHang: return {ft.hang_budget(), job.hang_restarts()};
+    case FailureKind::kNodeLost: return {ft.node_budget(), job.node_restarts()};
+    case FailureKind::kJobBroken: break;
+  }
+  return {0, 0};
+}
+
+}  // namespace
+
+const char* FailureKindName(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kCrash: return "crash";
+    case FailureKind::kHang: return "hang";
+    case FailureKind::kNodeLost: return "lost-node";
+    case FailureKind::kJobBroken: return "job-broken";
+  }
+  return "";
+}
+
+std::string InPlaceRefusal(const RecoveryInput& input) {
+  const spec::FaultToleranceSpec& ft = input.fault_tolerance;
+  if (!ft.in_place) return "fault_tolerance.in_place is false";
+  if (ft.snapshot_interval <= 0) return "fault_tolerance.snapshot_interval is 0 (no snapshots)";
+  if (input.job.state() == loom::v1::RECOVERING) return "a second failure while recovering in place";
+  if (!input.in_place_supported) return "this coordinator does not recover in place yet";
+  return "";
+}
+
+RecoveryDecision DecideRecovery(const RecoveryInput& input) {
+  const Failure& failure = input.failure;
+  const spec::FaultToleranceSpec& ft = input.fault_tolerance;
+  RecoveryDecision decision;
+  // What the job caused never cordons a node.
+  if (!failure.node_id.empty() && failure.kind != FailureKind::kJobBroken &&
+      input.node_failures >= ft.cordon_after) {
+    decision.cordon = true;
+    decision.cordon_reason = absl::StrCat("failed job ", input.job.id(), " ",
+                                          input.node_failures, " times");
+  }
+  if (failure.kind == FailureKind::kJobBroken) {
+    decision.message = failure.reason;
+    return decision;
+  }
+  const auto [budget, used] = BudgetOf(input.job, ft, failure.kind);
+  decision.budget = budget;
+  const char* what = FailureKindName(failure.kind);
+  if (used >= budget) {
+    decision.message =
+        absl::StrCat(failure.reason, " (", what, " restart budget of ", budget, " spent)");
+    return decision;
+  }
+  decision.restart_number = used + 1;
+  decision.incident_kind = failure.kind == FailureKind::kCrash  ? "crash"
+                           : failure.kind == FailureKind::kHang ? "hang"
+                                                                : "node_lost";
+  decision.message =
+      absl::StrCat(what, " restart ", decision.restart_number, " of ", budget, ": ", failure.reason);
+  decision.fallback_reason = InPlaceRefusal(input);
+  if (decision.fallback_reason.empty()) {
+    decision.path = RecoveryPath::kInPlace;
+    return decision;
+  }
+  decision.path = RecoveryPath::kWholeJob;
+  // Exponential backoff, so a failure that repeats at once does not spin.
+  decision.backoff = absl::Seconds(
+      std::min(60.0, ft.restart_backoff_s * std::pow(2.0, std::max<int32_t>(0, used))));
+  return decision;
+}
+
+void CountRestart(loom::v1::Job& job, FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kCrash: job.set_crash_restarts(job.crash_restarts() + 1); break;
+    case FailureKind::kHang: job.set_hang_restarts(job.hang_restarts() + 1); break;
+    case FailureKind::kNodeLost: job.set_node_restarts(job.node_restarts() + 1); break;
+    case FailureKind::kJobBroken: return;
+  }
+  job.set_restarts(job.restarts() + 1);
+}
+
+}  // namespace loom::coordinator

@@ -1,0 +1,154 @@
+// The scheduler (coordinator/jobs/job_scheduler.h) over the job table, the
+// lifecycle, a persister on a store that fails on demand, and nodes that
+// record what they are sent: first come, first served, a job larger than the
+// cluster skipped, a restart placed only once its ranks are out and its
+// backoff is over, and launches that leave only once their attempt is stored.
+#include "coordinator/jobs/job_scheduler.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/spec/job_spec_yaml.h"
+#include "coordinator/service/plan_service.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_job_store.h"
+#include "tests/coordinator/job_manager_harness.h"
+
+namespace loom::coordinator {
+namespace {
+
+using loom::v1::JobState;
+
+class JobSchedulerTest : public ::testing::Test {
+ protected:
+  JobSchedulerTest()
+      : persister_(&store_, {.first_retry = absl::Milliseconds(1),
+                             .max_retry = absl::Milliseconds(5)}),
+        table_({}, &persister_, &hub_),
+        metrics_(nullptr),
+        lifecycle_({}, &table_, &hub_, &metrics_, &nodes_, &kv_),
+        scheduler_({.roots = {.data_roots = {"/data"}, .checkpoint_root = "/checkpoints"}},
+                   &table_, &lifecycle_, &nodes_) {
+    persister_.Start([this](std::vector<WriteResult> r) { table_.OnWritten(std::move(r)); },
+                     [](const absl::Status&) {});
+    scheduler_.Start();
+  }
+  ~JobSchedulerTest() override {
+    scheduler_.Stop();
+    persister_.Stop();
+  }
+
+  // A pending job of `ranks` CPU ranks (data-parallel), as admission stores it.
+  std::string Pending(int ranks) {
+    auto spec = spec::ParseJobSpecYaml(testing::kSmallDpSpec, "job.yaml");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    spec->resources.ranks = ranks;
+    spec->parallelism.dp = ranks;
+    spec->train.global_batch_size = 2 * ranks;
+    EXPECT_TRUE(ResolveLayout(*spec).ok());
+    absl::MutexLock lock(&table_.mu());
+    JobRecord record;
+    record.spec = *spec;
+    record.job.set_id(table_.NewIdLocked(&record.sequence));
+    record.job.set_state(JobState::PENDING);
+    record.job.set_resolved_spec_yaml(spec::ToYaml(*spec));
+    return table_.InsertLocked(std::move(record)).job.id();
+  }
+  std::shared_ptr<testing::RecordingChannel> Node(const std::string& id, int devices) {
+    auto channel = std::make_shared<testing::RecordingChannel>();
+    loom::v1::RegisterNode r;
+    r.set_node_id(id);
+    loom::v1::Device* d = r.add_devices();
+    d->set_kind("cpu");
+    d->set_count(devices);
+    nodes_.Register(r, channel, absl::Now());
+    return channel;
+  }
+  void Settle() {
+    for (int i = 0; i < 3; ++i) {
+      scheduler_.WaitHandled();
+      persister_.WaitIdle();
+    }
+    scheduler_.WaitHandled();
+  }
+
+  testing::FakeJobStore store_;
+  WatchHub hub_;
+  JobPersister persister_;
+  JobTable table_;
+  JobMetrics metrics_;
+  NodeRegistry nodes_;
+  KvStore kv_;
+  JobLifecycle lifecycle_;
+  JobScheduler scheduler_;
+};
+
+TEST_F(JobSchedulerTest, FirstComeFirstServedButAJobLargerThanTheClusterDoesNotBlock) {
+  Node("node-a", 4);
+  const std::string huge = Pending(8);
+  const std::string first = Pending(2);
+  const std::string second = Pending(4);
+  const std::string third = Pending(1);
+  absl::MutexLock lock(&table_.mu());
+  const std::map<std::string, int64_t> capacity = {{"cpu", 4}};
+  JobScheduler::Snapshot snapshot;
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
+  EXPECT_EQ(snapshot.job_id, first);  // huge could never fit: skipped
+  table_.AtLocked(first).job.set_state(JobState::RUNNING);
+  auto placement = std::make_shared<Placement>();
+  for (int d = 0; d < 2; ++d) {
+    loom::v1::RankPlacement* p = placement->Add();
+    p->set_node_id("node-a");
+    p->set_local_device(d);
+  }
+  table_.AtLocked(first).placement = placement;
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
+  EXPECT_EQ(snapshot.job_id, second);  // waits its turn; third stays behind it
+  EXPECT_EQ(snapshot.taken.at("node-a"), (std::set<int32_t>{0, 1}));
+  (void)huge;
+  (void)third;
+}
+
+TEST_F(JobSchedulerTest, ARestartIsPlacedOnlyOnceItsRanksAreOutAndItsBackoffIsOver) {
+  const std::string id = Pending(2);
+  absl::MutexLock lock(&table_.mu());
+  JobRecord& record = table_.AtLocked(id);
+  record.job.set_state(JobState::RESTARTING);
+  record.job.set_attempt(1);
+  record.ranks.resize(2);
+  record.ranks_exited = 1;
+  record.ranks[0].exited = true;
+  const std::map<std::string, int64_t> capacity = {{"cpu", 4}};
+  JobScheduler::Snapshot snapshot;
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(capacity, snapshot));  // a rank still runs
+  record.ranks[1].exited = true;
+  record.ranks_exited = 2;
+  record.job.set_not_before_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Hours(1)));
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(capacity, snapshot));  // backing off
+  record.job.set_not_before_unix_ms(0);
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
+  EXPECT_EQ(snapshot.attempt, 1);
+}
+
+TEST_F(JobSchedulerTest, LaunchesLeaveOnlyOnceTheirAttemptIsStored) {
+  auto node = Node("node-a", 2);
+  store_.FailNext(1000000);  // the store is down
+  const std::string id = Pending(2);
+  scheduler_.Schedule();
+  while (store_.writes() < 2) absl::SleepFor(absl::Milliseconds(1));  // placed, and retried
+  scheduler_.WaitHandled();
+  EXPECT_TRUE(node->messages().empty());
+  EXPECT_EQ(table_.Get(id)->state(), JobState::PENDING);  // what is stored
+  store_.FailNext(0);
+  Settle();
+  const auto sent = node->messages();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0].launch().assignment().attempt(), 1);
+  EXPECT_EQ(store_.jobs().at(id).attempt(), 1);
+  EXPECT_EQ(store_.jobs().at(id).state(), JobState::STARTING);
+  EXPECT_EQ(table_.Get(id)->state(), JobState::STARTING);
+}
+
+}  // namespace
+}  // namespace loom::coordinator
