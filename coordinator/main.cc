@@ -46,6 +46,7 @@
 #include "coordinator/service/rpc_metrics_interceptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "planner/job_planner.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -397,7 +398,8 @@ int main(int argc, char** argv) {
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
   options.on_fenced = NoLongerLeading;
-  JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
+  JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(),
+                  loom::planner::ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
   g_jobs = &jobs;
 
