@@ -11,6 +11,7 @@ never build channels themselves."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,6 +54,16 @@ def pid_alive(pid):
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def placement(status):
+    """{rank: node} from the rank lines of `loomctl status`."""
+    nodes = {}
+    for line in status.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[0] == "rank" and fields[1].isdigit():
+            nodes[int(fields[1])] = fields[-3]
+    return nodes
 
 
 def children_of(pid):
@@ -240,6 +251,23 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def rank_pids(self, attempt=None):
+        """{(attempt, rank): pid} of the cluster's live trainers, from the rank
+        directory on their command line (jobs/<job>/attempt_<n>/rank_<r>/: a
+        survivor of an in-place recovery keeps the one it was launched in);
+        only those of `attempt` when given."""
+        pids = {}
+        for pid in self.trainer_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().decode(errors="replace")
+            except FileNotFoundError:
+                continue
+            found = re.search(r"attempt_(\d+)/rank_(\d+)/", cmdline)
+            if found and (attempt is None or int(found.group(1)) == attempt):
+                pids[(int(found.group(1)), int(found.group(2)))] = pid
+        return pids
 
     def trainer_pids(self):
         pids = []

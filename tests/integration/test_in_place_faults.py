@@ -31,7 +31,7 @@ import subprocess
 import time
 import unittest
 
-from loom_cluster import BIN, MAKE_CERTS, USERS, Cluster, pid_alive, wait_until
+from loom_cluster import BIN, MAKE_CERTS, USERS, Cluster, pid_alive, placement, wait_until
 from test_fault_tolerance import Watch, incident_lines
 
 SPEC = """
@@ -54,32 +54,6 @@ FAIL_AFTER = 10  # the failure lands once this step is reported
 
 def spec(name, ranks=4, ckpt=10, hang=60, abort=20):
     return SPEC.format(name=name, steps=STEPS, ranks=ranks, ckpt=ckpt, hang=hang, abort=abort)
-
-
-def rank_pids(cluster, attempt=None):
-    """{(attempt, rank): pid} of the cluster's live trainers, from the rank
-    directory on their command line (jobs/<job>/attempt_<n>/rank_<r>/)."""
-    pids = {}
-    for pid in cluster.trainer_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        found = re.search(r"attempt_(\d+)/rank_(\d+)/", cmdline)
-        if found and (attempt is None or int(found.group(1)) == attempt):
-            pids[(int(found.group(1)), int(found.group(2)))] = pid
-    return pids
-
-
-def placement(status):
-    """{rank: node} from the rank lines of `loomctl status`."""
-    nodes = {}
-    for line in status.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[0] == "rank" and fields[1].isdigit():
-            nodes[int(fields[1])] = fields[-3]
-    return nodes
 
 
 def process_state(pid):
@@ -137,7 +111,7 @@ class InPlaceFaults(unittest.TestCase):
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= FAIL_AFTER for s in watch.steps), 120,
                    f"step {FAIL_AFTER}")
-        before = {rank: pid for (_, rank), pid in rank_pids(c, attempt=1).items()}
+        before = {rank: pid for (_, rank), pid in c.rank_pids(attempt=1).items()}
         return job, watch, before
 
     def finish(self, job, watch, reference, reported_all=True):
@@ -172,12 +146,12 @@ class InPlaceFaults(unittest.TestCase):
         self.start_agents(["node-a", "node-b"])
         reference = self.reference()
         job, watch, before = self.start_job("second-failure")
-        self.assertEqual(sorted(before), [0, 1, 2, 3], rank_pids(c))
+        self.assertEqual(sorted(before), [0, 1, 2, 3], c.rank_pids())
         failed_at = time.time()
         os.kill(before[2], signal.SIGKILL)
         # Rank 2's relaunch in attempt 2 is stopped as soon as it exists, so
         # the recovery cannot complete; then a survivor dies.
-        relaunched = wait_until(lambda: rank_pids(c, attempt=2).get((2, 2)), 60,
+        relaunched = wait_until(lambda: c.rank_pids(attempt=2).get((2, 2)), 60,
                                 "rank 2 relaunched in attempt 2", interval=0.005)
         self.stop_process(relaunched)
         self.assertIn("state:     RECOVERING", c.status(job))
@@ -201,7 +175,7 @@ class InPlaceFaults(unittest.TestCase):
         # The stopped survivor is caught by the abort deadline, long before
         # the hang timeout.
         job, watch, before = self.start_job("ignores-abort", abort=3)
-        self.assertEqual(sorted(before), [0, 1, 2, 3], rank_pids(c))
+        self.assertEqual(sorted(before), [0, 1, 2, 3], c.rank_pids())
         # Stopped first, so it cannot leave its collectives by itself either.
         self.stop_process(before[1])
         failed_at = time.time()
@@ -290,7 +264,7 @@ class InPlaceFaults(unittest.TestCase):
             # The survivors are the same processes.
             survivors = {r: p for r, p in before.items() if r not in stale}
             for r, pid in survivors.items():
-                self.assertEqual(rank_pids(c, attempt=1).get((1, r)), pid, f"survivor rank {r}")
+                self.assertEqual(c.rank_pids(attempt=1).get((1, r)), pid, f"survivor rank {r}")
         finally:
             os.kill(agent.pid, signal.SIGCONT)
         # Back: its lease ran out, so it pauses its ranks before relaying
@@ -384,7 +358,7 @@ class InPlaceFaults(unittest.TestCase):
             for r, pid in stale.items():
                 self.assertEqual(process_state(pid), "T", f"stale rank {r}")
             for r, pid in survivors.items():
-                self.assertEqual(rank_pids(c, attempt=1).get((1, r)), pid, f"survivor rank {r}")
+                self.assertEqual(c.rank_pids(attempt=1).get((1, r)), pid, f"survivor rank {r}")
         finally:
             ip("link", "set", veth, "up")
         wait_until(lambda: not any(pid_alive(p) for p in stale.values()), 60,

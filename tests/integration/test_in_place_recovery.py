@@ -15,12 +15,11 @@ off: nothing is restored from disk. Each case prints the time from the
 failure to the first step after it."""
 
 import os
-import re
 import signal
 import time
 import unittest
 
-from loom_cluster import Cluster, pid_alive, wait_until
+from loom_cluster import Cluster, pid_alive, placement, wait_until
 from test_fault_tolerance import Watch, incident_lines
 
 SPEC = """
@@ -47,33 +46,6 @@ FAIL_AFTER = 10  # the failure lands once this step is reported
 
 def spec(name, layout):
     return SPEC.format(name=name, steps=STEPS, **LAYOUTS[layout])
-
-
-def rank_pids(cluster):
-    """{(attempt, rank): pid} of the cluster's live trainers, from the rank
-    directory on their command line (jobs/<job>/attempt_<n>/rank_<r>/: a
-    survivor keeps the one it was launched in)."""
-    pids = {}
-    for pid in cluster.trainer_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        found = re.search(r"attempt_(\d+)/rank_(\d+)/", cmdline)
-        if found:
-            pids[(int(found.group(1)), int(found.group(2)))] = pid
-    return pids
-
-
-def placement(status):
-    """{rank: node} from the rank lines of `loomctl status`."""
-    nodes = {}
-    for line in status.splitlines():
-        fields = line.split()
-        if len(fields) >= 4 and fields[0] == "rank" and fields[1].isdigit():
-            nodes[int(fields[1])] = fields[-3]
-    return nodes
 
 
 class InPlaceRecovery(unittest.TestCase):
@@ -106,8 +78,8 @@ class InPlaceRecovery(unittest.TestCase):
                    f"step {FAIL_AFTER}")
         where = placement(c.status(job))
         self.assertEqual(sorted(where), [0, 1, 2, 3])
-        before = {rank: pid for (attempt, rank), pid in rank_pids(c).items() if attempt == 1}
-        self.assertEqual(sorted(before), [0, 1, 2, 3], rank_pids(c))
+        before = {rank: pid for (attempt, rank), pid in c.rank_pids().items() if attempt == 1}
+        self.assertEqual(sorted(before), [0, 1, 2, 3], c.rank_pids())
         victim = 2  # on the job's second node; its buddy is rank 0
         failed_at = time.time()
         if failure == "sigkill":
@@ -131,7 +103,7 @@ class InPlaceRecovery(unittest.TestCase):
         wait_until(lambda: any(s["attempt"] == 2 for s in watch.steps), 120,
                    "a step of attempt 2")
         recovered = min(s["time_unix_ms"] for s in watch.steps if s["attempt"] == 2) / 1000.0
-        now = rank_pids(c)
+        now = c.rank_pids()
         for r in survivors:
             self.assertTrue(pid_alive(before[r]), f"survivor rank {r} is gone")
             self.assertEqual(now.get((1, r)), before[r], f"rank {r}: {now}")
