@@ -152,6 +152,7 @@ FaultOutcome RunFault(FakeCluster& cluster, CoordinatorProbe& probe, const Fault
   const absl::Time from = out.declared() != absl::InfiniteFuture() ? out.declared() : out.fault_at;
   if (out.recovered) out.cpu_seconds = probe.CpuSecondsBetween(from, out.all_past_next_step);
   out.ranks_behind = cluster.RanksBehind(plan.job_id);
+  out.stale_reports = cluster.stats().stale_reports.load();
 
   // What the run must show.
   auto fail = [&out](std::string why) { out.failures.push_back(std::move(why)); };
@@ -274,7 +275,8 @@ std::string FaultResultFields(const FaultPlan& plan, const FaultOutcome& out) {
       "detect_to_resumed_s=%.2f detect_to_next_step_s=%.2f incident_total_s=%.2f "
       "recovery_cpu_s=%.2f recovery_cpu_frac=%.3f msgs_from_coordinator=%lld "
       "msgs_to_coordinator=%lld aborts=%lld enter_epochs=%lld launches=%lld kills=%lld "
-      "store_ops=%lld store_gets=%lld batches=%lld reports=%lld recovered=%d",
+      "store_ops=%lld store_gets=%lld batches=%lld reports=%lld stale_reports=%lld "
+      "ranks_behind=%d recovered=%d",
       FaultKindName(plan.kind), plan.rank, out.have_incident ? i.path() : std::string("none"),
       i.relaunched_ranks_size(), static_cast<long long>(i.steps_recomputed()),
       out.FaultToDeclared(), out.DeclaredTo(out.all_resumed), window, i.total_seconds(),
@@ -286,7 +288,8 @@ std::string FaultResultFields(const FaultPlan& plan, const FaultOutcome& out) {
       static_cast<long long>(out.messages.launches), static_cast<long long>(out.messages.kills),
       static_cast<long long>(out.messages.store_ops),
       static_cast<long long>(out.messages.store_gets), static_cast<long long>(out.messages.batches),
-      static_cast<long long>(out.messages.reports), out.recovered ? 1 : 0);
+      static_cast<long long>(out.messages.reports), static_cast<long long>(out.stale_reports),
+      out.ranks_behind, out.recovered ? 1 : 0);
 }
 
 }  // namespace loom::loadgen

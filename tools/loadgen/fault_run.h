@@ -52,9 +52,10 @@ struct FaultOutcome {
   absl::Time all_past_next_step = absl::InfiniteFuture();
   bool have_incident = false;
   loom::v1::RecoveryIncident incident;
-  double cpu_seconds = -1;  // the coordinator's, declaration -> all past
-  MessageCounts messages;   // fault -> all past
-  int ranks_behind = 0;
+  double cpu_seconds = -1;            // the coordinator's, declaration -> all past
+  MessageCounts messages;             // fault -> all past
+  int ranks_behind = 0;               // live ranks left in an older attempt at the end
+  int64_t stale_reports = 0;          // ClusterStats::stale_reports, the whole run
   std::vector<std::string> failures;  // what was wrong
 
   absl::Time declared() const;
