@@ -55,6 +55,10 @@ struct ClusterStats {
   LatencyRecorder heartbeat_delay;
   // How late each slice of the heartbeat schedule ran (loadgen's own lag).
   LatencyRecorder heartbeat_tick_lateness;
+  // From making a heartbeat to reading its HeartbeatAck: the agent's lease
+  // runs out when this passes Registered.lease_ms (the coordinator's read
+  // lag, the network's and loadgen's own).
+  LatencyRecorder ack_delay;
 
   // Messages, by kind (MessageCounts).
   std::atomic<int64_t> registered{0};

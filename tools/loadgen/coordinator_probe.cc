@@ -81,6 +81,13 @@ int PollJobOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id)
 
 CoordinatorProbe::CoordinatorProbe(ProbeOptions options)
     : options_(std::move(options)), stub_(loom::v1::JobService::NewStub(options_.admin)) {
+  // The first CPU sample now: a window may start right after this (a submit).
+  if (options_.coordinator_pid > 0) {
+    if (absl::StatusOr<ProcSample> sample = SampleProcess(options_.coordinator_pid); sample.ok()) {
+      absl::MutexLock lock(&mu_);
+      cpu_samples_.emplace_back(absl::Now(), sample->cpu_seconds);
+    }
+  }
   poller_ = std::thread([this] { PollJobs(); });
   lister_ = std::thread([this] { RunLists(); });
 }

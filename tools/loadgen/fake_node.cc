@@ -125,6 +125,8 @@ void FakeNode::Heartbeat() {
     // heartbeats from this (this includes loadgen's own queueing).
     h->set_sent_monotonic_us(MonotonicMicros(steady));
     lease_.HeartbeatSent(seq_, steady);
+    unacked_.emplace_back(seq_, now);
+    if (unacked_.size() > 64) unacked_.pop_front();
     h->mutable_running()->Clear();  // keeps the entries for reuse
     const uint64_t generation = lease_.generation();
     for (const auto& rank : ranks_) {
@@ -343,10 +345,18 @@ void FakeNode::OnReadDone(bool ok) {
       lease_.Registered(in_.registered().lease_ms(), sent);
       break;
     }
-    case loom::v1::CoordinatorMessage::kHeartbeatAck:
+    case loom::v1::CoordinatorMessage::kHeartbeatAck: {
       stats->heartbeat_acks++;
-      lease_.Acked(in_.heartbeat_ack().seq());
+      const int64_t seq = in_.heartbeat_ack().seq();
+      lease_.Acked(seq);
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!unacked_.empty() && unacked_.front().first < seq) unacked_.pop_front();
+      if (!unacked_.empty() && unacked_.front().first == seq) {
+        stats->ack_delay.Record(absl::Now() - unacked_.front().second);
+        unacked_.pop_front();
+      }
       break;
+    }
     case loom::v1::CoordinatorMessage::kLaunch:
       stats->launches++;
       Launch(in_.launch().assignment());

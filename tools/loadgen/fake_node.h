@@ -155,6 +155,8 @@ class FakeNode final
   std::vector<std::pair<RankLife*, absl::Time>> to_start_;
   int32_t newest_attempt_ = 0;  // the newest attempt it was told of (one job)
   uint64_t expiries_seen_ = 0;  // lease run-outs already counted
+  // Heartbeats not yet acknowledged: seq and when made (for ack_delay).
+  std::deque<std::pair<int64_t, absl::Time>> unacked_;
   bool writing_ = false;
   bool registered_ = false;
   bool ended_ = false;

@@ -279,7 +279,8 @@ int Run() {
   submit.set_spec_yaml(JobSpec(nodes, gpus, fail_rank >= 0 ? 2 : 0));
   submit.set_source_name("loadgen.yaml");
   loom::v1::SubmitJobResponse submitted;
-  const int64_t submit_ms = absl::ToUnixMillis(absl::Now());
+  const absl::Time submit_at = absl::Now();
+  const int64_t submit_ms = absl::ToUnixMillis(submit_at);
   {
     auto context = rpc::UnaryContext(std::chrono::seconds(60));
     grpc::Status status = job_stub->SubmitJob(context.get(), submit, &submitted);
@@ -327,6 +328,14 @@ int Run() {
   } else {
     std::printf("running: %.2f s after submit\n", to_running_s);
     std::fflush(stdout);
+  }
+  // What the launch cost the coordinator (placement, 16,384 launches, the
+  // rendezvous, the ready reports): what a recovery's cost is compared with.
+  double launch_cpu_s = -1;
+  if (to_running_s >= 0) {
+    absl::SleepFor(absl::Milliseconds(300));  // a CPU sample after RUNNING
+    launch_cpu_s =
+        probe.CpuSecondsBetween(submit_at, submit_at + absl::Seconds(to_running_s));
   }
 
   // Steady state: every rank reports once a second, through its node.
@@ -480,6 +489,7 @@ int Run() {
                      .nodes = nodes,
                      .gpus = gpus,
                      .to_running_s = to_running_s,
+                     .launch_cpu_s = launch_cpu_s,
                      .reports_per_s = reports_per_s,
                      .batches_per_s = batches_per_s,
                      .loadgen_cpu_fraction = loadgen_cpu_fraction,

@@ -6,7 +6,8 @@ namespace loom::loadgen {
 
 void PrintRunReport(const RunSummary& run, CoordinatorProbe& probe, const ClusterStats& stats) {
   std::printf("--- loom-loadgen: %d ranks (%d nodes x %d) ---\n", run.ranks, run.nodes, run.gpus);
-  std::printf("submit to RUNNING:   %.2f s\n", run.to_running_s);
+  std::printf("submit to RUNNING:   %.2f s (coordinator CPU %.2f s)\n", run.to_running_s,
+              run.launch_cpu_s);
   using Probe = CoordinatorProbe;
   std::printf("GetJob, start:       %s\n", probe.get_job_latency(Probe::kStart).Summary().c_str());
   std::printf("GetJob, steady:      %s\n", probe.get_job_latency(Probe::kSteady).Summary().c_str());
@@ -50,6 +51,7 @@ void PrintRunReport(const RunSummary& run, CoordinatorProbe& probe, const Cluste
     std::printf("hang of rank %d:     declared after %.2f s (timeout %.1f s), named rank %d\n",
                 run.stop_rank, run.hang_after_s, run.hang_timeout_s, run.named);
   }
+  std::printf("heartbeat acked after: %s\n", stats.ack_delay.Summary().c_str());
   std::printf("lease:               %lld run-outs, %lld ranks paused, %lld resumed\n",
               static_cast<long long>(stats.lease_expiries.load()),
               static_cast<long long>(stats.ranks_paused.load()),
@@ -57,16 +59,19 @@ void PrintRunReport(const RunSummary& run, CoordinatorProbe& probe, const Cluste
   if (run.fault != nullptr) PrintFault(*run.fault, *run.recovery, run.cpu_fraction);
   // One line for scripts (tests/bench/scale).
   std::printf(
-      "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
+      "RESULT ranks=%d running_s=%.2f launch_cpu_s=%.2f getjob_p99_ms=%.1f "
+      "getjob_steady_p50_ms=%.1f "
       "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f own_getjob_steady_p50_ms=%.1f "
       "own_getjob_steady_p90_ms=%.1f own_getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
       "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
       "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
       "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f run_delay_ms_per_s=%.0f "
       "heartbeat_send_delay_max_ms=%.0f heartbeat_tick_late_max_ms=%.0f reports_per_s=%.0f "
-      "batches_per_s=%.0f reports_skipped=%lld loadgen_cpu_frac=%.3f lease_expiries=%lld "
+      "batches_per_s=%.0f reports_skipped=%lld loadgen_cpu_frac=%.3f ack_max_ms=%.0f "
+      "lease_expiries=%lld "
       "%scorrect=%d\n",
-      run.ranks, run.to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
+      run.ranks, run.to_running_s, run.launch_cpu_s,
+      probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
       probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
@@ -82,7 +87,7 @@ void PrintRunReport(const RunSummary& run, CoordinatorProbe& probe, const Cluste
       run.run_delay_fraction * 1000, stats.heartbeat_delay.PercentileMs(1.0),
       stats.heartbeat_tick_lateness.PercentileMs(1.0), run.reports_per_s, run.batches_per_s,
       static_cast<long long>(stats.reports_skipped.load()), run.loadgen_cpu_fraction,
-      static_cast<long long>(stats.lease_expiries.load()),
+      stats.ack_delay.PercentileMs(1.0), static_cast<long long>(stats.lease_expiries.load()),
       run.fault != nullptr ? (FaultResultFields(*run.fault, *run.recovery) + " ").c_str() : "",
       run.correct ? 1 : 0);
 }

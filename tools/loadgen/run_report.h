@@ -13,6 +13,7 @@ struct RunSummary {
   int nodes = 0;
   int gpus = 0;
   double to_running_s = -1;  // submit -> RUNNING (-1: never)
+  double launch_cpu_s = -1;  // the coordinator's CPU seconds in that time (-1: unknown)
   // The steady window: reports and batches delivered per second, loadgen's
   // own CPU and, with --coordinator_pid, the coordinator's.
   double reports_per_s = 0;
