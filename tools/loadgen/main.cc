@@ -401,8 +401,10 @@ int Run() {
     const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_hang_wait_s));
     while (absl::Now() < deadline) {
       const loom::v1::Job job = probe.LastJob();
-      if (const int64_t at =
-              EventTime(job, stop_ms, {loom::v1::RESTARTING, loom::v1::FAILED}); at > 0) {
+      // Declared: the job leaves RUNNING (to recover in place or whole, or to fail).
+      if (const int64_t at = EventTime(
+              job, stop_ms, {loom::v1::RECOVERING, loom::v1::RESTARTING, loom::v1::FAILED});
+          at > 0) {
         hang_after_s = static_cast<double>(at - stop_ms) / 1000.0;
         named = NamedRank(job.last_diagnosis());
         std::printf("hang: declared %.2f s after rank %d stopped: %s\n", hang_after_s, stop_rank,
