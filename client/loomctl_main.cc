@@ -18,12 +18,12 @@
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
+#include "export/hf_export.h"
 #include "loom/v1/auth.grpc.pb.h"
-#include "coordinator/service/plan_service.h"
 #include "loom/v1/job.grpc.pb.h"
-#include "coordinator/planner/cluster.h"
-#include "coordinator/planner/sweep.h"
-#include "worker/engine/export/hf_export.h"
+#include "planner/cluster.h"
+#include "planner/job_planner.h"
+#include "planner/sweep.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
           "address of loom-coordinator; several comma-separated (a highly available cluster): "
@@ -161,7 +161,13 @@ int Submit(const std::string& path) {
   return 0;
 }
 
+// The coordinator's plan (PlanJob), or --offline the same planner call here
+// (planner::PlanJobSpec, which the coordinator's PlanJob runs too).
 int Plan(const std::string& path) {
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (!format.empty() && format != "text" && format != "json") {
+    loom::cli::UsageError("--format=" + format + " is not a plan format (text or json)");
+  }
   loom::v1::PlanJobRequest request;
   if (!ReadFile(path, request.mutable_spec_yaml())) {
     return Fail(absl::StrCat("cannot read job spec ", path));
@@ -169,23 +175,28 @@ int Plan(const std::string& path) {
   request.set_source_name(path);
   request.set_max_candidates(absl::GetFlag(FLAGS_candidates));
   request.set_profile(absl::GetFlag(FLAGS_profile));
-  loom::v1::PlanJobResponse response;
+  std::string text, json;
   if (absl::GetFlag(FLAGS_offline)) {
-    absl::StatusOr<loom::v1::PlanJobResponse> plan = loom::coordinator::PlanJob(request);
+    loom::planner::PlanOptions options;
+    options.profile = request.profile();
+    options.max_candidates = request.max_candidates();
+    absl::StatusOr<loom::planner::JobPlan> plan =
+        loom::planner::PlanJobSpec(request.spec_yaml(), request.source_name(), options);
     if (!plan.ok()) return Fail(std::string(plan.status().message()));
-    response = *std::move(plan);
+    text = plan->text;
+    json = plan->json.dump(2);
   } else {
+    loom::v1::PlanJobResponse response;
     auto context = loom::rpc::UnaryContext();
     grpc::Status status = Stub()->PlanJob(context.get(), request, &response);
     if (!status.ok()) return RpcFail(status);
+    text = response.text();
+    json = response.json();
   }
-  const std::string format = absl::GetFlag(FLAGS_format);
   if (format == "json") {
-    std::printf("%s\n", response.json().c_str());
-  } else if (format.empty() || format == "text") {
-    std::printf("%s", response.text().c_str());
+    std::printf("%s\n", json.c_str());
   } else {
-    loom::cli::UsageError("--format=" + format + " is not a plan format (text or json)");
+    std::printf("%s", text.c_str());
   }
   return 0;
 }
@@ -407,7 +418,7 @@ int Export(const std::vector<std::string>& args) {
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "hf") loom::cli::UsageError("export needs --format=hf");
   if (args.size() != 3) loom::cli::UsageError("export needs CHECKPOINT_DIR and OUT_DIR");
-  absl::Status status = loom::engine::ExportHuggingFace(args[1], args[2]);
+  absl::Status status = loom::hf_export::ExportHuggingFace(args[1], args[2]);
   if (!status.ok()) return Fail(std::string(status.message()));
   std::printf("exported %s to %s (config.json, model.safetensors)\n", args[1].c_str(),
               args[2].c_str());

@@ -46,6 +46,7 @@
 #include "coordinator/service/rpc_metrics_interceptor.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "planner/job_planner.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
@@ -209,6 +210,15 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_heartbeat_interval_s) <= 0 || absl::GetFlag(FLAGS_node_timeout_s) <= 0) {
     loom::cli::UsageError("--heartbeat_interval_s and --node_timeout_s must be positive");
   }
+  // The agents' lease is the node timeout: a restarted coordinator that
+  // declared a node lost sooner could place its ranks' replacements while
+  // they still act (docs/fault_tolerance.md, "Fencing").
+  if (absl::GetFlag(FLAGS_recovery_grace_s) < absl::GetFlag(FLAGS_node_timeout_s)) {
+    loom::cli::UsageError(absl::StrCat(
+        "--recovery_grace_s (", absl::GetFlag(FLAGS_recovery_grace_s),
+        ") must not be shorter than --node_timeout_s (", absl::GetFlag(FLAGS_node_timeout_s),
+        "): a node must not be declared lost after a restart before its agent's lease ran out"));
+  }
   absl::StatusOr<loom::rpc::TlsSettings> tls =
       loom::rpc::ResolveTls(loom::rpc::TlsFlagValuesFromFlags());
   if (!tls.ok()) loom::cli::UsageError(std::string(tls.status().message()));
@@ -359,6 +369,7 @@ int main(int argc, char** argv) {
                             .kill_grace_seconds = absl::GetFlag(FLAGS_kill_grace_s),
                             .collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s),
                             .recovery_grace = absl::Seconds(absl::GetFlag(FLAGS_recovery_grace_s)),
+                            .node_timeout = absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)),
                             .hang_policy = {},
                             .rank_token_issuer = {}};
   if (rank_tokens.has_value()) {
@@ -387,7 +398,8 @@ int main(int argc, char** argv) {
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
   options.on_fenced = NoLongerLeading;
-  JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(), ResolveLayout);
+  JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(),
+                  loom::planner::ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
   g_jobs = &jobs;
 
@@ -398,6 +410,7 @@ int main(int argc, char** argv) {
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
+  node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -450,8 +463,12 @@ int main(int argc, char** argv) {
                          backlog, absl::Milliseconds(10))).c_str());
       }
       for (const std::string& node : nodes.ExpireSilent(now, node_timeout)) {
+        std::optional<loom::coordinator::NodeInfo> info = nodes.Get(node);
+        const bool session_ended = info && !info->connected;
         const std::string silent = absl::StrCat(
-            "no heartbeat for ", absl::FormatDuration(node_timeout),
+            session_ended ? "its agent's session ended and it did not register again within "
+                          : "no heartbeat for ",
+            absl::FormatDuration(node_timeout),
             backlog > absl::ZeroDuration()
                 ? absl::StrCat(" and the ", absl::FormatDuration(absl::Trunc(
                                                   backlog, absl::Milliseconds(10))),

@@ -105,6 +105,10 @@ struct ResourcesSpec {
   std::string gpu;          // gpu: preset name, e.g. h100-sxm
   int64_t nodes = 1;        // gpu
   int64_t gpus_per_node = 8;
+  // gpu: the host memory of one node that the ranks' in-place recovery
+  // snapshots may fill, in MiB, as the planner counts it (layouts above it are
+  // rejected); 0: not known, not checked.
+  int64_t host_memory_mb = 0;
 
   int64_t world_size() const { return device == DeviceKind::kCpu ? ranks : nodes * gpus_per_node; }
 };

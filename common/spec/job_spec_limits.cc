@@ -78,6 +78,7 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
     b.AtMost("resources.memory_mb", r.memory_mb, int64_t{1} << 30);  // 1 PiB
   } else {
     b.AtMost("resources.gpus_per_node", r.gpus_per_node, l.max_gpus_per_node);
+    b.AtMost("resources.host_memory_mb", r.host_memory_mb, int64_t{1} << 30);  // 1 PiB
     b.AtMost("resources.nodes", r.nodes, l.max_ranks);
     // Both factors are bounded above, so the product cannot overflow.
     if (r.nodes <= l.max_ranks && r.gpus_per_node <= l.max_gpus_per_node) {

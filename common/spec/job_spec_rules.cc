@@ -1,6 +1,6 @@
 // Range and cross-field rules of the job spec. Cross-field rules on parallel
 // axes are checked only for axes the user set; the planner must respect the
-// same rules for the axes it chooses (see coordinator/planner).
+// same rules for the axes it chooses (see planner/).
 #include "common/spec/job_spec_rules.h"
 
 #include <cctype>
@@ -56,25 +56,6 @@ void RequireModelShape(Checker& c, const ModelSpec& m) {
               absl::StrCat("must be divisible by model.num_kv_heads=", m.num_kv_heads));
   }
 
-}
-
-// The batch splits into micro-batches over the ranks that train on different
-// data: dp, and ep (expert-parallel ranks route their own tokens to each
-// other's experts, docs/moe.md).
-void RequireBatchSplit(Checker& c, const TrainSpec& t, int64_t dp, int64_t ep) {
-  if (dp >= 1 && ep == 1 && t.micro_batch_size >= 1) {
-    c.Require(t.global_batch_size % (dp * t.micro_batch_size) == 0, "train.global_batch_size",
-              t.global_batch_size,
-              absl::StrCat("must be divisible by ", Axis("dp", dp), " x train.micro_batch_size=",
-                           t.micro_batch_size));
-  }
-  if (dp >= 1 && ep > 1 && t.micro_batch_size >= 1) {
-    c.Require(t.global_batch_size % (dp * ep * t.micro_batch_size) == 0,
-              "train.global_batch_size", t.global_batch_size,
-              absl::StrCat("must be divisible by ", Axis("dp", dp), " x ", Axis("ep", ep),
-                           " x train.micro_batch_size=", t.micro_batch_size,
-                           " (expert-parallel ranks train on their own sequences)"));
-  }
 }
 
 // model.moe (docs/moe.md); nothing is checked for a dense model.
@@ -173,6 +154,55 @@ std::vector<std::string> CheckEpSplit(const AxisShape& m, int64_t ep) {
   return c.Take();
 }
 
+std::vector<std::string> CheckZeroStage(int64_t zero_stage) {
+  Checker c;
+  if (zero_stage < 0 || zero_stage > 3) {  // (no strings built for a valid one: the search)
+    c.Require(false, "parallelism.zero_stage", zero_stage, "must be 0, 1, 2 or 3");
+  }
+  return c.Take();
+}
+
+std::vector<std::string> CheckBatchSplit(int64_t global_batch_size, const Layout& l) {
+  Checker c;
+  const int64_t mbs = l.micro_batch_size;
+  if (l.dp < 1 || l.ep < 1 || mbs < 1) {
+    c.Require(mbs >= 1, "train.micro_batch_size", mbs, "must be positive");
+    c.Require(l.dp >= 1, "parallelism.dp", l.dp, "must be positive");
+    c.Require(l.ep >= 1, "parallelism.ep", l.ep, "must be positive");
+    return c.Take();
+  }
+  if (global_batch_size % (l.dp * l.ep * mbs) == 0) return c.Take();
+  if (l.ep == 1) {
+    c.Require(false, "train.global_batch_size", global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", l.dp),
+                           " x train.micro_batch_size=", mbs));
+  } else {
+    c.Require(false, "train.global_batch_size", global_batch_size,
+              absl::StrCat("must be divisible by ", Axis("dp", l.dp), " x ", Axis("ep", l.ep),
+                           " x train.micro_batch_size=", mbs,
+                           " (expert-parallel ranks train on their own sequences)"));
+  }
+  return c.Take();
+}
+
+std::vector<std::string> CheckSchedule(const Layout& l) {
+  Checker c;
+  if (l.pp <= 1 || l.schedule != Schedule::kInterleaved) return c.Take();
+  if (l.virtual_stages < 2) {
+    c.Require(false, "parallelism.virtual_stages", l.virtual_stages,
+              absl::StrCat("must be at least 2 for parallelism.schedule=interleaved with ",
+                           Axis("pp", l.pp), " (one virtual stage is 1f1b)"));
+  }
+  if (l.grad_accum % l.pp != 0) {
+    c.Require(false, "parallelism.schedule", "interleaved",
+              absl::StrCat("needs the micro-batches per step (", l.grad_accum,
+                           " = train.global_batch_size / (train.micro_batch_size x "
+                           "parallelism.dp x parallelism.ep)) to be a multiple of ",
+                           Axis("pp", l.pp)));
+  }
+  return c.Take();
+}
+
 std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   // Sizes above their bounds are reported alone: the rules below multiply
   // fields, which is only safe once every field is bounded.
@@ -247,10 +277,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   positive("pp", p.pp);
   positive("cp", p.cp);
   positive("ep", p.ep);
-  if (p.zero_stage) {
-    c.Require(*p.zero_stage >= 0 && *p.zero_stage <= 3, "parallelism.zero_stage", *p.zero_stage,
-              "must be 0, 1, 2 or 3");
-  }
+  if (p.zero_stage) c.Add(CheckZeroStage(*p.zero_stage));
   c.Require(p.virtual_stages >= 1, "parallelism.virtual_stages", p.virtual_stages,
             "must be positive");
   if (p.virtual_stages > 1) {
@@ -274,7 +301,13 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   if (p.pp && *p.pp >= 1 && p.virtual_stages >= 1) c.Add(CheckPpSplit(shape, *p.pp, p.virtual_stages));
   if (p.cp && *p.cp >= 1) c.Add(CheckCpSplit(shape, *p.cp));
   if (p.ep && *p.ep > 1) c.Add(CheckEpSplit(shape, *p.ep));
-  if (p.dp && *p.dp >= 1) RequireBatchSplit(c, t, *p.dp, p.ep && *p.ep > 1 ? *p.ep : 1);
+  if (p.dp && *p.dp >= 1 && t.micro_batch_size >= 1) {
+    Layout given;
+    given.dp = *p.dp;
+    given.ep = p.ep && *p.ep > 1 ? *p.ep : 1;
+    given.micro_batch_size = t.micro_batch_size;
+    c.Add(CheckBatchSplit(t.global_batch_size, given));
+  }
 
   const ResourcesSpec& r = s.resources;
   if (r.device == DeviceKind::kCpu) {
@@ -284,6 +317,8 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   } else {
     c.Require(r.nodes >= 1, "resources.nodes", r.nodes, "must be positive");
     c.Require(r.gpus_per_node >= 1, "resources.gpus_per_node", r.gpus_per_node, "must be positive");
+    c.Require(r.host_memory_mb >= 0, "resources.host_memory_mb", r.host_memory_mb,
+              "must not be negative (0: not checked)");
     c.Require(!r.gpu.empty(), "resources.gpu", "''",
               "is required for device=gpu (h100-sxm, h200 or a100-80gb)");
     if (p.tp && *p.tp >= 1 && r.gpus_per_node >= 1) {
@@ -348,9 +383,8 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
   RequireModelShape(c, m);
   c.Require(s.parallelism.bucket_mb >= 1, "parallelism.bucket_mb", s.parallelism.bucket_mb,
             "must be positive");
-  RequireBatchSplit(c, t, l.dp, l.ep);
-  c.Require(l.zero_stage >= 0 && l.zero_stage <= 3, "parallelism.zero_stage", l.zero_stage,
-            "must be 0, 1, 2 or 3");
+  c.Add(CheckBatchSplit(t.global_batch_size, l));
+  c.Add(CheckZeroStage(l.zero_stage));
   const AxisShape shape = AxisShapeOf(s);
   // Context parallelism: the zigzag split (worker/engine/context_parallel/).
   c.Add(CheckCpSplit(shape, l.cp));
@@ -377,16 +411,8 @@ std::vector<std::string> CheckEngineRuns(const JobSpec& s, const Layout& l) {
                              " must divide evenly (parallelism.sequence_parallel=true)"));
     }
   }
-  if (l.pp > 1) {
-    c.Add(CheckPpSplit(shape, l.pp, l.virtual_stages));
-    if (l.schedule == Schedule::kInterleaved) {
-      c.Require(l.grad_accum % l.pp == 0, "parallelism.schedule", "interleaved",
-                absl::StrCat("needs the micro-batches per step (", l.grad_accum,
-                             " = train.global_batch_size / (train.micro_batch_size x "
-                             "parallelism.dp x parallelism.ep)) to be a multiple of ",
-                             Axis("pp", l.pp)));
-    }
-  }
+  if (l.pp > 1) c.Add(CheckPpSplit(shape, l.pp, l.virtual_stages));
+  c.Add(CheckSchedule(l));
   return c.Take();
 }
 

@@ -31,7 +31,7 @@ absl::Status ValidateEngineRuns(const JobSpec& spec, const Layout& layout);
 // The rules that cut a model along one axis, the same wherever a layout is
 // checked: submission (CheckJobSpec for the axes the user gave,
 // CheckEngineRuns for the resolved layout), the planner's search
-// (coordinator/planner/search.cc) and the engine (the TP plan, the trainer).
+// (planner/search.cc) and the engine (the TP plan, the trainer).
 // Each returns the broken rules, each naming its field; empty when the axis
 // can be cut that way.
 struct AxisShape {
@@ -53,6 +53,20 @@ std::vector<std::string> CheckPpSplit(const AxisShape& shape, int64_t pp, int64_
 std::vector<std::string> CheckCpSplit(const AxisShape& shape, int64_t cp);
 // Experts split over ep: ep divides the experts (a dense model: ep = 1).
 std::vector<std::string> CheckEpSplit(const AxisShape& shape, int64_t ep);
+
+// The rules on a layout's own numbers, the same wherever a layout is checked:
+// CheckJobSpec (for the fields given), CheckEngineRuns and the planner's
+// search. Each returns the broken rules, each naming its field.
+// ZeRO stages 0 to 3.
+std::vector<std::string> CheckZeroStage(int64_t zero_stage);
+// The global batch splits evenly into micro-batches over the ranks that train
+// on their own data, dp x ep (expert-parallel ranks route their own tokens,
+// docs/moe.md): global_batch_size divisible by dp x ep x micro_batch_size.
+std::vector<std::string> CheckBatchSplit(int64_t global_batch_size, const Layout& layout);
+// The pipeline schedule when pp > 1: interleaved runs at least 2 virtual
+// stages per rank (one would be 1f1b) and a multiple of pp micro-batches per
+// step (grad_accum), which go through the chunks in groups of pp.
+std::vector<std::string> CheckSchedule(const Layout& layout);
 
 // Fills the parallel axes the user left out when only one layout is possible
 // without the planner: every other axis defaults to 1 (zero_stage to 0) and dp

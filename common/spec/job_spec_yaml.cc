@@ -227,7 +227,8 @@ Section ResourcesFields(ResourcesSpec& r) {
           {"memory_mb", Int(&r.memory_mb)},
           {"gpu", String(&r.gpu)},
           {"nodes", Int(&r.nodes)},
-          {"gpus_per_node", Int(&r.gpus_per_node)}};
+          {"gpus_per_node", Int(&r.gpus_per_node)},
+          {"host_memory_mb", Int(&r.host_memory_mb)}};
 }
 
 Section CheckpointFields(CheckpointSpec& c) {
@@ -399,6 +400,9 @@ std::string ToYaml(const JobSpec& s) {
     out << YAML::Key << "gpu" << YAML::Value << r.gpu;
     out << YAML::Key << "nodes" << YAML::Value << r.nodes;
     out << YAML::Key << "gpus_per_node" << YAML::Value << r.gpus_per_node;
+    if (r.host_memory_mb > 0) {
+      out << YAML::Key << "host_memory_mb" << YAML::Value << r.host_memory_mb;
+    }
   }
   out << YAML::EndMap;
 

@@ -1,6 +1,7 @@
 #include "common/topology/snapshot_ring.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <map>
 #include <string>
 
@@ -22,6 +23,32 @@ std::vector<int64_t> SnapshotRing::Unprotected() const {
   return ranks;
 }
 
+std::vector<int64_t> SnapshotRing::SameNode(const std::vector<DeviceSlot>& slots) const {
+  std::vector<int64_t> ranks;
+  for (size_t r = 0; r < buddy.size() && r < slots.size(); ++r) {
+    const int64_t b = buddy[r];
+    if (b >= 0 && b < static_cast<int64_t>(slots.size()) && slots[b].node_id == slots[r].node_id) {
+      ranks.push_back(static_cast<int64_t>(r));
+    }
+  }
+  return ranks;
+}
+
+namespace {
+
+// Ranks (ascending) that no rank of another node can hold copies for: a ring
+// of their own on their node; a lone one keeps -1.
+void RingOnOwnNode(const std::vector<int64_t>& ranks, SnapshotRing& ring) {
+  if (ranks.size() < 2) return;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int64_t to = ranks[(i + 1) % ranks.size()];
+    ring.buddy[ranks[i]] = to;
+    ring.ward[to] = ranks[i];
+  }
+}
+
+}  // namespace
+
 SnapshotRing BuildSnapshotRing(const std::vector<DeviceSlot>& slots) {
   const int64_t world = static_cast<int64_t>(slots.size());
   SnapshotRing ring;
@@ -35,7 +62,10 @@ SnapshotRing BuildSnapshotRing(const std::vector<DeviceSlot>& slots) {
     if (added) nodes.emplace_back();
     nodes[it->second].push_back(r);
   }
-  if (nodes.size() < 2) return ring;
+  if (nodes.size() < 2) {
+    if (!nodes.empty()) RingOnOwnNode(nodes[0], ring);
+    return ring;
+  }
   size_t largest = 0;
   for (size_t n = 1; n < nodes.size(); ++n) {
     if (nodes[n].size() > nodes[largest].size()) largest = n;
@@ -61,6 +91,9 @@ SnapshotRing BuildSnapshotRing(const std::vector<DeviceSlot>& slots) {
     link(nodes[largest][i], others[i]);
     link(others[i], nodes[largest][i]);
   }
+  RingOnOwnNode({nodes[largest].begin() + static_cast<std::ptrdiff_t>(others.size()),
+                 nodes[largest].end()},
+                ring);
   return ring;
 }
 

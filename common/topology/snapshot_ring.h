@@ -15,9 +15,13 @@
 // When one node holds more than half the ranks that cannot hold for all of
 // them (each rank keeps one buddy and one ward): its first W - m ranks and
 // the W - m ranks of the other nodes are paired as each other's buddies, in
-// list order, and its remaining 2m - W ranks have no buddy and no ward (-1):
-// in-place recovery cannot relaunch them. With every rank on one node no rank
-// has a buddy.
+// list order. Its remaining 2m - W ranks, and every rank of a job on one
+// node, have no rank on another node left to hold their copies: they form a
+// ring on their own node instead, each one's buddy the next of them in
+// ascending order, the last wrapping to the first, so a crashed or hung rank
+// among them is still recovered in place (losing that whole node then loses
+// both copies, and the job restarts from disk). A lone such rank (2m - W = 1,
+// or a job of one rank) has no buddy and no ward (-1).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +39,9 @@ struct SnapshotRing {
   int64_t WardOf(int64_t rank) const;
   // Ranks whose buddy is -1.
   std::vector<int64_t> Unprotected() const;
+  // Ranks whose buddy is on their own node (given the placement they were
+  // built from): losing that node loses both copies of their snapshots.
+  std::vector<int64_t> SameNode(const std::vector<DeviceSlot>& slots) const;
 };
 
 // The ring over a placement (slots: index = global rank).

@@ -37,6 +37,7 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
     }
   }
   info.live = true;
+  info.connected = true;
   info.last_seen = now;
   info.running.assign(registration.running().begin(), registration.running().end());
   if (entry.channel != channel) {  // a new session, a new clock
@@ -68,7 +69,9 @@ NodeRegistry::HeartbeatResult NodeRegistry::Heartbeat(const std::string& node_id
   if (it == nodes_.end()) return HeartbeatResult::kOrphaned;
   NodeInfo& info = it->second.info;
   if (it->second.channel.get() != channel) {
-    return info.live ? HeartbeatResult::kStale : HeartbeatResult::kOrphaned;
+    // Another session holds the node only while it is open and the node live.
+    return info.live && it->second.channel != nullptr ? HeartbeatResult::kStale
+                                                      : HeartbeatResult::kOrphaned;
   }
   info.last_seen = now;
   info.running.assign(heartbeat.running().begin(), heartbeat.running().end());
@@ -85,10 +88,11 @@ bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* 
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.channel.get() != channel) return false;
-  const bool was_live = it->second.info.live;
-  it->second.info.live = false;
+  // Still live: lost only once silent for the node timeout (ExpireSilent),
+  // from its last heartbeat.
+  it->second.info.connected = false;
   it->second.channel.reset();
-  return was_live;
+  return true;
 }
 
 std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
@@ -98,7 +102,7 @@ std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Durati
   for (auto& [id, entry] : nodes_) {
     const absl::Duration credit = std::min(std::max(backlog, entry.last_lag), kMaxLagCredit);
     if (entry.info.live && now - entry.info.last_seen > timeout + credit) {
-      // The channel stays: a heartbeat on this same session revives the node.
+      // An open session's channel stays: a heartbeat on it revives the node.
       entry.info.live = false;
       lost.push_back(id);
     }

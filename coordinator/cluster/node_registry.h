@@ -36,6 +36,12 @@ struct NodeInfo {
   int64_t device_memory_bytes = 0;
   double peak_flops_per_device = 0;
   bool live = false;
+  // Its agent's session is open. A node whose session ended stays live (and
+  // keeps its ranks) until it has been silent for the node timeout: its
+  // agent reconnects within that time after a transient break, and until its
+  // lease ran out its ranks may still act (docs/fault_tolerance.md,
+  // "Fencing"). No new ranks go to a node that is not connected.
+  bool connected = false;
   bool cordoned = false;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
@@ -74,13 +80,17 @@ class NodeRegistry {
   // again at the first heartbeat on that session.
   HeartbeatResult Heartbeat(const std::string& node_id, const NodeChannel* channel,
                             const loom::v1::Heartbeat& heartbeat, absl::Time now);
-  // The session ended. Only the channel that is still current marks the node
-  // lost, so a stale session closing after a reconnect changes nothing.
-  // Returns true when the node went from live to lost.
+  // The session ended. The node is not lost for it: it stays live, without a
+  // channel (commands to it are dropped), until ExpireSilent finds it silent
+  // for the node timeout, unless its agent registers again first. Only the
+  // channel that is still current counts, so a stale session closing after a
+  // reconnect changes nothing. Returns true when the node's current session
+  // ended.
   bool SessionClosed(const std::string& node_id, const NodeChannel* channel);
   // Nodes silent for longer than timeout plus the heartbeat backlog (or plus
   // their own last heartbeat's lag, if larger; at most a minute more) are
-  // marked lost; returns their ids. The backlog (heartbeat_lag.h) is how late
+  // marked lost, whether their session is still open or ended; returns their
+  // ids. The backlog (heartbeat_lag.h) is how late
   // heartbeats are being read: a node's newer heartbeats may wait unread
   // behind the coordinator's own work (a launch burst), and it is not lost
   // for that.

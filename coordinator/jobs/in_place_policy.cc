@@ -58,16 +58,9 @@ std::optional<std::string> MissingCopy(const InPlaceRequest& request,
     return absl::StrCat("rank ", rank, " and its buddy rank ", buddy,
                         ", which holds its snapshot copies, failed together", LostSuffix(request));
   }
-  const std::string& node = request.placement[rank].node_id;
-  const bool one_node =
-      std::all_of(request.placement.begin(), request.placement.end(),
-                  [&](const topology::DeviceSlot& s) { return s.node_id == node; });
-  if (one_node) {
-    return absl::StrCat("rank ", rank, " has no copy of its snapshot: every rank ran on node ",
-                        node, ", and copies go to a rank on another node");
-  }
-  return absl::StrCat("rank ", rank, " has no buddy to hold a copy of its snapshot: node ", node,
-                      " holds more than half of the job's ranks (docs/topology.md, snapshot ring)");
+  return absl::StrCat("rank ", rank, " has no buddy to hold a copy of its snapshots: it is the one "
+                      "rank of node ", request.placement[rank].node_id,
+                      " that no other rank can pair with (docs/topology.md, snapshot ring)");
 }
 
 std::string StepList(const std::vector<int64_t>& steps) {
@@ -106,15 +99,19 @@ std::vector<int64_t> FailedRanks(const InPlaceRequest& request) {
   return {failed.begin(), failed.end()};
 }
 
+std::string SpecRefusal(const spec::FaultToleranceSpec& ft) {
+  if (!ft.in_place) return "in-place recovery is off (fault_tolerance.in_place: false)";
+  if (ft.snapshot_interval <= 0) {
+    return "in-place recovery needs in-memory snapshots, and fault_tolerance.snapshot_interval "
+           "is 0";
+  }
+  return "";
+}
+
 absl::StatusOr<InPlaceDecision> PlanRelaunch(const InPlaceRequest& request) {
   if (absl::Status s = CheckRequest(request); !s.ok()) return s;
-  const spec::FaultToleranceSpec& ft = request.fault_tolerance;
-  if (!ft.in_place) {
-    return WholeJob("in-place recovery is off (fault_tolerance.in_place: false)");
-  }
-  if (ft.snapshot_interval <= 0) {
-    return WholeJob(
-        "in-place recovery needs in-memory snapshots, and fault_tolerance.snapshot_interval is 0");
+  if (std::string refused = SpecRefusal(request.fault_tolerance); !refused.empty()) {
+    return WholeJob(std::move(refused));
   }
   const std::vector<int64_t> failed_list = FailedRanks(request);
   const std::set<int64_t> failed(failed_list.begin(), failed_list.end());
@@ -181,6 +178,16 @@ absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
     return WholeJob(absl::StrCat(one ? "rank " : "ranks ", RankList(missing),
                                  " did not report leaving ", one ? "its" : "their",
                                  " collectives within fault_tolerance.abort_timeout_s (",
+                                 request.fault_tolerance.abort_timeout_s, " s)"));
+  }
+
+  // A killed rank still running would share its place with its relaunch.
+  if (!request.not_exited.empty()) {
+    const std::vector<int64_t> alive(request.not_exited.begin(), request.not_exited.end());
+    const bool one = alive.size() == 1;
+    return WholeJob(absl::StrCat(one ? "rank " : "ranks ", RankList(alive),
+                                 one ? " was" : " were", " killed but did not exit within "
+                                 "fault_tolerance.abort_timeout_s (",
                                  request.fault_tolerance.abort_timeout_s, " s)"));
   }
 

@@ -51,6 +51,10 @@ struct InPlaceRequest {
   // The survivors' "aborted" reports (RankProgress.phase == "aborted"), by
   // rank: their step and SnapshotHoldings. Only DecideInPlace reads them.
   std::map<int64_t, loom::v1::RankProgress> aborted;
+  // Failed ranks whose processes were killed but not seen to exit (a hung
+  // culprit): a rank relaunched in their place must not start beside them.
+  // Only DecideInPlace reads them.
+  std::set<int64_t> not_exited;
   // The newest step the job reported before the failure (Job.last_progress).
   int64_t newest_step = 0;
 };
@@ -86,6 +90,10 @@ struct InPlaceDecision {
   const Relaunch* RelaunchOf(int64_t rank) const;
 };
 
+// Why the spec rules in-place recovery out ("" when it does not): the first
+// rule of both calls below, and of the recovery policy (recovery_policy.h).
+std::string SpecRefusal(const spec::FaultToleranceSpec& fault_tolerance);
+
 // The ranks that failed: request.failed_ranks and every rank placed on a
 // lost node, ascending.
 std::vector<int64_t> FailedRanks(const InPlaceRequest& request);
@@ -95,7 +103,8 @@ std::vector<int64_t> FailedRanks(const InPlaceRequest& request);
 // failed rank outside the placement, a ring of another size).
 absl::StatusOr<InPlaceDecision> PlanRelaunch(const InPlaceRequest& request);
 
-// The full decision: PlanRelaunch, then the restore step from the survivors'
+// The full decision: PlanRelaunch, then every survivor's report and every
+// killed failed rank's exit, then the restore step from the survivors'
 // reports (the newest step each survivor holds a snapshot of and whose copy
 // the old buddy of each failed rank holds) and the steps recomputed.
 absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request);

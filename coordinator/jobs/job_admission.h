@@ -27,7 +27,7 @@
 namespace loom::coordinator {
 
 // Fills the axes a spec leaves to the planner and checks that the engine can
-// run the result, or says why not (coordinator/service/plan_service.h).
+// run the result, or says why not (planner::ResolveLayout, planner/job_planner.h).
 using LayoutResolver = std::function<absl::Status(spec::JobSpec&)>;
 
 struct AdmissionOptions {

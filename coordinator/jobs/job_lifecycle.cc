@@ -45,6 +45,18 @@ JobLifecycle::JobLifecycle(LifecycleOptions options, JobTable* table, WatchHub* 
 bool JobLifecycle::TransitionLocked(JobRecord& record, JobState to, const std::string& message) {
   Job& job = record.job;
   if (!CanTransition(job.state(), to)) return false;
+  // An in-place recovery ends with the state it held: joined (RUNNING), or
+  // given up. Once its next attempt was placed, survivors the EnterEpoch did
+  // not reach may still exit in the attempt before (kAbandoned keeps that).
+  if (job.state() == JobState::RECOVERING) {
+    const bool placed = job.in_place_from_attempt() > 0;
+    job.set_in_place_from_attempt(0);
+    if (record.in_place && placed && to != JobState::RUNNING) {
+      record.in_place->phase = InPlaceRecovery::Phase::kAbandoned;
+    } else {
+      record.in_place.reset();
+    }
+  }
   // An ended job's series leave the scrape after a grace (its history stays
   // in GetJob), so series do not pile up over jobs. Its last incident and
   // goodput are final; they are stored with the transition.
@@ -92,6 +104,13 @@ loom::v1::CoordinatorMessage JobLifecycle::KillMessage(const std::string& job_id
   return message;
 }
 
+loom::v1::CoordinatorMessage JobLifecycle::KillAllMessage(const JobRecord& record) const {
+  const bool two_attempts =
+      record.job.in_place_from_attempt() > 0 ||
+      (record.in_place && record.in_place->phase == InPlaceRecovery::Phase::kAbandoned);
+  return KillMessage(record.job.id(), two_attempts ? 0 : record.job.attempt());
+}
+
 std::unique_ptr<HangDetector> JobLifecycle::NewHangDetector(const JobRecord& record,
                                                             absl::Time now) const {
   std::vector<std::string> places;
@@ -118,7 +137,11 @@ void JobLifecycle::OnRankExited(const std::string& node_id, const loom::v1::Rank
   if (found == nullptr) return;
   JobRecord& record = *found;
   Job& job = record.job;
-  if (exit.attempt() != job.attempt() || exit.rank() < 0 ||
+  // An in-place recovery's own exits: the failed ranks it killed, and
+  // survivors still reported in the attempt before the one they moved to.
+  bool counts_as_current = false;
+  if (InPlaceExitLocked(record, node_id, exit, &counts_as_current)) return;
+  if ((exit.attempt() != job.attempt() && !counts_as_current) || exit.rank() < 0 ||
       exit.rank() >= static_cast<int32_t>(record.ranks.size())) {
     return;
   }
@@ -142,6 +165,12 @@ void JobLifecycle::OnRankExited(const std::string& node_id, const loom::v1::Rank
     return;
   }
   if (!HoldsDevices(state)) return;
+  if (ok && state == JobState::RECOVERING) {
+    // A rank that finished cannot take part in the next attempt.
+    FallBackLocked(record, absl::StrCat("rank ", exit.rank(), " on node ", node_id,
+                                        " finished while the job recovered in place"));
+    return;
+  }
   if (ok) {
     if (all_exited) {
       TransitionLocked(record, JobState::SUCCEEDED,
@@ -177,19 +206,24 @@ void JobLifecycle::HandleFailureLocked(JobRecord& record, const Failure& given) 
   if (!failure.node_id.empty() && failure.kind != FailureKind::kJobBroken) {
     node_failures = ++record.node_failures[failure.node_id];
   }
-  const RecoveryDecision decision =
-      DecideRecovery({.job = job,
-                      .fault_tolerance = record.spec.fault_tolerance,
-                      .failure = failure,
-                      .node_failures = node_failures,
-                      .in_place_supported = false});
+  // A lost node's ranks may act until its lease has run out: the next
+  // attempt's commits wait for that, whichever path it takes.
+  if (failure.kind == FailureKind::kNodeLost) FenceForLostNodeLocked(job, failure);
+  InPlaceRequest request = InPlaceRequestLocked(record, failure);
+  const RecoveryDecision decision = DecideRecovery({.job = job,
+                                                    .fault_tolerance = record.spec.fault_tolerance,
+                                                    .failure = failure,
+                                                    .node_failures = node_failures,
+                                                    .in_place = &request});
   // A node that keeps failing this job is cordoned: no new ranks go there.
   if (decision.cordon && nodes_->Cordon(failure.node_id, decision.cordon_reason)) {
     std::fprintf(stderr, "node %s: cordoned (%s)\n", failure.node_id.c_str(),
                  decision.cordon_reason.c_str());
   }
   switch (decision.path) {
-    case RecoveryPath::kInPlace:  // not decided while in_place_supported is false
+    case RecoveryPath::kInPlace:
+      RecoverInPlaceLocked(record, failure, decision, std::move(request));
+      return;
     case RecoveryPath::kWholeJob:
       RestartWholeJobLocked(record, failure, decision);
       return;
@@ -212,9 +246,8 @@ void JobLifecycle::RestartWholeJobLocked(JobRecord& record, const Failure& failu
   // first step (stored with the transition below).
   metrics_->Incident(OpenIncident(job, decision.incident_kind, failure.rank, failure.node_id,
                                   failure.reason, failure.cause, now));
-  loom::v1::RecoveryIncident& incident = *job.mutable_incidents(job.incidents_size() - 1);
-  incident.set_path("whole_job");
-  incident.set_fallback_reason(decision.fallback_reason);
+  // Why not in place: the one place the incident's path is written.
+  IncidentCompletedLocked(record, MarkWholeJob(job, decision.fallback_reason));
   TransitionLocked(record, JobState::RESTARTING, decision.message);
   KillRanksLocked(record);
   if (record.ranks_exited == record.ranks.size()) FinishAttemptLocked(record);
@@ -246,7 +279,7 @@ void JobLifecycle::KillRanksLocked(JobRecord& record) {
   std::set<std::string> nodes;
   for (const auto& p : *record.placement) nodes.insert(p.node_id());
   for (const std::string& node : nodes) {
-    table_->SendAfterStoredLocked(record, node, KillMessage(record.job.id(), record.job.attempt()));
+    table_->SendAfterStoredLocked(record, node, KillAllMessage(record));
   }
 }
 
@@ -326,7 +359,8 @@ void JobLifecycle::StartAttemptLocked(JobRecord& record, PlacedAttempt attempt) 
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
   job.set_store_namespace(attempt.store_namespace);
-  kv_->OpenNamespace(attempt.store_namespace);
+  kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
+  record.in_place.reset();
   record.placed_at = now;
   record.hang = NewHangDetector(record, now);
   // A recovery's placement phase ends.
@@ -356,24 +390,26 @@ void JobLifecycle::RecoveredLocked(JobRecord& record, absl::Time now) {
   // Ranks of a live attempt may still meet in its namespace (a job stored
   // before namespaces had random names uses the readable one).
   if (job.store_namespace().empty()) job.set_store_namespace(StoreNamespace(job.id(), job.attempt()));
-  kv_->OpenNamespace(job.store_namespace());
+  // With the fence it was opened with: a lost node's stale ranks may still
+  // try to commit.
+  kv_->OpenNamespace(job.store_namespace(), CommitFenceOf(job));
   // Ranks may still be running: watch them for hangs from now on, and give
   // their nodes recovery_grace to reconnect.
   record.hang = NewHangDetector(record, now);
   recovered_at_ = now;
-  if (job.state() == JobState::RECOVERING) {
-    // What the survivors held in memory for it is not known to this
-    // coordinator: the whole job restarts (its restart was counted when the
+  if (job.state() == JobState::RECOVERING && job.in_place_from_attempt() == 0) {
+    // The survivors' reports went with the previous coordinator and nothing
+    // was placed: the whole job restarts (its restart was counted when the
     // recovery began); its ranks are stopped as their nodes register.
-    if (job.incidents_size() > 0) {
-      loom::v1::RecoveryIncident& incident = *job.mutable_incidents(job.incidents_size() - 1);
-      incident.set_path("whole_job");
-      incident.set_fallback_reason("the coordinator restarted during the recovery");
-    }
+    const std::string why = "the coordinator restarted during the recovery, before it was decided";
+    IncidentCompletedLocked(record, MarkWholeJob(job, why));
     TransitionLocked(record, JobState::RESTARTING,
-                     "the coordinator restarted during an in-place recovery; the whole job "
-                     "restarts from its newest checkpoint");
+                     absl::StrCat(why, "; the whole job restarts from its newest checkpoint"));
   }
+  // Attempt n+1 of an in-place recovery was stored (in_place_from_attempt):
+  // it is finished like a start. Its ranks' reports make it RUNNING; a rank
+  // its node does not run (an EnterEpoch or a launch that never left) is a
+  // failure at that node's first heartbeat, and the whole job restarts.
 }
 
 void JobLifecycle::CheckHealth(absl::Time now) {
@@ -385,7 +421,12 @@ void JobLifecycle::CheckHealth(absl::Time now) {
     for (const std::string& id : table_->OrderLocked()) {
       JobRecord& record = table_->AtLocked(id);
       const JobState state = record.job.state();
-      if ((state == JobState::STARTING || state == JobState::RUNNING) && record.hang) {
+      // In place, the abort deadline.
+      if (state == JobState::RECOVERING) CheckAbortsLocked(record, now);
+      // A relaunched attempt that never joins is a hang like a start's.
+      const bool joining =
+          state == JobState::RECOVERING && record.job.in_place_from_attempt() > 0;
+      if ((state == JobState::STARTING || state == JobState::RUNNING || joining) && record.hang) {
         if (std::optional<HangReport> hang = record.hang->Check(now)) {
           std::string node;
           if (hang->culprit_rank >= 0 && hang->culprit_rank < record.placement->size()) {

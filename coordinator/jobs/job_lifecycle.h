@@ -6,20 +6,28 @@
 // alone whether the job fails or recovers, on which of two paths, and
 // whether a node is cordoned; this part carries the decision out — the whole
 // job restart (every rank stopped, attempt n+1 placed after a backoff from
-// the newest checkpoint) today, in-place recovery next (RECOVERING). A
+// the newest checkpoint), or in-place recovery (RECOVERING: the failed ranks
+// killed, the survivors aborted, their reports collected; the scheduler
+// decides and places attempt n+1 with only the failed ranks relaunched;
+// RUNNING once every rank joined it; job_lifecycle_in_place.cc). A
 // coordinator that restarted finishes the recoveries it finds: it counts the
 // exits of a restarting attempt again from the agents' registrations and
-// sends again the kills that its ranks still need; a coordinator that stops
-// (SIGTERM, leadership lost) reacts to nothing more, so its ending sessions
-// are never taken for failed nodes. Every method runs under the job table's
-// mutex (taking it, or requiring it) and never waits on anything else:
-// messages to agents and watchers' updates queue, and wait for the store.
+// sends again the kills that its ranks still need, and an in-place recovery
+// whose next attempt was stored goes on (one that had not got that far
+// restarts whole); a coordinator that stops (SIGTERM, leadership lost)
+// reacts to nothing more, so its ending sessions are never taken for failed
+// nodes. Nodes that register or heartbeat with ranks their lease paused get
+// those still current resumed (ResumeRanks) and the others killed. Every
+// method runs under the job table's mutex (taking it, or requiring it) and
+// never waits on anything else: messages to agents and watchers' updates
+// queue, and wait for the store.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +36,7 @@
 #include "absl/time/time.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/health/hang_detector.h"
+#include "coordinator/jobs/in_place_policy.h"
 #include "coordinator/jobs/job_metrics.h"
 #include "coordinator/jobs/job_record.h"
 #include "coordinator/jobs/job_table.h"
@@ -47,6 +56,9 @@ struct LifecycleOptions {
   // to reconnect before they count as lost.
   absl::Duration recovery_grace = absl::Seconds(10);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  // The node timeout, which is also the agents' lease: a lost node's ranks
+  // may act until its last heartbeat plus this (the commit fence).
+  absl::Duration node_timeout = absl::Seconds(5);
   // A job's metric series are removed this long after it ends.
   absl::Duration job_metrics_grace = absl::Seconds(60);
 };
@@ -66,7 +78,13 @@ struct PlacedAttempt {
   std::shared_ptr<const Placement> placement;
   double peak_flops = 0;  // summed over the placement (for MFU)
   std::string nodes_text;  // "node-a (ranks 0-3), ..." for the history
+  // In place: each survivors' node's EnterEpoch (in_place_messages.h).
+  std::map<std::string, loom::v1::EnterEpoch> epochs;
 };
+
+// The commit fence a job's current namespace is opened with (the one kept
+// in the job: Job.commit_fence_until_unix_ms); none when it has passed.
+CommitFence CommitFenceOf(const loom::v1::Job& job);
 
 class JobLifecycle {
  public:
@@ -110,9 +128,28 @@ class JobLifecycle {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   void FailUnplaceableLocked(JobRecord& record, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
-  // A job loaded from the store at start: its namespace, its hang watch, the
-  // grace its nodes get, and a recovery in place it was in the middle of
-  // (finished as a whole-job restart: nothing of it was kept).
+  // For the scheduler, an in-place recovery whose survivors have all
+  // reported (or whose abort deadline passed): the request to decide it on,
+  // with the live nodes' free devices of now; nullopt for any other job.
+  std::optional<InPlaceRequest> RelaunchRequestLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Whether the record's in-place recovery waits for that decision.
+  static bool AwaitsRelaunch(const JobRecord& record);
+  // The scheduler decided it in place and built attempt n+1: stored, then
+  // EnterEpoch to the survivors' nodes and LaunchRank for the relaunched
+  // ranks only.
+  void RelaunchInPlaceLocked(JobRecord& record, PlacedAttempt attempt,
+                             const InPlaceDecision& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // An in-place recovery cannot go on: the whole job restarts (the restart
+  // was counted when the recovery began), with why in its incident.
+  void FallBackLocked(JobRecord& record, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A job loaded from the store at start: its namespace (with its commit
+  // fence), its hang watch, the grace its nodes get, and a recovery in place
+  // it was in the middle of (finished when its next attempt was stored: the
+  // ranks that report in it make it RUNNING, one missing is a failure and the
+  // whole job restarts; restarted whole when it was not).
   void RecoveredLocked(JobRecord& record, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
 
   void UpdateJobGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
@@ -140,6 +177,59 @@ class JobLifecycle {
   void RestartWholeJobLocked(JobRecord& record, const Failure& failure,
                              const RecoveryDecision& decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+
+  // The in-place path (job_lifecycle_in_place.cc).
+  // What PlanRelaunch needs of the record and the cluster for this failure.
+  InPlaceRequest InPlaceRequestLocked(const JobRecord& record, const Failure& failure) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The live, connected nodes of the job's device kind, each with the local
+  // devices no other job holds.
+  std::vector<RelaunchNode> RelaunchNodesLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Restart counted, incident opened on the in-place path, RECOVERING; once
+  // stored, KillRanks for the failed ranks still running and AbortRanks to
+  // the survivors' nodes.
+  void RecoverInPlaceLocked(JobRecord& record, const Failure& failure,
+                            const RecoveryDecision& decision, InPlaceRequest request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A survivor's "aborted" report of the failed attempt.
+  void OnAbortedLocked(JobRecord& record, const loom::v1::RankProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Every survivor reported and every killed rank exited, or the deadline
+  // passed: the scheduler decides.
+  void CheckAbortsLocked(JobRecord& record, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // An exit while an in-place recovery is under way that is part of it (a
+  // killed failed rank; a survivor the EnterEpoch had not reached, reported
+  // in from_attempt: *counts_as_current set, for the caller to count it as
+  // that rank's exit in the current attempt). Returns true when the exit was
+  // handled here.
+  bool InPlaceExitLocked(JobRecord& record, const std::string& node_id,
+                         const loom::v1::RankExited& exit, bool* counts_as_current)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The commit fence of a lost node (until its lease has surely run out),
+  // kept in the job with the later of it and any earlier one.
+  void FenceForLostNodeLocked(loom::v1::Job& job, const Failure& failure) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+
+  // What a rank a node lists (job, attempt, rank) is to its job.
+  enum class Listed {
+    kCurrent,        // the node runs it in the job's current attempt
+    kAwaitingEpoch,  // a survivor still in from_attempt: EnterEpoch has not reached it
+    kStale,          // of an attempt that moved on, an ended job, another node
+  };
+  Listed ClassifyLocked(const std::string& node_id, const loom::v1::RunningRank& rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A node (re)registered while an in-place recovery had a message for it
+  // (AbortRanks, EnterEpoch) that its old session may have lost: sent again.
+  void ResendInPlaceLocked(const std::string& node_id,
+                           const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Ranks its lease paused that are still current are resumed (ResumeRanks);
+  // the others are killed.
+  void ResumePausedLocked(const std::string& node_id,
+                          const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // Ranks that exited while nothing acted on their exits (a cancel that was
   // then put back): the job ends or fails as their exits say.
   void ReconcileExitsLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
@@ -157,6 +247,10 @@ class JobLifecycle {
                                const std::optional<loom::v1::RecoveryIncident>& incident)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   loom::v1::CoordinatorMessage KillMessage(const std::string& job_id, int32_t attempt) const;
+  // The kill of every rank the job's current attempt may have on a node:
+  // every attempt of the job after an in-place relaunch (survivors the
+  // EnterEpoch did not reach still run in the one before).
+  loom::v1::CoordinatorMessage KillAllMessage(const JobRecord& record) const;
   std::unique_ptr<HangDetector> NewHangDetector(const JobRecord& record, absl::Time now) const;
 
   const LifecycleOptions options_;

@@ -1,12 +1,16 @@
 // The lifecycle's node events (job_lifecycle.h): a node lost, registered,
 // revived, and the first heartbeat after a registration. A registration also
 // finishes a restart a previous coordinator left: exits counted again from
-// the ranks the node still runs, kills sent again.
+// the ranks the node still runs, kills sent again. Ranks a node lists are
+// current, a survivor awaiting its EnterEpoch, or stale (killed); those its
+// lease paused are resumed when current (ResumeRanks), at a registration or
+// any heartbeat that lists them.
 #include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
+#include "common/rank_list.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_states.h"
 
@@ -45,24 +49,99 @@ void JobLifecycle::OnNodeLost(const std::string& node_id, const std::string& why
   table_->RequestScheduleLocked();
 }
 
+JobLifecycle::Listed JobLifecycle::ClassifyLocked(const std::string& node_id,
+                                                  const loom::v1::RunningRank& r) const {
+  const JobRecord* record = table_->FindLocked(r.job_id());
+  if (record == nullptr || !HoldsDevices(record->job.state())) return Listed::kStale;
+  const int32_t rank = r.rank();
+  if (rank < 0 || rank >= record->placement->size() ||
+      rank >= static_cast<int32_t>(record->ranks.size()) ||
+      record->placement->Get(rank).node_id() != node_id || record->ranks[rank].exited) {
+    return Listed::kStale;
+  }
+  const InPlaceRecovery* ip = record->in_place.get();
+  if (r.attempt() == record->job.attempt()) {
+    // A failed rank being killed is not to be kept.
+    const bool failed = ip != nullptr && ip->failed.count(rank) > 0 &&
+                        (ip->phase == InPlaceRecovery::Phase::kAborting ||
+                         ip->phase == InPlaceRecovery::Phase::kDeciding);
+    return failed ? Listed::kStale : Listed::kCurrent;
+  }
+  if (ip != nullptr && ip->phase == InPlaceRecovery::Phase::kRelaunched &&
+      r.attempt() == ip->from_attempt && ip->relaunched.count(rank) == 0) {
+    return Listed::kAwaitingEpoch;
+  }
+  return Listed::kStale;
+}
+
 void JobLifecycle::KillStaleLocked(
     const std::string& node_id,
     const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running) {
-  std::set<std::pair<std::string, int32_t>> stale;
+  // By rank: other ranks of the same attempt on this node may be current
+  // (the survivors of an in-place recovery, beside a failed rank).
+  std::map<std::pair<std::string, int32_t>, std::vector<int32_t>> stale;
   for (const loom::v1::RunningRank& r : running) {
-    const JobRecord* record = table_->FindLocked(r.job_id());
-    const bool current = record != nullptr && HoldsDevices(record->job.state()) &&
-                         record->job.attempt() == r.attempt() && r.rank() >= 0 &&
-                         r.rank() < record->placement->size() &&
-                         r.rank() < static_cast<int32_t>(record->ranks.size()) &&
-                         record->placement->Get(r.rank()).node_id() == node_id &&
-                         !record->ranks[r.rank()].exited;
-    if (!current) stale.insert({r.job_id(), r.attempt()});
+    if (ClassifyLocked(node_id, r) == Listed::kStale) stale[{r.job_id(), r.attempt()}].push_back(r.rank());
   }
-  for (const auto& [job_id, attempt] : stale) {
-    std::fprintf(stderr, "node %s: runs ranks of job %s attempt %d, which is not current; killed\n",
-                 node_id.c_str(), job_id.c_str(), attempt);
-    table_->SendLocked(node_id, KillMessage(job_id, attempt));
+  for (const auto& [key, ranks] : stale) {
+    const auto& [job_id, attempt] = key;
+    std::fprintf(stderr,
+                 "node %s: runs ranks %s of job %s attempt %d, which are not current; killed\n",
+                 node_id.c_str(), RankList({ranks.begin(), ranks.end()}).c_str(), job_id.c_str(),
+                 attempt);
+    loom::v1::CoordinatorMessage kill = KillMessage(job_id, attempt);
+    for (int32_t r : ranks) kill.mutable_kill()->add_ranks(r);
+    table_->SendLocked(node_id, std::move(kill));
+  }
+}
+
+void JobLifecycle::ResumePausedLocked(
+    const std::string& node_id,
+    const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running) {
+  loom::v1::CoordinatorMessage message;
+  for (const loom::v1::RunningRank& r : running) {
+    if (r.paused() && ClassifyLocked(node_id, r) != Listed::kStale) {
+      *message.mutable_resume()->add_ranks() = r;
+    }
+  }
+  if (!message.has_resume()) return;
+  std::fprintf(stderr, "node %s: resumes %d ranks its lease had paused\n", node_id.c_str(),
+               message.resume().ranks_size());
+  table_->SendLocked(node_id, std::move(message));
+}
+
+void JobLifecycle::ResendInPlaceLocked(
+    const std::string& node_id,
+    const google::protobuf::RepeatedPtrField<loom::v1::RunningRank>& running) {
+  for (const std::string& id : table_->OrderLocked()) {
+    JobRecord& record = table_->AtLocked(id);
+    InPlaceRecovery* ip = record.in_place.get();
+    if (ip == nullptr || record.job.state() != JobState::RECOVERING) continue;
+    if (ip->phase == InPlaceRecovery::Phase::kAborting) {
+      // Survivors here that have not reported leaving their collectives.
+      bool waiting = false;
+      for (const auto& p : *record.placement) {
+        waiting |= p.node_id() == node_id && ip->failed.count(p.rank()) == 0 &&
+                   ip->request.aborted.count(p.rank()) == 0;
+      }
+      if (!waiting) continue;
+      loom::v1::CoordinatorMessage abort;
+      abort.mutable_abort()->set_job_id(id);
+      abort.mutable_abort()->set_attempt(record.job.attempt());
+      abort.mutable_abort()->set_reason(ip->reason);
+      table_->SendAfterStoredLocked(record, node_id, std::move(abort));
+    } else if (ip->phase == InPlaceRecovery::Phase::kRelaunched) {
+      const auto epoch = ip->epochs.find(node_id);
+      if (epoch == ip->epochs.end()) continue;
+      const bool waiting = std::any_of(
+          running.begin(), running.end(), [&](const loom::v1::RunningRank& r) {
+            return r.job_id() == id && ClassifyLocked(node_id, r) == Listed::kAwaitingEpoch;
+          });
+      if (!waiting) continue;
+      loom::v1::CoordinatorMessage message;
+      *message.mutable_enter_epoch() = epoch->second;
+      table_->SendAfterStoredLocked(record, node_id, std::move(message));
+    }
   }
 }
 
@@ -76,6 +155,10 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
   // them on the same stream.
   unconfirmed_[node_id] = absl::Now();
   KillStaleLocked(node_id, registration.running());
+  // What its lease paused and is still current goes on; what an in-place
+  // recovery told its old session may not have arrived.
+  ResumePausedLocked(node_id, registration.running());
+  ResendInPlaceLocked(node_id, registration.running());
   // An attempt being stopped needs no exit's details: a rank the node no
   // longer runs has exited, one it runs is killed (again: the coordinator
   // that sent the kill may have stopped before it left, and the count of
@@ -86,10 +169,17 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
     bool runs = false;
     for (const auto& p : *record.placement) {
       if (p.node_id() != node_id || record.ranks[p.rank()].exited) continue;
+      // After an in-place relaunch a survivor may still run in the attempt
+      // before (its EnterEpoch never arrived).
+      const InPlaceRecovery* ip = record.in_place.get();
+      const bool abandoned = ip != nullptr && ip->phase == InPlaceRecovery::Phase::kAbandoned &&
+                             ip->relaunched.count(p.rank()) == 0;
       const bool listed = std::any_of(
           registration.running().begin(), registration.running().end(),
           [&](const loom::v1::RunningRank& r) {
-            return r.job_id() == id && r.attempt() == record.job.attempt() && r.rank() == p.rank();
+            return r.job_id() == id && r.rank() == p.rank() &&
+                   (r.attempt() == record.job.attempt() ||
+                    (abandoned && r.attempt() == ip->from_attempt));
           });
       if (listed) {
         runs = true;
@@ -98,7 +188,7 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
       }
     }
     if (runs) {
-      table_->SendAfterStoredLocked(record, node_id, KillMessage(id, record.job.attempt()));
+      table_->SendAfterStoredLocked(record, node_id, KillAllMessage(record));
     } else if (record.ranks_exited == record.ranks.size()) {
       FinishAttemptLocked(record);
     }
@@ -109,9 +199,21 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
 void JobLifecycle::OnNodeHeartbeat(const std::string& node_id,
                                    const loom::v1::Heartbeat& heartbeat) {
   std::vector<loom::v1::RankExited> vanished;
+  // Ranks its lease paused, though its session never broke (acks that came
+  // too late): checked only when there are some.
+  const bool paused = std::any_of(heartbeat.running().begin(), heartbeat.running().end(),
+                                  [](const loom::v1::RunningRank& r) { return r.paused(); });
   {
     absl::MutexLock lock(&table_->mu());
     if (!table_->ActingLocked()) return;
+    if (paused) {
+      google::protobuf::RepeatedPtrField<loom::v1::RunningRank> stopped;
+      for (const loom::v1::RunningRank& r : heartbeat.running()) {
+        if (r.paused()) *stopped.Add() = r;
+      }
+      KillStaleLocked(node_id, stopped);
+      ResumePausedLocked(node_id, stopped);
+    }
     auto pending = unconfirmed_.find(node_id);
     if (pending == unconfirmed_.end()) return;
     const absl::Time registered_at = pending->second;
@@ -125,7 +227,9 @@ void JobLifecycle::OnNodeHeartbeat(const std::string& node_id,
         const bool alive = std::any_of(
             heartbeat.running().begin(), heartbeat.running().end(),
             [&](const loom::v1::RunningRank& r) {
-              return r.job_id() == id && r.attempt() == record.job.attempt() && r.rank() == p.rank();
+              return r.job_id() == id && r.rank() == p.rank() &&
+                     (r.attempt() == record.job.attempt() ||
+                      ClassifyLocked(node_id, r) == Listed::kAwaitingEpoch);
             });
         if (alive) continue;
         loom::v1::RankExited& exit = vanished.emplace_back();

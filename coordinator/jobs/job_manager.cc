@@ -38,6 +38,7 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       lifecycle_({.kill_grace_seconds = options_.kill_grace_seconds,
                   .recovery_grace = options_.recovery_grace,
                   .hang_policy = options_.hang_policy,
+                  .node_timeout = options_.node_timeout,
                   .job_metrics_grace = options_.job_metrics_grace},
                  &table_, &hub_, &metrics_, nodes, kv),
       scheduler_({.collective_timeout_s = options_.collective_timeout_s,
@@ -90,6 +91,11 @@ void JobManager::Stop() {
   }
   for (auto& answer : answers) answer();
   scheduler_.Stop();  // sends them
+}
+
+bool JobManager::Acting() const {
+  absl::MutexLock lock(&table_.mu());
+  return table_.ActingLocked();
 }
 
 void JobManager::NoLongerLeading(const absl::Status& why) {

@@ -53,6 +53,9 @@ struct JobManagerOptions {
   // After a coordinator restart, nodes that ran a job's ranks get this long
   // to reconnect before they count as lost.
   absl::Duration recovery_grace = absl::Seconds(10);
+  // A node silent this long is lost; also the agents' lease, which a lost
+  // node's commit fence waits out (docs/fault_tolerance.md, "Fencing").
+  absl::Duration node_timeout = absl::Seconds(5);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
   // Issues each rank's bearer token (RankAssignment.rank_token) from its
   // assignment; empty: ranks get none (--insecure, tests).
@@ -169,6 +172,8 @@ class JobManager {
   // Lifts a node's cordon (NOT_FOUND, FAILED_PRECONDITION) and reschedules.
   absl::StatusOr<loom::v1::Node> Uncordon(const std::string& node_id);
 
+  // Whether it still acts on events (false once stopping or fenced).
+  bool Acting() const;
   // A graceful stop (SIGTERM): acts on nothing more — events are ignored, so
   // the sessions that end with the server are not lost nodes — stores and
   // sends what was decided before, answers what waits, ends the threads.

@@ -1,7 +1,8 @@
 // The lifecycle's progress side (job_lifecycle.h): the ranks' reports move
-// their attempt (ready, RUNNING, resumed), rank 0's steps become the job's
-// progress, its watchers' updates and its step series, and feed the hang
-// detector and the recovery accounting.
+// their attempt (ready, RUNNING, resumed; in place, the survivors' "aborted"
+// reports), rank 0's steps become the job's progress, its watchers' updates
+// and its step series, and feed the hang detector and the recovery
+// accounting.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -70,14 +71,21 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
     ++record.ranks_ready;
   }
   if (record.hang) record.hang->Observe(progress, now);
-  if (job.state() == JobState::STARTING && record.ranks_ready == record.ranks.size()) {
+  // In place: a survivor left its collectives and says what it holds.
+  if (job.state() == JobState::RECOVERING && progress.phase() == "aborted") {
+    OnAbortedLocked(record, progress);
+  }
+  // A start, or an attempt placed in place, joins when every rank is ready.
+  const bool in_place = job.state() == JobState::RECOVERING && job.in_place_from_attempt() > 0;
+  if ((job.state() == JobState::STARTING || in_place) &&
+      record.ranks_ready == record.ranks.size()) {
     absl::Time all_ready = absl::InfinitePast();
     for (const RankState& r : record.ranks) all_ready = std::max(all_ready, r.ready_at);
     IncidentCompletedLocked(record, MarkReady(job, all_ready));
     GoodputTracker::Started(job, now);
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
-                                  job.attempt()));
+                                  job.attempt(), in_place ? " in place" : ""));
   }
   if (progress.phase() == "resumed" && !rank.resumed) {
     rank.resumed = true;

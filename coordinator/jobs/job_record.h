@@ -1,8 +1,9 @@
 // What the coordinator holds of one job (JobRecord): its working record,
 // the record the store last confirmed (what readers are shown), its placement
-// and the state of each rank of the current attempt, and the effects and
-// callers waiting for a change of it to be stored. Plain data: the job table
-// (job_table.h) keeps the rules.
+// and the state of each rank of the current attempt, an in-place recovery
+// under way, and the effects and callers waiting for a change of it to be
+// stored. Plain data: the job table (job_table.h) keeps the rules, the
+// lifecycle (job_lifecycle.h) the recovery's.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +21,9 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/health/hang_detector.h"
 #include "coordinator/health/recovery_accounting.h"
+#include "coordinator/jobs/in_place_policy.h"
 #include "loom/v1/job.pb.h"
+#include "loom/v1/node.pb.h"
 
 namespace loom::coordinator {
 
@@ -39,6 +43,44 @@ struct RankState {
   absl::Time ready_at;
   absl::Time resumed_at;
   loom::v1::RankProgress last;
+};
+
+// An in-place recovery under way (docs/fault_tolerance.md, "In-place
+// recovery"; job_lifecycle_in_place.cc). In memory only: what a restarted
+// coordinator needs of it is in the job (RECOVERING, in_place_from_attempt,
+// the commit fence, the incident).
+struct InPlaceRecovery {
+  enum class Phase {
+    // RECOVERING, attempt n: the failed ranks are killed, the survivors told
+    // to abort; their "aborted" reports and the killed ranks' exits are
+    // awaited, until the abort deadline.
+    kAborting,
+    // All in, or the deadline passed: the scheduler decides (DecideInPlace)
+    // and places attempt n+1, or the recovery falls back to the whole job.
+    kDeciding,
+    // Attempt n+1 is placed (EnterEpoch to the survivors' nodes, LaunchRank
+    // for the relaunched ranks): RUNNING once every rank is ready in it.
+    kRelaunched,
+    // It fell back to the whole job (or the job ended) after attempt n+1 was
+    // placed: survivors the EnterEpoch had not reached still run, and exit,
+    // in from_attempt, and count as attempt n+1's ranks.
+    kAbandoned,
+  };
+  Phase phase = Phase::kAborting;
+  int32_t from_attempt = 0;  // n, the attempt that failed
+  // What PlanRelaunch and DecideInPlace read: the failed attempt's placement,
+  // what failed, the survivors' reports, the killed ranks still running.
+  InPlaceRequest request;
+  std::set<int64_t> failed;  // FailedRanks(request)
+  std::string reason;        // the failure's first line, for AbortRanks
+  absl::Time declared;
+  absl::Time deadline = absl::InfiniteFuture();  // declared + abort_timeout_s
+  absl::Duration backoff;  // before the whole job's next attempt, should it fall back
+  // Relaunched: the ranks started again, and each survivors' node's
+  // EnterEpoch (sent again when that node registers while its survivors
+  // still run in from_attempt: the first may have been lost with a session).
+  std::set<int64_t> relaunched;
+  std::map<std::string, loom::v1::EnterEpoch> epochs;
 };
 
 // A caller waiting for a change of a job to be stored: done gets OK and the
@@ -65,6 +107,7 @@ struct JobRecord {
   size_t ranks_exited = 0;   // likewise, on every exit
   std::map<std::string, int64_t> node_failures;  // this job's failures per node
   std::unique_ptr<HangDetector> hang;  // of the current attempt
+  std::unique_ptr<InPlaceRecovery> in_place;  // while one is under way
   // When this coordinator placed the current attempt; InfinitePast when an
   // earlier coordinator did (the job came from the store).
   absl::Time placed_at = absl::InfinitePast();

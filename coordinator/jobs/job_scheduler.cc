@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/confine/path_rules.h"
 #include "common/topology/placement.h"
+#include "common/topology/snapshot_ring.h"
 #include "coordinator/jobs/assignment_builder.h"
+#include "coordinator/jobs/in_place_messages.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/jobs/rank_peak.h"
 
@@ -89,10 +91,12 @@ void JobScheduler::RunPass() {
     Snapshot snapshot;
     {
       absl::MutexLock lock(&table_->mu());
-      if (!table_->ActingLocked() || !SnapshotNextLocked(capacity, snapshot)) return;
+      if (!table_->ActingLocked()) return;
+      // An in-place recovery holds its devices already: it never waits in line.
+      if (!SnapshotRelaunchLocked(snapshot) && !SnapshotNextLocked(capacity, snapshot)) return;
     }
-    Result result = Place(snapshot);
-    if (!result.fits && result.error.ok()) return;  // waits for devices
+    Result result = snapshot.relaunch ? PlaceInPlace(snapshot) : Place(snapshot);
+    if (!snapshot.relaunch && !result.fits && result.error.ok()) return;  // waits for devices
     {
       absl::MutexLock lock(&table_->mu());
       // When the job or a node changed meanwhile nothing is recorded and the
@@ -149,9 +153,9 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
   topology::PlacementRequest request;
   request.shape = spec::LayoutOf(spec);
   request.avoid = snapshot.avoid;
-  std::map<std::string, NodeInfo> live;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
-    if (node.device_kind != kind) continue;
+    // A node whose session ended takes nothing new until it is back.
+    if (node.device_kind != kind || !node.connected) continue;
     // A cordoned node is used only when nothing else can hold the job, so a
     // small cluster still runs (and a job that fails everywhere still reaches
     // its budget) while healthy nodes are preferred.
@@ -166,11 +170,18 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     devices.free_devices = static_cast<int64_t>(devices.device_ids.size());
     if (devices.free_devices == 0) continue;
     request.nodes.push_back(devices);
-    live[node.node_id] = node;
   }
   absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
   if (!placement.ok()) return result;  // waits for devices
+  BuildAttempt(snapshot, *placement, nullptr, result);
+  return result;
+}
 
+void JobScheduler::BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
+                                const InPlaceDecision* in_place, Result& result) const {
+  const spec::JobSpec& spec = snapshot.spec;
+  std::map<std::string, NodeInfo> live;
+  for (const NodeInfo& node : nodes_->LiveNodes()) live[node.node_id] = node;
   const int32_t attempt = snapshot.attempt + 1;
   AttemptContext context;
   context.job_id = snapshot.job_id;
@@ -192,14 +203,22 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
   std::map<std::string, std::string> addresses;
   for (const auto& [id, node] : live) addresses[id] = node.address;
   absl::StatusOr<std::vector<loom::v1::RankAssignment>> assignments =
-      BuildAssignments(spec, *placement, context, addresses);
+      BuildAssignments(spec, placement, context, addresses);
   if (!assignments.ok()) {
     result.error = absl::InvalidArgumentError(
         absl::StrCat("cannot build rank assignments: ", assignments.status().message()));
-    return result;
+    return;
   }
   if (options_.rank_token_issuer) {
     for (auto& a : *assignments) a.set_rank_token(options_.rank_token_issuer(a));
+  }
+  // Every placement has its snapshot ring; in place, the rings and restore
+  // plans of the decision, and the survivors' EnterEpoch by node.
+  if (in_place != nullptr) {
+    ApplyInPlace(*in_place, *assignments);
+    result.attempt.epochs = EnterEpochsByNode(*in_place, *assignments, snapshot.attempt);
+  } else {
+    SetSnapshotRings(topology::BuildSnapshotRing(placement.slots), *assignments);
   }
   // A launch above the transport's limit would break the node's session at
   // every attempt (and the node would look at fault): the job is what is too
@@ -213,7 +232,7 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
           "the launch message of rank ", a.rank(), " would be ", bytes,
           " bytes, above the transport limit of ", options_.max_launch_bytes,
           " bytes (a smaller model.num_layers or fewer ranks make it smaller)"));
-      return result;
+      return;
     }
   }
   result.fits = true;
@@ -231,16 +250,16 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     result.attempt.peak_flops += p->peak_flops();
   }
   result.attempt.placement = std::move(places);
-  for (const auto& use : placement->nodes) {
+  for (const auto& use : placement.nodes) {
     absl::StrAppend(&result.attempt.nodes_text, result.attempt.nodes_text.empty() ? "" : ", ",
                     use.node_id, " (ranks ", use.first_rank, "-",
                     use.first_rank + use.num_ranks - 1, ")");
   }
   result.attempt.assignments = *std::move(assignments);
-  return result;
 }
 
 bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
+  if (snapshot.relaunch) return CommitInPlaceLocked(snapshot, result);
   JobRecord* record = table_->FindLocked(snapshot.job_id);
   if (record == nullptr) return false;
   if (record->job.state() != snapshot.state || record->job.attempt() != snapshot.attempt) {
@@ -252,7 +271,7 @@ bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
   }
   for (const std::string& node : result.nodes) {
     std::optional<NodeInfo> info = nodes_->Get(node);
-    if (!info || !info->live) return false;
+    if (!info || !info->live || !info->connected) return false;
   }
   lifecycle_->StartAttemptLocked(*record, std::move(result.attempt));
   return true;

@@ -3,16 +3,21 @@
 // served; a job larger than every node known together waits without holding
 // up the others) with the devices other jobs hold, under the job table's
 // mutex; places it and builds every rank's assignment without the lock; and
-// commits through the lifecycle only if nothing it read has changed. The
-// messages the table releases (a launch once its attempt is stored, a kill)
-// are sent from here after unlocking, in the order they were queued, so a
-// large job's placement never stalls other calls, heartbeats included.
+// commits through the lifecycle only if nothing it read has changed. An
+// in-place recovery ready to be decided goes first (its job holds its
+// devices already): the decision (in_place_policy.h's DecideInPlace) and
+// attempt n+1's assignments are made the same way, without the lock, and
+// committed, or the recovery falls back to the whole job. The messages the
+// table releases (a launch once its attempt is stored, a kill) are sent from
+// here after unlocking, in the order they were queued, so a large job's
+// placement never stalls other calls, heartbeats included.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,7 +25,9 @@
 
 #include "absl/status/status.h"
 #include "common/spec/job_spec.h"
+#include "common/topology/placement.h"
 #include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/in_place_policy.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_table.h"
@@ -68,19 +75,30 @@ class JobScheduler {
     std::string checkpoint_dir;  // Job.checkpoint_dir: <checkpoint_root>/<owner>/<id>
     std::set<std::string> avoid;                     // nodes that failed this job
     std::map<std::string, std::set<int32_t>> taken;  // devices other jobs hold, by node
+    // An in-place recovery to decide (the job is RECOVERING): the survivors'
+    // reports and the live nodes' free devices of now.
+    std::optional<InPlaceRequest> relaunch;
   };
   struct Result {
     bool fits = false;
     absl::Status error;  // the job can never be placed as specified: it fails
     PlacedAttempt attempt;
     std::set<std::string> nodes;
+    // In place: the decision, or why the whole job restarts instead.
+    std::optional<InPlaceDecision> in_place;
+    std::string fallback;
   };
   // The first job waiting for placement that the cluster's devices
   // (capacity, by kind) could hold; false when none waits.
   bool SnapshotNextLocked(const std::map<std::string, int64_t>& capacity, Snapshot& snapshot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // An in-place recovery ready to be decided; false when none is.
+  bool SnapshotRelaunchLocked(Snapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // Places the snapshot's job on the live nodes' free devices (no lock).
   Result Place(const Snapshot& snapshot) const;
+  // Decides the snapshot's in-place recovery and builds attempt n+1 over
+  // the decision's placement (no lock; job_scheduler_in_place.cc).
+  Result PlaceInPlace(const Snapshot& snapshot) const;
 
  private:
   void Loop();
@@ -90,6 +108,14 @@ class JobScheduler {
   // nodes changed meanwhile (then false: the pass starts over).
   bool CommitLocked(const Snapshot& snapshot, Result& result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  bool CommitInPlaceLocked(const Snapshot& snapshot, Result& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Every rank's assignment over a placement (tokens, snapshot rings; with
+  // `in_place`, its restore plans and rings), the placement record and the
+  // peak FLOP/s, into result.attempt; an error when a launch would exceed
+  // the transport's limit (the job then fails).
+  void BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
+                    const InPlaceDecision* in_place, Result& result) const;
   void Flush();
 
   const SchedulerOptions options_;

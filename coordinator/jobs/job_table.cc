@@ -88,17 +88,22 @@ bool JobTable::TransitionLocked(JobRecord& record, JobState to, const std::strin
   Job& job = record.job;
   if (!CanTransition(job.state(), to)) return false;
   job.set_state(to);
+  if (to == JobState::FAILED) job.set_failure_reason(message);
+  RecordEventLocked(record, message);
+  return true;
+}
+
+void JobTable::RecordEventLocked(JobRecord& record, const std::string& message) {
+  Job& job = record.job;
   job.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
   loom::v1::JobEvent* event = job.add_history();
   event->set_time_unix_ms(job.updated_unix_ms());
-  event->set_state(to);
+  event->set_state(job.state());
   event->set_attempt(job.attempt());
   event->set_message(message);
-  if (to == JobState::FAILED) job.set_failure_reason(message);
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
-               loom::v1::JobState_Name(to).c_str(), job.attempt(), message.c_str());
+               loom::v1::JobState_Name(job.state()).c_str(), job.attempt(), message.c_str());
   PersistLocked(record, Durability::kHard);
-  return true;
 }
 
 void JobTable::PersistLocked(JobRecord& record, Durability durability) {

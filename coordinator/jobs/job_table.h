@@ -90,6 +90,10 @@ class JobTable {
   // when the transition is not legal. A hard change, persisted here.
   bool TransitionLocked(JobRecord& record, loom::v1::JobState to, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A hard change that keeps the state (a new attempt placed in place): an
+  // event in the job's history, persisted here.
+  void RecordEventLocked(JobRecord& record, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues the record for the store (nothing once the table stopped acting).
   void PersistLocked(JobRecord& record, Durability durability) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs effect (under mu) now when the store holds every hard change of the

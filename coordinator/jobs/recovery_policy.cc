@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,11 +34,16 @@ const char* FailureKindName(FailureKind kind) {
 }
 
 std::string InPlaceRefusal(const RecoveryInput& input) {
-  const spec::FaultToleranceSpec& ft = input.fault_tolerance;
-  if (!ft.in_place) return "fault_tolerance.in_place is false";
-  if (ft.snapshot_interval <= 0) return "fault_tolerance.snapshot_interval is 0 (no snapshots)";
-  if (input.job.state() == loom::v1::RECOVERING) return "a second failure while recovering in place";
-  if (!input.in_place_supported) return "this coordinator does not recover in place yet";
+  if (std::string spec = SpecRefusal(input.fault_tolerance); !spec.empty()) return spec;
+  switch (input.job.state()) {
+    case loom::v1::RUNNING: break;
+    case loom::v1::RECOVERING: return "a second failure while recovering in place";
+    default:
+      return absl::StrCat("the attempt had not started training (",
+                          loom::v1::JobState_Name(input.job.state()),
+                          "): there is no snapshot to roll back to");
+  }
+  if (input.in_place == nullptr) return "no in-place request was given";
   return "";
 }
 
@@ -70,15 +76,31 @@ RecoveryDecision DecideRecovery(const RecoveryInput& input) {
                                                                 : "node_lost";
   decision.message =
       absl::StrCat(what, " restart ", decision.restart_number, " of ", budget, ": ", failure.reason);
-  decision.fallback_reason = InPlaceRefusal(input);
-  if (decision.fallback_reason.empty()) {
-    decision.path = RecoveryPath::kInPlace;
-    return decision;
-  }
-  decision.path = RecoveryPath::kWholeJob;
   // Exponential backoff, so a failure that repeats at once does not spin.
   decision.backoff = absl::Seconds(
       std::min(60.0, ft.restart_backoff_s * std::pow(2.0, std::max<int32_t>(0, used))));
+  decision.path = RecoveryPath::kWholeJob;
+  decision.fallback_reason = InPlaceRefusal(input);
+  if (!decision.fallback_reason.empty()) return decision;
+  // A node cordoned now takes no relaunched rank either.
+  std::optional<InPlaceRequest> cordoned;
+  if (decision.cordon) {
+    cordoned = *input.in_place;
+    for (RelaunchNode& node : cordoned->nodes) {
+      if (node.node_id == failure.node_id) node.cordoned = true;
+    }
+  }
+  absl::StatusOr<InPlaceDecision> plan = PlanRelaunch(cordoned ? *cordoned : *input.in_place);
+  if (!plan.ok()) {
+    decision.fallback_reason = absl::StrCat("the in-place plan failed: ", plan.status().message());
+    return decision;
+  }
+  if (!plan->in_place) {
+    decision.fallback_reason = plan->fallback_reason;
+    return decision;
+  }
+  decision.path = RecoveryPath::kInPlace;
+  decision.relaunch = *std::move(plan);
   return decision;
 }
 

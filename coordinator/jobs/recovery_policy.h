@@ -5,7 +5,10 @@
 // and roll back to a snapshot, only the failed ranks are relaunched;
 // docs/fault_tolerance.md, "In-place recovery") or the whole job restarts from
 // its newest checkpoint — and whether the node the failure happened on is
-// cordoned. The lifecycle (job_lifecycle.h) carries the decision out.
+// cordoned. It decides the budget and the path; whether the failure can be
+// covered in place at all, and where the failed ranks would go, is
+// in_place_policy.h's PlanRelaunch, which it calls: one rulebook for "in place
+// or the whole job". The lifecycle (job_lifecycle.h) carries the decision out.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/jobs/in_place_policy.h"
 #include "loom/v1/job.pb.h"
 
 namespace loom::coordinator {
@@ -40,8 +44,12 @@ struct RecoveryDecision {
   // The failure kind's budget and this restart's number within it (restarts).
   int64_t budget = 0;
   int32_t restart_number = 0;
-  // Wait before the whole job's next attempt is placed.
+  // Wait before the whole job's next attempt is placed (also set in place:
+  // the wait should the recovery fall back to the whole job).
   absl::Duration backoff = absl::ZeroDuration();
+  // In place: the failed ranks and where they would be relaunched
+  // (PlanRelaunch; the restore step is chosen once the survivors reported).
+  InPlaceDecision relaunch;
   // Cordon failure.node_id (it failed this job cordon_after times).
   bool cordon = false;
   std::string cordon_reason;
@@ -55,15 +63,18 @@ struct RecoveryInput {
   const Failure& failure;
   // Failures of this job on failure.node_id, this one included.
   int64_t node_failures = 0;
-  // Whether this coordinator can carry out an in-place recovery at all.
-  bool in_place_supported = false;
+  // What an in-place recovery would start from (the failed attempt's
+  // placement, the failed ranks or lost nodes, the live nodes and their free
+  // devices; in_place_policy.h); null: the whole job restarts.
+  const InPlaceRequest* in_place = nullptr;
 };
 
 RecoveryDecision DecideRecovery(const RecoveryInput& input);
 
-// Why the job cannot recover in place, or "" when it can (spec, state and the
-// coordinator's support; whether the survivors' snapshots allow it is known
-// only once they report).
+// Why the job cannot recover in place, or "" when PlanRelaunch is to decide:
+// the spec (in_place_policy.h's first rule), then the job's state — a second
+// failure while recovering in place, an attempt that had not started
+// training (no snapshot yet) — then the lack of a request.
 std::string InPlaceRefusal(const RecoveryInput& input);
 
 // Counts a restart decided by DecideRecovery in the job's counters.

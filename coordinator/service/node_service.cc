@@ -101,9 +101,19 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
   void OnDone() override {
     channel_->Detach();
     if (!node_id_.empty() && nodes_->SessionClosed(node_id_, channel_.get())) {
-      std::fprintf(stderr, "node %s: session ended; node lost\n", node_id_.c_str());
-      jobs_->OnNodeLost(node_id_);
-      service_->UpdateNodeGauges();
+      // Not lost yet: a node is lost once silent for the node timeout (the
+      // liveness tick), so a transient break costs nothing, and a node whose
+      // agent is gone is lost only when its lease has run out and its ranks
+      // are paused (docs/fault_tolerance.md, "Fencing").
+      if (jobs_->Acting()) {
+        std::fprintf(stderr,
+                     "node %s: session ended; lost unless its agent registers again within %s "
+                     "of its last heartbeat\n",
+                     node_id_.c_str(), absl::FormatDuration(service_->node_timeout()).c_str());
+      } else {
+        std::fprintf(stderr, "node %s: session ended (this coordinator is stopping)\n",
+                     node_id_.c_str());
+      }
     }
     delete this;
   }

@@ -1,8 +1,10 @@
 // NodeService: one bidirectional session per node agent (callback API).
 // Registration, heartbeats, rank exits and the ranks' progress batches go to
-// the NodeRegistry and the JobManager; launch and kill commands come back down the same stream. Only a
-// node certificate may open a session, register only under its own name, and
-// only while no other live session holds that name.
+// the NodeRegistry and the JobManager; launch and kill commands come back down
+// the same stream. Only a node certificate may open a session, register only
+// under its own name, and only while no other live session holds that name.
+// A session that ends does not lose its node: the liveness tick does, once
+// the node has been silent for the node timeout.
 #pragma once
 
 #include "absl/time/time.h"
@@ -42,6 +44,10 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   // serving.
   void SetAgentLease(absl::Duration lease) { agent_lease_ = lease; }
   absl::Duration agent_lease() const { return agent_lease_; }
+  // How long a node may be silent (its session ended, or no heartbeat)
+  // before it is lost; for log lines. Set before serving.
+  void SetNodeTimeout(absl::Duration timeout) { node_timeout_ = timeout; }
+  absl::Duration node_timeout() const { return node_timeout_; }
 
  private:
   NodeRegistry* nodes_;
@@ -51,6 +57,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   const CallerAuth* auth_;
   NodeLimits limits_;
   absl::Duration agent_lease_ = absl::ZeroDuration();
+  absl::Duration node_timeout_ = absl::Seconds(5);
 };
 
 }  // namespace loom::coordinator

@@ -3,15 +3,15 @@
 // (cp4: within 5% of each other; a contiguous split, computed from the same
 // block rule, is printed for contrast), and the bytes each rank sends per
 // micro-batch from the CP communicator's counters against the planner's CP
-// traffic model (coordinator/planner/time_model.h, CpRingBytesPerLayer).
+// traffic model (planner/time_model.h, CpRingBytesPerLayer).
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/memory_model.h"
-#include "coordinator/planner/model_math.h"
-#include "coordinator/planner/time_model.h"
+#include "planner/constants.h"
+#include "planner/memory_model.h"
+#include "planner/model_math.h"
+#include "planner/time_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/comm/rank_harness.h"

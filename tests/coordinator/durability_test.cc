@@ -270,6 +270,10 @@ TEST_F(Durability, NoLongerLeadingStopsActingAtOnce) {
 }
 
 // A running job: two ranks on node-a, ready, with `steps` steps reported.
+// These restarts take the whole-job path (in place, a crash would keep the
+// survivors), at once.
+constexpr char kWholeJobRestarts[] = "fault_tolerance: {restart_backoff_s: 0, in_place: false}\n";
+
 class Restarts : public Durability {
  protected:
   loom::v1::Job Running(int steps, const std::string& spec = kSmallDpSpec) {
@@ -355,7 +359,7 @@ TEST_F(Restarts, ARestartedCoordinatorFinishesTheRecoveryItFinds) {
   Start();
   auto old_channel = AddNode("node-a", 2);
   const loom::v1::Job job = Running(
-      /*steps=*/3, absl::StrCat(kSmallDpSpec, "fault_tolerance: {restart_backoff_s: 0}\n"));
+      /*steps=*/3, absl::StrCat(kSmallDpSpec, kWholeJobRestarts));
   // Rank 1 crashes: RESTARTING is stored and the kill leaves; the
   // coordinator stops before rank 0's exit reaches it.
   loom::v1::RankExited crash;
@@ -402,7 +406,7 @@ TEST_F(Restarts, ANodeThatRegistersWithoutTheRanksOfARestartIsCountedAtOnce) {
   Start();
   AddNode("node-a", 2);
   const loom::v1::Job job = Running(
-      /*steps=*/1, absl::StrCat(kSmallDpSpec, "fault_tolerance: {restart_backoff_s: 0}\n"));
+      /*steps=*/1, absl::StrCat(kSmallDpSpec, kWholeJobRestarts));
   loom::v1::RankExited crash;
   crash.set_job_id(job.id());
   crash.set_attempt(1);

@@ -27,8 +27,8 @@
 #include "coordinator/ha/leader_election.h"
 #include "coordinator/ha/shared_value.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/service/plan_service.h"
 #include "gtest/gtest.h"
+#include "planner/job_planner.h"
 #include "tests/common/scratch_dir.h"
 #include "tests/coordinator/job_manager_harness.h"
 
@@ -319,7 +319,7 @@ TEST_F(EtcdHa, WhatClientsAreToldIsWhatEtcdHoldsWhenEtcdStopsDuringWrites) {
     auto jobs = std::make_unique<JobManager>(
         JobManagerOptions{.state_dir = scratch_ / "state"},
         std::make_unique<EtcdJobStore>(client_.get(), "/t", election.Fence()), &nodes, &kv,
-        nullptr, ResolveLayout);
+        nullptr, planner::ResolveLayout);
     EXPECT_TRUE(jobs->Recover().ok());
     return jobs;
   };
@@ -375,7 +375,7 @@ TEST_F(EtcdHa, AFencedWriteStopsTheJobManagerActingAtOnce) {
     fenced.Notify();
   };
   JobManager jobs(options, std::make_unique<EtcdJobStore>(client_.get(), "/t", election.Fence()),
-                  &nodes, &kv, nullptr, ResolveLayout);
+                  &nodes, &kv, nullptr, planner::ResolveLayout);
   ASSERT_TRUE(jobs.Recover().ok());
   auto job = jobs.Submit(testing::kSmallDpSpec, "job.yaml", "", "alice");
   ASSERT_TRUE(job.ok()) << job.status();

@@ -15,12 +15,21 @@
 
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/planner/plan_request.h"
-#include "coordinator/planner/search.h"
+#include "common/spec/layout.h"
 #include "coordinator/service/plan_service.h"
+#include "planner/job_planner.h"
+#include "planner/plan_request.h"
+#include "planner/search.h"
 
 namespace loom::coordinator {
 namespace {
+
+using planner::ResolveLayout;
+
+// What submission checks last: the engine runs the spec's own layout.
+absl::Status CheckEngineSupports(const spec::JobSpec& job) {
+  return spec::ValidateEngineRuns(job, spec::LayoutOf(job));
+}
 
 TEST(ExamplesTest, EveryExampleSpecIsAcceptedAsSubmitted) {
   int checked = 0;

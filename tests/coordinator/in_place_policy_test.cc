@@ -305,21 +305,54 @@ TEST(InPlacePolicyTest, TheSpecCanTurnItOff) {
       << d.fallback_reason;
 }
 
-TEST(InPlacePolicyTest, ARankWithoutABuddyCannotBeRelaunched) {
+TEST(InPlacePolicyTest, ARankOfAOneNodeJobHasItsBuddyOnItsNode) {
   InPlaceRequest request;
   request.placement = Blocks({{"a", 4}});
   request.nodes = {Node("a", 4)};
   request.failed_ranks = {1};
+  AllHold(request, 8, {7, 8});
+  InPlaceDecision d = Decide(request);
+  ASSERT_TRUE(d.in_place) << d.fallback_reason;
+  ASSERT_EQ(d.relaunched.size(), 1u);
+  EXPECT_EQ(d.relaunched[0].peer, 2);  // the next rank on the node holds its copies
+  EXPECT_FALSE(d.relaunched[0].moved());
+  EXPECT_EQ(d.restore_step, 8);
+  // Losing the node loses every rank and both copies: the whole job restarts.
+  request.failed_ranks.clear();
+  request.lost_nodes = {"a"};
+  request.nodes.clear();
+  d = Decide(request);
+  EXPECT_FALSE(d.in_place);
+  EXPECT_EQ(d.fallback_reason,
+            "every rank failed (node a was lost); no survivor is left to recover in place");
+}
+
+TEST(InPlacePolicyTest, ARankWithoutABuddyCannotBeRelaunched) {
+  // 2 + 1: rank 1 of a is left over with no one to pair with (docs/topology.md).
+  InPlaceRequest request;
+  request.placement = Blocks({{"a", 2}, {"b", 1}});
+  request.nodes = {Node("a", 2), Node("b", 1)};
+  request.failed_ranks = {1};
   InPlaceDecision d = Decide(request);
   EXPECT_FALSE(d.in_place);
-  EXPECT_TRUE(Contains(d.fallback_reason, "every rank ran on node a")) << d.fallback_reason;
-  // 6 + 2: ranks 2-5 of a have no buddy (docs/topology.md).
+  EXPECT_EQ(d.fallback_reason,
+            "rank 1 has no buddy to hold a copy of its snapshots: it is the one rank of node a "
+            "that no other rank can pair with (docs/topology.md, snapshot ring)");
+  // 6 + 2: ranks 2-5 of a hold each other's copies on a; losing a loses them.
   request.placement = Blocks({{"a", 6}, {"b", 2}});
   request.nodes = {Node("a", 6), Node("b", 2)};
   request.failed_ranks = {3};
+  AllHold(request, 8, {8});
+  EXPECT_TRUE(Decide(request).in_place);
+  request.failed_ranks.clear();
+  request.lost_nodes = {"a"};
+  request.nodes = {Node("b", 2), Node("c", 8)};
   d = Decide(request);
   EXPECT_FALSE(d.in_place);
-  EXPECT_TRUE(Contains(d.fallback_reason, "node a holds more than half")) << d.fallback_reason;
+  EXPECT_TRUE(Contains(d.fallback_reason, "failed together (node a was lost)"))
+      << d.fallback_reason;
+  request.lost_nodes.clear();
+  request.nodes = {Node("a", 6), Node("b", 2)};
   request.failed_ranks = {1};  // paired with 7: covered
   AllHold(request, 8, {8});
   EXPECT_TRUE(Decide(request).in_place);

@@ -10,9 +10,9 @@
 
 #include "absl/synchronization/notification.h"
 
-#include "coordinator/service/plan_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/job_planner.h"
 #include "tests/coordinator/fake_job_store.h"
 #include "tests/coordinator/job_manager_harness.h"
 
@@ -37,7 +37,7 @@ class JobAdmissionTest : public ::testing::Test {
     return std::make_unique<JobAdmission>(
         AdmissionOptions{.max_queued_submissions = max_queued,
                          .roots = {.data_roots = {"/data"}, .checkpoint_root = "/checkpoints"}},
-        ResolveLayout, &table_, &persister_, &lifecycle_);
+        planner::ResolveLayout, &table_, &persister_, &lifecycle_);
   }
   absl::StatusOr<loom::v1::Job> Submit(JobAdmission& admission) {
     absl::Notification done;

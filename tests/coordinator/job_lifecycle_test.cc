@@ -4,7 +4,9 @@
 // budget; a coordinator that stopped acting takes no event for a failure; a
 // restarting attempt counts its exits again from a node's registration and
 // has the ranks it still runs killed; a job stored while recovering in place
-// restarts whole; a cancel that cannot be stored is put back.
+// before its next attempt was placed restarts whole; a cancel that cannot be
+// stored is put back. (The in-place path itself, which needs the scheduler,
+// is tested through the JobManager: in_place_recovery_test.cc.)
 #include "coordinator/jobs/job_lifecycle.h"
 
 #include <memory>
@@ -114,7 +116,11 @@ TEST_F(JobLifecycleTest, ACrashRestartsTheWholeJobAndItsKillsLeaveOnceThatIsStor
               HasSubstr("crash restart 1 of 2: rank 1 Rank(1) on node node-a exited with code 1"));
   ASSERT_EQ(job.incidents_size(), 1);
   EXPECT_EQ(job.incidents(0).path(), "whole_job");
-  EXPECT_THAT(job.incidents(0).fallback_reason(), HasSubstr("does not recover in place"));
+  // In place was asked for (the spec's default), but no node is live to
+  // relaunch rank 1 on.
+  EXPECT_THAT(job.incidents(0).fallback_reason(),
+              HasSubstr("no live node of the job's device kind has a free device to relaunch "
+                        "rank 1"));
   // The last rank's exit ends the attempt: its namespace goes.
   const std::string ns = absl::StrCat(id, "/attempt-1-x");
   EXPECT_TRUE(kv_.Set(ns, "k", "v").ok());
@@ -196,7 +202,8 @@ TEST_F(JobLifecycleTest, AJobStoredWhileRecoveringInPlaceRestartsWhole) {
   EXPECT_EQ(job.state(), JobState::RESTARTING);
   EXPECT_EQ(job.restarts(), 0);  // counted when the recovery began
   EXPECT_THAT(job.history(job.history_size() - 1).message(),
-              HasSubstr("restarted during an in-place recovery"));
+              HasSubstr("the coordinator restarted during the recovery, before it was decided"));
+  EXPECT_EQ(job.incidents_size(), 0);  // none was stored with it here
   EXPECT_EQ(Stored(id), JobState::RESTARTING);
 }
 

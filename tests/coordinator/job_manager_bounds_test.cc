@@ -16,7 +16,6 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
-#include "coordinator/service/plan_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/job_manager_harness.h"

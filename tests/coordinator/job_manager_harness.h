@@ -13,8 +13,8 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
-#include "coordinator/service/plan_service.h"
 #include "gtest/gtest.h"
+#include "planner/job_planner.h"
 #include "tests/common/scratch_dir.h"
 
 namespace loom::coordinator::testing {
@@ -63,7 +63,7 @@ class JobManagerHarness : public ::testing::Test {
     jobs_.reset();
     options.state_dir = state_dir();
     jobs_ = std::make_unique<JobManager>(options, std::move(store), &nodes_, &kv_, nullptr,
-                                         ResolveLayout);
+                                         planner::ResolveLayout);
     absl::Status recovered = jobs_->Recover();
     ASSERT_TRUE(recovered.ok()) << recovered;
   }

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/spec/job_spec_yaml.h"
-#include "coordinator/service/plan_service.h"
 #include "gtest/gtest.h"
+#include "planner/job_planner.h"
 #include "tests/coordinator/fake_job_store.h"
 #include "tests/coordinator/job_manager_harness.h"
 
@@ -46,7 +46,7 @@ class JobSchedulerTest : public ::testing::Test {
     spec->resources.ranks = ranks;
     spec->parallelism.dp = ranks;
     spec->train.global_batch_size = 2 * ranks;
-    EXPECT_TRUE(ResolveLayout(*spec).ok());
+    EXPECT_TRUE(planner::ResolveLayout(*spec).ok());
     absl::MutexLock lock(&table_.mu());
     JobRecord record;
     record.spec = *spec;

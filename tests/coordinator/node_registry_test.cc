@@ -1,7 +1,9 @@
 // NodeRegistry's one identity rule: a second session cannot take a node id
 // whose session is alive; a silent leftover is replaced. And liveness: a node
 // is lost after the timeout plus how late heartbeats are being read, so the
-// coordinator's own backlog loses no node while a silent one is still lost.
+// coordinator's own backlog loses no node while a silent one is still lost;
+// a session that ends does not lose its node before that timeout either (a
+// transient break costs nothing), though nothing is sent to it meanwhile.
 #include "coordinator/cluster/node_registry.h"
 
 #include "gtest/gtest.h"
@@ -146,6 +148,45 @@ TEST(NodeRegistryTest, WithoutSendTimesTheTimeoutIsPlain) {
   EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(6), absl::Seconds(5)).empty());
   EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(6100), absl::Seconds(5)),
             std::vector<std::string>{"old-agent"});
+}
+
+class CountingChannel final : public NodeChannel {
+ public:
+  void Send(const loom::v1::CoordinatorMessage&) override { ++sent; }
+  int sent = 0;
+};
+
+TEST(NodeRegistryTest, ANodeWhoseSessionEndedIsLostOnlyAfterTheTimeout) {
+  NodeRegistry nodes;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto session = std::make_shared<CountingChannel>();
+  nodes.Register(Node("n1"), session, t0);
+  nodes.Heartbeat("n1", session.get(), loom::v1::Heartbeat(), t0 + absl::Seconds(1));
+  EXPECT_TRUE(nodes.SessionClosed("n1", session.get()));
+  std::optional<NodeInfo> info = nodes.Get("n1");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->live);
+  EXPECT_FALSE(info->connected);
+  EXPECT_EQ(nodes.Counts().live, 1);
+  // Nothing reaches it meanwhile, and its id is free for its agent's next session.
+  EXPECT_FALSE(nodes.Send("n1", loom::v1::CoordinatorMessage()));
+  EXPECT_EQ(session->sent, 0);
+  // Lost once silent for the timeout from its last heartbeat.
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(6), absl::Seconds(5)).empty());
+  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(6100), absl::Seconds(5)),
+            std::vector<std::string>{"n1"});
+  EXPECT_FALSE(nodes.Get("n1")->live);
+
+  // A session that comes back in time keeps the node live all along.
+  auto first = std::make_shared<CountingChannel>();
+  auto second = std::make_shared<CountingChannel>();
+  nodes.Register(Node("n2"), first, t0);
+  EXPECT_TRUE(nodes.SessionClosed("n2", first.get()));
+  EXPECT_TRUE(nodes.RegisterIfFree(Node("n2"), second, t0 + absl::Seconds(2), absl::Seconds(2)));
+  EXPECT_TRUE(nodes.Get("n2")->connected);
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(6), absl::Seconds(5)).empty());
+  EXPECT_TRUE(nodes.Send("n2", loom::v1::CoordinatorMessage()));
+  EXPECT_EQ(second->sent, 1);
 }
 
 }  // namespace

@@ -98,37 +98,87 @@ TEST(RecoveryPolicy, ANodeIsCordonedAfterFailingTheJobCordonAfterTimes) {
                    .cordon);
 }
 
-TEST(RecoveryPolicy, InPlaceWhenTheSpecTheStateAndTheCoordinatorAllowIt) {
+// A dp job of 4 ranks on two nodes of 2 devices (rank 1 on node-a fails),
+// and a spare node of 1 device.
+InPlaceRequest Request() {
+  InPlaceRequest request;
+  request.placement = {{"node-a", 0}, {"node-a", 1}, {"node-b", 0}, {"node-b", 1}};
+  request.nodes = {{.node_id = "node-a", .free_devices = {0, 1}, .cordoned = false},
+                   {.node_id = "node-b", .free_devices = {0, 1}, .cordoned = false},
+                   {.node_id = "node-c", .free_devices = {0}, .cordoned = false}};
+  request.failed_ranks = {1};
+  return request;
+}
+
+TEST(RecoveryPolicy, InPlaceWhenTheSpecTheStateAndTheFailureAllowIt) {
   spec::FaultToleranceSpec ft;  // in_place and snapshots by default
+  ft.restart_backoff_s = 1;
   const loom::v1::Job job = Running();
   const Failure failure = Crash();
-  RecoveryDecision unsupported = DecideRecovery({.job = job, .fault_tolerance = ft, .failure = failure});
-  EXPECT_EQ(unsupported.path, RecoveryPath::kWholeJob);
-  EXPECT_THAT(unsupported.fallback_reason, HasSubstr("does not recover in place"));
+  const InPlaceRequest request = Request();
+  RecoveryDecision without = DecideRecovery({.job = job, .fault_tolerance = ft, .failure = failure});
+  EXPECT_EQ(without.path, RecoveryPath::kWholeJob);
+  EXPECT_EQ(without.fallback_reason, "no in-place request was given");
 
   RecoveryDecision in_place = DecideRecovery(
-      {.job = job, .fault_tolerance = ft, .failure = failure, .in_place_supported = true});
+      {.job = job, .fault_tolerance = ft, .failure = failure, .in_place = &request});
   EXPECT_EQ(in_place.path, RecoveryPath::kInPlace);
   EXPECT_TRUE(in_place.fallback_reason.empty());
-  EXPECT_EQ(in_place.backoff, absl::ZeroDuration());
   EXPECT_EQ(in_place.restart_number, 1);  // the budget counts both paths
+  EXPECT_EQ(in_place.message, "crash restart 1 of 3: rank 1 was killed");
+  // The whole job's backoff, should the recovery fall back.
+  EXPECT_EQ(in_place.backoff, absl::Seconds(1));
+  // PlanRelaunch's details: rank 1 back in its place, its copy from rank 3.
+  ASSERT_EQ(in_place.relaunch.relaunched.size(), 1u);
+  EXPECT_EQ(in_place.relaunch.relaunched[0].rank, 1);
+  EXPECT_EQ(in_place.relaunch.relaunched[0].peer, 3);
+  EXPECT_FALSE(in_place.relaunch.relaunched[0].moved());
+  EXPECT_EQ(in_place.relaunch.restore_step, -1);  // chosen once the survivors reported
 
+  // The spec first, then the job's state, then PlanRelaunch's rules.
   spec::FaultToleranceSpec off = ft;
   off.in_place = false;
-  EXPECT_EQ(InPlaceRefusal({.job = job, .fault_tolerance = off, .failure = failure,
-                            .in_place_supported = true}),
-            "fault_tolerance.in_place is false");
+  EXPECT_EQ(DecideRecovery({.job = job, .fault_tolerance = off, .failure = failure,
+                            .in_place = &request})
+                .fallback_reason,
+            "in-place recovery is off (fault_tolerance.in_place: false)");
   spec::FaultToleranceSpec no_snapshots = ft;
   no_snapshots.snapshot_interval = 0;
   EXPECT_THAT(InPlaceRefusal({.job = job, .fault_tolerance = no_snapshots, .failure = failure,
-                              .in_place_supported = true}),
+                              .in_place = &request}),
               HasSubstr("snapshot_interval is 0"));
   loom::v1::Job recovering = job;
   recovering.set_state(JobState::RECOVERING);
   const RecoveryDecision second = DecideRecovery(
-      {.job = recovering, .fault_tolerance = ft, .failure = failure, .in_place_supported = true});
+      {.job = recovering, .fault_tolerance = ft, .failure = failure, .in_place = &request});
   EXPECT_EQ(second.path, RecoveryPath::kWholeJob);
   EXPECT_EQ(second.fallback_reason, "a second failure while recovering in place");
+  loom::v1::Job starting = job;
+  starting.set_state(JobState::STARTING);
+  EXPECT_EQ(InPlaceRefusal({.job = starting, .fault_tolerance = ft, .failure = failure,
+                            .in_place = &request}),
+            "the attempt had not started training (STARTING): there is no snapshot to roll back "
+            "to");
+  InPlaceRequest together = request;
+  together.failed_ranks = {1, 3};
+  EXPECT_THAT(DecideRecovery({.job = job, .fault_tolerance = ft, .failure = failure,
+                              .in_place = &together})
+                  .fallback_reason,
+              HasSubstr("rank 1 and its buddy rank 3, which holds its snapshot copies, failed "
+                        "together"));
+}
+
+TEST(RecoveryPolicy, ANodeCordonedNowTakesNoRelaunchedRank) {
+  spec::FaultToleranceSpec ft;
+  ft.cordon_after = 1;
+  const InPlaceRequest request = Request();
+  const RecoveryDecision decision =
+      DecideRecovery({.job = Running(), .fault_tolerance = ft, .failure = Crash("node-a"),
+                      .node_failures = 1, .in_place = &request});
+  EXPECT_TRUE(decision.cordon);
+  ASSERT_EQ(decision.path, RecoveryPath::kInPlace) << decision.fallback_reason;
+  ASSERT_EQ(decision.relaunch.relaunched.size(), 1u);
+  EXPECT_EQ(decision.relaunch.relaunched[0].to.node_id, "node-c");  // the spare
 }
 
 TEST(JobStates, RecoveringHoldsDevicesAndEndsInOneOfItsFourWays) {

@@ -13,16 +13,17 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "export/hf_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/one_writer_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "worker/engine/checkpoint/checkpoint_checks.h"
 #include "worker/engine/checkpoint/checkpoint_loader.h"
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/checkpoint/crc32.h"
-#include "worker/engine/export/hf_export.h"
 
 namespace loom::engine {
 namespace {
@@ -30,6 +31,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using nlohmann::json;
+using hf_export::ExportHuggingFace;
+using testing::CommitCheckpoint;
 using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;

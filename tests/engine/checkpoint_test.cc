@@ -6,6 +6,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/one_writer_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "worker/engine/checkpoint/checkpoint_format.h"
 #include "worker/engine/checkpoint/checkpoint_loader.h"
@@ -18,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using testing::CommitCheckpoint;
 using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;

@@ -4,18 +4,22 @@
 #include <filesystem>
 #include <map>
 
+#include "export/hf_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/one_writer_checkpoint.h"
 #include "tests/engine/test_util.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
 #include "worker/engine/checkpoint/safetensors.h"
-#include "worker/engine/export/hf_export.h"
 
 namespace loom::engine {
 namespace {
 
 using ::testing::HasSubstr;
+using hf_export::ExportHuggingFace;
+using hf_export::HuggingFaceParameterNames;
+using testing::CommitCheckpoint;
 using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;

@@ -1,11 +1,14 @@
 // Learning-rate schedule, global-norm clipping and AdamW, each against values
 // computed by hand from the definitions.
 #include <cmath>
+#include <memory>
 #include <numbers>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "tests/engine/reference_clip.h"
 #include "worker/engine/optim/adamw.h"
-#include "worker/engine/optim/grad_clip.h"
+#include "worker/engine/optim/clip_gradients.h"
 #include "worker/engine/optim/lr_schedule.h"
 
 namespace loom::engine {
@@ -55,7 +58,16 @@ TEST(LrScheduleTest, NoWarmup) {
   EXPECT_NEAR(LearningRate(t, 100), 1e-4, 1e-15);
 }
 
-TEST(GradClipTest, NormAndScale) {
+TEST(GradClipTest, ClipFactorIsPyTorchs) {
+  EXPECT_EQ(ClipFactor(5.0, 10.0), 1.0f);  // below the threshold
+  EXPECT_EQ(ClipFactor(5.0, 0.0), 1.0f);   // disabled
+  EXPECT_FLOAT_EQ(ClipFactor(5.0, 1.0), static_cast<float>(1.0 / (5.0 + 1e-6)));
+}
+
+// The host reference the tests compare the engine's clipping with.
+TEST(GradClipTest, ReferenceNormAndScale) {
+  using testing::ClipByGlobalNorm;
+  using testing::GlobalNorm;
   std::vector<float> a = {3.0f, 0.0f}, b = {0.0f, 4.0f, 0.0f};
   std::vector<TensorView> grads = {{"a", {2}, a.data()}, {"b", {3}, b.data()}};
   EXPECT_DOUBLE_EQ(GlobalNorm(grads), 5.0);
@@ -95,8 +107,9 @@ TEST(AdamWTest, MatchesHandComputationAndSkipsDecayOnNorms) {
   std::vector<float> w = {0.5f, -1.0f, 2.0f, 0.25f, 1.0f, -0.75f};  // [2, 3] matrix
   std::vector<float> n = {1.0f, 1.5f};                              // [2] norm weight
   std::vector<float> gw(6), gn(2);
+  std::unique_ptr<kernels::Ops> cpu = kernels::cpu::MakeCpuOps(1);
   AdamW opt({{"w", {2, 3}, w.data()}, {"n", {2}, n.data()}},
-            {{"w", {2, 3}, gw.data()}, {"n", {2}, gn.data()}}, t);
+            {{"w", {2, 3}, gw.data()}, {"n", {2}, gn.data()}}, t, *cpu);
   std::vector<double> rw(w.begin(), w.end()), rn(n.begin(), n.end());
   std::vector<double> mw(6, 0), vw(6, 0), mn(2, 0), vn(2, 0);
   const double lrs[] = {1e-2, 5e-3, 2e-2};

@@ -17,9 +17,9 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "export/hf_export.h"
 #include "tests/engine/test_util.h"
 #include "worker/engine/checkpoint/safetensors.h"
-#include "worker/engine/export/hf_export.h"
 #include "worker/engine/training_loop.h"
 
 namespace {
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   if (auto s = (*loop)->SaveCheckpoint(out + "/ckpt"); !s.ok()) {
     return Fail(std::string(s.status().message()));
   }
-  absl::Status exported = ExportHuggingFace(out + "/ckpt", out + "/hf");
+  absl::Status exported = loom::hf_export::ExportHuggingFace(out + "/ckpt", out + "/hf");
   if (sigmoid) {  // [moe] no HF layout routes by sigmoid with a bias: refused, nothing written
     if (exported.ok() || std::filesystem::exists(out + "/hf")) {
       return Fail("export of a sigmoid router was not refused");

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "export/hf_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -16,7 +17,6 @@
 #include "tests/engine/train_steps.h"
 #include "tests/engine_device/device_emulation_ops.h"
 #include "tests/engine_device/expect_bitwise.h"
-#include "worker/engine/export/hf_export.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {
@@ -174,8 +174,8 @@ TEST_P(DeviceTrainingTest, CheckpointResumeAndExportOnDevice) {
   ExpectSameBits(params, straight.params);
 
   // Export of the device's checkpoint equals the CPU's.
-  ASSERT_TRUE(ExportHuggingFace(dev_root, dir_ / "hf_dev").ok());
-  ASSERT_TRUE(ExportHuggingFace(cpu_root, dir_ / "hf_cpu").ok());
+  ASSERT_TRUE(hf_export::ExportHuggingFace(dev_root, dir_ / "hf_dev").ok());
+  ASSERT_TRUE(hf_export::ExportHuggingFace(cpu_root, dir_ / "hf_cpu").ok());
   const std::string exported = ReadFile(dir_ / "hf_dev/model.safetensors");
   EXPECT_FALSE(exported.empty());
   EXPECT_TRUE(exported == ReadFile(dir_ / "hf_cpu/model.safetensors"));

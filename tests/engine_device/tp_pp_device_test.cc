@@ -162,7 +162,7 @@ std::vector<TpRun> RunTp(const TpCase& c, bool device) {
       kernels::Ops& o = *ops[r];
       LlamaModel model(config, spec::Recompute::kNone, ops[r], TensorParallelOptions{tp, c.sp});
       model.InitParameters(5);
-      AdamW adamw(model.Parameters(), model.Gradients(), train, &o);
+      AdamW adamw(model.Parameters(), model.Gradients(), train, o);
       TpRun& run = runs[r];
       for (int64_t step = 1; step <= train.steps; ++step) {
         model.ZeroGradients();

@@ -12,7 +12,7 @@
 #include "tests/comm/rank_harness.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/checkpoint/checkpoint_writer.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 
 namespace loom::engine {
 namespace {

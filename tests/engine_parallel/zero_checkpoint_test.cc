@@ -5,13 +5,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "export/hf_export.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine_parallel/dp_harness.h"
 #include "absl/strings/str_format.h"
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/crc32.h"
-#include "worker/engine/export/hf_export.h"
 
 namespace loom::engine {
 namespace {
@@ -134,7 +134,7 @@ TEST_F(ZeroCheckpointTest, ShardedIndexHasGlobalShapesAndExportReadsIt) {
     for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ((*values)[i], at5.params[offset + i]) << t.name;
     offset += t.numel();
   }
-  ASSERT_TRUE(ExportHuggingFace(step, dir_ / "hf").ok());
+  ASSERT_TRUE(hf_export::ExportHuggingFace(step, dir_ / "hf").ok());
   EXPECT_TRUE(std::filesystem::exists(dir_ / "hf/model.safetensors"));
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/model_tp/tp_test_util.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/parameter_layout.h"
@@ -36,16 +37,16 @@ TEST(PipelinePartTest, ChainedPartsEqualTheWholeModel) {
     inputs[i] = static_cast<int32_t>((i * 7 + 3) % c.vocab_size);
     targets[i] = static_cast<int32_t>((i * 5 + 1) % c.vocab_size);
   }
-  LlamaModel whole(c, spec::Recompute::kNone);
+  LlamaModel whole(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   whole.InitParameters(11);
   const float want = whole.ForwardBackward(inputs.data(), targets.data(), batch, seq, 0.5f);
   const testing::TensorMap want_params = testing::ToMap(whole.Parameters());
   const testing::TensorMap want_grads = testing::ToMap(whole.Gradients());
 
   // embedding + layer 0 | layers 1, 2 | layer 3 + head
-  LlamaModel a(c, spec::Recompute::kNone, nullptr, {}, {0, 1, true, false});
-  LlamaModel b(c, spec::Recompute::kSelective, nullptr, {}, {1, 2, false, false});
-  LlamaModel z(c, spec::Recompute::kFull, nullptr, {}, {3, 1, false, true});
+  LlamaModel a(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps(), {}, {0, 1, true, false});
+  LlamaModel b(c, spec::Recompute::kSelective, kernels::cpu::MakeCpuOps(), {}, {1, 2, false, false});
+  LlamaModel z(c, spec::Recompute::kFull, kernels::cpu::MakeCpuOps(), {}, {3, 1, false, true});
   testing::TensorMap got_params, got_grads;
   for (LlamaModel* m : {&a, &b, &z}) m->InitParameters(11);
   const int64_t n = a.PartActivationFloats(batch, seq);

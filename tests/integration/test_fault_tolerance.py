@@ -1,7 +1,9 @@
-"""Fault tolerance through the real binaries: a killed rank, a stopped
-(hung) rank, a lost node, a killed coordinator, crashes inside a checkpoint
-commit, and a rank that always crashes. Each test prints the time from the
-failure to the first step of the next attempt (docs/fault_tolerance.md)."""
+"""Fault tolerance through the real binaries, on the whole-job path (every
+job here sets fault_tolerance.in_place: false; test_in_place_recovery.py has
+the in-place path): a killed rank, a stopped (hung) rank, a lost node, a
+killed coordinator, crashes inside a checkpoint commit, and a rank that
+always crashes. Each test prints the time from the failure to the first step
+of the next attempt (docs/fault_tolerance.md)."""
 
 import json
 import os
@@ -15,10 +17,13 @@ import unittest
 from loom_cluster import BIN, Cluster, tiny_job, wait_until, pid_alive
 
 
-def job_spec(name, ranks, steps=12, ckpt=4, max_restarts=2, extra_ft=""):
+def job_spec(name, ranks, steps=12, ckpt=4, max_restarts=2, extra_ft="", in_place=False):
+    """A tiny job; on the whole-job path unless in_place."""
     spec = tiny_job(name=name, steps=steps, ranks=ranks, eval_interval=0, ckpt_interval=ckpt,
                     max_restarts=max_restarts).replace("val_path: data/val.txt, ", "")
     spec = spec.replace("checkpoints", f"checkpoints-{name}")
+    if not in_place:
+        extra_ft = ", ".join(x for x in (extra_ft, "in_place: false") if x)
     if extra_ft:
         spec = spec.replace("hang_timeout_s: 0}", f"hang_timeout_s: 0, {extra_ft}}}")
     return spec
@@ -49,6 +54,9 @@ class Watch:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.thread.join(timeout=5)
+        self.proc.stderr.close()
+        if not self.thread.is_alive():
+            self.proc.stdout.close()
         return code
 
     def losses(self, attempt):
@@ -212,7 +220,9 @@ class FaultTolerance(unittest.TestCase):
 
     def test_ranks_that_died_while_the_coordinator_was_down_restart_from_checkpoint(self):
         c = self.cluster
-        c.start_coordinator(["--recovery_grace_s=2"])
+        # The grace is never shorter than the node timeout (3 s here): the
+        # node's lease must have run out before it is lost.
+        c.start_coordinator(["--recovery_grace_s=3"])
         agent = c.start_agent("node-a", "cpu:2")
         job = c.submit(job_spec("orphan", 2, steps=400, ckpt=4), "orphan")
         watch = Watch(c, job)
@@ -221,7 +231,7 @@ class FaultTolerance(unittest.TestCase):
         ranks = c.trainer_pids()
         c.kill(agent, signal.SIGKILL)  # its ranks die with it
         wait_until(lambda: not any(pid_alive(p) for p in ranks), 10, "the ranks to die")
-        c.start_coordinator(["--recovery_grace_s=2"])
+        c.start_coordinator(["--recovery_grace_s=3"])
         # node-a never comes back: after the grace it is lost and the job restarts elsewhere.
         wait_until(lambda: "lost node 1" in c.status(job), 30, "the lost node to be noticed")
         c.start_agent("node-b", "cpu:2")

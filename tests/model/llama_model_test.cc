@@ -71,7 +71,7 @@ std::vector<float> Flatten(const std::vector<TensorView>& views) {
 }
 
 TEST(LlamaModelTest, ParameterNamesShapesAndOrder) {
-  LlamaModel untied(TinyConfig(false), spec::Recompute::kNone);
+  LlamaModel untied(TinyConfig(false), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   const auto p = untied.Parameters();
   ASSERT_EQ(p.size(), 1u + 2 * 9 + 2);
   EXPECT_EQ(p[0].name, "model.embed_tokens.weight");
@@ -102,14 +102,15 @@ TEST(LlamaModelTest, ParameterNamesShapesAndOrder) {
     EXPECT_EQ(g[i].name, p[i].name);
     EXPECT_EQ(g[i].shape, p[i].shape);
   }
-  LlamaModel tied(TinyConfig(true), spec::Recompute::kNone);
+  LlamaModel tied(TinyConfig(true), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   EXPECT_EQ(tied.Parameters().size(), p.size() - 1);
   EXPECT_EQ(tied.Parameters().back().name, "model.norm.weight");
   EXPECT_EQ(tied.NumParameters(), total - 11 * 16);
 }
 
 TEST(LlamaModelTest, InitIsDeterministicFromTheSeed) {
-  LlamaModel a(TinyConfig(false), spec::Recompute::kNone), b(TinyConfig(false), spec::Recompute::kNone);
+  LlamaModel a(TinyConfig(false), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
+  LlamaModel b(TinyConfig(false), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   a.InitParameters(7);
   b.InitParameters(7);
   const auto pa = Flatten(a.Parameters());
@@ -131,7 +132,7 @@ TEST(LlamaModelTest, InitIsDeterministicFromTheSeed) {
 void CheckModelGradient(bool tied, int64_t batch, int64_t seq) {
   SCOPED_TRACE(tied ? "tied" : "untied");
   const spec::ModelSpec c = TinyConfig(tied);
-  LlamaModel model(c, spec::Recompute::kNone);
+  LlamaModel model(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   RandomizeParameters(model, 3);
   const Batch b = RandomBatch(batch, seq, 11, 4);
   model.ZeroGradients();
@@ -169,7 +170,7 @@ TEST(LlamaModelTest, GradientMatchesFiniteDifferencesLongSequence) {
 
 std::pair<float, std::vector<float>> RunStep(spec::Recompute mode, bool tied, const Batch& b,
                                              float scale = 1.0f, int repeats = 1) {
-  LlamaModel model(TinyConfig(tied), mode);
+  LlamaModel model(TinyConfig(tied), mode, kernels::cpu::MakeCpuOps());
   RandomizeParameters(model, 11);
   float loss = 0;
   for (int r = 0; r < repeats; ++r)
@@ -210,8 +211,8 @@ TEST(LlamaModelTest, LossScaleAccumulatesAcrossMicroBatches) {
 
 TEST(LlamaModelTest, TiedEmbeddingGradientIsEmbeddingPlusHeadGradient) {
   const Batch b = RandomBatch(2, 20, 11, 15);
-  LlamaModel tied(TinyConfig(true), spec::Recompute::kNone);
-  LlamaModel untied(TinyConfig(false), spec::Recompute::kNone);
+  LlamaModel tied(TinyConfig(true), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
+  LlamaModel untied(TinyConfig(false), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   RandomizeParameters(tied, 16);
   const auto tp = tied.Parameters();
   auto up = untied.Parameters();
@@ -229,7 +230,7 @@ TEST(LlamaModelTest, TiedEmbeddingGradientIsEmbeddingPlusHeadGradient) {
 
 TEST(LlamaModelTest, ForwardLossMatchesTrainingLossAndLeavesGradients) {
   const Batch b = RandomBatch(2, 30, 11, 17);
-  LlamaModel model(TinyConfig(false), spec::Recompute::kSelective);
+  LlamaModel model(TinyConfig(false), spec::Recompute::kSelective, kernels::cpu::MakeCpuOps());
   model.InitParameters(1);
   const float train = model.ForwardBackward(b.inputs.data(), b.targets.data(), 2, 30, 1.0f);
   const auto grads = Flatten(model.Gradients());
@@ -241,7 +242,7 @@ TEST(LlamaModelTest, ForwardLossMatchesTrainingLossAndLeavesGradients) {
 
 TEST(LlamaModelTest, NegativeTargetsAreIgnored) {
   Batch b = RandomBatch(1, 10, 11, 18);
-  LlamaModel model(TinyConfig(false), spec::Recompute::kNone);
+  LlamaModel model(TinyConfig(false), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   RandomizeParameters(model, 19);
   const float full = model.ForwardLoss(b.inputs.data(), b.targets.data(), 1, 10);
   b.targets[4] = -100;

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/model/moe_router.h"
 #include "worker/engine/model/moe_stats.h"
@@ -199,7 +200,7 @@ std::vector<float> Flatten(const std::vector<TensorView>& views) {
 }
 
 TEST(MoeModel, NamesTheExpertsAndKeepsTheFirstLayersDense) {
-  LlamaModel model(MoeConfig(), spec::Recompute::kNone);
+  LlamaModel model(MoeConfig(), spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   std::vector<std::string> names;
   for (const TensorView& v : model.Parameters()) names.push_back(v.name);
   auto has = [&](const std::string& n) {
@@ -218,7 +219,7 @@ TEST(MoeModel, NamesTheExpertsAndKeepsTheFirstLayersDense) {
 
 std::pair<float, std::vector<float>> RunStep(spec::ModelSpec c, spec::Recompute mode,
                                              const Batch& b, float scale = 1.0f, int repeats = 1) {
-  LlamaModel model(c, mode);
+  LlamaModel model(c, mode, kernels::cpu::MakeCpuOps());
   model.InitParameters(7);
   // Larger weights than the init so routing differs between tokens.
   for (const TensorView& v : model.Parameters()) {
@@ -257,7 +258,7 @@ TEST(MoeModel, LossScaleAccumulatesAndStatisticsCountEveryMicroBatch) {
   }
   spec::ModelSpec c = MoeConfig();
   c.moe.capacity_factor = 0.5;
-  LlamaModel model(c, spec::Recompute::kNone);
+  LlamaModel model(c, spec::Recompute::kNone, kernels::cpu::MakeCpuOps());
   model.InitParameters(7);
   model.ForwardBackward(b.inputs.data(), b.targets.data(), 2, 12, 0.5f);
   model.ForwardBackward(b.inputs.data(), b.targets.data(), 2, 12, 0.5f);

@@ -13,8 +13,8 @@
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/model/llama_model.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
+#include "tests/engine/reference_clip.h"
 #include "worker/engine/optim/clip_gradients.h"
-#include "worker/engine/optim/grad_clip.h"
 
 namespace loom::engine {
 namespace {
@@ -28,9 +28,9 @@ TEST(TpTensorsTest, GatherScatterNormAndClipMatchOneProcess) {
   single.InitParameters(9);
   single.ForwardBackward(b.inputs.data(), b.targets.data(), 2, 10, 1.0f);
   const testing::TensorMap params = testing::ToMap(single.Parameters());
-  const double norm = GlobalNorm(single.Gradients());
+  const double norm = testing::GlobalNorm(single.Gradients());
   ASSERT_GT(norm, kMaxNorm);
-  ClipByGlobalNorm(single.Gradients(), kMaxNorm);
+  testing::ClipByGlobalNorm(single.Gradients(), kMaxNorm);
   const testing::TensorMap clipped = testing::ToMap(single.Gradients());
 
   comm::InProcessStore store;

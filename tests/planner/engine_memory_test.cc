@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 
 namespace loom::planner::eval {
 namespace {

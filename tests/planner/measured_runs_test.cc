@@ -3,7 +3,7 @@
 // reached is asserted as a regression floor (docs/planner.md says which).
 #include <filesystem>
 
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "gtest/gtest.h"
 #include "tools/planner/evaluation.h"
 #include "tools/planner/memory_regression.h"

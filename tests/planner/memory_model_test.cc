@@ -1,7 +1,7 @@
 // The memory model against hand-computed values: static bytes by recipe and
 // ZeRO stage, activations per layer under TP/SP/CP/recompute, micro-batches
 // in flight per schedule, logits on the last stage.
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 
 #include "gtest/gtest.h"
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 #include "gtest/gtest.h"
 
 namespace loom::planner::eval {

@@ -1,6 +1,6 @@
 // Parameter counts against the published sizes of real checkpoints, and the
 // FLOPs-per-token formulas.
-#include "coordinator/planner/model_math.h"
+#include "planner/model_math.h"
 
 #include "gtest/gtest.h"
 

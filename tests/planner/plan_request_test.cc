@@ -1,6 +1,9 @@
 // From job specs to planner requests: presets, recipes, fixed and free axes,
 // and a chosen layout written back into the spec.
-#include "coordinator/planner/plan_request.h"
+#include "planner/plan_request.h"
+
+#include <set>
+#include <string_view>
 
 #include "gtest/gtest.h"
 
@@ -118,12 +121,19 @@ TEST(Recipes, BytesPerParameterAndNames) {
   EXPECT_DOUBLE_EQ(Recipe(RecipeKind::kFp32).total_bytes(), 16);
   EXPECT_DOUBLE_EQ(Recipe(RecipeKind::kBf16).total_bytes(), 16);
   EXPECT_DOUBLE_EQ(Recipe(RecipeKind::kBf16Fp32Accum).total_bytes(), 20);
-  for (const PrecisionRecipe& r : AllRecipes()) {
-    absl::StatusOr<RecipeKind> k = RecipeByName(std::string(r.name));
-    ASSERT_TRUE(k.ok());
-    EXPECT_EQ(*k, r.kind);
+  // One row per kind, in the enum's order, each with its own name.
+  std::set<std::string_view> names;
+  for (size_t i = 0; i < AllRecipes().size(); ++i) {
+    const PrecisionRecipe& r = AllRecipes()[i];
+    EXPECT_EQ(static_cast<size_t>(r.kind), i) << r.name;
+    EXPECT_EQ(&Recipe(r.kind), &r) << r.name;
+    EXPECT_TRUE(names.insert(r.name).second) << r.name;
   }
-  EXPECT_FALSE(RecipeByName("fp4").ok());
+  EXPECT_EQ(AllRecipes().size(), static_cast<size_t>(RecipeKind::kLoomFp8Cast) + 1);
+  // train.precision names Loom's own recipes by value.
+  EXPECT_EQ(RecipeForPrecision(spec::Precision::kFp32), RecipeKind::kFp32);
+  EXPECT_EQ(RecipeForPrecision(spec::Precision::kBf16), RecipeKind::kLoomBf16Cast);
+  EXPECT_EQ(RecipeForPrecision(spec::Precision::kFp8), RecipeKind::kLoomFp8Cast);
 }
 
 TEST(Clusters, PresetsAndFallbackPeaks) {

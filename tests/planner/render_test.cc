@@ -1,10 +1,10 @@
 // Plan and sweep rendering: the text names the best layout and its numbers,
 // the JSON carries the same values, the sweep table and SVG have a cell per
 // model and node count.
-#include "coordinator/planner/render.h"
+#include "planner/render.h"
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/planner/sweep.h"
+#include "planner/sweep.h"
 #include "gtest/gtest.h"
 
 namespace loom::planner {

@@ -2,7 +2,7 @@
 // that obeys them is enumerated (checked against a brute force over all
 // axis values), fixed axes hold, out-of-memory layouts are rejected with a
 // reason, the rest come out fastest first.
-#include "coordinator/planner/search.h"
+#include "planner/search.h"
 
 #include <set>
 #include <tuple>
@@ -141,6 +141,29 @@ TEST(Validate, NamesTheFieldAndRule) {
   bad.tp = 16;
   bad.grad_accum = 256;
   EXPECT_NE(ValidateLayout(w, H100(2), bad).message().find("inside a node"), std::string::npos);
+  // The rulebook's rules on the layout's own numbers (common/spec/job_spec_rules.h).
+  bad = l;
+  bad.zero_stage = 4;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("parallelism.zero_stage=4 must be 0, 1, 2"),
+            std::string::npos);
+  bad = l;
+  bad.dp = 4;
+  bad.pp = 2;
+  bad.grad_accum = 64;
+  bad.schedule = spec::Schedule::kInterleaved;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("parallelism.virtual_stages=1 must be"),
+            std::string::npos);
+  bad.virtual_stages = 2;
+  EXPECT_TRUE(ValidateLayout(w, c, bad).ok()) << ValidateLayout(w, c, bad);
+  bad.micro_batch_size = 4;
+  bad.grad_accum = 16;
+  EXPECT_TRUE(ValidateLayout(w, c, bad).ok());
+  bad.dp = 8;
+  bad.pp = 1;
+  bad.micro_batch_size = 3;  // 256 sequences do not split into micro-batches of 3 over dp 8
+  bad.grad_accum = 10;
+  EXPECT_NE(ValidateLayout(w, c, bad).message().find("must be divisible by parallelism.dp=8"),
+            std::string::npos);
 }
 
 TEST(Plan, RejectsOutOfMemoryAndRanksTheRest) {

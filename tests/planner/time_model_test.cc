@@ -1,7 +1,7 @@
 // The step-time model: pure compute matches FLOPs over peak, the 1F1B bubble
 // is (p-1)/(m+p-1), communication lands on the right link, MFU agrees with
 // its definition.
-#include "coordinator/planner/time_model.h"
+#include "planner/time_model.h"
 
 #include <algorithm>
 

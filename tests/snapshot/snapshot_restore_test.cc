@@ -16,7 +16,7 @@
 
 #include "tests/engine/test_util.h"
 #include "tests/snapshot/mesh_attempt.h"
-#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {

@@ -80,6 +80,22 @@ TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
   EXPECT_THAT(Errors(s), HasSubstr("resources.memory_mb=-1 must not be negative"));
 }
 
+// resources.host_memory_mb: a GPU node's host memory for the planner's
+// snapshot check, written back only when set.
+TEST(JobSpecYaml, GpuNodeHostMemoryRoundTrips) {
+  JobSpec s = Parse(kValid);
+  s.resources.device = DeviceKind::kGpu;
+  s.resources.gpu = "h100-sxm";
+  s.resources.nodes = 1;
+  s.resources.gpus_per_node = 2;
+  s.resources.host_memory_mb = 2 << 20;
+  EXPECT_EQ(Parse(ToYaml(s)).resources.host_memory_mb, 2 << 20);
+  s.resources.host_memory_mb = 0;
+  EXPECT_EQ(ToYaml(s).find("host_memory_mb"), std::string::npos);  // 0: not written
+  s.resources.host_memory_mb = -1;
+  EXPECT_THAT(Errors(s), HasSubstr("resources.host_memory_mb=-1 must not be negative"));
+}
+
 // model.moe: every field parsed, written back only for an MoE model.
 TEST(JobSpecYaml, MoeRoundTrips) {
   std::string yaml = kValid;
@@ -197,7 +213,7 @@ TEST(PrecisionRecipe, OneEntryPerPrecision) {
     EXPECT_EQ(r.gemm, r.peak);
   }
   EXPECT_EQ(RecipeOf(Precision::kBf16).gemm, hardware::Dtype::kBf16);
-  EXPECT_EQ(RecipeOf(Precision::kFp8).planner_recipe, "loom-fp8-cast");
+  EXPECT_EQ(RecipeOf(Precision::kFp8).memory, MemoryRecipe::kLoomFp8Cast);
 }
 
 // The engine's limits on a resolved layout, each naming its field.
@@ -234,6 +250,43 @@ TEST(EngineRuns, RefusesWhatTheEngineCannotRunAndAcceptsTheComposedAxes) {
   l.grad_accum = 3;
   EXPECT_THAT(std::string(ValidateEngineRuns(s, l).message()),
               HasSubstr("multiple of parallelism.pp=2"));
+}
+
+// The rules on a layout's own numbers, the same for submission, the engine
+// and the planner's search (which calls them for every layout it keeps).
+TEST(LayoutRules, ZeroBatchAndSchedule) {
+  EXPECT_TRUE(CheckZeroStage(3).empty());
+  EXPECT_THAT(CheckZeroStage(4),
+              ::testing::ElementsAre("parallelism.zero_stage=4 must be 0, 1, 2 or 3"));
+  Layout l;
+  l.dp = 2;
+  l.ep = 2;
+  l.micro_batch_size = 2;
+  EXPECT_TRUE(CheckBatchSplit(16, l).empty());
+  ASSERT_EQ(CheckBatchSplit(12, l).size(), 1u);
+  EXPECT_THAT(CheckBatchSplit(12, l)[0],
+              HasSubstr("train.global_batch_size=12 must be divisible by parallelism.dp=2 x "
+                        "parallelism.ep=2 x train.micro_batch_size=2"));
+  l.micro_batch_size = 0;
+  EXPECT_THAT(CheckBatchSplit(16, l)[0], HasSubstr("train.micro_batch_size=0 must be positive"));
+  // Interleaved under a pipeline: two virtual stages at least, micro-batches
+  // in groups of pp; the schedule means nothing without a pipeline.
+  Layout p;
+  p.pp = 2;
+  p.schedule = Schedule::kInterleaved;
+  p.virtual_stages = 2;
+  p.grad_accum = 4;
+  EXPECT_TRUE(CheckSchedule(p).empty());
+  p.grad_accum = 3;
+  EXPECT_THAT(CheckSchedule(p)[0], HasSubstr("multiple of parallelism.pp=2"));
+  p.grad_accum = 4;
+  p.virtual_stages = 1;
+  EXPECT_THAT(CheckSchedule(p)[0],
+              HasSubstr("parallelism.virtual_stages=1 must be at least 2 for "
+                        "parallelism.schedule=interleaved"));
+  p.pp = 1;
+  p.grad_accum = 3;
+  EXPECT_TRUE(CheckSchedule(p).empty());
 }
 
 TEST(JobSpecYaml, UnknownFieldNamesItsPath) {

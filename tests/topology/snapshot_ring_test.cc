@@ -1,6 +1,8 @@
 // The snapshot ring: a rank's buddy is the rank with the same local index on
-// the next node, never on its own node; wards are the inverse; uneven nodes
-// and a node holding more than half the ranks follow the written rule.
+// the next node; wards are the inverse; uneven nodes and a node holding more
+// than half the ranks follow the written rule, and the ranks no other node
+// can hold copies for (a one-node job, the surplus of a node holding more
+// than half) form a ring on their own node.
 #include "common/topology/snapshot_ring.h"
 
 #include <map>
@@ -37,13 +39,15 @@ void ExpectConsistent(const std::vector<DeviceSlot>& slots, const SnapshotRing& 
   int64_t most = 0;
   for (const auto& [node, count] : per_node) most = std::max(most, count);
   const int64_t world = static_cast<int64_t>(slots.size());
-  const int64_t expected_unprotected =
-      per_node.size() < 2 ? world : std::max<int64_t>(0, 2 * most - world);
-  EXPECT_EQ(static_cast<int64_t>(ring.Unprotected().size()), expected_unprotected);
+  // Ranks no rank of another node can hold copies for: every rank of a
+  // one-node job, else the surplus of a node holding more than half.
+  const int64_t leftover = per_node.size() < 2 ? world : std::max<int64_t>(0, 2 * most - world);
+  EXPECT_EQ(static_cast<int64_t>(ring.Unprotected().size()), leftover == 1 ? 1 : 0);
+  EXPECT_EQ(static_cast<int64_t>(ring.SameNode(slots).size()), leftover >= 2 ? leftover : 0);
   for (int64_t r = 0; r < world; ++r) {
     const int64_t buddy = ring.buddy[r];
     if (buddy >= 0) {
-      EXPECT_NE(slots[buddy].node_id, slots[r].node_id) << "rank " << r;
+      EXPECT_NE(buddy, r) << "rank " << r;
       EXPECT_EQ(ring.ward[buddy], r) << "rank " << r;
     }
     if (ring.ward[r] >= 0) {
@@ -75,12 +79,20 @@ TEST(SnapshotRingTest, FourNodesFormARingOverNodes) {
   ExpectConsistent(slots, ring);
 }
 
-TEST(SnapshotRingTest, EveryRankOnOneNodeHasNoBuddy) {
+TEST(SnapshotRingTest, EveryRankOnOneNodeFormsARingOnIt) {
   const std::vector<DeviceSlot> slots = Blocks({{"a", 4}});
   const SnapshotRing ring = BuildSnapshotRing(slots);
-  EXPECT_EQ(ring.buddy, std::vector<int64_t>(4, -1));
-  EXPECT_EQ(ring.ward, std::vector<int64_t>(4, -1));
-  EXPECT_EQ(ring.Unprotected().size(), 4u);
+  // The next rank on the node, the last wrapping to the first.
+  EXPECT_EQ(ring.buddy, (std::vector<int64_t>{1, 2, 3, 0}));
+  EXPECT_EQ(ring.ward, (std::vector<int64_t>{3, 0, 1, 2}));
+  EXPECT_TRUE(ring.Unprotected().empty());
+  EXPECT_EQ(ring.SameNode(slots), (std::vector<int64_t>{0, 1, 2, 3}));
+  ExpectConsistent(slots, ring);
+  // Two ranks are each other's buddies; one rank has none.
+  EXPECT_EQ(BuildSnapshotRing(Blocks({{"a", 2}})).buddy, (std::vector<int64_t>{1, 0}));
+  const std::vector<DeviceSlot> one = Blocks({{"a", 1}});
+  EXPECT_EQ(BuildSnapshotRing(one).buddy, std::vector<int64_t>{-1});
+  EXPECT_EQ(BuildSnapshotRing(one).Unprotected(), std::vector<int64_t>{0});
   EXPECT_TRUE(BuildSnapshotRing({}).buddy.empty());
 }
 
@@ -105,14 +117,21 @@ TEST(SnapshotRingTest, UnevenNodesShiftByTheLargestNode) {
   ExpectConsistent(half, half_ring);
 }
 
-TEST(SnapshotRingTest, ANodeHoldingMoreThanHalfPairsWhatItCanAndLeavesTheRestUnprotected) {
-  // 6 + 2: ranks 0, 1 of a pair with 6, 7 of b; 2-5 have no buddy.
+TEST(SnapshotRingTest, ANodeHoldingMoreThanHalfPairsWhatItCanAndRingsTheRestOnItself) {
+  // 6 + 2: ranks 0, 1 of a pair with 6, 7 of b; 2-5 form a ring on a.
   const std::vector<DeviceSlot> slots = Blocks({{"a", 6}, {"b", 2}});
   const SnapshotRing ring = BuildSnapshotRing(slots);
-  EXPECT_EQ(ring.buddy, (std::vector<int64_t>{6, 7, -1, -1, -1, -1, 0, 1}));
-  EXPECT_EQ(ring.ward, (std::vector<int64_t>{6, 7, -1, -1, -1, -1, 0, 1}));
-  EXPECT_EQ(ring.Unprotected(), (std::vector<int64_t>{2, 3, 4, 5}));
+  EXPECT_EQ(ring.buddy, (std::vector<int64_t>{6, 7, 3, 4, 5, 2, 0, 1}));
+  EXPECT_EQ(ring.ward, (std::vector<int64_t>{6, 7, 5, 2, 3, 4, 0, 1}));
+  EXPECT_TRUE(ring.Unprotected().empty());
+  EXPECT_EQ(ring.SameNode(slots), (std::vector<int64_t>{2, 3, 4, 5}));
   ExpectConsistent(slots, ring);
+  // 2 + 1: the one rank left over on a has no one to pair with.
+  const std::vector<DeviceSlot> lone = Blocks({{"a", 2}, {"b", 1}});
+  const SnapshotRing lone_ring = BuildSnapshotRing(lone);
+  EXPECT_EQ(lone_ring.buddy, (std::vector<int64_t>{2, -1, 0}));
+  EXPECT_EQ(lone_ring.Unprotected(), std::vector<int64_t>{1});
+  ExpectConsistent(lone, lone_ring);
 }
 
 TEST(SnapshotRingTest, RandomPlacementsKeepEveryPromise) {

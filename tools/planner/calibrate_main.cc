@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/constant_table.h"
 #include "tools/planner/evaluation.h"
 #include "tools/planner/memory_regression.h"

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 
 namespace loom::planner::eval {
 

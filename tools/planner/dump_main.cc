@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/constant_table.h"
 #include "tools/planner/measured_runs.h"
 

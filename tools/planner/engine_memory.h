@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/layout.h"
-#include "coordinator/planner/memory_model.h"
+#include "planner/constants.h"
+#include "planner/layout.h"
+#include "planner/memory_model.h"
 
 namespace loom::planner::eval {
 

@@ -6,7 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/engine_memory.h"
 
 ABSL_FLAG(std::string, csv, LOOM_ENGINE_MEMORY_CSV,

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/measured_runs.h"
 
 namespace loom::planner::eval {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "coordinator/planner/sweep.h"
+#include "planner/sweep.h"
 
 namespace loom::planner::eval {
 namespace {

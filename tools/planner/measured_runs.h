@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/planner/constants.h"
-#include "coordinator/planner/search.h"
+#include "planner/constants.h"
+#include "planner/search.h"
 
 namespace loom::planner::eval {
 

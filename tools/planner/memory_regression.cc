@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "coordinator/planner/memory_model.h"
+#include "planner/memory_model.h"
 #include "tools/planner/evaluation.h"
 
 namespace loom::planner::eval {

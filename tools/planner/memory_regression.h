@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/measured_runs.h"
 
 namespace loom::planner::eval {

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <string>
 
-#include "coordinator/planner/render.h"
-#include "coordinator/planner/sweep.h"
+#include "planner/render.h"
+#include "planner/sweep.h"
 
 int main(int argc, char** argv) {
   std::string cluster_name = "h100-sxm", svg_path;

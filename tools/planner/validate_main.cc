@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "coordinator/planner/constants.h"
+#include "planner/constants.h"
 #include "tools/planner/constant_table.h"
 #include "tools/planner/evaluation.h"
 

@@ -14,7 +14,7 @@
 #include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/tensor_parallel/tp_plan.h"
 #include "worker/engine/tensor_parallel/tp_tensors.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/ops_selection.h"
 
@@ -175,7 +175,7 @@ absl::Status TrainingLoop::CreateParts() {
   }
   if (zero == 0 || grad_group == nullptr) {
     // Moments in the backend's memory, stepped by ops->AdamW.
-    optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t, ops_.get());
+    optimizer_ = std::make_unique<AdamW>(stage_->Parameters(), stage_->Gradients(), t, *ops_);
     memory_.Add(MemoryKind::kOptimizerStates, 2 * param_bytes);
   }
   flops_per_token_ =

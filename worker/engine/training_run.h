@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "worker/engine/progress.h"
-#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 
 namespace loom::engine {

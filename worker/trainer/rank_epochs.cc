@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/topology/instruction.h"
-#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
 #include "worker/trainer/commit_gate.h"

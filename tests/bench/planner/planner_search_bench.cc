@@ -2,8 +2,8 @@
 // playbook's 80B model on 64 nodes of 8 H100s (goal: under 100 ms), plus the
 // whole playbook sweep (4 models x 7 node counts).
 #include "benchmark/benchmark.h"
-#include "coordinator/planner/search.h"
-#include "coordinator/planner/sweep.h"
+#include "planner/search.h"
+#include "planner/sweep.h"
 
 namespace loom::planner {
 namespace {

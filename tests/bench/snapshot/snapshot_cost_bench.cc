@@ -25,7 +25,7 @@
 #include "worker/comm/in_process_store.h"
 #include "worker/comm/pair_groups.h"
 #include "worker/comm/prefix_store.h"
-#include "worker/engine/snapshot/snapshot_keeper.h"
+#include "worker/engine/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 
 namespace {

@@ -165,21 +165,4 @@ FileDigest DecodeFileDigest(const int32_t* slot) {
   return d;
 }
 
-absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
-                                             const CheckpointContent& content, int64_t keep) {
-  absl::StatusOr<std::string> tmp = BeginCheckpointStep(root, content.step, ::getpid());
-  if (!tmp.ok()) return tmp.status();
-  std::vector<FileDigest> digests;
-  std::set<std::string> seen;
-  for (const CheckpointFile& f : content.files) {
-    if (!seen.insert(f.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint: file ", f.name, " given twice"));
-    }
-    absl::StatusOr<FileDigest> d = WriteCheckpointFile(*tmp, f);
-    if (!d.ok()) return d.status();
-    digests.push_back(*d);
-  }
-  return CommitCheckpointStep(root, *tmp, content, digests, keep);
-}
-
 }  // namespace loom::engine

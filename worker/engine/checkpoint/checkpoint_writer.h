@@ -44,17 +44,14 @@ struct CheckpointContent {
   nlohmann::json state = nlohmann::json::object();
 };
 
-// Writes <root>/step_NNNNNNNN/ (replacing an existing step of that number),
-// then deletes all but the newest `keep` committed steps (keep <= 0 keeps
-// all) and stale temporary directories. Returns the committed directory.
-absl::StatusOr<std::string> CommitCheckpoint(const std::string& root,
-                                             const CheckpointContent& content, int64_t keep);
-
-// A step written by several writers (the ranks of a sharded layout): one
-// coordinating writer calls BeginCheckpointStep and, once every writer has
-// written its files with WriteCheckpointFile into the same temporary
-// directory, CommitCheckpointStep with every file's digest. `tag` names the
-// temporary directory (the coordinator's pid), so every writer can derive it.
+// A step written by its writers (the ranks of a layout, each its own
+// pieces): one coordinating writer calls BeginCheckpointStep and, once every
+// writer has written its files with WriteCheckpointFile into the same
+// temporary directory, CommitCheckpointStep with every file's digest, which
+// replaces an existing step of that number and then deletes all but the
+// newest `keep` committed steps (keep <= 0 keeps all) and stale temporary
+// directories. `tag` names the temporary directory (the coordinator's pid),
+// so every writer can derive it.
 std::string CheckpointTempDir(const std::string& root, int64_t step, int64_t tag);
 absl::StatusOr<std::string> BeginCheckpointStep(const std::string& root, int64_t step,
                                                 int64_t tag);
@@ -70,7 +67,7 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
                                                  int64_t keep);
 
 // A file's digest as integers, so writers can hand it to the committing rank
-// through an all-gather of integers (AllGatherHostInts, model/host_floats.h):
+// through an all-gather of integers (AllGatherHostInts, parallel/host_floats.h):
 // slot[0] = 1 marks it present (an unwritten slot stays 0), then the byte
 // count's low and high 32 bits and the CRC.
 inline constexpr int kDigestInts = 4;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "worker/engine/checkpoint/durable_file.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 
 namespace loom::engine {
 namespace {

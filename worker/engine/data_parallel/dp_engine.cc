@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/engine/memory/release.h"
 #include "worker/engine/optim/adamw.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 
 namespace loom::engine {
 namespace {

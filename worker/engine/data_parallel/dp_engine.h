@@ -31,7 +31,7 @@
 // copying a padded gather out, freeing a bucket's gradient and the staging)
 // runs on the calling thread when it waits for that collective. Host numbers
 // (the loss, the norm's sum of squares) cross the group through a small
-// backend buffer (model/host_floats.h).
+// backend buffer (parallel/host_floats.h).
 #pragma once
 
 #include <cstdint>

@@ -6,16 +6,15 @@
 #include <limits>
 #include <string>
 
-#include "kernels/cpu/cpu_ops.h"
 #include "kernels/rope_tables.h"
 #include "worker/engine/context_parallel/ring_attention.h"
 #include "worker/engine/context_parallel/zigzag.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 #include "worker/engine/model/llama_layer.h"
 #include "worker/engine/model/moe_router.h"
 #include "worker/engine/model/normal_init.h"
 #include "worker/engine/model/parameter_layout.h"
-#include "worker/engine/tensor_parallel/replicated_grads.h"
+#include "worker/engine/model/replicated_grads.h"
 #include "worker/engine/tensor_parallel/tp_collectives.h"
 #include "worker/engine/tensor_parallel/vocab_parallel_loss.h"
 
@@ -229,7 +228,11 @@ LlamaModel::LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
                        std::shared_ptr<kernels::Ops> ops, TensorParallelOptions parallel,
                        ModelPart part)
     : config_(config), recompute_(recompute), ops_(std::move(ops)), impl_(new Impl) {
-  if (!ops_) ops_ = kernels::cpu::MakeCpuOps();
+  if (!ops_) {
+    std::fprintf(stderr, "LlamaModel: no backend given (kernels::Ops; the engine's is chosen by "
+                         "MakeOpsForJob, worker/engine/ops_selection.h)\n");
+    std::abort();
+  }
   impl_->ops = ops_.get();
   comm::Communicator* tp = parallel.tp;
   const int tp_size = tp != nullptr ? tp->size() : 1;

@@ -67,9 +67,10 @@ struct TensorParallelOptions {
 
 class LlamaModel {
  public:
-  // `ops` is the backend every op and buffer goes through; null means a CPU
-  // backend with OpenMP's default thread count. Parameters() and Gradients()
-  // hand out backend memory, which is host memory for the CPU backend.
+  // `ops` is the backend every op and buffer goes through: the rank's
+  // (MakeOpsForJob, ops_selection.h, is the one place that chooses it); the
+  // constructor aborts without one. Parameters() and Gradients() hand out
+  // backend memory, which is host memory for the CPU backend.
   // config.num_kv_heads must be resolved (> 0 and dividing num_heads) and
   // head_dim() even. With a TP group the config must pass
   // CheckTensorParallel(config, tp size) (tp_plan.h); the constructor aborts
@@ -80,7 +81,7 @@ class LlamaModel {
   // only those tensors (global names, the whole model's init streams); the
   // part must pass CheckModelPart (the constructor aborts otherwise).
   LlamaModel(const spec::ModelSpec& config, spec::Recompute recompute,
-             std::shared_ptr<kernels::Ops> ops = nullptr, TensorParallelOptions parallel = {},
+             std::shared_ptr<kernels::Ops> ops, TensorParallelOptions parallel = {},
              ModelPart part = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;

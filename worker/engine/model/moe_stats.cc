@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 #include "worker/engine/model/llama_model.h"
 
 namespace loom::engine {

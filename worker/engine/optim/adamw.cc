@@ -1,29 +1,22 @@
 #include "worker/engine/optim/adamw.h"
 
-#include "kernels/cpu/adamw.h"
+#include <utility>
 
 namespace loom::engine {
 
 AdamW::AdamW(std::vector<TensorView> params, std::vector<TensorView> grads,
-             const spec::TrainSpec& train, kernels::Ops* ops)
+             const spec::TrainSpec& train, kernels::Ops& ops)
     : params_(std::move(params)), grads_(std::move(grads)), ops_(ops), train_(train) {
   m_.reserve(params_.size());
   v_.reserve(params_.size());
   for (const TensorView& p : params_) {
     const int64_t n = p.numel();
-    if (ops_ != nullptr) {
-      device_m_.push_back(ops_->AllocateFloats(n));
-      device_v_.push_back(ops_->AllocateFloats(n));
-      ops_->Fill(device_m_.back().f32(), n, 0.0f);
-      ops_->Fill(device_v_.back().f32(), n, 0.0f);
-      m_.push_back(device_m_.back().f32());
-      v_.push_back(device_v_.back().f32());
-    } else {
-      host_m_.emplace_back(static_cast<size_t>(n), 0.0f);
-      host_v_.emplace_back(static_cast<size_t>(n), 0.0f);
-      m_.push_back(host_m_.back().data());
-      v_.push_back(host_v_.back().data());
-    }
+    m_buffers_.push_back(ops_.AllocateFloats(n));
+    v_buffers_.push_back(ops_.AllocateFloats(n));
+    ops_.Fill(m_buffers_.back().f32(), n, 0.0f);
+    ops_.Fill(v_buffers_.back().f32(), n, 0.0f);
+    m_.push_back(m_buffers_.back().f32());
+    v_.push_back(v_buffers_.back().f32());
   }
 }
 
@@ -31,15 +24,9 @@ void AdamW::Step(double lr) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     const float decay = DecaysWeight(params_[i]) ? static_cast<float>(train_.weight_decay) : 0.0f;
-    const float lr_f = static_cast<float>(lr), beta1 = static_cast<float>(train_.beta1),
-                beta2 = static_cast<float>(train_.beta2), eps = static_cast<float>(train_.eps);
-    if (ops_ != nullptr) {
-      ops_->AdamW(params_[i].data, grads_[i].data, m_[i], v_[i], params_[i].numel(), lr_f, beta1,
-                  beta2, eps, decay, step_);
-    } else {
-      kernels::cpu::AdamWStep(params_[i].data, grads_[i].data, m_[i], v_[i], params_[i].numel(),
-                              lr_f, beta1, beta2, eps, decay, step_);
-    }
+    ops_.AdamW(params_[i].data, grads_[i].data, m_[i], v_[i], params_[i].numel(),
+               static_cast<float>(lr), static_cast<float>(train_.beta1),
+               static_cast<float>(train_.beta2), static_cast<float>(train_.eps), decay, step_);
   }
 }
 

@@ -2,10 +2,14 @@
 
 #include <cmath>
 
-#include "worker/engine/model/host_floats.h"
-#include "worker/engine/optim/grad_clip.h"
+#include "worker/engine/parallel/host_floats.h"
 
 namespace loom::engine {
+
+float ClipFactor(double norm, double max_norm) {
+  if (max_norm <= 0.0 || norm <= max_norm) return 1.0f;
+  return static_cast<float>(max_norm / (norm + 1e-6));
+}
 
 std::vector<GradientPiece> GradientPieces(const std::vector<TensorView>& grads) {
   std::vector<GradientPiece> pieces;

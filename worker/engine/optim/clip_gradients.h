@@ -1,6 +1,5 @@
 // The engine's one gradient clipping: the global L2 norm of the whole model's
-// gradient, wherever its parts live, and the scaling by ClipFactor
-// (optim/grad_clip.h). Every layout computes its norm here: each rank adds up
+// gradient, wherever its parts live, and the scaling by ClipFactor. Every layout computes its norm here: each rank adds up
 // the squares of the gradient it holds (a TP shard, a pipeline stage's
 // chunks, a ZeRO shard of the DP-reduced gradient, or all of it), counting a
 // slice that several TP ranks hold once, and the sum crosses the groups that
@@ -17,6 +16,10 @@
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {
+
+// PyTorch's clip_grad_norm_: max_norm / (norm + 1e-6) when max_norm > 0 and
+// the norm exceeds it, else 1 (nothing to scale).
+float ClipFactor(double norm, double max_norm);
 
 // `count` floats of backend memory at `data`; `replicas` TP ranks hold the
 // same values (TensorView::replicas).

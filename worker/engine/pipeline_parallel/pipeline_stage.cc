@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/cpu_ops.h"
 
 namespace loom::engine {
 
@@ -14,7 +13,7 @@ bool TiedAcrossStages(const spec::ModelSpec& config, int64_t pp) {
 PipelineStage::PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute,
                              const PipelinePlan& plan, TensorParallelOptions parallel,
                              std::shared_ptr<kernels::Ops> ops, const ModelPart& experts)
-    : plan_(plan), ops_(ops != nullptr ? std::move(ops) : kernels::cpu::MakeCpuOps()) {
+    : plan_(plan), ops_(std::move(ops)) {
   for (const PipelineChunk& c : plan_.chunks) {
     ModelPart part{c.first_layer, c.num_layers, c.embedding, c.head};
     part.first_expert = experts.first_expert;  // [ep]

@@ -22,12 +22,12 @@ class PipelineStage {
  public:
   // The TP options apply to every chunk (they share the TP group, which they
   // use one at a time).
-  // `ops` is the backend every chunk runs on (nullptr: one CpuOps for all);
+  // `ops` is the backend every chunk runs on (the rank's, MakeOpsForJob);
   // the chunks' tensors and the executor's boundary buffers are its memory.
   // `experts`: the routed experts every chunk holds ([ep] ModelPart's
   // first_expert and held_experts; its layer fields are ignored).
   PipelineStage(const spec::ModelSpec& config, spec::Recompute recompute, const PipelinePlan& plan,
-                TensorParallelOptions parallel = {}, std::shared_ptr<kernels::Ops> ops = nullptr,
+                TensorParallelOptions parallel, std::shared_ptr<kernels::Ops> ops,
                 const ModelPart& experts = {});
 
   // Each tensor from the whole model's init stream: the stages together hold

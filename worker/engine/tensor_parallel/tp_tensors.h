@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/ops.h"
 #include "worker/comm/communicator.h"
-#include "worker/engine/model/host_floats.h"
+#include "worker/engine/parallel/host_floats.h"
 #include "worker/engine/tensor_view.h"
 
 namespace loom::engine {
