@@ -41,6 +41,7 @@ class PerfRecord {
     posix_spawn_file_actions_destroy(&actions);
   }
   ~PerfRecord() { Stop(); }
+  bool started() const { return pid_ > 0; }
   void Stop() {
     if (pid_ <= 0) return;
     kill(pid_, SIGINT);
@@ -96,8 +97,11 @@ double FaultOutcome::FaultToDeclared() const {
 FaultOutcome RunFault(FakeCluster& cluster, CoordinatorProbe& probe, const FaultPlan& plan) {
   FaultOutcome out;
   out.failed_attempt = cluster.Clock().attempt;
-  const MessageCounts messages_before = cluster.stats().Messages();
   PerfRecord perf(plan.coordinator_pid, plan.perf_out);
+  // perf takes a moment to attach to every thread (more on a loaded
+  // machine); a fault injected at once loses the recovery's first phases.
+  if (perf.started()) absl::SleepFor(absl::Seconds(1));
+  const MessageCounts messages_before = cluster.stats().Messages();
   out.fault_at = absl::Now();
   if (plan.kind == FaultPlan::kNode) {
     absl::StatusOr<FakeCluster::LostNode> lost = cluster.LoseNodeOf(plan.rank);
