@@ -465,13 +465,14 @@ int main(int argc, char** argv) {
       for (const std::string& node : nodes.ExpireSilent(now, node_timeout)) {
         std::optional<loom::coordinator::NodeInfo> info = nodes.Get(node);
         const bool session_ended = info && !info->connected;
+        // A backlog under 10 ms is not worth naming (and would print as "0").
+        const absl::Duration late = absl::Trunc(backlog, absl::Milliseconds(10));
         const std::string silent = absl::StrCat(
             session_ended ? "its agent's session ended and it did not register again within "
                           : "no heartbeat for ",
             absl::FormatDuration(node_timeout),
-            backlog > absl::ZeroDuration()
-                ? absl::StrCat(" and the ", absl::FormatDuration(absl::Trunc(
-                                                  backlog, absl::Milliseconds(10))),
+            late > absl::ZeroDuration()
+                ? absl::StrCat(" and the ", absl::FormatDuration(late),
                                " that heartbeats were being read late")
                 : "");
         std::fprintf(stderr, "node %s: %s; node lost\n", node.c_str(), silent.c_str());

@@ -9,7 +9,8 @@
 // node's ranks move to a spare node behind a commit fence that survives a
 // coordinator restart; the abort deadline, a second failure and a survivor
 // that never got its EnterEpoch fall back to the whole job; a restarted
-// coordinator finishes a relaunch it finds stored; paused ranks are resumed
+// coordinator finishes a relaunch it finds stored and restarts the whole job
+// when it finds none; paused ranks are resumed
 // when current and killed when not; a survivor whose EnterEpoch was lost with
 // a session gets it again.
 #include <map>
@@ -421,6 +422,26 @@ TEST_F(InPlaceRecoveryTest, ASecondFailureWhileRecoveringRestartsTheWholeJob) {
   SurvivorsAbort({1, 2}, 5);
   jobs_->WaitIdle();
   EXPECT_EQ(Get().attempt(), 1);
+}
+
+TEST_F(InPlaceRecoveryTest, ARestartBeforeTheDecisionRestartsTheWholeJob) {
+  Running();
+  Exit(1, 9);
+  Report(0, "aborted", 5);  // one survivor's report, lost with the coordinator
+  jobs_->WaitIdle();
+  ASSERT_EQ(Get().state(), JobState::RECOVERING);
+  ASSERT_EQ(Get().in_place_from_attempt(), 0);
+  // Nothing of attempt 2 was stored: the restarted coordinator restarts the
+  // whole job, the restart counted once, the reason in the incident.
+  Start();
+  const loom::v1::Job job = Get();
+  EXPECT_EQ(job.state(), JobState::RESTARTING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.crash_restarts(), 1);
+  ASSERT_EQ(job.incidents_size(), 1);
+  EXPECT_EQ(job.incidents(0).path(), "whole_job");
+  EXPECT_EQ(job.incidents(0).fallback_reason(),
+            "the coordinator restarted during the recovery, before it was decided");
 }
 
 TEST_F(InPlaceRecoveryTest, AFailureAfterTheRelaunchKillsBothAttemptsRanks) {
