@@ -434,6 +434,7 @@ TEST_F(InPlaceRecoveryTest, ARestartBeforeTheDecisionRestartsTheWholeJob) {
   // Nothing of attempt 2 was stored: the restarted coordinator restarts the
   // whole job, the restart counted once, the reason in the incident.
   Start();
+  jobs_->WaitIdle();
   const loom::v1::Job job = Get();
   EXPECT_EQ(job.state(), JobState::RESTARTING);
   EXPECT_EQ(job.attempt(), 1);

@@ -76,8 +76,11 @@ class Monitoring(unittest.TestCase):
         # so that increase() over the window sees the crash's observations.
         wait_until(lambda: self.query(port, "loom_recovery_phase_seconds_count"), 60,
                    "Prometheus to scrape the coordinator")
+        # On the whole-job path (in place off), whose six phases the panel's
+        # query is checked for below.
         job = c.submit(tiny_job(steps=100000, ranks=2, eval_interval=5, ckpt_interval=0,
-                                max_restarts=1))
+                                max_restarts=1).replace("hang_timeout_s: 0}",
+                                                        "hang_timeout_s: 0, in_place: false}"))
         wait_until(lambda: c.state(job) == "RUNNING", 60, "the job to run")
         for title, expr in dashboard_queries():
             with self.subTest(panel=title, expr=expr):
