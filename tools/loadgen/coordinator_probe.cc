@@ -51,8 +51,43 @@ absl::StatusOr<ProcSample> SampleProcess(int pid) {
   return sample;
 }
 
+int PollJobOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id) {
+  auto stub = loom::v1::JobService::NewStub(admin);
+  std::atomic<bool> stop{false};
+  std::thread parent([&stop] {
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    stop = true;  // the parent closed our stdin, or went away
+  });
+  while (!stop) {
+    auto context = rpc::UnaryContext();
+    loom::v1::GetJobRequest request;
+    request.set_id(job_id);
+    loom::v1::Job job;
+    const absl::Time start = absl::Now();
+    grpc::Status status = stub->GetJob(context.get(), request, &job);
+    if (status.ok()) {
+      std::printf("%.3f\n", absl::ToDoubleMilliseconds(absl::Now() - start));
+    } else {
+      std::printf("fail\n");
+    }
+    std::fflush(stdout);
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+  parent.join();
+  return 0;
+}
+
 CoordinatorProbe::CoordinatorProbe(ProbeOptions options)
     : options_(std::move(options)), stub_(loom::v1::JobService::NewStub(options_.admin)) {
+  // The first CPU sample now: a window may start right after this (a submit).
+  if (options_.coordinator_pid > 0) {
+    if (absl::StatusOr<ProcSample> sample = SampleProcess(options_.coordinator_pid); sample.ok()) {
+      absl::MutexLock lock(&mu_);
+      cpu_samples_.emplace_back(absl::Now(), sample->cpu_seconds);
+    }
+  }
   poller_ = std::thread([this] { PollJobs(); });
   lister_ = std::thread([this] { RunLists(); });
 }
@@ -143,6 +178,8 @@ void CoordinatorProbe::PollJobs() {
         int64_t seen = max_rss_.load();
         while (s->rss_bytes > seen && !max_rss_.compare_exchange_weak(seen, s->rss_bytes)) {
         }
+        absl::MutexLock lock(&mu_);
+        cpu_samples_.emplace_back(absl::Now(), s->cpu_seconds);
       }
     }
     std::string id;
@@ -179,6 +216,25 @@ void CoordinatorProbe::PollJobs() {
     absl::SleepFor(options_.get_job_interval);
     wake_[phase_.load()].Record(absl::Now() - asleep - options_.get_job_interval);
   }
+}
+
+double CoordinatorProbe::CpuSecondsBetween(absl::Time from, absl::Time to) const {
+  absl::MutexLock lock(&mu_);
+  // The CPU time at t, between the samples around it.
+  auto at = [this](absl::Time t) -> double {
+    for (size_t i = 1; i < cpu_samples_.size(); ++i) {
+      const auto& [t1, c1] = cpu_samples_[i];
+      if (t1 < t) continue;
+      const auto& [t0, c0] = cpu_samples_[i - 1];
+      if (t0 > t) return -1;
+      const double span = absl::ToDoubleSeconds(t1 - t0);
+      return span <= 0 ? c1 : c0 + (c1 - c0) * absl::ToDoubleSeconds(t - t0) / span;
+    }
+    return -1;
+  };
+  const double a = at(from);
+  const double b = at(to);
+  return a < 0 || b < 0 ? -1 : b - a;
 }
 
 double CoordinatorProbe::mean_load() const {

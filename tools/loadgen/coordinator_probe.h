@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -29,6 +31,11 @@ struct ProcSample {
 
 // Reads /proc/PID/stat and /proc/PID/status.
 absl::StatusOr<ProcSample> SampleProcess(int pid);
+
+// The separate process of ProbeOptions::poll_command (loom-loadgen
+// --poll_job=ID): GetJob every 250 ms, each latency in ms (or "fail") on a
+// line of stdout, until stdin closes. Returns the exit code.
+int PollJobOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id);
 
 struct ProbeOptions {
   std::shared_ptr<grpc::Channel> admin;  // admin identity's channel
@@ -71,6 +78,10 @@ class CoordinatorProbe {
   // The 1-minute load average (/proc/loadavg) during the run: its mean and max.
   double mean_load() const;
   double max_load() const;
+  // The coordinator's CPU seconds spent between two times, from its samples
+  // (one per GetJob poll, 250 ms apart), interpolated linearly; -1 without
+  // samples around both (no --coordinator_pid, or outside the run).
+  double CpuSecondsBetween(absl::Time from, absl::Time to) const;
 
  private:
   void PollJobs();
@@ -96,6 +107,8 @@ class CoordinatorProbe {
   double load_max_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t load_samples_ ABSL_GUARDED_BY(mu_) = 0;
   loom::v1::Job last_ ABSL_GUARDED_BY(mu_);
+  // (when, the coordinator's CPU seconds then), in time order.
+  std::vector<std::pair<absl::Time, double>> cpu_samples_ ABSL_GUARDED_BY(mu_);
   std::thread poller_;
   std::thread lister_;
 };

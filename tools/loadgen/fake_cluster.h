@@ -1,32 +1,36 @@
 // The simulated cluster of loom-loadgen: N fake node agents with G devices
-// each, and every rank the coordinator launches on them, speaking the same
-// protocol as loom-worker and loom-trainer over real gRPC (one TLS channel per
-// node, with its own node certificate; ranks add their rank token):
-//   node:  NodeService.Session: RegisterNode, Registered, heartbeats with the
-//          running ranks, LaunchRank, KillRanks, RankExited, and its ranks'
-//          progress forwarded as the agent does: one NodeMessage.progress
-//          (RankProgressBatch) a second with its ranks' step records, and
-//          their "ready" reports within 50 ms of their rendezvous.
-//   rank:  StoreSet of its address, StoreAdd on a join counter (the last
-//          joiner sets the "go" key: a barrier like Gloo's), each with its
-//          rank token, in its node's StoreBatch calls as its agent relays a
-//          trainer's (one batch in flight per node, the rest queued for the
-//          next); then its reports go through its node.
-//   node:  as the agent shares its ranks' waiting gets of one key, ONE
-//          StoreGet of "go" per attempt for all its ranks, fanned out to them.
+// each (fake_node.h), and every rank the coordinator launches on them
+// (rank_life.h), speaking the same protocol as loom-worker and loom-trainer
+// over real gRPC (one TLS channel per node, with its own node certificate;
+// ranks add their rank token):
+//   node:  NodeService.Session: RegisterNode, heartbeats with the running
+//          ranks, the lease (Registered.lease_ms, HeartbeatAck), LaunchRank,
+//          KillRanks, AbortRanks, EnterEpoch, ResumeRanks, RankExited, and
+//          its ranks' progress forwarded as the agent does: one
+//          NodeMessage.progress (RankProgressBatch) a second with its ranks'
+//          reports, and their events (ready and resumed, aborted, the first
+//          step of an attempt) within 50 ms.
+//   rank:  per attempt, StoreSet of its address, StoreAdd on a join counter
+//          (the last joiner sets the "go" key: a barrier like Gloo's), each
+//          with its rank token in its node's StoreBatch calls; the node's ONE
+//          StoreGet of "go" for all its waiting ranks.
+// The job's steps come from one clock (job_clock.h): a synchronous job.
+// Faults: a rank stopped (a hang), crashed (RankExited), or its whole node
+// lost (the session ends, its ranks with it).
 // Everything is asynchronous (gRPC's callback API), so 2,048 sessions need no
 // thread each; the Tick functions are called by two driver threads.
 #pragma once
 
-#include <atomic>
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/loadgen/latency.h"
+#include "tools/loadgen/cluster_stats.h"
+#include "tools/loadgen/fake_node.h"
+#include "tools/loadgen/job_clock.h"
 #include "tools/loadgen/node_certs.h"
 
 namespace loom::loadgen {
@@ -40,37 +44,13 @@ struct ClusterOptions {
   // Each rank starts its rendezvous at a uniformly random moment this long
   // after its launch (on the 1 Hz tick); 0: at once, all in one burst.
   double rank_start_spread_s = 0;
+  // The simulated job's step time.
+  absl::Duration step = absl::Seconds(1);
 };
-
-// Counters every callback updates; read by the driver for its report.
-struct ClusterStats {
-  std::atomic<int64_t> sessions_registered{0};
-  std::atomic<int64_t> sessions_ended{0};  // a session stream ended before shutdown
-  std::atomic<int64_t> launches{0};
-  std::atomic<int64_t> kills{0};
-  std::atomic<int64_t> ranks_ready{0};
-  // Reports and batches gRPC took (a batch carries one node's reports).
-  std::atomic<int64_t> reports_sent{0};
-  std::atomic<int64_t> batches_sent{0};
-  // A node's second skipped because its previous batch was still queued or
-  // being written (loadgen or the coordinator lagging): its reports and it.
-  std::atomic<int64_t> reports_skipped{0};
-  std::atomic<int64_t> batches_skipped{0};
-  std::atomic<int64_t> rendezvous_failed{0};
-  // Each set and add, timed as the StoreBatch that carried it.
-  LatencyRecorder store_latency;
-  std::atomic<int64_t> store_batches{0};  // StoreBatch calls sent
-  // From queueing a heartbeat to gRPC taking it: when this nears the node
-  // timeout, loadgen itself (not the coordinator) is what lags.
-  LatencyRecorder heartbeat_delay;
-  // How late each slice of the heartbeat schedule ran (loadgen's own lag).
-  LatencyRecorder heartbeat_tick_lateness;
-};
-
-class FakeNode;
 
 class FakeCluster {
  public:
+  // certs: null with options.insecure.
   FakeCluster(ClusterOptions options, NodeCertFactory* certs);
   ~FakeCluster();
 
@@ -85,16 +65,30 @@ class FakeCluster {
   // burst. Heartbeats and progress batches have schedules (threads) of their
   // own, as an agent's heartbeat does not wait for its ranks: when loadgen is
   // short of CPU, the 2,048 batches a second fall behind, not the 2,048
-  // heartbeats. TickReports also sends, for every node, the "ready" reports
-  // of ranks whose rendezvous ended since the last tick (an agent's batch
-  // window merges a node's ranks, which leave the barrier together).
+  // heartbeats. TickReports also sends, for every node, its ranks' events
+  // since the last tick (ready and resumed, aborted, an attempt's first
+  // step): an agent's batch window merges a node's ranks, which act together.
   void TickHeartbeats(int slice, int slices);
   void TickReports(int slice, int slices);
 
-  // From now on the given rank sends nothing and every other rank stops
-  // completing steps (they wait in a data-parallel all-reduce for it), as
-  // when one process of a real job is SIGSTOPped.
-  void StopRank(int rank);
+  // Faults. Each freezes the job's clock: every other rank waits in the
+  // all-reduce of the next step.
+  // The rank sends nothing from now on (SIGSTOPped).
+  absl::Status StopRank(int rank);
+  // The rank's process dies (SIGKILL): its node reports RankExited.
+  absl::Status CrashRank(int rank);
+  // The node running the rank dies with all its ranks: its session ends and
+  // it never comes back.
+  struct LostNode {
+    std::string id;
+    std::vector<int32_t> ranks;  // the ranks that died with it
+  };
+  absl::StatusOr<LostNode> LoseNodeOf(int rank);
+
+  // The job's steps and its attempts' milestones now.
+  JobClock::View Clock() const { return clock_.At(absl::Now()); }
+  // Live ranks of `job_id` in an attempt older than the clock's.
+  int RanksBehind(const std::string& job_id) const;
 
   // Cancels every stream and waits (bounded) until gRPC has let go of them.
   void Shutdown();
@@ -102,20 +96,14 @@ class FakeCluster {
   ClusterStats& stats() { return stats_; }
   const ClusterOptions& options() const { return options_; }
 
-  // Shared by the nodes and ranks (read-only after Start).
-  struct Shared {
-    ClusterStats* stats;
-    double rank_start_spread_s = 0;
-    std::atomic<int> stopped_rank{-1};
-    std::atomic<int64_t> stopped_at_ms{0};
-    std::atomic<bool> shutting_down{false};
-  };
-
  private:
+  FakeNode* NodeRunning(int rank) const;
+
   const ClusterOptions options_;
   NodeCertFactory* const certs_;
   ClusterStats stats_;
-  Shared shared_;
+  JobClock clock_;
+  NodeShared shared_;
   std::vector<std::unique_ptr<FakeNode>> nodes_;
 };
 

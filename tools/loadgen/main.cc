@@ -4,10 +4,13 @@
 // submit to RUNNING, GetJob and `loomctl list` latency, rendezvous call
 // latency, the coordinator's CPU and memory, false hangs or lost nodes, and,
 // with --stop_rank, how soon the hang of a silent rank is declared and
-// whether the rank named is the right one. docs/scale.md has the measurements.
+// whether the rank named is the right one; with --fail_rank, how the job
+// recovers from a crashed rank or a lost node (fault_run.h).
+// docs/scale.md has the measurements.
 //
-// Exit code: 0 when the run was correct (RUNNING reached, no false hang or
-// node loss, the stopped rank named), 1 when not, 2 for usage errors.
+// Exit code: 0 when the run was correct (RUNNING reached, no false hang, node
+// loss or lease run-out, the stopped rank named, the failure recovered), 1
+// when not, 2 for usage errors.
 #include <unistd.h>
 
 #include <atomic>
@@ -28,7 +31,9 @@
 #include "loom/v1/job.grpc.pb.h"
 #include "tools/loadgen/coordinator_probe.h"
 #include "tools/loadgen/fake_cluster.h"
+#include "tools/loadgen/fault_run.h"
 #include "tools/loadgen/node_certs.h"
+#include "tools/loadgen/run_report.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of loom-coordinator");
 ABSL_FLAG(std::string, ca_dir, "",
@@ -37,7 +42,10 @@ ABSL_FLAG(std::string, admin_tls_dir, "",
           "certificates of an admin identity (default: <ca_dir>/../admin); submits and watches "
           "the job and runs loomctl");
 ABSL_FLAG(bool, insecure, false, "plaintext, for a coordinator started with --insecure");
-ABSL_FLAG(int32_t, nodes, 8, "fake node agents");
+ABSL_FLAG(int32_t, nodes, 8, "fake node agents the job runs on");
+ABSL_FLAG(int32_t, spare_nodes, 0,
+          "more fake node agents, registered but not asked for by the job (where a lost "
+          "node's ranks can be relaunched)");
 ABSL_FLAG(int32_t, gpus_per_node, 8, "devices (and ranks) per node");
 ABSL_FLAG(std::string, node_prefix, "lg", "node ids are PREFIX-00000, PREFIX-00001, ...");
 ABSL_FLAG(double, rank_start_spread_s, 0,
@@ -45,6 +53,22 @@ ABSL_FLAG(double, rank_start_spread_s, 0,
           "real trainers take a while to start (0: all at once)");
 ABSL_FLAG(double, run_s, 30, "seconds of steady reporting after the job is RUNNING");
 ABSL_FLAG(int32_t, stop_rank, -1, "after run_s, this rank stops reporting (-1: none)");
+ABSL_FLAG(int32_t, fail_rank, -1,
+          "at --fail_at_s, this rank fails as --fail says (-1: none); then how the job recovers "
+          "is measured");
+ABSL_FLAG(std::string, fail, "crash",
+          "crash: the rank's process dies (its node reports RankExited, signal 9); node: its "
+          "node's agent dies with all its ranks (the session ends)");
+ABSL_FLAG(double, fail_at_s, -1,
+          "seconds after RUNNING the failure happens (default: after the steady window, run_s)");
+ABSL_FLAG(double, recovery_wait_s, 120,
+          "how long to wait for every rank to be past its next step after the failure");
+ABSL_FLAG(bool, expect_in_place, false,
+          "the run is wrong unless the job recovers in place (the incident's path)");
+ABSL_FLAG(std::string, perf_recovery, "",
+          "record `perf record -g` of the coordinator (--coordinator_pid) from the failure until "
+          "every rank is past its next step, into this file");
+ABSL_FLAG(double, step_s, 1, "the simulated job's step time in seconds");
 ABSL_FLAG(double, hang_wait_s, 60, "how long to wait for the hang of --stop_rank");
 ABSL_FLAG(double, running_timeout_s, 300, "how long the job may take to reach RUNNING");
 ABSL_FLAG(int32_t, coordinator_pid, 0, "PID of the coordinator, for its CPU and memory");
@@ -57,7 +81,9 @@ ABSL_FLAG(std::string, loomctl, "", "loomctl to time `loomctl list` with (defaul
 namespace loom::loadgen {
 namespace {
 
-std::string JobSpec(int nodes, int gpus) {
+// max_restarts: 0 for a steady run or a hang (it ends the job), more with
+// --fail_rank (the job recovers in place, or restarts whole).
+std::string JobSpec(int nodes, int gpus, int max_restarts) {
   const int ranks = nodes * gpus;
   return absl::StrFormat(R"(name: loadgen-%d
 model: {vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
@@ -68,9 +94,9 @@ train: {steps: 1000000, global_batch_size: %d, micro_batch_size: 1, seq_len: 32,
 data: {train_path: data/train.txt, format: text}
 parallelism: {dp: %d, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 0}
 resources: {device: gpu, gpu: h200, nodes: %d, gpus_per_node: %d}
-fault_tolerance: {max_restarts: 0, hang_timeout_s: 0}
+fault_tolerance: {max_restarts: %d, hang_timeout_s: 0, in_place: true, snapshot_interval: 1}
 )",
-                         ranks, ranks, ranks, nodes, gpus);
+                         ranks, ranks, ranks, nodes, gpus, max_restarts);
 }
 
 // The rank a hang diagnosis names ("...: rank 17 TP(0)-... holds the job up ...").
@@ -100,35 +126,6 @@ bool Ended(loom::v1::JobState s) {
   return s == loom::v1::SUCCEEDED || s == loom::v1::FAILED || s == loom::v1::CANCELLED;
 }
 
-// --poll_job: GetJob every 250 ms from this process alone (see ProbeOptions::poll_command).
-int PollOnly(std::shared_ptr<grpc::Channel> admin, const std::string& job_id) {
-  auto stub = loom::v1::JobService::NewStub(admin);
-  std::atomic<bool> stop{false};
-  std::thread parent([&stop] {
-    char c;
-    while (read(0, &c, 1) > 0) {
-    }
-    stop = true;  // the parent closed our stdin, or went away
-  });
-  while (!stop) {
-    auto context = rpc::UnaryContext();
-    loom::v1::GetJobRequest request;
-    request.set_id(job_id);
-    loom::v1::Job job;
-    const absl::Time start = absl::Now();
-    grpc::Status status = stub->GetJob(context.get(), request, &job);
-    if (status.ok()) {
-      std::printf("%.3f\n", absl::ToDoubleMilliseconds(absl::Now() - start));
-    } else {
-      std::printf("fail\n");
-    }
-    std::fflush(stdout);
-    absl::SleepFor(absl::Milliseconds(250));
-  }
-  parent.join();
-  return 0;
-}
-
 int Run() {
   const std::string ca_dir = absl::GetFlag(FLAGS_ca_dir);
   const bool insecure = absl::GetFlag(FLAGS_insecure);
@@ -140,8 +137,26 @@ int Run() {
   const int gpus = absl::GetFlag(FLAGS_gpus_per_node);
   const int ranks = nodes * gpus;
   const int stop_rank = absl::GetFlag(FLAGS_stop_rank);
-  if (nodes <= 0 || gpus <= 0 || stop_rank >= ranks) {
-    std::fprintf(stderr, "loom-loadgen: --nodes and --gpus_per_node must be > 0 and --stop_rank below their product\n");
+  const int fail_rank = absl::GetFlag(FLAGS_fail_rank);
+  const int spare_nodes = absl::GetFlag(FLAGS_spare_nodes);
+  if (nodes <= 0 || gpus <= 0 || spare_nodes < 0 || stop_rank >= ranks || fail_rank >= ranks) {
+    std::fprintf(stderr, "loom-loadgen: --nodes and --gpus_per_node must be > 0, --spare_nodes "
+                         "not negative, and --stop_rank and --fail_rank below nodes x gpus\n");
+    return 2;
+  }
+  if (stop_rank >= 0 && fail_rank >= 0) {
+    std::fprintf(stderr, "loom-loadgen: --stop_rank and --fail_rank are one failure each; give one\n");
+    return 2;
+  }
+  FaultPlan fault;
+  if (const std::string kind = absl::GetFlag(FLAGS_fail); kind == "node") {
+    fault.kind = FaultPlan::kNode;
+  } else if (kind != "crash") {
+    std::fprintf(stderr, "loom-loadgen: --fail=%s: must be crash or node\n", kind.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_step_s) <= 0) {
+    std::fprintf(stderr, "loom-loadgen: --step_s must be > 0\n");
     return 2;
   }
   const std::string address = absl::GetFlag(FLAGS_coordinator);
@@ -167,7 +182,7 @@ int Run() {
   }
   std::shared_ptr<grpc::Channel> admin = rpc::MakeChannel(address, *admin_credentials);
   if (const std::string job = absl::GetFlag(FLAGS_poll_job); !job.empty()) {
-    return PollOnly(admin, job);
+    return PollJobOnly(admin, job);
   }
 
   std::unique_ptr<NodeCertFactory> certs;
@@ -211,14 +226,15 @@ int Run() {
                                                  : absl::StrCat("--tls_dir=", admin_flags.tls_dir));
 
   ClusterOptions cluster_options{.coordinator = address,
-                                 .nodes = nodes,
+                                 .nodes = nodes + spare_nodes,
                                  .gpus_per_node = gpus,
                                  .node_prefix = absl::GetFlag(FLAGS_node_prefix),
                                  .insecure = insecure,
-                                 .rank_start_spread_s = absl::GetFlag(FLAGS_rank_start_spread_s)};
+                                 .rank_start_spread_s = absl::GetFlag(FLAGS_rank_start_spread_s),
+                                 .step = absl::Seconds(absl::GetFlag(FLAGS_step_s))};
   FakeCluster cluster(cluster_options, certs.get());
-  std::printf("loom-loadgen: %d nodes x %d devices = %d ranks against %s\n", nodes, gpus, ranks,
-              address.c_str());
+  std::printf("loom-loadgen: %d nodes x %d devices = %d ranks (and %d spare nodes) against %s\n",
+              nodes, gpus, ranks, spare_nodes, address.c_str());
   std::fflush(stdout);
   const absl::Time start = absl::Now();
   if (absl::Status s = cluster.Create(); !s.ok()) {
@@ -253,16 +269,18 @@ int Run() {
     std::fflush(stdout);
     std::_Exit(1);
   }
-  std::printf("registered: %d nodes in %.1f s\n", nodes, absl::ToDoubleSeconds(absl::Now() - start));
+  std::printf("registered: %d nodes in %.1f s\n", nodes + spare_nodes,
+              absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
 
   CoordinatorProbe probe(probe_options);
   auto job_stub = loom::v1::JobService::NewStub(admin);
   loom::v1::SubmitJobRequest submit;
-  submit.set_spec_yaml(JobSpec(nodes, gpus));
+  submit.set_spec_yaml(JobSpec(nodes, gpus, fail_rank >= 0 ? 2 : 0));
   submit.set_source_name("loadgen.yaml");
   loom::v1::SubmitJobResponse submitted;
-  const int64_t submit_ms = absl::ToUnixMillis(absl::Now());
+  const absl::Time submit_at = absl::Now();
+  const int64_t submit_ms = absl::ToUnixMillis(submit_at);
   {
     auto context = rpc::UnaryContext(std::chrono::seconds(60));
     grpc::Status status = job_stub->SubmitJob(context.get(), submit, &submitted);
@@ -311,12 +329,27 @@ int Run() {
     std::printf("running: %.2f s after submit\n", to_running_s);
     std::fflush(stdout);
   }
+  // What the launch cost the coordinator (placement, 16,384 launches, the
+  // rendezvous, the ready reports): what a recovery's cost is compared with.
+  double launch_cpu_s = -1;
+  if (to_running_s >= 0) {
+    absl::SleepFor(absl::Milliseconds(300));  // a CPU sample after RUNNING
+    launch_cpu_s =
+        probe.CpuSecondsBetween(submit_at, submit_at + absl::Seconds(to_running_s));
+  }
 
   // Steady state: every rank reports once a second, through its node.
   double cpu_per_report_us = 0, cpu_fraction = 0, reports_per_s = 0, batches_per_s = 0,
          run_delay_fraction = 0, loadgen_cpu_fraction = 0;
   if (correct) {
-    absl::SleepFor(absl::Seconds(3));  // let the first step reports settle
+    // Let the first step reports settle; a failure at --fail_at_s cuts the
+    // steady window short.
+    double settle_s = 3, run_s = absl::GetFlag(FLAGS_run_s);
+    if (const double at = absl::GetFlag(FLAGS_fail_at_s); fail_rank >= 0 && at >= 0) {
+      settle_s = std::min(settle_s, at);
+      run_s = at - settle_s;
+    }
+    absl::SleepFor(absl::Seconds(settle_s));
     probe.SetPhase(CoordinatorProbe::kSteady);
     const int pid = probe_options.coordinator_pid;
     absl::StatusOr<ProcSample> before = pid > 0 ? SampleProcess(pid) : absl::StatusOr<ProcSample>();
@@ -325,7 +358,7 @@ int Run() {
     const int64_t reports_before = cluster.stats().reports_sent.load();
     const int64_t batches_before = cluster.stats().batches_sent.load();
     const absl::Time window_start = absl::Now();
-    const absl::Time window_end = window_start + absl::Seconds(absl::GetFlag(FLAGS_run_s));
+    const absl::Time window_end = window_start + absl::Seconds(run_s);
     while (absl::Now() < window_end) {
       const loom::v1::Job job = probe.LastJob();
       if (job.state() != loom::v1::RUNNING) break;
@@ -362,12 +395,16 @@ int Run() {
   double hang_timeout_s = 0;
   if (correct && stop_rank >= 0) {
     const int64_t stop_ms = absl::ToUnixMillis(absl::Now());
-    cluster.StopRank(stop_rank);
+    if (absl::Status stopped = cluster.StopRank(stop_rank); !stopped.ok()) {
+      fail(std::string(stopped.message()));
+    }
     const absl::Time deadline = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_hang_wait_s));
     while (absl::Now() < deadline) {
       const loom::v1::Job job = probe.LastJob();
-      if (const int64_t at =
-              EventTime(job, stop_ms, {loom::v1::RESTARTING, loom::v1::FAILED}); at > 0) {
+      // Declared: the job leaves RUNNING (to recover in place or whole, or to fail).
+      if (const int64_t at = EventTime(
+              job, stop_ms, {loom::v1::RECOVERING, loom::v1::RESTARTING, loom::v1::FAILED});
+          at > 0) {
         hang_after_s = static_cast<double>(at - stop_ms) / 1000.0;
         named = NamedRank(job.last_diagnosis());
         std::printf("hang: declared %.2f s after rank %d stopped: %s\n", hang_after_s, stop_rank,
@@ -393,21 +430,39 @@ int Run() {
     }
   }
 
-  // Lost nodes, from the coordinator's own view.
+  // One rank crashes, or one node is lost; the job must recover.
+  FaultOutcome recovery;
+  const bool faulted = correct && fail_rank >= 0;
+  if (faulted) {
+    fault.rank = fail_rank;
+    fault.job_id = job_id;
+    fault.wait = absl::Seconds(absl::GetFlag(FLAGS_recovery_wait_s));
+    fault.expect_in_place = absl::GetFlag(FLAGS_expect_in_place);
+    fault.perf_out = absl::GetFlag(FLAGS_perf_recovery);
+    fault.coordinator_pid = probe_options.coordinator_pid;
+    recovery = RunFault(cluster, probe, fault);
+    for (const std::string& why : recovery.failures) fail(why);
+  }
+
+  // Lost nodes, from the coordinator's own view (the one loadgen lost on
+  // purpose excepted).
   int lost_nodes = 0;
   {
     auto context = rpc::UnaryContext(std::chrono::seconds(30));
     loom::v1::ListNodesResponse listed;
     if (job_stub->ListNodes(context.get(), loom::v1::ListNodesRequest(), &listed).ok()) {
       for (const auto& n : listed.nodes()) {
-        if (!n.live()) ++lost_nodes;
+        if (!n.live() && n.node_id() != recovery.lost_node) ++lost_nodes;
       }
     }
   }
   const loom::v1::Job final_job = probe.LastJob();
   int lost_events = 0;
   for (const auto& e : final_job.history()) {
-    if (e.message().find("lost") != std::string::npos) ++lost_events;
+    if (e.message().find("lost") != std::string::npos &&
+        (recovery.lost_node.empty() || e.message().find(recovery.lost_node) == std::string::npos)) {
+      ++lost_events;
+    }
   }
   if (lost_nodes > 0 || lost_events > 0) {
     fail(absl::StrCat(lost_nodes, " nodes not live, ", lost_events, " node-lost events"));
@@ -416,6 +471,11 @@ int Run() {
   if (stats.sessions_ended > 0 || stats.rendezvous_failed > 0) {
     fail(absl::StrCat(stats.sessions_ended.load(), " sessions ended, ",
                       stats.rendezvous_failed.load(), " rendezvous calls failed"));
+  }
+  if (stats.lease_expiries > 0) {
+    fail(absl::StrCat("the agents' lease ran out ", stats.lease_expiries.load(), " times (",
+                      stats.ranks_paused.load(), " ranks paused, ", stats.ranks_resumed.load(),
+                      " resumed): heartbeats were acknowledged later than the node timeout"));
   }
 
   {
@@ -427,78 +487,28 @@ int Run() {
   }
   absl::SleepFor(absl::Seconds(1));  // the kills and exits
 
-  std::printf("--- loom-loadgen: %d ranks (%d nodes x %d) ---\n", ranks, nodes, gpus);
-  std::printf("submit to RUNNING:   %.2f s\n", to_running_s);
-  using Probe = CoordinatorProbe;
-  std::printf("GetJob, start:       %s\n", probe.get_job_latency(Probe::kStart).Summary().c_str());
-  std::printf("GetJob, steady:      %s\n", probe.get_job_latency(Probe::kSteady).Summary().c_str());
-  std::printf("GetJob, end:         %s\n", probe.get_job_latency(Probe::kEnd).Summary().c_str());
-  std::printf("GetJob from its own process, start:  %s\n",
-              probe.own_process_get_job_latency(Probe::kStart).Summary().c_str());
-  std::printf("GetJob from its own process, steady: %s\n",
-              probe.own_process_get_job_latency(Probe::kSteady).Summary().c_str());
-  std::printf("GetJob from its own process, end:    %s\n",
-              probe.own_process_get_job_latency(Probe::kEnd).Summary().c_str());
-  std::printf("loomctl list, start: %s\n", probe.list_latency(Probe::kStart).Summary().c_str());
-  std::printf("loomctl list, steady:%s\n", probe.list_latency(Probe::kSteady).Summary().c_str());
-  std::printf("loomctl list, end:   %s\n", probe.list_latency(Probe::kEnd).Summary().c_str());
-  std::printf("loadgen wake-up delay, steady: %s\n",
-              probe.wake_delay(Probe::kSteady).Summary().c_str());
-  std::printf("load average (1 min) during the run: mean %.1f, max %.1f\n", probe.mean_load(),
-              probe.max_load());
-  std::printf("store calls (start): %s\n", stats.store_latency.Summary().c_str());
-  std::printf("store batches: %lld (their sets and adds, per op above)\n",
-              static_cast<long long>(stats.store_batches.load()));
-  std::printf("heartbeat send delay:%s\n", stats.heartbeat_delay.Summary().c_str());
-  std::printf("heartbeat schedule late by: %s\n",
-              stats.heartbeat_tick_lateness.Summary().c_str());
-  std::printf("reports:             %.0f /s in %.0f batches /s, steady (skipped while the node's "
-              "previous batch was queued: %lld reports in %lld batches, whole run)\n",
-              reports_per_s, batches_per_s, static_cast<long long>(stats.reports_skipped.load()),
-              static_cast<long long>(stats.batches_skipped.load()));
-  std::printf("loadgen CPU:         %.1f%% of a core (steady)\n", loadgen_cpu_fraction * 100);
-  if (probe_options.coordinator_pid > 0) {
-    std::printf("coordinator CPU:     %.1f%% of a core, %.1f us per rank report\n",
-                cpu_fraction * 100, cpu_per_report_us);
-    std::printf("coordinator waited for a CPU: %.0f ms per second, its threads together (steady)\n",
-                run_delay_fraction * 1000);
-    std::printf("coordinator RSS:     %.1f MiB max (%.1f KiB per rank)\n",
-                static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
-                static_cast<double>(probe.max_rss_bytes()) / 1024 / ranks);
-  }
-  std::printf("lost nodes:          %d (events %d), sessions ended %lld\n", lost_nodes,
-              lost_events, static_cast<long long>(stats.sessions_ended.load()));
-  if (stop_rank >= 0) {
-    std::printf("hang of rank %d:     declared after %.2f s (timeout %.1f s), named rank %d\n",
-                stop_rank, hang_after_s, hang_timeout_s, named);
-  }
-  // One line for scripts (tests/bench/scale).
-  std::printf(
-      "RESULT ranks=%d running_s=%.2f getjob_p99_ms=%.1f getjob_steady_p50_ms=%.1f "
-      "getjob_steady_p90_ms=%.1f getjob_steady_p99_ms=%.1f own_getjob_steady_p50_ms=%.1f "
-      "own_getjob_steady_p90_ms=%.1f own_getjob_steady_p99_ms=%.1f wake_steady_p99_ms=%.1f "
-      "list_p99_ms=%.1f list_steady_p99_ms=%.1f store_p99_ms=%.1f "
-      "cpu_frac=%.3f us_per_report=%.1f rss_mib=%.1f lost_nodes=%d hang_s=%.2f "
-      "hang_timeout_s=%.1f named=%d load_mean=%.1f load_max=%.1f run_delay_ms_per_s=%.0f "
-      "heartbeat_send_delay_max_ms=%.0f heartbeat_tick_late_max_ms=%.0f reports_per_s=%.0f "
-      "batches_per_s=%.0f reports_skipped=%lld loadgen_cpu_frac=%.3f correct=%d\n",
-      ranks, to_running_s, probe.get_job_latency(Probe::kStart).PercentileMs(0.99),
-      probe.get_job_latency(Probe::kSteady).PercentileMs(0.5),
-      probe.get_job_latency(Probe::kSteady).PercentileMs(0.9),
-      probe.get_job_latency(Probe::kSteady).PercentileMs(0.99),
-      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.5),
-      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.9),
-      probe.own_process_get_job_latency(Probe::kSteady).PercentileMs(0.99),
-      probe.wake_delay(Probe::kSteady).PercentileMs(0.99),
-      probe.list_latency(Probe::kStart).PercentileMs(0.99),
-      probe.list_latency(Probe::kSteady).PercentileMs(0.99),
-      stats.store_latency.PercentileMs(0.99),
-      cpu_fraction, cpu_per_report_us, static_cast<double>(probe.max_rss_bytes()) / (1 << 20),
-      lost_nodes, hang_after_s, hang_timeout_s, named, probe.mean_load(), probe.max_load(),
-      run_delay_fraction * 1000, stats.heartbeat_delay.PercentileMs(1.0),
-      stats.heartbeat_tick_lateness.PercentileMs(1.0), reports_per_s, batches_per_s,
-      static_cast<long long>(stats.reports_skipped.load()), loadgen_cpu_fraction,
-      correct ? 1 : 0);
+  RunSummary summary{.ranks = ranks,
+                     .nodes = nodes,
+                     .gpus = gpus,
+                     .to_running_s = to_running_s,
+                     .launch_cpu_s = launch_cpu_s,
+                     .reports_per_s = reports_per_s,
+                     .batches_per_s = batches_per_s,
+                     .loadgen_cpu_fraction = loadgen_cpu_fraction,
+                     .coordinator_measured = probe_options.coordinator_pid > 0,
+                     .cpu_fraction = cpu_fraction,
+                     .cpu_per_report_us = cpu_per_report_us,
+                     .run_delay_fraction = run_delay_fraction,
+                     .lost_nodes = lost_nodes,
+                     .lost_events = lost_events,
+                     .stop_rank = stop_rank,
+                     .hang_after_s = hang_after_s,
+                     .hang_timeout_s = hang_timeout_s,
+                     .named = named,
+                     .fault = faulted ? &fault : nullptr,
+                     .recovery = faulted ? &recovery : nullptr,
+                     .correct = correct};
+  PrintRunReport(summary, probe, stats);
   std::printf("%s", verdicts.empty() ? "OK\n" : verdicts.c_str());
   std::fflush(stdout);
   // Sessions end before heartbeats stop, so the coordinator sees agents
