@@ -26,32 +26,25 @@ class RecoveryAccounting(unittest.TestCase):
         self.cluster = Cluster(self.id().split(".")[-1])
         self.addCleanup(self.cluster.stop)
 
-    def test_a_crash_is_one_incident_with_every_phase_measured(self):
+    def run_with_one_crash(self, name, spec, coordinator_flags=()):
+        """Rank 2 kills itself once step 6 is done (first attempt only); runs
+        `spec` to its end on one 4-device node and returns (job id, watch,
+        the recovery as seen from outside: the last step of attempt 1 to the
+        first of attempt 2, the job, its one incident)."""
         c = self.cluster
-        # Rank 2 kills itself once step 6 is done (first attempt only); the
-        # checkpoint of step 4 is what attempt 2 resumes from, so steps 5 and
-        # 6 are done twice.
         os.environ["LOOM_TEST_FAULT"] = "after_step@6#2"
         try:
-            # The ended job's series go 10 s after it ends (checked at the end).
-            c.start_coordinator(["--job_metrics_grace_s=10"])
+            c.start_coordinator(list(coordinator_flags))
             c.start_agent("node-a", "cpu:4")
         finally:
             del os.environ["LOOM_TEST_FAULT"]
-        spec = tiny_job(name="accounted", steps=16, ranks=4, eval_interval=0, ckpt_interval=4,
-                        max_restarts=2).replace("val_path: data/val.txt, ", "").replace(
-                            "hang_timeout_s: 0}", "hang_timeout_s: 0, in_place: false}")
-        job_id = c.submit(spec, "accounted")
+        job_id = c.submit(spec, name)
         watch = Watch(c, job_id)
         self.assertEqual(watch.wait(), 0, c.status(job_id))
-
-        # The recovery as seen from outside: the last step of attempt 1 (the
-        # crash follows it at once) to the first step of attempt 2.
         first = [s for s in watch.steps if s["attempt"] == 1]
         second = [s for s in watch.steps if s["attempt"] == 2]
         self.assertTrue(first and second, watch.steps)
         measured = (second[0]["time_unix_ms"] - max(s["time_unix_ms"] for s in first)) / 1000.0
-
         channel = c.channel()
         self.addCleanup(channel.close)
         job = job_pb2_grpc.JobServiceStub(channel).GetJob(job_pb2.GetJobRequest(id=job_id),
@@ -61,14 +54,26 @@ class RecoveryAccounting(unittest.TestCase):
         self.assertEqual(incident.kind, "crash")
         self.assertEqual(incident.failed_attempt, 1)
         self.assertTrue(incident.complete and incident.closed)
+        self.assertEqual(incident.last_step, 6)
         self.assertEqual(incident.resumed_step, second[0]["step"] - 1)
+        return job_id, watch, measured, job, incident
+
+    def test_a_crash_is_one_incident_with_every_phase_measured(self):
+        c = self.cluster
+        # The checkpoint of step 4 is what attempt 2 resumes from, so steps 5
+        # and 6 are done twice. The ended job's series go 10 s after it ends
+        # (checked at the end).
+        spec = tiny_job(name="accounted", steps=16, ranks=4, eval_interval=0, ckpt_interval=4,
+                        max_restarts=2).replace("val_path: data/val.txt, ", "").replace(
+                            "hang_timeout_s: 0}", "hang_timeout_s: 0, in_place: false}")
+        job_id, watch, measured, job, incident = self.run_with_one_crash(
+            "accounted", spec, ["--job_metrics_grace_s=10"])
         # The whole job restarted (in place is off), from the checkpoint of
         # step 4: steps 5 and 6, done before the crash (rank 0's report of
         # step 6 travels ahead of its exit), were computed again.
         self.assertEqual(incident.path, "whole_job")
         self.assertEqual(incident.fallback_reason,
                          "in-place recovery is off (fault_tolerance.in_place: false)")
-        self.assertEqual(incident.last_step, 6)
         self.assertEqual(incident.steps_recomputed, 2)
         phases = {p: getattr(incident, f"{p}_seconds") for p in PHASES}
         for phase, seconds in phases.items():
@@ -114,42 +119,19 @@ class RecoveryAccounting(unittest.TestCase):
 
     def test_a_crash_recovered_in_place_is_one_incident_on_its_own_timeline(self):
         c = self.cluster
-        os.environ["LOOM_TEST_FAULT"] = "after_step@6#2"
-        try:
-            c.start_coordinator()
-            c.start_agent("node-a", "cpu:4")
-        finally:
-            del os.environ["LOOM_TEST_FAULT"]
         # Checkpoints off: nothing could come back from disk.
         spec = tiny_job(name="in-place", steps=16, ranks=4, eval_interval=0, ckpt_interval=4,
                         max_restarts=2).replace("val_path: data/val.txt, ", "").replace(
                             "checkpoint: {dir: checkpoints, interval: 4, keep: 2}\n", "")
         self.assertNotIn("checkpoint:", spec)
-        job_id = c.submit(spec, "in-place")
-        watch = Watch(c, job_id)
-        self.assertEqual(watch.wait(), 0, c.status(job_id))
-        first = [s for s in watch.steps if s["attempt"] == 1]
-        second = [s for s in watch.steps if s["attempt"] == 2]
-        self.assertTrue(first and second, watch.steps)
-        measured = (second[0]["time_unix_ms"] - max(s["time_unix_ms"] for s in first)) / 1000.0
-
-        channel = c.channel()
-        self.addCleanup(channel.close)
-        job = job_pb2_grpc.JobServiceStub(channel).GetJob(job_pb2.GetJobRequest(id=job_id),
-                                                          timeout=10)
-        self.assertEqual(len(job.incidents), 1, job.incidents)
-        incident = job.incidents[0]
-        self.assertEqual(incident.kind, "crash")
+        job_id, watch, measured, job, incident = self.run_with_one_crash("in-place", spec)
         self.assertEqual(incident.path, "in_place")
         self.assertEqual(list(incident.relaunched_ranks), [2])
         self.assertEqual(incident.fallback_reason, "")
-        self.assertTrue(incident.complete and incident.closed)
         # Rank 2 died right after step 6: training goes on from the snapshot
         # of step 6, or of step 5 when its copy of step 6 had not reached its
         # buddy yet (at most the step in flight is computed again).
-        self.assertEqual(incident.last_step, 6)
         self.assertIn(incident.resumed_step, (5, 6))
-        self.assertEqual(incident.resumed_step, second[0]["step"] - 1)
         self.assertEqual(incident.steps_recomputed, 6 - incident.resumed_step)
         phases = {"detection": incident.detection_seconds, "abort": incident.abort_seconds,
                   "relaunch": incident.placement_seconds,
