@@ -42,11 +42,8 @@ std::vector<std::string> HuggingFaceParameterNames(const spec::ModelSpec& m) {
   return names;
 }
 
-nlohmann::json HuggingFaceConfig(const spec::ModelSpec& m) {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", m.hidden_size},
-          {"intermediate_size", m.ffn_hidden_size},
+nlohmann::json LlamaFamilyConfig(const spec::ModelSpec& m) {
+  return {{"hidden_size", m.hidden_size},
           {"num_attention_heads", m.num_heads},
           {"num_key_value_heads", m.num_kv_heads},
           {"num_hidden_layers", m.num_layers},
@@ -57,14 +54,22 @@ nlohmann::json HuggingFaceConfig(const spec::ModelSpec& m) {
           {"rope_scaling", nullptr},
           {"rms_norm_eps", m.norm_eps},
           {"tie_word_embeddings", m.tie_embeddings},
-          {"attention_bias", false},
-          {"mlp_bias", false},
           {"attention_dropout", 0.0},
           {"hidden_act", "silu"},
           {"initializer_range", 0.02},
-          {"pretraining_tp", 1},
           {"use_cache", true},
           {"torch_dtype", "float32"}};
+}
+
+nlohmann::json HuggingFaceConfig(const spec::ModelSpec& m) {
+  nlohmann::json j = LlamaFamilyConfig(m);
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["intermediate_size"] = m.ffn_hidden_size;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["pretraining_tp"] = 1;
+  return j;
 }
 
 namespace {

@@ -32,4 +32,9 @@ std::vector<std::string> HuggingFaceParameterNames(const spec::ModelSpec& model)
 // The config.json object for a model.
 nlohmann::json HuggingFaceConfig(const spec::ModelSpec& model);
 
+// The config.json keys every Llama-family architecture Loom exports shares
+// (attention, RoPE, norm, vocabulary); HuggingFaceConfig and the MoE
+// exporter's HuggingFaceMoeConfig add their own.
+nlohmann::json LlamaFamilyConfig(const spec::ModelSpec& model);
+
 }  // namespace loom::hf_export

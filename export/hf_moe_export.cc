@@ -1,5 +1,6 @@
 #include "export/hf_moe_export.h"
 
+#include "export/hf_export.h"
 #include "absl/strings/str_cat.h"
 
 namespace loom::hf_export {
@@ -84,26 +85,11 @@ std::vector<HfTensorSource> HuggingFaceMoeTensors(const spec::ModelSpec& m) {
 }
 
 nlohmann::json HuggingFaceMoeConfig(const spec::ModelSpec& m) {
-  nlohmann::json j = {{"hidden_size", m.hidden_size},
-                      {"num_attention_heads", m.num_heads},
-                      {"num_key_value_heads", m.num_kv_heads},
-                      {"num_hidden_layers", m.num_layers},
-                      {"head_dim", m.head_dim()},
-                      {"vocab_size", m.vocab_size},
-                      {"max_position_embeddings", m.max_seq_len},
-                      {"rope_theta", m.rope_theta},
-                      {"rope_scaling", nullptr},
-                      {"rms_norm_eps", m.norm_eps},
-                      {"tie_word_embeddings", m.tie_embeddings},
-                      {"attention_dropout", 0.0},
-                      {"hidden_act", "silu"},
-                      {"initializer_range", 0.02},
-                      {"use_cache", true},
-                      {"torch_dtype", "float32"},
-                      {"num_experts_per_tok", m.moe.top_k},
-                      {"output_router_logits", false},
-                      {"router_aux_loss_coef", m.moe.aux_loss_coef},
-                      {"sliding_window", nullptr}};
+  nlohmann::json j = LlamaFamilyConfig(m);
+  j["num_experts_per_tok"] = m.moe.top_k;
+  j["output_router_logits"] = false;
+  j["router_aux_loss_coef"] = m.moe.aux_loss_coef;
+  j["sliding_window"] = nullptr;
   if (IsMixtral(m)) {
     j["architectures"] = {"MixtralForCausalLM"};
     j["model_type"] = "mixtral";
