@@ -2,8 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/flags/reflection.h"
+#include "common/cli/closest_name.h"
+#include "common/cli/flag_help.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 
@@ -29,11 +32,18 @@ void UsageError(const std::string& message) {
   std::exit(2);
 }
 
-std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::string& usage) {
+[[noreturn]] static void UnknownFlag(const std::string& name) {
+  std::vector<std::string> names;
+  for (const FlagDoc& flag : ProgramFlags()) names.push_back(flag.name);
+  UsageError("unknown flag --" + name + DidYouMean(name, names, "--"));
+}
+
+CommandLine ParseCommandLine(int argc, char** argv, const std::string& usage) {
   const std::string path = argc > 0 ? argv[0] : "loom";
   Program() = path.substr(path.find_last_of('/') + 1);
   Usage() = usage;
-  std::vector<std::string> positional;
+  CommandLine parsed;
+  std::vector<std::string>& positional = parsed.positional;
   bool flags_done = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -47,8 +57,8 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::stri
     }
     std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
     if (body == "help" || body == "h") {
-      std::printf("usage: %s\n", usage.c_str());
-      std::exit(0);
+      parsed.help = true;
+      return parsed;
     }
     std::string name = body;
     std::string value;
@@ -67,7 +77,7 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::stri
         has_value = true;
       }
     }
-    if (flag == nullptr || flag->IsRetired()) UsageError("unknown flag --" + name);
+    if (flag == nullptr || flag->IsRetired()) UnknownFlag(name);
     if (!has_value) {
       if (IsBool(*flag)) {
         value = "true";
@@ -81,8 +91,18 @@ std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::stri
     if (!flag->ParseFrom(value, &error)) {
       UsageError("bad value for --" + name + "='" + value + "': " + error);
     }
+    parsed.flags_set.push_back(flag->Name());
   }
-  return positional;
+  return parsed;
+}
+
+std::vector<std::string> ParseFlagsOrExit(int argc, char** argv, const std::string& usage) {
+  CommandLine parsed = ParseCommandLine(argc, argv, usage);
+  if (parsed.help) {
+    std::printf("usage: %s\n\n%s", usage.c_str(), RenderFlagHelp(ProgramFlags()).c_str());
+    std::exit(0);
+  }
+  return std::move(parsed.positional);
 }
 
 }  // namespace loom::cli
