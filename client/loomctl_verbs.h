@@ -21,5 +21,6 @@ int RunUncordon(const Args& args);
 int RunWhoAmI(const Args& args);    // auth_verbs.cc
 int RunToken(const Args& args);
 int RunExport(const Args& args);    // export_verb.cc
+int RunLogs(const Args& args);      // logs_verb.cc
 
 }  // namespace loom::client

@@ -96,6 +96,10 @@ ABSL_FLAG(double, cordon_expiry_s, 3600.0,
           "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
 ABSL_FLAG(int64_t, max_watchers_per_job, 64, "most WatchJob streams on one job at once");
+ABSL_FLAG(int64_t, max_log_streams_per_job, 8,
+          "most `loomctl logs` streams (StreamLogs) on one job at once");
+ABSL_FLAG(double, log_lines_per_second, 5000,
+          "most log lines per second one `loomctl logs` stream is sent");
 ABSL_FLAG(int64_t, store_max_keys, 65536, "keys per rendezvous namespace");
 ABSL_FLAG(int64_t, store_max_value_bytes, 1 << 20, "bytes per rendezvous value");
 ABSL_FLAG(int64_t, store_max_namespace_bytes, int64_t{64} << 20,
@@ -404,13 +408,32 @@ int main(int argc, char** argv) {
   g_jobs = &jobs;
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
+  // `loomctl logs`: requests to the agents on their sessions, answers back
+  // through the node service (coordinator/service/log_relay.h).
+  LogRelayOptions log_options;
+  log_options.max_streams_per_job = absl::GetFlag(FLAGS_max_log_streams_per_job);
+  log_options.lines_per_second = absl::GetFlag(FLAGS_log_lines_per_second);
+  if (log_options.max_streams_per_job <= 0 || !(log_options.lines_per_second >= 1)) {
+    loom::cli::UsageError("--max_log_streams_per_job and --log_lines_per_second must be positive");
+  }
+  LogRelay log_relay(
+      [&nodes](const std::string& node, const loom::v1::CoordinatorMessage& message) {
+        return nodes.Send(node, message);
+      },
+      [&nodes](const std::string& node) {
+        std::optional<NodeInfo> info = nodes.Get(node);
+        return info.has_value() && info->live && info->connected;
+      },
+      log_options);
   JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
+  job_service.SetLogRelay(&log_relay);
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
+  node_service.SetLogRelay(&log_relay);
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -12,6 +12,7 @@ packages=(
   etcd-server etcd-client
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-torch python3-grpcio python3-protobuf python3-numpy python3-yaml
+  python3-setuptools python3-venv python3-pip
   prometheus curl openssl systemd shellcheck
 )
 

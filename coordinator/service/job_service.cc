@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/auth/policy.h"
+#include "coordinator/service/logs_stream.h"
 #include "coordinator/service/status_convert.h"
 #include "coordinator/service/watch_queue.h"
 
@@ -306,6 +307,22 @@ grpc::ServerWriteReactor<WatchJobResponse>* JobServiceImpl::WatchJob(
     reactor->Start();
   }
   return reactor;
+}
+
+grpc::ServerWriteReactor<loom::v1::StreamLogsResponse>* JobServiceImpl::StreamLogs(
+    grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) {
+  auto spec = [&]() -> absl::StatusOr<LogStreamSpec> {
+    absl::StatusOr<auth::Identity> caller =
+        auth_->Admit(*context, absl::StrCat(kMethodPrefix, "StreamLogs"));
+    if (!caller.ok()) return caller.status();
+    absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id(), loom::v1::JOB_VIEW_FULL);
+    if (!job.ok()) return job.status();
+    if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) return s;
+    std::vector<std::string> nodes;  // for an earlier attempt's ranks
+    for (const loom::v1::Node& node : jobs_->ListNodes()) nodes.push_back(node.node_id());
+    return LogStreamSpecFor(*job, *request, nodes);
+  }();
+  return StartLogStream(logs_, std::move(spec));
 }
 
 }  // namespace loom::coordinator

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
+#include "coordinator/service/log_relay.h"
 #include "coordinator/service/work_pool.h"
 #include "loom/v1/job.grpc.pb.h"
 
@@ -34,7 +35,8 @@ using JobServiceBase = loom::v1::JobService::WithCallbackMethod_SubmitJob<
             loom::v1::JobService::WithCallbackMethod_DeleteJob<
                 loom::v1::JobService::WithCallbackMethod_UncordonNode<
                     loom::v1::JobService::WithCallbackMethod_WatchJob<
-                        loom::v1::JobService::Service>>>>>>;
+                        loom::v1::JobService::WithCallbackMethod_StreamLogs<
+                            loom::v1::JobService::Service>>>>>>>;
 
 struct JobServiceOptions {
   // Planner searches at once, and waiting beyond them (PlanJob).
@@ -75,6 +77,13 @@ class JobServiceImpl final : public JobServiceBase {
                                          loom::v1::Node* response) override;
   grpc::ServerWriteReactor<loom::v1::WatchJobResponse>* WatchJob(
       grpc::CallbackServerContext* context, const loom::v1::WatchJobRequest* request) override;
+  // A rank's log lines through the LogRelay (logs_stream.h); UNIMPLEMENTED
+  // without one.
+  grpc::ServerWriteReactor<loom::v1::StreamLogsResponse>* StreamLogs(
+      grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) override;
+
+  // Set before serving; outlives the service.
+  void SetLogRelay(LogRelay* relay) { logs_ = relay; }
 
  private:
   // The caller may act on job id: it exists and is theirs (or they are admin).
@@ -83,6 +92,7 @@ class JobServiceImpl final : public JobServiceBase {
   JobManager* jobs_;
   PlanFunction plan_;
   const CallerAuth* auth_;
+  LogRelay* logs_ = nullptr;
   WorkPool plans_;  // last: its threads stop before the members they use go
 };
 

@@ -211,6 +211,12 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       case NodeMessage::kRankExited:
         if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());
         return absl::OkStatus();
+      case NodeMessage::kLogChunk:
+        // Queued for the relay's thread; it checks that this node was asked.
+        if (!node_id_.empty() && service_->log_relay() != nullptr) {
+          service_->log_relay()->Deliver(node_id_, message.log_chunk());
+        }
+        return absl::OkStatus();
       default:
         return absl::OkStatus();
     }

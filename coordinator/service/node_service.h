@@ -12,6 +12,7 @@
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
+#include "coordinator/service/log_relay.h"
 #include "loom/v1/node.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -48,6 +49,10 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   // before it is lost; for log lines. Set before serving.
   void SetNodeTimeout(absl::Duration timeout) { node_timeout_ = timeout; }
   absl::Duration node_timeout() const { return node_timeout_; }
+  // Where the agents' RankLogChunk answers go (`loomctl logs`); null: they
+  // are dropped. Set before serving.
+  void SetLogRelay(LogRelay* relay) { log_relay_ = relay; }
+  LogRelay* log_relay() const { return log_relay_; }
 
  private:
   NodeRegistry* nodes_;
@@ -58,6 +63,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   NodeLimits limits_;
   absl::Duration agent_lease_ = absl::ZeroDuration();
   absl::Duration node_timeout_ = absl::Seconds(5);
+  LogRelay* log_relay_ = nullptr;
 };
 
 }  // namespace loom::coordinator

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli/closest_name.h"
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/tls_flags.h"
 #include "common/confine/path_rules.h"
@@ -43,6 +44,12 @@ constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir", 
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
                                       "data_roots",   "checkpoint_root", "run_as_user",
                                       "progress_batch_ms"};
+
+}  // namespace
+
+std::vector<std::string> AgentFlagNames() { return {std::begin(kFlagNames), std::end(kFlagNames)}; }
+
+namespace {
 
 absl::Status ValidateHostPort(const std::string& value) {
   size_t colon = value.rfind(':');
@@ -77,7 +84,8 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     bool known = false;
     for (const char* candidate : kFlagNames) known = known || name == candidate;
     if (body.empty() || !known) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", arg, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown argument '", arg, "'", cli::DidYouMean(name, AgentFlagNames(), "--")));
     }
     if (eq == std::string::npos && name == "insecure") {
       body += "=true";  // the one boolean flag

@@ -18,6 +18,9 @@ inline constexpr char kAgentUsage[] =
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
     "[--run_as_user=USER] [--progress_batch_ms=MS]";
 
+// The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
+std::vector<std::string> AgentFlagNames();
+
 struct AgentConfig {
   bool help = false;
   std::string coordinator;

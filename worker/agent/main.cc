@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/cli/flag_help.h"
 #include "worker/agent/agent_config.h"
 #include "worker/agent/agent_service.h"
 #include "worker/agent/device_probe.h"
@@ -50,7 +51,8 @@ int Main(int argc, char** argv) {
   }
   const AgentConfig& config = *parsed;
   if (config.help) {
-    printf("%s\n", kAgentUsage);
+    printf("%s\n\n%s", kAgentUsage,
+           loom::cli::RenderFlagHelp(loom::cli::ProgramFlags(AgentFlagNames())).c_str());
     return 0;
   }
 
@@ -189,6 +191,9 @@ int Main(int argc, char** argv) {
   session_options.registration = registration;
   session_options.progress_batch_window = absl::Milliseconds(config.progress_batch_ms);
   session_options.lease = &lease;
+  session_options.read_log = [&ranks](const loom::v1::ReadRankLog& request) {
+    return ranks.ReadLog(request);
+  };
   NodeSession session(session_options, &ranks);
   session_ptr.store(&session);
 

@@ -14,9 +14,26 @@ namespace loom::agent {
 constexpr absl::Duration kResendWindow = absl::Seconds(60);
 
 NodeSession::NodeSession(NodeSessionOptions options, RankCommands* ranks)
-    : options_(std::move(options)), ranks_(ranks), heartbeat_interval_(options_.default_heartbeat) {}
+    : options_(std::move(options)), ranks_(ranks), heartbeat_interval_(options_.default_heartbeat) {
+  if (options_.read_log) {
+    log_reads_ = std::make_unique<LogReadQueue>(options_.read_log, [this](loom::v1::RankLogChunk chunk) {
+      loom::v1::NodeMessage message;
+      *message.mutable_log_chunk() = std::move(chunk);
+      Send(std::move(message));
+    });
+  }
+}
 
-NodeSession::~NodeSession() { Shutdown(absl::ZeroDuration()); }
+NodeSession::~NodeSession() {
+  Shutdown(absl::ZeroDuration());
+  log_reads_.reset();  // before the members its replies use
+}
+
+void NodeSession::Send(loom::v1::NodeMessage message) {
+  std::lock_guard lock(mu_);
+  outbox_.push_back(std::move(message));
+  cv_.notify_all();
+}
 
 int64_t NodeSession::streams_opened() const {
   std::lock_guard lock(mu_);
@@ -173,6 +190,17 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
     case loom::v1::CoordinatorMessage::kResume:
       ranks_->Resume(message.resume());
       return;
+    case loom::v1::CoordinatorMessage::kReadLog:
+      if (log_reads_ != nullptr) {
+        log_reads_->Submit(message.read_log());
+      } else {
+        loom::v1::NodeMessage answer;
+        answer.mutable_log_chunk()->set_request_id(message.read_log().request_id());
+        answer.mutable_log_chunk()->set_error_code(12);  // UNIMPLEMENTED
+        answer.mutable_log_chunk()->set_error("this agent does not serve logs");
+        Send(std::move(answer));
+      }
+      return;
     case loom::v1::CoordinatorMessage::KIND_NOT_SET:
       return;  // a newer coordinator's message this agent does not know
   }
@@ -270,7 +298,9 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
       lock.unlock();
       ok = stream->Write(message);
       lock.lock();
-      if (ok) {
+      if (message.has_log_chunk()) {
+        // Not kept or resent: the request it answers died with its stream.
+      } else if (ok) {
         const Clock::time_point now = Clock::now();
         sent.emplace_back(now, std::move(message));
         while (sent.front().first < now - absl::ToChronoNanoseconds(kResendWindow)) {

@@ -4,7 +4,8 @@
 // arrives, heartbeats, rank exits and the ranks' progress (in batches: every
 // report waits at most progress_batch_window, so the reports of one step go
 // in one message); carries LaunchRank, KillRanks, AbortRanks, EnterEpoch and
-// ResumeRanks down to the rank commands, and feeds the agent's lease
+// ResumeRanks down to the rank commands, answers ReadRankLog from a
+// LogReadQueue (never on the stream's thread), and feeds the agent's lease
 // (lease.h): Registered.lease_ms with the registration's send time, and each
 // HeartbeatAck with its heartbeat's. When the stream fails it reconnects with
 // exponential backoff and never touches the ranks: a coordinator restart
@@ -28,6 +29,7 @@
 #include "common/rpc/progress_batch.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/lease.h"
+#include "worker/agent/log_read_queue.h"
 #include "worker/agent/rank_commands.h"
 
 namespace loom::agent {
@@ -53,6 +55,9 @@ struct NodeSessionOptions {
   size_t max_pending_progress = 65536;
   // The agent's lease, fed by the session (outlives it); null: none.
   Lease* lease = nullptr;
+  // Reads rank logs for ReadRankLog (RankManager::ReadLog), on the
+  // LogReadQueue's thread; null: such requests are answered UNIMPLEMENTED.
+  LogReadQueue::Reader read_log;
 };
 
 // How often a session without a coordinator tries to connect while its lease
@@ -108,6 +113,9 @@ class NodeSession {
   // message (mu_ held).
   loom::v1::NodeMessage TakeProgressBatchLocked();
 
+  // Queues a message for the current (or next) stream.
+  void Send(loom::v1::NodeMessage message);
+
   const NodeSessionOptions options_;
   RankCommands* const ranks_;
 
@@ -130,6 +138,8 @@ class NodeSession {
   int64_t registrations_ = 0;
   std::string last_error_;  // how the last stream ended
   std::string address_;     // of the coordinator the current stream goes to
+  // Last: its thread, which replies through Send, stops before the rest goes.
+  std::unique_ptr<LogReadQueue> log_reads_;
 };
 
 }  // namespace loom::agent

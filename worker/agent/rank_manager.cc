@@ -1,9 +1,11 @@
 #include "worker/agent/rank_manager.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +17,7 @@
 #include "common/confine/path_resolve.h"
 #include "common/confine/path_rules.h"
 #include "common/exit_codes.h"
+#include "worker/agent/log_read_queue.h"
 #include "worker/agent/log_tail.h"
 
 namespace loom::agent {
@@ -54,6 +57,62 @@ RankManager::~RankManager() { Shutdown(options_.default_grace); }
 
 std::string RankManager::RankDir(const std::string& job_id, int attempt, int rank) const {
   return absl::StrCat(options_.work_dir, "/jobs/", job_id, "/attempt_", attempt, "/rank_", rank);
+}
+
+std::string RankLogRelative(const std::string& job_id, int attempt, int rank) {
+  return absl::StrCat("jobs/", job_id, "/attempt_", attempt, "/rank_", rank, "/log.txt");
+}
+
+loom::v1::RankLogChunk RankManager::ReadLog(const loom::v1::ReadRankLog& request) const {
+  loom::v1::RankLogChunk chunk;
+  auto fail = [&chunk](const absl::Status& status) {
+    chunk.set_error_code(static_cast<int>(status.code()));
+    chunk.set_error(std::string(status.message()));
+    return chunk;
+  };
+  if (absl::Status valid = ValidateJobId(request.job_id()); !valid.ok()) return fail(valid);
+  if (request.attempt() < 1 || request.rank() < 0) {
+    return fail(absl::InvalidArgumentError("attempt must be at least 1 and rank not negative"));
+  }
+  const size_t max_bytes = static_cast<size_t>(
+      std::clamp<int64_t>(request.max_bytes(), 1, kMaxLogChunkBytes));
+  // Where the process of that rank and attempt was launched: its own
+  // attempt, or, for a survivor, an earlier one (RankDir's layout).
+  std::string relative;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranks_.find(Key{request.job_id(), request.attempt(), request.rank()});
+    if (it != ranks_.end()) {
+      chunk.set_running(true);
+      relative = it->second.log_path.substr(options_.work_dir.size() + 1);
+    }
+  }
+  if (relative.empty()) {
+    // Ended: the newest launch directory of that rank at or before the
+    // attempt (a bounded look back; survivors rarely span more).
+    for (int attempt = request.attempt(); attempt >= 1 && attempt > request.attempt() - 64;
+         --attempt) {
+      std::string candidate = RankLogRelative(request.job_id(), attempt, request.rank());
+      struct stat info = {};
+      if (fstatat(AT_FDCWD, (options_.work_dir + "/" + candidate).c_str(), &info,
+                  AT_SYMLINK_NOFOLLOW) == 0) {
+        relative = candidate;
+        break;
+      }
+    }
+  }
+  if (relative.empty()) {
+    return fail(absl::NotFoundError(absl::StrCat("no log of rank ", request.rank(), " of job ",
+                                                 request.job_id(), " attempt ", request.attempt(),
+                                                 " on this node")));
+  }
+  absl::StatusOr<LogRead> read =
+      ReadLogBeneath(options_.work_dir, relative, request.offset(), max_bytes);
+  if (!read.ok()) return fail(read.status());
+  chunk.set_data(std::move(read->data));
+  chunk.set_offset(read->offset);
+  chunk.set_file_size(read->file_size);
+  return chunk;
 }
 
 void RankManager::ReportLaunchFailure(const loom::v1::RankAssignment& assignment,
@@ -97,6 +156,8 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   const Key key{assignment.job_id(), assignment.attempt(), assignment.rank()};
   const std::string dir = RankDir(assignment.job_id(), assignment.attempt(), assignment.rank());
   const std::string log_path = dir + "/log.txt";
+  const std::string log_relative =
+      RankLogRelative(assignment.job_id(), assignment.attempt(), assignment.rank());
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -185,7 +246,7 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   spec.uid = options_.run_as.uid;
   spec.gid = options_.run_as.gid;
 
-  auto on_exit = [this, id, log_path](const ProcessExit& exit) {
+  auto on_exit = [this, id, log_path, log_relative](const ProcessExit& exit) {
     loom::v1::RankExited exited;
     {
       // The rank's attempt as it is now: an EnterEpoch may have moved it.
@@ -205,7 +266,8 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
     exited.set_signal(exit.signal);
     // When the exit was seen: where the coordinator's incident begins.
     exited.set_exited_unix_us(absl::ToUnixMicros(absl::Now()));
-    exited.set_log_tail(ReadLogTail(exited.log_path(), 20));
+    // Read beneath the work dir without following what the rank may have planted.
+    exited.set_log_tail(ReadLogTail(options_.work_dir, log_relative, 20));
     fprintf(stderr, "loom-worker: rank %d of job %s attempt %d (pid %d) ended: %s\n",
             exited.rank(), exited.job_id().c_str(), exited.attempt(), exit.pid,
             DescribeExit(exit).c_str());

@@ -124,6 +124,13 @@ class RankManager : public RankCommands, public RankTokens {
   // The directory a launch of (job, attempt, rank) gets.
   std::string RankDir(const std::string& job_id, int attempt, int rank) const;
 
+  // Bytes of the log of rank `rank` in `attempt` (ReadRankLog, for `loomctl
+  // logs`), read through log_tail.h's ReadLogBeneath: the log of the process
+  // that runs or ran it in that attempt, which for a survivor moved there by
+  // EnterEpoch is in the directory of the attempt it was launched in. The
+  // answer says whether that process still runs; an error is in error_code.
+  loom::v1::RankLogChunk ReadLog(const loom::v1::ReadRankLog& request) const;
+
  private:
   using Key = std::tuple<std::string, int, int>;  // job_id, attempt (current), rank
   struct Rank {
@@ -163,6 +170,9 @@ class RankManager : public RankCommands, public RankTokens {
 
   ProcessSupervisor supervisor_;  // last: destroyed (and its children killed) first
 };
+
+// "jobs/<job_id>/attempt_<n>/rank_<r>/log.txt": a rank's log beneath the work dir.
+std::string RankLogRelative(const std::string& job_id, int attempt, int rank);
 
 // A job id is used as a directory name: letters, digits, '.', '_', '-'.
 absl::Status ValidateJobId(const std::string& job_id);
