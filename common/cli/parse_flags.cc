@@ -91,7 +91,7 @@ CommandLine ParseCommandLine(int argc, char** argv, const std::string& usage) {
     if (!flag->ParseFrom(value, &error)) {
       UsageError("bad value for --" + name + "='" + value + "': " + error);
     }
-    parsed.flags_set.push_back(flag->Name());
+    parsed.flags_set.push_back(std::string(flag->Name()));
   }
   return parsed;
 }

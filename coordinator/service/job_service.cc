@@ -1,6 +1,7 @@
 #include "coordinator/service/job_service.h"
 
 #include <optional>
+#include <vector>
 #include <memory>
 
 #include "absl/strings/str_cat.h"

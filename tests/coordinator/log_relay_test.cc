@@ -3,7 +3,9 @@
 // requests the relay sends, and a recording sink plays the caller.
 #include "coordinator/service/log_relay.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <condition_variable>
 #include <mutex>
 #include <optional>

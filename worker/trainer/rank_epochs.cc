@@ -231,7 +231,8 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
     if (world.after_step) {
       if (absl::Status s = world.after_step(p.step); !s.ok()) return s;
     }
-    if (a.rank() == 0 && world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
+    // Every rank: each has its own log, which `loomctl logs --rank=N` shows.
+    if (world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
     progress.Report(StepReport(p));
     return absl::OkStatus();
   };
