@@ -15,7 +15,7 @@ namespace {
 using loom::client::Verb;
 
 constexpr char kUsage[] =
-    "loomctl [global flags] VERB [arguments] [flags]; `loomctl help` lists the verbs";
+    "loomctl [global flags] VERB [arguments] [flags] (`loomctl help` lists the verbs)";
 
 const std::vector<Verb>& Verbs() {
   using namespace loom::client;

@@ -38,6 +38,25 @@ std::string FlagList(const std::vector<std::string>& names, int indent) {
   return out;
 }
 
+// `text` wrapped at `width` columns, continuation lines indented to `column`.
+std::string Wrap(const std::string& text, size_t column, size_t width) {
+  std::istringstream words(text);
+  std::string word, out;
+  size_t at = column;
+  while (words >> word) {
+    if (!out.empty() && at + 1 + word.size() > width) {
+      out += "\n" + std::string(column, ' ');
+      at = column;
+    } else if (!out.empty()) {
+      out += ' ';
+      ++at;
+    }
+    out += word;
+    at += word.size();
+  }
+  return out;
+}
+
 }  // namespace
 
 const std::vector<std::string>& GlobalFlags() {
@@ -66,7 +85,7 @@ std::string RenderHelp(const std::vector<Verb>& verbs) {
   for (const Verb& verb : verbs) {
     std::string left = verb.arguments.empty() ? verb.name : verb.name + " " + verb.arguments;
     left.resize(std::max(width, left.size()), ' ');
-    absl::StrAppend(&out, "  ", left, "  ", verb.summary, "\n");
+    absl::StrAppend(&out, "  ", left, "  ", Wrap(verb.summary, 4 + left.size(), 100), "\n");
   }
   absl::StrAppend(&out, "\nglobal flags (TLS defaults to $LOOM_TLS_DIR, the token to $LOOM_TOKEN):\n",
                   FlagList(GlobalFlags(), 2),
@@ -76,24 +95,37 @@ std::string RenderHelp(const std::vector<Verb>& verbs) {
 }
 
 std::string RenderVerbHelp(const Verb& verb) {
-  std::string synopsis = "loomctl " + verb.name;
-  if (!verb.arguments.empty()) absl::StrAppend(&synopsis, " ", verb.arguments);
-  for (const cli::FlagDoc& flag : cli::ProgramFlags(verb.flags)) {
-    absl::StrAppend(&synopsis, flag.is_bool ? " [--" + flag.name + "]"
-                                            : " [--" + flag.name + "=...]");
+  // "usage: loomctl VERB ARGS [--flag] [--flag=...]", wrapped under the verb.
+  const std::string head = "usage: loomctl " + verb.name;
+  std::string synopsis = head;
+  size_t line_start = 0;
+  auto add = [&](const std::string& piece) {
+    if (synopsis.size() - line_start + 1 + piece.size() > 100) {
+      synopsis += "\n";
+      line_start = synopsis.size();
+      synopsis += std::string(head.size(), ' ');
+    }
+    absl::StrAppend(&synopsis, " ", piece);
+  };
+  if (!verb.arguments.empty()) add(verb.arguments);
+  for (const std::string& name : verb.flags) {
+    std::vector<cli::FlagDoc> flag = cli::ProgramFlags({name});
+    if (flag.empty()) continue;
+    add(flag[0].is_bool ? "[--" + name + "]" : "[--" + name + "=...]");
   }
-  std::string out = absl::StrCat("usage: ", synopsis, "\n\n", verb.summary, "\n");
+  std::string out = absl::StrCat(synopsis, "\n\n", verb.summary, "\n");
   if (!verb.flags.empty()) absl::StrAppend(&out, "\nflags:\n", FlagList(verb.flags, 2));
-  absl::StrAppend(&out, "\nexample:\n  ", verb.example, "\n\nglobal flags: --",
-                  absl::StrJoin(GlobalFlags(), ", --"), " (`loomctl help`)\n");
+  absl::StrAppend(&out, "\nexample:\n  ", verb.example, "\n\n",
+                  Wrap("global flags (`loomctl help`): --" + absl::StrJoin(GlobalFlags(), ", --"),
+                       2, 100),
+                  "\n");
   return out;
 }
 
 std::string UnknownVerbMessage(const std::vector<Verb>& verbs, const std::string& name) {
   std::vector<std::string> names;
   for (const Verb& verb : verbs) names.push_back(verb.name);
-  return absl::StrCat("unknown verb '", name, "'", cli::DidYouMean(name, names),
-                      "; `loomctl help` lists the verbs");
+  return absl::StrCat("unknown verb '", name, "'", cli::DidYouMean(name, names));
 }
 
 std::string CheckArgumentCount(const Verb& verb, const std::vector<std::string>& args) {

@@ -33,7 +33,7 @@ std::string RenderHelp(const std::vector<Verb>& verbs);
 // `loomctl help VERB`: synopsis, summary, flags with defaults, example.
 std::string RenderVerbHelp(const Verb& verb);
 
-// "unknown verb 'X' (did you mean 'Y'?); `loomctl help` lists the verbs".
+// "unknown verb 'X' (did you mean 'Y'?)".
 std::string UnknownVerbMessage(const std::vector<Verb>& verbs, const std::string& name);
 
 // "" when `args` (the verb first) has as many arguments as the verb takes,

@@ -51,7 +51,8 @@ std::string RenderLine(const FlagDoc& flag, size_t name_width, size_t indent) {
   if (flag.is_bool) help += flag.default_value == "true" ? " (default: on)" : " (default: off)";
   size_t column = indent + std::max(name_width, shown.size()) + 2;
   line.resize(column, ' ');
-  return line + Wrap(help, column, indent + 6) + "\n";
+  // Continuation lines under the help column, unless that leaves no room.
+  return line + Wrap(help, column, column <= 60 ? column : indent + 6) + "\n";
 }
 
 }  // namespace

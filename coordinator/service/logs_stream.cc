@@ -48,7 +48,8 @@ absl::StatusOr<LogStreamSpec> LogStreamSpecFor(const loom::v1::Job& job,
     source.rank = p.rank();
     source.nodes.push_back(p.node_id());
     if (attempt != job.attempt()) {
-      for (const auto* list : {&placed, &other_nodes}) {
+      for (const std::vector<std::string>* list :
+           std::initializer_list<const std::vector<std::string>*>{&placed, &other_nodes}) {
         for (const std::string& node : *list) {
           if (std::find(source.nodes.begin(), source.nodes.end(), node) == source.nodes.end()) {
             source.nodes.push_back(node);
