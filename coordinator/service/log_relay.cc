@@ -86,7 +86,8 @@ void LogRelay::Loop() {
     }
     Clock::time_point due = Step(Clock::now());
     if (streams_.empty()) {
-      cv_.wait(lock);
+      // A sink call releases mu_: the stop or an Open may have come then.
+      cv_.wait(lock, [this] { return stopping_ || !streams_.empty() || !chunks_.empty(); });
     } else {
       // Sinks wake the relay when a write completes; the bound covers a
       // wake-up that came before this wait.
