@@ -41,6 +41,8 @@ def loomctl_verbs():
     for line in listing.splitlines():
         if line == "verbs:":
             in_verbs = True
+        elif in_verbs and line.startswith("   "):
+            continue  # a wrapped summary
         elif in_verbs and line.startswith("  "):
             verbs.append(line.split()[0])
         elif in_verbs:
