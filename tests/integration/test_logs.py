@@ -1,7 +1,8 @@
 """`loomctl logs` against a live stack (docs/client.md): a running 2-rank
 job's rank 1 step lines, --tail, --all with rank prefixes, --follow ending
 when the job ends, the logs after the job ended, another user refused, a
-missing rank and an offline node named."""
+symlink or FIFO in a log's place refused, a missing rank and an offline node
+named."""
 
 import os
 import re
@@ -80,6 +81,23 @@ class Logs(unittest.TestCase):
         self.assertIn("has ranks 0 to 1; there is no rank 5", missing.stderr)
         no_attempt = self.logs(job, "--attempt=4", check=False)
         self.assertIn("there is no attempt 4", no_attempt.stderr)
+
+        # A rank's directory is the rank's to write: a symlink (to the node's
+        # TLS key) or a FIFO left in its log's place is refused, never
+        # followed or opened (issue 29), and the agent keeps answering.
+        log = os.path.join(c.dir, "node-a", "jobs", job, "attempt_1", "rank_1", "log.txt")
+        os.rename(log, log + ".old")
+        os.symlink(os.path.join(c.tls_dir("node-a"), "tls.key"), log)
+        planted = self.logs(job, "--rank=1", check=False)
+        self.assertEqual(planted.returncode, 1)
+        self.assertIn("symbolic link; it is not followed", planted.stderr)
+        self.assertNotIn("PRIVATE KEY", planted.stdout + planted.stderr)
+        os.unlink(log)
+        os.mkfifo(log)
+        fifo = self.logs(job, "--rank=1", check=False, timeout=60)
+        self.assertEqual(fifo.returncode, 1)
+        self.assertIn("not a regular file", fifo.stderr)
+        self.assertIn("step 1/", self.logs(job, "--rank=0").stdout)
 
         # The node goes away: its ranks' logs are out of reach, and the
         # error says which rank, attempt and node.
