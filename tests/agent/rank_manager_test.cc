@@ -368,3 +368,54 @@ TEST_F(RankConfinementTest, AReusedRankDirectoryWithAPlantedSymlinkIsRefused) {
 
 }  // namespace
 }  // namespace loom::agent
+
+namespace loom::agent {
+namespace {
+
+// ReadRankLog: a running rank's log by its key; an ended one's from the
+// newest launch directory at or before the attempt (a survivor moved into a
+// later attempt keeps the directory it was launched in).
+TEST_F(RankManagerTest, ReadLogFindsRunningAndEndedRanksLogs) {
+  RankManager ranks(WithTrainer("echo running-rank-line\nsleep 30"), reports_.Sink());
+  ASSERT_TRUE(ranks.Launch(Assignment("job-2", 1, 0)).ok());
+  loom::v1::ReadRankLog request;
+  request.set_job_id("job-2");
+  request.set_attempt(1);
+  request.set_rank(0);
+  request.set_max_bytes(1 << 20);  // capped at 64 KiB by the agent
+  ASSERT_TRUE(WaitForFileContains(ranks.RankDir("job-2", 1, 0) + "/log.txt",
+                                             "running-rank-line"));
+  loom::v1::RankLogChunk running = ranks.ReadLog(request);
+  EXPECT_EQ(running.error_code(), 0) << running.error();
+  EXPECT_TRUE(running.running());
+  EXPECT_NE(running.data().find("running-rank-line"), std::string::npos);
+
+  // A rank that ended in attempt 1 and survived into attempt 3 (no
+  // directory of its own there): found in attempt_1, not running.
+  const std::string old_dir = ranks.RankDir("job-2", 1, 5);
+  std::filesystem::create_directories(old_dir);
+  std::ofstream(old_dir + "/log.txt") << "from attempt one\n";
+  request.set_rank(5);
+  request.set_attempt(3);
+  request.set_offset(5);
+  loom::v1::RankLogChunk ended = ranks.ReadLog(request);
+  EXPECT_EQ(ended.error_code(), 0) << ended.error();
+  EXPECT_FALSE(ended.running());
+  EXPECT_EQ(ended.data(), "attempt one\n");
+  EXPECT_EQ(ended.offset(), 5);
+  EXPECT_EQ(ended.file_size(), 17);
+
+  request.set_rank(6);
+  EXPECT_EQ(ranks.ReadLog(request).error_code(), static_cast<int>(absl::StatusCode::kNotFound));
+  request.set_job_id("../etc");
+  EXPECT_EQ(ranks.ReadLog(request).error_code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
+  loom::v1::KillRanks kill;
+  kill.set_job_id("job-2");
+  kill.set_grace_seconds(0.1);
+  ranks.Kill(kill);
+  ASSERT_TRUE(reports_.Wait("job-2", 1, 0).has_value());
+}
+
+}  // namespace
+}  // namespace loom::agent
