@@ -404,10 +404,12 @@ int main(int argc, char** argv) {
   g_jobs = &jobs;
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
-  JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
+  // Streams opened with user tokens end when those tokens are revoked.
+  TokenStreams token_streams;
+  JobServiceImpl job_service(&jobs, PlanJob, &caller_auth, {.token_streams = &token_streams});
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
-  AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
+  AuthServiceImpl auth_service(user_tokens.get(), &caller_auth, &token_streams);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/auth/policy.h"
 #include "coordinator/jobs/job_states.h"
 
 namespace loom::coordinator {
@@ -35,7 +36,7 @@ JobTable::JobTable(JobTableOptions options, JobPersister* persister, WatchHub* h
     : options_(std::move(options)), persister_(persister), hub_(hub) {}
 
 absl::Status JobTable::NotFound(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+  return auth::JobNotFound(id);  // the same answer as for another owner's job
 }
 
 JobRecord* JobTable::FindLocked(const std::string& id) {
