@@ -468,11 +468,16 @@ class AdversarialIdentity(unittest.TestCase):
     def test_refusals_are_counted_by_code(self):
         bob = self.cluster.channel("user-bob")
         self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                         job_pb2_grpc.JobServiceStub(bob).ListNodes, job_pb2.ListNodesRequest())
+        # Another owner's job answers as an absent one, and is counted so.
+        self.assert_code(grpc.StatusCode.NOT_FOUND,
                          job_pb2_grpc.JobServiceStub(bob).CancelJob,
                          job_pb2.CancelJobRequest(id=self.job))
         bob.close()
         self.assertGreaterEqual(self.cluster.metric_value(
-            "loom_rpcs_total", method="/loom.v1.JobService/CancelJob", code="PERMISSION_DENIED"), 1)
+            "loom_rpcs_total", method="/loom.v1.JobService/ListNodes", code="PERMISSION_DENIED"), 1)
+        self.assertGreaterEqual(self.cluster.metric_value(
+            "loom_rpcs_total", method="/loom.v1.JobService/CancelJob", code="NOT_FOUND"), 1)
 
     # -- helpers -------------------------------------------------------------
     def assignment(self, rank):

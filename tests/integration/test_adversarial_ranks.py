@@ -159,8 +159,10 @@ class AdversarialRanks(unittest.TestCase):
 
     # -- one user could hurt everyone ----------------------------------------------
     def test_a_flood_of_plans_from_one_user_holds_no_one_up(self):
-        big = open(os.path.join(os.path.dirname(__file__), "..", "..", "examples",
-                                "llama-gpu.yaml")).read().replace(
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                               "llama-gpu.yaml")) as f:
+            example = f.read()
+        big = example.replace(
             "parallelism: {dp: 8, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 1}", "parallelism: auto"
         ).replace("nodes: 1, gpus_per_node: 8", "nodes: 512, gpus_per_node: 8")
         mallory = self.cluster.channel("user-mallory")
@@ -201,17 +203,23 @@ class AdversarialRanks(unittest.TestCase):
         self.assert_untouched()
 
     def test_a_launch_too_large_is_refused_before_it_is_built(self):
+        """pp 2, a global batch of 5,000,000 sequences in micro-batches of one:
+        inside every limit of the spec, but every rank's pipeline instructions
+        were built (GBs) before the launch-size check refused the job."""
         rss = self.cluster.coordinator_rss_bytes()
         spec = tiny_job(name="huge-batch", steps=10, ranks=2).replace(
             "global_batch_size: 4", "global_batch_size: 5000000").replace(
             "dp: 2, tp: 1, pp: 1", "dp: 1, tp: 1, pp: 2")
+        mallory = job_pb2_grpc.JobServiceStub(self.cluster.channel("user-mallory"))
         start = time.monotonic()
-        job = self.cluster.submit(spec, "huge-batch", identity="user-mallory")
-        self.assertEqual(self.cluster.wait_state(job, ("FAILED",), timeout=60), "FAILED")
+        with self.assertRaises(grpc.RpcError) as caught:
+            mallory.SubmitJob(job_pb2.SubmitJobRequest(spec_yaml=spec, source_name="job.yaml"),
+                              timeout=60)
         print(f"\n  refused after {time.monotonic() - start:.2f} s, coordinator RSS "
               f"+{(self.cluster.coordinator_rss_bytes() - rss) / MiB:.0f} MiB")
-        status = self.cluster.status(job)
-        self.assertIn("launch message of every rank would be at least", status)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         caught.exception.details())
+        self.assertIn("launch message of every rank would be at least", caught.exception.details())
         self.assertLess(self.cluster.coordinator_rss_bytes() - rss, 256 * MiB)
         self.assert_untouched()
 
