@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text/safe_text.h"
 #include "coordinator/auth/policy.h"
 #include "coordinator/jobs/job_states.h"
 
@@ -103,7 +104,8 @@ void JobTable::RecordEventLocked(JobRecord& record, const std::string& message) 
   event->set_attempt(job.attempt());
   event->set_message(message);
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
-               loom::v1::JobState_Name(job.state()).c_str(), job.attempt(), message.c_str());
+               loom::v1::JobState_Name(job.state()).c_str(), job.attempt(),
+               SafeText(message, 1024).c_str());  // may quote a rank's log: escaped
   PersistLocked(record, Durability::kHard);
 }
 
