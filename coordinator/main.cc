@@ -408,6 +408,8 @@ int main(int argc, char** argv) {
   g_jobs = &jobs;
 
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_interval_s));
+  // Streams opened with user tokens end when those tokens are revoked.
+  TokenStreams token_streams;
   // `loomctl logs`: requests to the agents on their sessions, answers back
   // through the node service (coordinator/service/log_relay.h).
   LogRelayOptions log_options;
@@ -425,11 +427,12 @@ int main(int argc, char** argv) {
         return info.has_value() && info->live && info->connected;
       },
       log_options);
-  JobServiceImpl job_service(&jobs, PlanJob, &caller_auth);
+
+  JobServiceImpl job_service(&jobs, PlanJob, &caller_auth, {.token_streams = &token_streams});
   job_service.SetLogRelay(&log_relay);
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
-  AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
+  AuthServiceImpl auth_service(user_tokens.get(), &caller_auth, &token_streams);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));

@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint/checkpoint_format.h"
+#include "worker/engine/checkpoint/checkpoint_checks.h"
 #include "worker/engine/checkpoint/checkpoint_reader.h"
 #include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/checkpoint/safetensors.h"
@@ -18,7 +20,9 @@ namespace loom::hf_export {
 
 namespace fs = std::filesystem;
 using engine::CheckpointReader;
+using engine::CheckedElementCount;
 using engine::CheckpointTensorInfo;
+using engine::kMaxCheckpointElements;
 using engine::FileDigest;
 using engine::FsyncDirectory;
 using engine::ResolveStepDir;
@@ -117,9 +121,45 @@ absl::Status ExportHuggingFace(const std::string& checkpoint_dir, const std::str
   std::vector<HfTensorSource> sources;
   if (model.moe.enabled()) {
     if (absl::Status s = CheckMoeExportable(model); !s.ok()) return s;
+    // Each expert of each MoE layer is three tensors of the checkpoint: a
+    // model claiming more (4,096 layers x 4,096 experts) than the checkpoint
+    // holds is refused before a list of that many names is made. Both
+    // counts are at most 4,096 (the spec's bounds): no overflow.
+    const int64_t moe_layers = std::max<int64_t>(0, layers - model.moe.first_dense_layers);
+    const int64_t expert_tensors = 3 * moe_layers * model.moe.num_experts;
+    if (expert_tensors > static_cast<int64_t>(reader->tensors().size())) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", *step_dir, ": metadata.json says ", moe_layers, " MoE layers of ",
+          model.moe.num_experts, " experts (", expert_tensors,
+          " expert tensors) but the checkpoint holds only ", reader->tensors().size(),
+          " tensors"));
+    }
     sources = HuggingFaceMoeTensors(model);
   } else {
     for (const std::string& name : HuggingFaceParameterNames(model)) sources.push_back({name, name});
+  }
+  // The tensors the HF layout has and Loom does not are zeros made here: at
+  // most as many elements as the checkpoint's own model tensors hold (real
+  // models have far fewer), so a crafted model's sizes cannot make export
+  // allocate what the checkpoint does not back.
+  int64_t present = 0, zeros = 0;
+  for (const CheckpointTensorInfo& info : reader->tensors()) {
+    if (info.group != "model") continue;
+    absl::StatusOr<int64_t> n = CheckedElementCount(info.shape, info.name);
+    if (!n.ok()) return n.status();
+    present = std::min(present + *n, kMaxCheckpointElements);
+  }
+  for (const HfTensorSource& source : sources) {
+    if (!source.loom_name.empty()) continue;
+    absl::StatusOr<int64_t> n = CheckedElementCount(source.shape, source.hf_name);
+    if (!n.ok()) return n.status();
+    zeros = std::min(zeros + *n, kMaxCheckpointElements);
+  }
+  if (zeros > present) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", *step_dir, ": its model would need ", zeros,
+        " zero-filled elements in the Hugging Face layout but the checkpoint holds only ",
+        present, " model elements"));
   }
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> tensors;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/text/safe_text.h"
 #include "common/hardware/device_peaks.h"
 
 namespace loom::planner {
@@ -91,7 +92,7 @@ absl::StatusOr<ClusterSpec> ClusterPreset(std::string_view name) {
   for (const ClusterSpec& c : Presets()) {
     if (c.name == name) return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat("resources.gpu '", std::string(name),
+  return absl::InvalidArgumentError(absl::StrCat("resources.gpu '", SafeText(name, 64),
                                                  "' is not a known device; known: ",
                                                  absl::StrJoin(ClusterPresetNames(), ", ")));
 }

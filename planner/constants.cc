@@ -4,6 +4,7 @@
 #include "planner/constants.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/text/safe_text.h"
 
 namespace loom::planner {
 
@@ -147,11 +148,11 @@ absl::StatusOr<PlannerConstants> ConstantsForProfile(std::string_view profile, b
   }
   if (profile != "nanotron" && profile != "megatron") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--profile=", std::string(profile), " is not a framework profile (loom, nanotron or megatron)"));
+        "--profile=", SafeText(profile), " is not a framework profile (loom, nanotron or megatron)"));
   }
   if (cpu_job) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--profile=", std::string(profile), " describes a GPU framework; the job has resources.device=cpu "
+        "--profile=", SafeText(profile), " describes a GPU framework; the job has resources.device=cpu "
         "(use --profile=loom, or a GPU job)"));
   }
   return profile == "nanotron" ? NanotronConstants() : MegatronConstants();

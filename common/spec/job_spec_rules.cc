@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/job_spec_limits.h"
+#include "common/text/safe_text.h"
 
 namespace loom::spec {
 namespace {
@@ -16,7 +17,7 @@ class Checker {
  public:
   template <typename T>
   void Require(bool ok, const std::string& field, const T& value, const std::string& rule) {
-    if (!ok) errors_.push_back(absl::StrCat(field, "=", value, " ", rule));
+    if (!ok) errors_.push_back(absl::StrCat(field, "=", SafeText(absl::StrCat(value)), " ", rule));
   }
   void Add(std::vector<std::string> broken) {
     for (std::string& e : broken) errors_.push_back(std::move(e));

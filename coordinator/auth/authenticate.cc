@@ -1,33 +1,43 @@
 #include "coordinator/auth/authenticate.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace loom::coordinator::auth {
 
-absl::StatusOr<Role> RoleFromSubject(const std::string& subject) {
-  // RFC 2253 form ("CN=a,OU=user,O=loom"); Loom's names never need escapes,
-  // and a subject that uses them names no role below.
-  for (absl::string_view part : absl::StrSplit(subject, absl::ByAnyChar(",/"))) {
-    part = absl::StripAsciiWhitespace(part);
-    if (!absl::ConsumePrefix(&part, "OU=")) continue;
-    if (part == "admin") return Role::kAdmin;
-    if (part == "user") return Role::kUser;
-    if (part == "node") return Role::kNode;
-    if (part == "coordinator") return Role::kCoordinator;
+absl::StatusOr<Role> RoleFromUnits(const std::vector<std::string>& organizational_units) {
+  std::optional<Role> found;
+  for (const std::string& unit : organizational_units) {
+    std::optional<Role> role;
+    if (unit == "admin") role = Role::kAdmin;
+    if (unit == "user") role = Role::kUser;
+    if (unit == "node") role = Role::kNode;
+    if (unit == "coordinator") role = Role::kCoordinator;
+    if (!role) continue;
+    if (found && *found != *role) {
+      return absl::UnauthenticatedError(
+          "client certificate names more than one Loom role in its OU entries");
+    }
+    found = role;
   }
-  return absl::UnauthenticatedError(absl::StrCat(
-      "client certificate '", subject,
-      "' names no Loom role (its OU must be admin, user, node or coordinator)"));
+  if (!found) {
+    return absl::UnauthenticatedError(
+        "client certificate names no Loom role (an OU entry must be admin, user, node or "
+        "coordinator)");
+  }
+  return *found;
 }
 
 absl::StatusOr<Identity> Authenticate(const PeerInfo& peer, const UserTokenStore* users,
                                       const RankTokenCodec* ranks) {
-  if (!peer.tls) return Identity{.role = Role::kInsecure, .name = "insecure", .rank = {}};
+  if (!peer.tls) {
+    return Identity{
+        .role = Role::kInsecure, .name = "insecure", .rank = {}, .credential = Credential::kNone};
+  }
   std::string token;
   if (!peer.authorization.empty()) {
     absl::string_view value = peer.authorization;
@@ -40,7 +50,8 @@ absl::StatusOr<Identity> Authenticate(const PeerInfo& peer, const UserTokenStore
     if (users == nullptr) return absl::UnauthenticatedError("bearer tokens are not enabled");
     absl::StatusOr<std::string> user = users->Lookup(token);
     if (!user.ok()) return user.status();
-    return Identity{.role = Role::kUser, .name = *user, .rank = {}};
+    return Identity{
+        .role = Role::kUser, .name = *user, .rank = {}, .credential = Credential::kToken};
   }
   if (peer.common_name.empty()) {
     return absl::UnauthenticatedError(
@@ -51,7 +62,7 @@ absl::StatusOr<Identity> Authenticate(const PeerInfo& peer, const UserTokenStore
     return absl::UnauthenticatedError(absl::StrCat(
         "client certificate CN must be 1 to 64 characters of [A-Za-z0-9._-]"));
   }
-  absl::StatusOr<Role> role = RoleFromSubject(peer.subject);
+  absl::StatusOr<Role> role = RoleFromUnits(peer.organizational_units);
   if (!role.ok()) return role.status();
   Identity identity{.role = *role, .name = peer.common_name, .rank = {}};
   if (token.empty()) return identity;

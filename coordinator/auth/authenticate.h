@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth/identity.h"
@@ -14,14 +15,18 @@ namespace loom::coordinator::auth {
 
 struct PeerInfo {
   bool tls = false;            // the server runs mutual TLS (false: --insecure)
-  std::string common_name;     // x509_common_name of a verified client certificate ("" if none)
-  std::string subject;         // x509_subject, e.g. "CN=alice,OU=user"
+  // From the structured subject of a verified client certificate
+  // (certificate_subject.h): its CN entries joined by ',' ("" if none; more
+  // than one is no valid name), and every OU entry.
+  std::string common_name;
+  std::vector<std::string> organizational_units;
   std::string authorization;   // the call's `authorization` metadata ("" if none)
 };
 
-// The role a certificate's subject grants (by its OU: admin | user | node |
-// coordinator); UNAUTHENTICATED when it names none.
-absl::StatusOr<Role> RoleFromSubject(const std::string& subject);
+// The role a certificate's OU entries grant (admin | user | node |
+// coordinator; other OUs are ignored); UNAUTHENTICATED when they name none,
+// or more than one.
+absl::StatusOr<Role> RoleFromUnits(const std::vector<std::string>& organizational_units);
 
 // Rules: plaintext (--insecure) is Role::kInsecure. Otherwise a user bearer
 // token decides who the caller is; else the certificate does, and a node's

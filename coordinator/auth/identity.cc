@@ -13,6 +13,11 @@ std::string_view RoleName(Role role) {
   return "unknown";
 }
 
+std::string OwnerName(const Identity& identity) {
+  if (identity.credential == Credential::kToken) return "token:" + identity.name;
+  return identity.name;
+}
+
 bool IsValidName(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {

@@ -29,11 +29,22 @@ struct RankClaim {
   std::string store_namespace;
 };
 
+// What proved the identity: a user token names a user only as far as an
+// admin chose the name, so it never stands for the certificate of that name.
+enum class Credential { kCertificate, kToken, kNone };
+
 struct Identity {
   Role role = Role::kUser;
-  std::string name;  // a user, admin or node name; a job's owner is this name
+  std::string name;  // a user, admin or node name
   std::optional<RankClaim> rank;  // set when a node's call carries a valid rank token
+  Credential credential = Credential::kCertificate;
 };
+
+// The owner of the jobs this identity submits, and whom MaySeeJob compares:
+// the name for a certificate, "token:<name>" for a user token (':' is in no
+// valid name), so a token minted for "admin" or "alice" is not the owner of
+// the jobs of the certificate of that name, nor of its checkpoints.
+std::string OwnerName(const Identity& identity);
 
 // Names that may come from a certificate or a token: [A-Za-z0-9._-], 1 to 64
 // characters (they end up in logs, paths and metric labels).

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/text/safe_text.h"
 
 namespace loom::coordinator::auth {
 namespace {
@@ -68,14 +69,18 @@ bool HasRule(const std::string& method) { return Rules().count(method) > 0; }
 
 bool MaySeeJob(const Identity& caller, const std::string& owner) {
   if (caller.role == Role::kInsecure || caller.role == Role::kAdmin) return true;
-  return caller.role == Role::kUser && !owner.empty() && caller.name == owner;
+  return caller.role == Role::kUser && !owner.empty() && OwnerName(caller) == owner;
 }
 
 absl::Status AuthorizeJob(const Identity& caller, const std::string& job_id,
                           const std::string& owner) {
   if (MaySeeJob(caller, owner)) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("job ", job_id, " is not yours: only its owner and admins may act on it"));
+  return JobNotFound(job_id);
+}
+
+absl::Status JobNotFound(const std::string& job_id) {
+  return absl::NotFoundError(
+      absl::StrCat("job ", SafeText(job_id, 64), " does not exist (loomctl list shows jobs)"));
 }
 
 absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_id) {

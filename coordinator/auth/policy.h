@@ -19,7 +19,12 @@ absl::Status AuthorizeMethod(const Identity& caller, const std::string& method);
 // Whether method has a rule at all (every Loom RPC must; a test walks the protos).
 bool HasRule(const std::string& method);
 
-// The caller acts on a job owned by owner: its owner or an admin.
+// The answer for a job id that names no job: also the answer for another
+// owner's job, so that job ids cannot be enumerated by probing.
+absl::Status JobNotFound(const std::string& job_id);
+
+// The caller acts on a job owned by owner: its owner or an admin. Anyone
+// else gets JobNotFound, exactly as for a job that does not exist.
 absl::Status AuthorizeJob(const Identity& caller, const std::string& job_id,
                           const std::string& owner);
 // Whether caller sees a job in lists (same rule, as a bool).

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/layout.h"
 #include "common/topology/instruction.h"
 #include "common/topology/job_plan.h"
 #include "common/topology/mesh.h"
@@ -44,6 +45,22 @@ const GroupKind kGroupKinds[] = {
 };
 
 }  // namespace
+
+absl::Status CheckLaunchSizeLowerBound(const spec::JobSpec& spec, int64_t max_launch_bytes) {
+  const spec::Layout layout = spec::LayoutOf(spec);
+  if (layout.pp <= 1 || max_launch_bytes <= 0) return absl::OkStatus();
+  // Spec limits keep each factor below 2^24 and 2^10: no overflow.
+  const int64_t instructions = 2 * layout.grad_accum * std::max<int64_t>(layout.virtual_stages, 1);
+  const int64_t at_least = 2 * instructions;
+  if (at_least <= max_launch_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the launch message of every rank would be at least ", at_least,
+      " bytes (pipeline instructions for ", layout.grad_accum,
+      " micro-batches per step: train.global_batch_size / (dp * ep * train.micro_batch_size)), "
+      "above the transport limit of ", max_launch_bytes,
+      " bytes (a larger train.micro_batch_size or a smaller train.global_batch_size makes it "
+      "smaller)"));
+}
 
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     const spec::JobSpec& spec, const topology::Placement& placement,
@@ -87,6 +104,7 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     }
     return absl::OkStatus();
   };
+  std::map<int64_t, std::string> stage_instructions;  // by pipeline stage
   std::vector<loom::v1::RankAssignment> assignments;
   assignments.reserve(static_cast<size_t>(mesh->world_size()));
   for (int64_t rank = 0; rank < mesh->world_size(); ++rank) {
@@ -116,7 +134,10 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     a.set_place(*place);
     for (int64_t layer : plan->LayersOf(coord->pp)) a.add_layers(static_cast<int32_t>(layer));
     if (plan->pipelined()) {
-      a.set_pipeline_instructions(topology::FormatInstructions(plan->InstructionsOf(coord->pp)));
+      // Formatted once per stage: every rank of a stage runs the same list.
+      std::string& text = stage_instructions[coord->pp];
+      if (text.empty()) text = topology::FormatInstructions(plan->InstructionsOf(coord->pp));
+      a.set_pipeline_instructions(text);
       a.set_pipeline_bubble_fraction(plan->bubble_fraction);
     }
     a.set_checkpoint_dir(context.checkpoint_dir);

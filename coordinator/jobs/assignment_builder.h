@@ -36,6 +36,17 @@ std::string StoreNamespace(const std::string& job_id, int32_t attempt);
 // attempt's assignments).
 std::string NewStoreNamespace(const std::string& job_id, int32_t attempt);
 
+// Before anything is built: RESOURCE_EXHAUSTED when every rank's launch
+// message would be above `max_launch_bytes` whatever the rest holds. A stage's
+// pipeline instructions hold a forward and a backward per micro-batch and
+// chunk, at least two bytes each with its separator, so a spec of millions of
+// micro-batches (a huge global batch over micro-batches of one) is refused
+// from its numbers alone, in O(1), instead of after its schedules and every
+// rank's copy of them were built (gigabytes). What passes is then built with
+// work bounded by a constant times max_launch_bytes per stage, and checked
+// exactly per rank.
+absl::Status CheckLaunchSizeLowerBound(const spec::JobSpec& spec, int64_t max_launch_bytes);
+
 absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     const spec::JobSpec& spec, const topology::Placement& placement, const AttemptContext& context,
     const std::map<std::string, std::string>& node_addresses);

@@ -1,11 +1,14 @@
 #include "coordinator/jobs/job_admission.h"
 
+#include "coordinator/jobs/assignment_builder.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/spec/job_spec_rules.h"
 #include "common/spec/job_spec_yaml.h"
+#include "coordinator/jobs/assignment_builder.h"
 #include "coordinator/jobs/layout_proto.h"
 
 namespace loom::coordinator {
@@ -99,6 +102,9 @@ absl::StatusOr<spec::JobSpec> JobAdmission::Check(const std::string& spec_yaml,
   if (absl::Status s = spec::ValidateJobSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": the chosen layout breaks a rule: ", s.message()));
+  }
+  if (absl::Status s = CheckLaunchSizeLowerBound(spec, options_.max_launch_bytes); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   }
   // Paths only beneath the configured roots; the client's base_dir is not used.
   if (absl::Status s = ConfineSpecPaths(spec, options_.roots); !s.ok()) {

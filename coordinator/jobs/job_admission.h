@@ -36,6 +36,9 @@ struct AdmissionOptions {
   int64_t max_job_ranks = 16384;
   // Submissions waiting for the admission thread beyond this are refused.
   int64_t max_queued_submissions = 4096;
+  // The transport's bound on one rank's launch: a job sure to be above it
+  // from its numbers alone is refused here (assignment_builder.h).
+  int64_t max_launch_bytes = 16 * 1024 * 1024;
   FileRoots roots;  // with its defaults filled in
 };
 

@@ -49,6 +49,7 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       admission_({.max_spec_bytes = options_.max_spec_bytes,
                   .max_job_ranks = options_.max_job_ranks,
                   .max_queued_submissions = options_.max_queued_submissions,
+                  .max_launch_bytes = options_.max_launch_bytes,
                   .roots = options_.roots},
                  std::move(resolver), &table_, &persister_, &lifecycle_) {
   persister_.Start([this](std::vector<WriteResult> results) { table_.OnWritten(std::move(results)); },

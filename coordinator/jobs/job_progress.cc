@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_states.h"
+#include "coordinator/jobs/report_bounds.h"
 
 namespace loom::coordinator {
 
@@ -38,7 +39,8 @@ ProgressBatchResult JobLifecycle::OnRankProgressBatch(const std::string& node_id
     if (record == nullptr || progress.attempt() != record->job.attempt() ||
         progress.rank() < 0 || progress.rank() >= static_cast<int32_t>(record->ranks.size()) ||
         progress.rank() >= record->placement->size() ||
-        record->placement->Get(progress.rank()).node_id() != node_id) {
+        record->placement->Get(progress.rank()).node_id() != node_id ||
+        !CheckReportBounds(record->spec, static_cast<int64_t>(record->ranks.size()), progress).ok()) {
       if (result.refused++ == 0) {
         result.first_refused = absl::StrCat("job ", progress.job_id(), " attempt ",
                                             progress.attempt(), " rank ", progress.rank());

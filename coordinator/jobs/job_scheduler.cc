@@ -202,6 +202,10 @@ void JobScheduler::BuildAttempt(const Snapshot& snapshot, const topology::Placem
   context.store_namespace = NewStoreNamespace(snapshot.job_id, attempt);
   std::map<std::string, std::string> addresses;
   for (const auto& [id, node] : live) addresses[id] = node.address;
+  if (absl::Status s = CheckLaunchSizeLowerBound(spec, options_.max_launch_bytes); !s.ok()) {
+    result.error = s;
+    return;
+  }
   absl::StatusOr<std::vector<loom::v1::RankAssignment>> assignments =
       BuildAssignments(spec, placement, context, addresses);
   if (!assignments.ok()) {

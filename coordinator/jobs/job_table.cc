@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/text/safe_text.h"
+#include "coordinator/auth/policy.h"
 #include "coordinator/jobs/job_states.h"
 
 namespace loom::coordinator {
@@ -35,7 +37,7 @@ JobTable::JobTable(JobTableOptions options, JobPersister* persister, WatchHub* h
     : options_(std::move(options)), persister_(persister), hub_(hub) {}
 
 absl::Status JobTable::NotFound(const std::string& id) {
-  return absl::NotFoundError(absl::StrCat("job ", id, " does not exist (loomctl list shows jobs)"));
+  return auth::JobNotFound(id);  // the same answer as for another owner's job
 }
 
 JobRecord* JobTable::FindLocked(const std::string& id) {
@@ -102,7 +104,8 @@ void JobTable::RecordEventLocked(JobRecord& record, const std::string& message) 
   event->set_attempt(job.attempt());
   event->set_message(message);
   std::fprintf(stderr, "job %s: %s (attempt %d): %s\n", job.id().c_str(),
-               loom::v1::JobState_Name(job.state()).c_str(), job.attempt(), message.c_str());
+               loom::v1::JobState_Name(job.state()).c_str(), job.attempt(),
+               SafeText(message, 1024).c_str());  // may quote a rank's log: escaped
   PersistLocked(record, Durability::kHard);
 }
 

@@ -64,6 +64,8 @@ grpc::ServerUnaryReactor* AuthServiceImpl::RevokeTokens(grpc::CallbackServerCont
     }
     std::fprintf(stderr, "auth: %s revoked %d token(s) of user %s\n", who.c_str(), *revoked,
                  auth::IsValidName(request->user()) ? request->user().c_str() : "(invalid name)");
+    // What the revoked tokens opened ends too.
+    if (streams_ != nullptr) streams_->EndAll(request->user());
     response->set_revoked(*revoked);
     reactor->Finish(grpc::Status::OK);
   });

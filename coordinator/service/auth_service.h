@@ -7,6 +7,7 @@
 
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/service/caller_identity.h"
+#include "coordinator/service/token_streams.h"
 #include "coordinator/service/work_pool.h"
 #include "loom/v1/auth.grpc.pb.h"
 
@@ -15,8 +16,11 @@ namespace loom::coordinator {
 class AuthServiceImpl final : public loom::v1::AuthService::CallbackService {
  public:
   // tokens may be null (--insecure): token calls then fail FAILED_PRECONDITION.
-  AuthServiceImpl(auth::UserTokenStore* tokens, const CallerAuth* auth)
-      : tokens_(tokens), auth_(auth), writes_(1, 16) {}
+  // streams: where streams opened with user tokens are (ended when their
+  // user's tokens are revoked); may be null.
+  AuthServiceImpl(auth::UserTokenStore* tokens, const CallerAuth* auth,
+                  TokenStreams* streams = nullptr)
+      : tokens_(tokens), auth_(auth), streams_(streams), writes_(1, 16) {}
 
   grpc::ServerUnaryReactor* CreateToken(grpc::CallbackServerContext* context,
                                         const loom::v1::CreateTokenRequest* request,
@@ -31,6 +35,7 @@ class AuthServiceImpl final : public loom::v1::AuthService::CallbackService {
  private:
   auth::UserTokenStore* tokens_;
   const CallerAuth* auth_;
+  TokenStreams* const streams_;
   WorkPool writes_;  // last: its thread stops before the members it uses go
 };
 

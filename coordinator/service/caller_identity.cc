@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/auth/certificate_subject.h"
 #include "coordinator/auth/policy.h"
 
 namespace loom::coordinator {
@@ -24,8 +26,13 @@ auth::PeerInfo CallerAuth::Peer(const grpc::ServerContextBase& context) const {
     // Properties exist only for a certificate the handshake verified against
     // the cluster CA (GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY).
     if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
-      peer.common_name = FirstProperty(*auth_context, GRPC_X509_CN_PROPERTY_NAME);
-      peer.subject = FirstProperty(*auth_context, GRPC_X509_SUBJECT_PROPERTY_NAME);
+      // The subject's entries, not its string form (certificate_subject.h).
+      absl::StatusOr<auth::CertificateSubject> subject =
+          auth::SubjectOfPem(FirstProperty(*auth_context, GRPC_X509_PEM_CERT_PROPERTY_NAME));
+      if (subject.ok()) {
+        peer.common_name = absl::StrJoin(subject->common_names, ",");
+        peer.organizational_units = std::move(subject->organizational_units);
+      }
     }
     const auto& metadata = context.client_metadata();
     auto it = metadata.find("authorization");

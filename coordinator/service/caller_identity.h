@@ -1,5 +1,5 @@
 // The thin gRPC side of coordinator/auth: reads a call's AuthContext (the
-// verified client certificate's x509_common_name and x509_subject) and its
+// verified client certificate, x509_pem_cert, read by its subject entries) and its
 // `authorization` metadata, authenticates, and applies the method-level rule.
 // Handlers call Admit first and finish the call with its status if it fails.
 #pragma once

@@ -52,6 +52,8 @@ class Relay final : public WatchSink {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
+  // Ends the stream (its caller's token was revoked), if it still runs.
+  void End(const absl::Status& status);
 
  private:
   absl::Mutex mu_;
@@ -61,6 +63,20 @@ class Relay final : public WatchSink {
 class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
  public:
   WatchReactor(JobManager* jobs, std::string id) : jobs_(jobs), id_(std::move(id)) {}
+
+  // A stream opened with a user token ends when that user's tokens are
+  // revoked (token_streams.h).
+  void EndOnRevocation(TokenStreams* streams, const std::string& user) {
+    streams_ = streams;
+    streams_handle_ = streams->Add(user, [relay = relay_] {
+      relay->End(absl::UnauthenticatedError("bearer token revoked; this watch has ended"));
+    });
+  }
+
+  void EndWith(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(ToGrpc(status));
+  }
 
   // A watch the caller may not open ends at once with this status.
   void Refuse(const absl::Status& status) {
@@ -110,6 +126,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   }
 
   void OnDone() override {
+    if (streams_ != nullptr) streams_->Remove(streams_handle_);
     relay_->Detach();
     int64_t handle;
     {
@@ -142,6 +159,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
   JobManager* jobs_;
   const std::string id_;
   std::shared_ptr<Relay> relay_;
+  TokenStreams* streams_ = nullptr;
+  int64_t streams_handle_ = 0;
   absl::Mutex mu_;
   int64_t handle_ ABSL_GUARDED_BY(mu_) = 0;
   WatchQueue queue_ ABSL_GUARDED_BY(mu_);
@@ -154,6 +173,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<WatchJobResponse> {
 void Relay::Push(const WatchJobResponse& update, bool last) {
   absl::MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->Enqueue(update, last);
+}
+
+void Relay::End(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->EndWith(status);
 }
 
 }  // namespace
@@ -175,7 +199,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
   // thread; this reaction only queues it.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   jobs_->SubmitAsync(request->spec_yaml(), request->source_name(), request->base_dir(),
-                     caller->name, [reactor, response](absl::StatusOr<loom::v1::Job> job) {
+                     auth::OwnerName(*caller), [reactor, response](absl::StatusOr<loom::v1::Job> job) {
                        if (job.ok()) {
                          *response->mutable_job() = *std::move(job);
                          reactor->Finish(grpc::Status::OK);
@@ -195,19 +219,22 @@ grpc::ServerUnaryReactor* JobServiceImpl::PlanJob(grpc::CallbackServerContext* c
   // A search takes from milliseconds to seconds of CPU: never on a callback
   // thread, and never more of them at once than the pool holds.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const bool queued = plans_.TrySubmit([this, request, response, reactor] {
-    absl::StatusOr<loom::v1::PlanJobResponse> plan = plan_(*request);
-    if (plan.ok()) {
-      *response = *std::move(plan);
-      reactor->Finish(grpc::Status::OK);
-    } else {
-      reactor->Finish(ToGrpc(plan.status()));
-    }
-  });
+  const bool queued = plans_.TrySubmit(
+      [this, request, response, reactor] {
+        absl::StatusOr<loom::v1::PlanJobResponse> plan = plan_(*request);
+        if (plan.ok()) {
+          *response = *std::move(plan);
+          reactor->Finish(grpc::Status::OK);
+        } else {
+          reactor->Finish(ToGrpc(plan.status()));
+        }
+      },
+      auth::OwnerName(*caller));
   if (!queued) {
     reactor->Finish(ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
-        "the coordinator is already planning ", plans_.capacity(),
-        " requests (its bound); retry, or plan here with loomctl plan --offline"))));
+        "the coordinator is already planning ", plans_.capacity(), " requests, or ",
+        plans_.max_per_key(), " of yours (its bounds); retry, or plan here with loomctl plan "
+        "--offline"))));
   }
   return reactor;
 }
@@ -304,8 +331,18 @@ grpc::ServerWriteReactor<WatchJobResponse>* JobServiceImpl::WatchJob(
   absl::Status allowed = caller.ok() ? AuthorizeJob(*caller, request->id()) : caller.status();
   if (!allowed.ok()) {
     reactor->Refuse(allowed);
-  } else {
-    reactor->Start();
+    return reactor;
+  }
+  reactor->Start();
+  if (caller->credential == auth::Credential::kToken && token_streams_ != nullptr) {
+    reactor->EndOnRevocation(token_streams_, caller->name);
+    // A revocation stored between the check above and now found no stream
+    // to end: the token is checked once more.
+    if (absl::StatusOr<auth::Identity> again =
+            auth_->Admit(*context, absl::StrCat(kMethodPrefix, "WatchJob"));
+        !again.ok()) {
+      reactor->EndWith(again.status());
+    }
   }
   return reactor;
 }

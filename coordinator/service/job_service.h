@@ -21,6 +21,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/log_relay.h"
+#include "coordinator/service/token_streams.h"
 #include "coordinator/service/work_pool.h"
 #include "loom/v1/job.grpc.pb.h"
 
@@ -42,6 +43,12 @@ struct JobServiceOptions {
   // Planner searches at once, and waiting beyond them (PlanJob).
   int plan_threads = 2;
   size_t plan_queue = 8;
+  // One caller's searches at once (queued or running): one user cannot hold
+  // every planner thread and slot.
+  size_t plans_per_user = 2;
+  // Where streams opened with user tokens register, so that revoking the
+  // tokens ends them (token_streams.h); null: not tracked.
+  TokenStreams* token_streams = nullptr;
 };
 
 class JobServiceImpl final : public JobServiceBase {
@@ -51,7 +58,11 @@ class JobServiceImpl final : public JobServiceBase {
       : jobs_(jobs),
         plan_(std::move(plan)),
         auth_(auth),
-        plans_(options.plan_threads, options.plan_queue) {}
+        token_streams_(options.token_streams),
+        plans_(options.plan_threads, options.plan_queue,
+               // Below the session and heartbeat threads: a search never
+               // delays a heartbeat on a busy machine.
+               WorkPool::Options{.max_per_key = options.plans_per_user, .nice = 10}) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const loom::v1::SubmitJobRequest* request,
@@ -93,6 +104,7 @@ class JobServiceImpl final : public JobServiceBase {
   PlanFunction plan_;
   const CallerAuth* auth_;
   LogRelay* logs_ = nullptr;
+  TokenStreams* const token_streams_;
   WorkPool plans_;  // last: its threads stop before the members they use go
 };
 

@@ -35,15 +35,6 @@ CoordinatorMetrics::CoordinatorMetrics()
                                   "their jobs' current attempts (ignored)")
                             .Register(*registry_)
                             .Add({})),
-      rank_step_(Gauge(*registry_, "loom_rank_step", "Last step a rank completed")),
-      rank_loss_(Gauge(*registry_, "loom_rank_loss", "Training loss a rank reported")),
-      rank_step_seconds_(Gauge(*registry_, "loom_rank_step_seconds", "A rank's last step time")),
-      rank_tokens_per_second_(
-          Gauge(*registry_, "loom_rank_tokens_per_second", "Tokens per second seen by a rank")),
-      rank_mfu_(Gauge(*registry_, "loom_rank_mfu", "Model FLOPs utilisation of a rank (0-1)")),
-      rank_memory_bytes_(Gauge(*registry_, "loom_rank_memory_bytes",
-                               "Peak memory of a rank's last step: device allocator on a GPU, "
-                               "resident set on a CPU")),
       job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
       job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
       job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),
@@ -62,7 +53,22 @@ CoordinatorMetrics::CoordinatorMetrics()
       recovery_phase_seconds_(prometheus::BuildHistogram()
                                   .Name("loom_recovery_phase_seconds")
                                   .Help("Duration of each phase of the recoveries from failures")
-                                  .Register(*registry_)) {
+                                  .Register(*registry_)),
+      rank_series_(std::make_shared<IndexedJobSeries>(
+          "rank",
+          std::vector<IndexedJobSeries::Gauge>{
+              {"loom_rank_step", "Last step a rank completed"},
+              {"loom_rank_loss", "Training loss a rank reported"},
+              {"loom_rank_step_seconds", "A rank's last step time"},
+              {"loom_rank_tokens_per_second", "Tokens per second seen by a rank"},
+              {"loom_rank_mfu", "Model FLOPs utilisation of a rank (0-1)"},
+              {"loom_rank_memory_bytes",
+               "Peak memory of a rank's last step: device allocator on a GPU, resident set on a "
+               "CPU"}})),
+      expert_tokens_(std::make_shared<IndexedJobSeries>(
+          "expert", std::vector<IndexedJobSeries::Gauge>{
+                        {"loom_job_expert_tokens",
+                         "Tokens routed to an expert in the last step, summed over MoE layers"}})) {
   // Fixed buckets from a fast local restart to a slow placement; every phase
   // exists from the start, so dashboards and alerts see zeros, not nothing.
   const prometheus::Histogram::BucketBoundaries buckets = {0.05, 0.1, 0.25, 0.5, 1,   2.5,
@@ -83,6 +89,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
           absl::StrCat("--metrics_listen=", listen, ": cannot serve metrics: ", e.what()));
     }
     metrics->exposer_->RegisterCollectable(metrics->registry_);
+    metrics->exposer_->RegisterCollectable(metrics->rank_series_);
+    metrics->exposer_->RegisterCollectable(metrics->expert_tokens_);
     const auto ports = metrics->exposer_->GetListeningPorts();
     if (!ports.empty()) metrics->port_ = ports.front();
   }
@@ -117,23 +125,9 @@ void CoordinatorMetrics::CountProgressRefused(int64_t reports) {
 void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::string& job_name,
                                          int rank, const ProgressSample& s) {
   if (rank < 0) return;
-  absl::MutexLock lock(&mu_);
-  std::vector<RankSeries>& ranks = rank_series_[job_id];
-  if (ranks.size() <= static_cast<size_t>(rank)) ranks.resize(rank + 1, RankSeries{});
-  RankSeries& series = ranks[rank];
-  if (series.step == nullptr) {
-    const prometheus::Labels labels = {
-        {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
-    series = {&rank_step_.Add(labels),  &rank_loss_.Add(labels),
-              &rank_step_seconds_.Add(labels), &rank_tokens_per_second_.Add(labels),
-              &rank_mfu_.Add(labels),   &rank_memory_bytes_.Add(labels)};
-  }
-  series.step->Set(s.step);
-  series.loss->Set(s.loss);
-  series.step_seconds->Set(s.step_seconds);
-  series.tokens_per_second->Set(s.tokens_per_second);
-  series.mfu->Set(s.mfu);
-  series.memory_bytes->Set(s.memory_bytes);
+  const double row[] = {s.step, s.loss, s.step_seconds, s.tokens_per_second, s.mfu,
+                        s.memory_bytes};
+  rank_series_->SetRow(job_id, job_name, static_cast<size_t>(rank), row);  // its own lock
 }
 
 void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,
@@ -157,7 +151,7 @@ void CoordinatorMetrics::SetJobValLoss(const std::string& job_id, const std::str
 void CoordinatorMetrics::SetJobMoe(const std::string& job_id, const std::string& job_name,
                                    const loom::v1::MoeProgress& moe) {
   absl::MutexLock lock(&mu_);
-  if (moe_ == nullptr) moe_ = std::make_unique<MoeMetrics>(*registry_);
+  if (moe_ == nullptr) moe_ = std::make_unique<MoeMetrics>(*registry_, *expert_tokens_);
   moe_->Set(job_id, job_name, moe);
 }
 
@@ -188,7 +182,7 @@ void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& label
 }  // namespace
 
 void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string& job_name,
-                                   int ranks) {
+                                   int /*ranks: every row of the job goes*/) {
   absl::MutexLock lock(&mu_);
   const prometheus::Labels job = {{"job", job_id}, {"job_name", job_name}};
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
@@ -197,28 +191,18 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
   }
   RemoveSeries(job_restarts_, job);
   if (moe_ != nullptr) moe_->Remove(job_id, job_name);  // [moe]
-  rank_series_.erase(job_id);
-  for (int rank = 0; rank < ranks; ++rank) {
-    const prometheus::Labels labels = {
-        {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
-    for (auto* family : {&rank_step_, &rank_loss_, &rank_step_seconds_, &rank_tokens_per_second_,
-                         &rank_mfu_, &rank_memory_bytes_}) {
-      RemoveSeries(*family, labels);
-    }
-  }
+  rank_series_->RemoveJob(job_id);
 }
 
 size_t CoordinatorMetrics::JobSeriesCount() {
   absl::MutexLock lock(&mu_);
   size_t count = 0;
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
-                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_,
-                       &rank_step_, &rank_loss_,
-                       &rank_step_seconds_, &rank_tokens_per_second_, &rank_mfu_,
-                       &rank_memory_bytes_}) {
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_}) {
     for (const auto& metric : family->Collect()) count += metric.metric.size();
   }
   for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();
+  count += rank_series_->SeriesCount();
   if (moe_ != nullptr) count += moe_->SeriesCount();  // [moe]
   return count;
 }

@@ -16,6 +16,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "coordinator/service/indexed_job_series.h"
 #include "coordinator/service/moe_metrics.h"
 
 namespace loom::coordinator {
@@ -72,30 +73,15 @@ class CoordinatorMetrics {
   int port_ = 0;
 
   absl::Mutex mu_;
-  // A rank's six series, found once: looking them up by their label set on
-  // every report (hashing a map of three strings six times) was a visible
-  // share of the coordinator's CPU at thousands of ranks (docs/scale.md).
-  struct RankSeries {
-    prometheus::Gauge* step;
-    prometheus::Gauge* loss;
-    prometheus::Gauge* step_seconds;
-    prometheus::Gauge* tokens_per_second;
-    prometheus::Gauge* mfu;
-    prometheus::Gauge* memory_bytes;
-  };
-  std::map<std::string, std::vector<RankSeries>> rank_series_ ABSL_GUARDED_BY(mu_);  // by job
+  // loom_rank_* (six gauges per rank): a report writes its rank's row, a job
+  // that ended is one erase (indexed_job_series.h). Served beside registry_.
+  std::shared_ptr<IndexedJobSeries> rank_series_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& nodes_live_;
   prometheus::Family<prometheus::Gauge>& nodes_cordoned_;
   prometheus::Family<prometheus::Gauge>& devices_live_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Counter& progress_refused_;
-  prometheus::Family<prometheus::Gauge>& rank_step_;
-  prometheus::Family<prometheus::Gauge>& rank_loss_;
-  prometheus::Family<prometheus::Gauge>& rank_step_seconds_;
-  prometheus::Family<prometheus::Gauge>& rank_tokens_per_second_;
-  prometheus::Family<prometheus::Gauge>& rank_mfu_;
-  prometheus::Family<prometheus::Gauge>& rank_memory_bytes_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
   prometheus::Family<prometheus::Gauge>& job_val_loss_;
@@ -107,6 +93,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_goodput_;
   prometheus::Family<prometheus::Histogram>& recovery_phase_seconds_;
   std::map<std::string, prometheus::Histogram*> recovery_phases_;  // by phase, made up front
+  std::shared_ptr<IndexedJobSeries> expert_tokens_;      // [moe] served beside registry_
   std::unique_ptr<MoeMetrics> moe_ ABSL_GUARDED_BY(mu_);  // [moe]
 };
 

@@ -1,5 +1,7 @@
 #include "coordinator/service/moe_metrics.h"
 
+#include <span>
+
 namespace loom::coordinator {
 namespace {
 
@@ -15,7 +17,7 @@ void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& label
 
 }  // namespace
 
-MoeMetrics::MoeMetrics(prometheus::Registry& r)
+MoeMetrics::MoeMetrics(prometheus::Registry& r, IndexedJobSeries& expert_tokens)
     : imbalance_(Gauge(r, "loom_job_moe_imbalance",
                        "Expert-load imbalance of a job's last step: the worst MoE layer's max / "
                        "mean tokens per expert (1 = balanced)")),
@@ -26,8 +28,7 @@ MoeMetrics::MoeMetrics(prometheus::Registry& r)
                         "Fewest tokens one expert got in one MoE layer in the last step")),
       tokens_max_(Gauge(r, "loom_job_moe_tokens_max",
                         "Most tokens one expert got in one MoE layer in the last step")),
-      expert_tokens_(Gauge(r, "loom_job_expert_tokens",
-                           "Tokens routed to an expert in the last step, summed over MoE layers")) {}
+      expert_tokens_(expert_tokens) {}
 
 void MoeMetrics::Set(const std::string& job_id, const std::string& job_name,
                      const loom::v1::MoeProgress& m) {
@@ -37,12 +38,9 @@ void MoeMetrics::Set(const std::string& job_id, const std::string& job_name,
   aux_loss_.Add(labels).Set(m.aux_loss());
   tokens_min_.Add(labels).Set(m.tokens_min());
   tokens_max_.Add(labels).Set(m.tokens_max());
-  int& experts = experts_[job_id];
-  for (int e = 0; e < m.tokens_per_expert_size(); ++e) {
-    expert_tokens_.Add({{"job", job_id}, {"job_name", job_name}, {"expert", std::to_string(e)}})
-        .Set(m.tokens_per_expert(e));
-  }
-  experts = std::max(experts, m.tokens_per_expert_size());
+  expert_tokens_.SetColumn(job_id, job_name,
+                           std::span<const double>(m.tokens_per_expert().data(),
+                                                   m.tokens_per_expert().size()));
 }
 
 void MoeMetrics::Remove(const std::string& job_id, const std::string& job_name) {
@@ -50,22 +48,15 @@ void MoeMetrics::Remove(const std::string& job_id, const std::string& job_name) 
   for (auto* family : {&imbalance_, &dropped_, &aux_loss_, &tokens_min_, &tokens_max_}) {
     RemoveSeries(*family, labels);
   }
-  auto it = experts_.find(job_id);
-  if (it == experts_.end()) return;
-  for (int e = 0; e < it->second; ++e) {
-    RemoveSeries(expert_tokens_,
-                 {{"job", job_id}, {"job_name", job_name}, {"expert", std::to_string(e)}});
-  }
-  experts_.erase(it);
+  expert_tokens_.RemoveJob(job_id);
 }
 
 size_t MoeMetrics::SeriesCount() {
   size_t count = 0;
-  for (auto* family : {&imbalance_, &dropped_, &aux_loss_, &tokens_min_, &tokens_max_,
-                       &expert_tokens_}) {
+  for (auto* family : {&imbalance_, &dropped_, &aux_loss_, &tokens_min_, &tokens_max_}) {
     for (const auto& metric : family->Collect()) count += metric.metric.size();
   }
-  return count;
+  return count + expert_tokens_.SeriesCount();
 }
 
 }  // namespace loom::coordinator

@@ -1,13 +1,14 @@
 // [moe] The coordinator's expert-load metrics (docs/moe.md, docs/metrics.md),
 // on the CoordinatorMetrics registry: per job, the imbalance, the dropped
 // fraction, the aux loss, the fewest and most tokens of one expert, and
-// loom_job_expert_tokens{expert} (the dashboard's expert-load panel). Not
-// thread-safe on its own: CoordinatorMetrics calls it under its mutex.
+// loom_job_expert_tokens{expert} (the dashboard's expert-load panel, an
+// IndexedJobSeries that CoordinatorMetrics serves). Not thread-safe on its own: CoordinatorMetrics calls it
+// under its mutex.
 #pragma once
 
-#include <map>
 #include <string>
 
+#include "coordinator/service/indexed_job_series.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -17,7 +18,7 @@ namespace loom::coordinator {
 
 class MoeMetrics {
  public:
-  explicit MoeMetrics(prometheus::Registry& registry);
+  MoeMetrics(prometheus::Registry& registry, IndexedJobSeries& expert_tokens);
   void Set(const std::string& job_id, const std::string& job_name, const loom::v1::MoeProgress& m);
   void Remove(const std::string& job_id, const std::string& job_name);
   size_t SeriesCount();
@@ -28,8 +29,7 @@ class MoeMetrics {
   prometheus::Family<prometheus::Gauge>& aux_loss_;
   prometheus::Family<prometheus::Gauge>& tokens_min_;
   prometheus::Family<prometheus::Gauge>& tokens_max_;
-  prometheus::Family<prometheus::Gauge>& expert_tokens_;
-  std::map<std::string, int> experts_;  // by job id: the expert series it has
+  IndexedJobSeries& expert_tokens_;
 };
 
 }  // namespace loom::coordinator

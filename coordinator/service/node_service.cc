@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/text/safe_text.h"
 #include "coordinator/auth/policy.h"
 #include "coordinator/service/metrics.h"
 #include "coordinator/service/status_convert.h"
@@ -231,9 +232,9 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
     if (now - last_refused_log_ < absl::Seconds(10)) return;
     std::fprintf(stderr,
                  "node %s: ignored %lld progress reports for ranks it does not run in their "
-                 "jobs' current attempts (the last batch's first: %s)\n",
+                 "jobs' current attempts or beyond their jobs' bounds (the last batch's first: %s)\n",
                  node_id_.c_str(), static_cast<long long>(refused_since_log_),
-                 result.first_refused.c_str());
+                 SafeText(result.first_refused).c_str());  // a node's bytes: escaped
     refused_since_log_ = 0;
     last_refused_log_ = now;
   }

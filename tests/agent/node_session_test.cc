@@ -237,6 +237,48 @@ TEST(NodeSessionTest, WhileNoSessionIsUpTheOldestReportsAreDroppedAboveTheBound)
   EXPECT_EQ(session.progress_dropped(), 6);
 }
 
+// A rank's big reports cannot make its node's session fail: a batch stops at
+// rpc::kMaxProgressBatchBytes (far below the transport's 16 MiB), a report
+// above rpc::kMaxProgressReportBytes is dropped, and the bytes waiting are
+// bounded too.
+TEST(NodeSessionTest, BatchesAndWaitingReportsAreBoundedInBytes) {
+  FakeNodeService server(/*heartbeat_ms=*/1000);
+  server.Start();
+  RecordingRanks ranks;
+  NodeSessionOptions options = Options(server.address());
+  options.progress_batch_window = absl::Seconds(1);
+  SessionThread agent(options, &ranks);
+  ASSERT_TRUE(server.WaitFor([](const std::vector<NodeMessage>& m) { return !m.empty(); }));
+  auto big = [](int64_t step) {
+    loom::v1::RankProgress p = Progress(0, step);
+    p.mutable_moe()->mutable_tokens_per_expert()->Resize(7000, 1.0);  // 56 kB
+    return p;
+  };
+  for (int step = 1; step <= 200; ++step) agent.session().ReportProgress(big(step));  // 11 MB
+  loom::v1::RankProgress huge = big(0);
+  huge.mutable_moe()->mutable_tokens_per_expert()->Resize(450000, 1.0);
+  agent.session().ReportProgress(huge);
+  EXPECT_EQ(agent.session().progress_dropped(), 1);
+  ASSERT_TRUE(server.WaitFor([](const std::vector<NodeMessage>& m) {
+    int reports = 0;
+    for (const auto& each : m) reports += each.progress().reports_size();
+    return reports >= 200;
+  }));
+  int batches = 0;
+  for (const NodeMessage& m : server.received()) {
+    if (!m.has_progress()) continue;
+    ++batches;
+    EXPECT_LE(static_cast<int64_t>(m.ByteSizeLong()), rpc::kMaxProgressBatchBytes + 1024);
+  }
+  EXPECT_GE(batches, 3);
+
+  NodeSessionOptions idle = Options("127.0.0.1:1");  // nothing listens
+  idle.max_pending_progress_bytes = 1 << 20;
+  NodeSession session(idle, &ranks);
+  for (int step = 1; step <= 40; ++step) session.ReportProgress(big(step));  // 2.2 MB
+  EXPECT_GE(session.progress_dropped(), 20);
+}
+
 TEST(NodeSessionTest, NothingButRegisterUntilRegistered) {
   // A server that never answers: the agent must not send heartbeats or exits.
   class SilentService final : public loom::v1::NodeService::Service {

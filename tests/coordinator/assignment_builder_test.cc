@@ -167,5 +167,24 @@ TEST(AssignmentBuilder, WrongPlacementSizeIsAnError) {
   EXPECT_FALSE(assignments.ok());
 }
 
+// A global batch of millions of micro-batches of one, through a pipeline:
+// refused from its numbers, before a schedule or assignment is built.
+TEST(AssignmentBuilder, ALaunchTooLargeIsRefusedBeforeAnythingIsBuilt) {
+  spec::JobSpec s = Spec(1, 1, 2);
+  s.train.micro_batch_size = 1;
+  s.train.global_batch_size = 5'000'000;
+  const absl::Status status = CheckLaunchSizeLowerBound(s, 16 << 20);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("at least 20000000 bytes"), std::string::npos) << status;
+  // One that fits is left to the exact check; without a pipeline there is
+  // no instruction list at all.
+  s.train.global_batch_size = 1024;
+  EXPECT_TRUE(CheckLaunchSizeLowerBound(s, 16 << 20).ok());
+  s = Spec(2, 1, 1);
+  s.train.micro_batch_size = 1;
+  s.train.global_batch_size = 5'000'000;
+  EXPECT_TRUE(CheckLaunchSizeLowerBound(s, 16 << 20).ok());
+}
+
 }  // namespace
 }  // namespace loom::coordinator

@@ -37,7 +37,7 @@ class TempDir {
 PeerInfo Cert(const std::string& cn, const std::string& ou, const std::string& authorization = "") {
   return PeerInfo{.tls = true,
                   .common_name = cn,
-                  .subject = "CN=" + cn + ",OU=" + ou + ",O=loom",
+                  .organizational_units = {ou},
                   .authorization = authorization};
 }
 
@@ -200,11 +200,43 @@ TEST(PolicyTest, JobsBelongToTheirOwner) {
   const Identity alice{.role = Role::kUser, .name = "alice", .rank = {}};
   const Identity bob{.role = Role::kUser, .name = "bob", .rank = {}};
   EXPECT_TRUE(AuthorizeJob(alice, "job-1", "alice").ok());
-  EXPECT_EQ(AuthorizeJob(bob, "job-1", "alice").code(), absl::StatusCode::kPermissionDenied);
+  // Another owner's job answers as one that does not exist.
+  EXPECT_EQ(AuthorizeJob(bob, "job-1", "alice"), JobNotFound("job-1"));
+  EXPECT_EQ(JobNotFound("job-1").code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(AuthorizeJob(admin, "job-1", "alice").ok());
   // A job from before owners existed is the admins' alone.
   EXPECT_FALSE(MaySeeJob(alice, ""));
   EXPECT_TRUE(MaySeeJob(admin, ""));
+}
+
+// A user token for the name "admin" (or "alice") is not the owner of the
+// jobs of the certificate of that name.
+TEST(PolicyTest, OwnersCarryTheKindOfTheirCredential) {
+  const Identity alice_cert{.role = Role::kUser, .name = "alice", .rank = {}};
+  const Identity alice_token{
+      .role = Role::kUser, .name = "alice", .rank = {}, .credential = Credential::kToken};
+  const Identity admin_token{
+      .role = Role::kUser, .name = "admin", .rank = {}, .credential = Credential::kToken};
+  EXPECT_EQ(OwnerName(alice_cert), "alice");
+  EXPECT_EQ(OwnerName(alice_token), "token:alice");
+  EXPECT_FALSE(MaySeeJob(alice_token, "alice"));
+  EXPECT_FALSE(MaySeeJob(alice_cert, "token:alice"));
+  EXPECT_TRUE(MaySeeJob(alice_token, OwnerName(alice_token)));
+  EXPECT_FALSE(MaySeeJob(admin_token, "admin"));
+}
+
+// The role comes from the certificate's OU entries, one role only: an entry
+// cannot smuggle another in (the structured subject has no string to split).
+TEST(AuthenticateTest, ARoleIsOneOuEntryAndConflictingRolesAreRefused) {
+  EXPECT_EQ(*RoleFromUnits({"team-x", "user"}), Role::kUser);
+  EXPECT_EQ(*RoleFromUnits({"user", "user"}), Role::kUser);
+  EXPECT_EQ(RoleFromUnits({"user", "admin"}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(RoleFromUnits({"x,OU=admin"}).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(RoleFromUnits({}).status().code(), absl::StatusCode::kUnauthenticated);
+  // Two CN entries reach Authenticate joined: no valid name.
+  PeerInfo two_names = Cert("alice,admin", "user");
+  EXPECT_EQ(Authenticate(two_names, nullptr, nullptr).status().code(),
+            absl::StatusCode::kUnauthenticated);
 }
 
 TEST(PolicyTest, NodesRegisterOnlyUnderTheirOwnName) {

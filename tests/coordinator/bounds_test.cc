@@ -7,6 +7,7 @@
 
 #include "coordinator/cluster/node_limits.h"
 #include "coordinator/cluster/node_registry.h"
+#include "coordinator/service/indexed_job_series.h"
 #include "coordinator/service/metrics.h"
 #include "coordinator/service/rpc_metrics_interceptor.h"
 #include "coordinator/service/watch_queue.h"
@@ -229,6 +230,33 @@ TEST(Metrics, ExpertLoadSeriesComeAndGoWithTheJob) {
   EXPECT_EQ(m.JobSeriesCount(), 5u + 4u);
   m.RemoveJob("job-000003", "c", 0);
   EXPECT_EQ(m.JobSeriesCount(), 0u);
+}
+
+// A job's indexed series (its ranks, its experts) are rows of one table:
+// served with their labels as a family would serve them, and gone in one
+// erase when the job is.
+TEST(Metrics, IndexedSeriesAreRowsOfTheJobAndGoInOneErase) {
+  IndexedJobSeries series("rank", {{"loom_rank_step", "step"}, {"loom_rank_loss", "loss"}});
+  const double row[] = {7, 2.5};
+  series.SetRow("job-1", "a", 3, row);  // rows 0-2 never reported: not served
+  series.SetRow("job-2", "b", 0, row);
+  EXPECT_EQ(series.SeriesCount(), 4u);
+  std::vector<prometheus::MetricFamily> families = series.Collect();
+  ASSERT_EQ(families.size(), 2u);
+  EXPECT_EQ(families[0].name, "loom_rank_step");
+  ASSERT_EQ(families[0].metric.size(), 2u);
+  const auto& labels = families[0].metric[0].label;
+  ASSERT_EQ(labels.size(), 3u);
+  EXPECT_EQ(labels[0].name, "job");
+  EXPECT_EQ(labels[0].value, "job-1");
+  EXPECT_EQ(labels[2].name, "rank");
+  EXPECT_EQ(labels[2].value, "3");
+  EXPECT_EQ(families[1].metric[0].gauge.value, 2.5);
+  series.RemoveJob("job-1");
+  EXPECT_EQ(series.SeriesCount(), 2u);
+  // A row far beyond any job's ranks is ignored, not allocated.
+  series.SetRow("job-3", "c", IndexedJobSeries::kMaxRows, row);
+  EXPECT_EQ(series.SeriesCount(), 2u);
 }
 
 }  // namespace

@@ -317,7 +317,9 @@ class Restarts : public Durability {
 TEST_F(Restarts, AStopIsNotTheNodesFailureAndTheStepsSurviveIt) {
   Start();
   AddNode("node-a", 2);
-  const loom::v1::Job job = Running(/*steps=*/300);
+  // Reports above train.steps are refused (report_bounds.h): a job of 1,000.
+  const loom::v1::Job job =
+      Running(/*steps=*/300, absl::StrReplaceAll(kSmallDpSpec, {{"steps: 5", "steps: 1000"}}));
   jobs_->Stop();  // SIGTERM
   // The server's shutdown ends the node's session, the liveness tick runs.
   jobs_->OnNodeLost("node-a", "its agent's session ended");

@@ -140,6 +140,22 @@ TEST_F(ProgressBatchTest, ReportsForRanksOfAnotherNodeOrAttemptAreRefusedAndCoun
   EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::RUNNING);
 }
 
+// A rank's report beyond what its job allows (report_bounds.h) is refused
+// like a forged one: nothing of it is applied, it is counted.
+TEST_F(ProgressBatchTest, AReportBeyondItsJobsBoundsIsRefused) {
+  AddNode("node-a", 2);
+  const loom::v1::Job job = Placed();
+  loom::v1::RankProgressBatch beyond;
+  Add(beyond, job, 0, "ready", 0);
+  for (int e = 0; e < 450; ++e) beyond.mutable_reports(0)->mutable_moe()->add_tokens_per_expert(1);
+  Add(beyond, job, 1, "step", 6);  // the job trains 5 steps
+  ProgressBatchResult result = jobs_->OnRankProgressBatch("node-a", beyond);
+  EXPECT_EQ(result.applied, 0);
+  EXPECT_EQ(result.refused, 2);
+  jobs_->WaitIdle();
+  EXPECT_EQ(jobs_->Get(job.id())->state(), JobState::STARTING);
+}
+
 TEST(ProgressBatchBoundTest, ABatchAboveTheBoundIsRefusedNamingTheRule) {
   loom::v1::RankProgressBatch batch;
   for (int i = 0; i < 1024; ++i) batch.add_reports()->set_rank(i);

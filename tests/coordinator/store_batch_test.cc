@@ -47,7 +47,7 @@ class StoreBatchTest : public ::testing::Test {
     kv_.OpenNamespace("job-000002/attempt-1");
     node_a_.tls = true;
     node_a_.common_name = "node-a";
-    node_a_.subject = "CN=node-a,OU=node,O=loom";
+    node_a_.organizational_units = {"node"};
   }
   loom::v1::StoreBatchResponse Apply(const loom::v1::StoreBatchRequest& request) {
     loom::v1::StoreBatchResponse response;

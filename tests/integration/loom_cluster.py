@@ -24,7 +24,7 @@ BUILD = os.environ.get("LOOM_BUILD_DIR", os.path.join(os.path.dirname(__file__),
 BIN = os.path.join(BUILD, "bin")
 MAKE_CERTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "make_certs.sh")
 # Users whose certificates every cluster has, besides admin and its nodes.
-USERS = ("alice", "bob")
+USERS = ("alice", "bob", "mallory")
 
 
 def free_port():

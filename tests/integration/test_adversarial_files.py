@@ -3,7 +3,9 @@ agent by a client written against the protos: data paths outside the roots,
 '..', a symlink out of a root, the first bytes of a file the job may not
 read, checkpoint.dir aimed at another job or at an unrelated directory, the
 client's base_dir, a symlink planted in a rank directory, and crafted
-checkpoints given to `loomctl export` and to a resuming job. Each shows the
+checkpoints given to `loomctl export` and to a resuming job; and (issue 29)
+export led to files outside the step directory, to devices, FIFOs and links,
+a model too large for its checkpoint, and a data path that is a directory. Each shows the
 new outcome: INVALID_ARGUMENT naming the field and rule at submission, or a
 job that fails at once (exit 3) with a message that carries no file bytes,
 and the victim's files untouched."""
@@ -248,6 +250,72 @@ class AdversarialFiles(unittest.TestCase):
                 self.assertIn(fault, result.stderr)
                 self.assertFalse(os.path.exists(out))
                 self.assertFalse([e for e in os.listdir(c.dir) if ".export-" in e])
+
+    def test_export_opens_only_regular_files_of_the_step_directory(self):
+        """Issue 29: an index naming /dev/zero aborted export, a FIFO hung it,
+        /etc/passwd (or a symlink to it) put its size and CRC in the error,
+        and a model of 4,096 layers x 4,096 experts aborted on allocation."""
+        c = self.cluster
+
+        def listing(name):
+            def edit(meta):
+                meta["files"][name] = {"bytes": 10, "crc32": "00000000"}
+            return edit
+
+        def many_experts(meta):
+            meta["model"]["moe"] = {
+                "num_experts": 4096, "top_k": 2, "expert_ffn_hidden_size": 64,
+                "num_shared_experts": 0, "first_dense_layers": 0, "aux_loss_coef": 0.01,
+                "bias_update_rate": 0.0, "router_score": "softmax"}
+
+        cases = [("absolute", dict(edit_meta=listing("/dev/zero")), "not a plain name"),
+                 ("dotdot", dict(edit_meta=listing(f"../outside/{os.path.basename(self.secret)}")),
+                  "not a plain name"),
+                 ("experts", dict(edit_meta=many_experts), "expert tensors")]
+        for name, kwargs, fault in cases:
+            with self.subTest(name=name):
+                self.assert_export_refused(self.crafted_copy(name, **kwargs), name, fault)
+        # A listed shard replaced by a symlink to the secret, by a FIFO, by a
+        # directory: never opened through, never blocked on.
+        for name, plant in (("symlink", lambda p: os.symlink(self.secret, p)),
+                            ("fifo", os.mkfifo), ("directory", os.mkdir)):
+            with self.subTest(name=name):
+                copy = self.crafted_copy(name)
+                shard = sorted(f for f in os.listdir(copy) if f.endswith(".safetensors"))[0]
+                os.remove(os.path.join(copy, shard))
+                plant(os.path.join(copy, shard))
+                self.assert_export_refused(copy, name, "not a regular file")
+
+    def assert_export_refused(self, copy, name, fault):
+        c = self.cluster
+        out = os.path.join(c.dir, f"hf-{name}")
+        start = time.monotonic()
+        result = c.loomctl("export", "--format=hf", copy, out, check=False, timeout=30)
+        self.assertLess(time.monotonic() - start, 30)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertLess(result.returncode, 128, "killed by a signal")
+        self.assertIn(fault, result.stderr)
+        self.assert_no_secret(result.stderr)
+        self.assertNotIn(str(len(SECRET)) + " bytes", result.stderr)
+        self.assertFalse(os.path.exists(out))
+
+    def test_a_data_path_that_is_a_directory_fails_the_job_with_exit_3(self):
+        """Issue 29: the trainer aborted on it (a crash, so the node was
+        cordoned); the job cannot run, which is exit 3, and no node is blamed."""
+        c = self.cluster
+        os.makedirs(os.path.join(c.data_root, "data", "a-directory"), exist_ok=True)
+        spec = tiny_job(name="dir-data", steps=2, ranks=1, eval_interval=0, max_restarts=2).replace(
+            "data/train.txt, val_path: data/val.txt, format: text",
+            "data/a-directory, format: bin")
+        job = c.submit(spec, "dir-data")
+        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED"), timeout=180), "FAILED")
+        status = c.status(job)
+        self.assertIn("not a regular file", status)
+        self.assertIn("restarts 0", status)
+        node = [n for n in self.jobs.ListNodes(job_pb2.ListNodesRequest(), timeout=10).nodes
+                if n.node_id == "node-a"][0]
+        self.assertTrue(node.live)
+        self.assertFalse(node.cordoned, node.cordon_reason)
 
     def test_resume_from_a_crafted_checkpoint_fails_the_job_with_exit_3(self):
         c = self.cluster

@@ -7,6 +7,7 @@ stays live, the refusals are counted in loom_rpcs_total by code."""
 import glob
 import os
 import queue
+import subprocess
 import sys
 import time
 import unittest
@@ -119,7 +120,13 @@ class AdversarialIdentity(unittest.TestCase):
         for call, request in ((jobs.GetJob, job_pb2.GetJobRequest(id=self.job)),
                               (jobs.CancelJob, job_pb2.CancelJobRequest(id=self.job)),
                               (jobs.WatchJob, job_pb2.WatchJobRequest(id=self.job))):
-            self.assert_code(grpc.StatusCode.PERMISSION_DENIED, call, request)
+            # The answer for a job that does not exist, word for word: ids
+            # cannot be enumerated by probing.
+            foreign = self.assert_code(grpc.StatusCode.NOT_FOUND, call, request)
+            absent_id = self.job[:-1] + ("0" if self.job[-1] != "0" else "1") + "9"
+            absent = self.assert_code(grpc.StatusCode.NOT_FOUND, call,
+                                      type(request)(id=absent_id))
+            self.assertEqual(foreign.replace(self.job, "ID"), absent.replace(absent_id, "ID"))
         self.assertEqual(self.cluster.loomctl("cancel", self.job, identity="user-bob",
                                               check=False).returncode, 1)
         # Node-level calls are the admin's.
@@ -158,7 +165,7 @@ class AdversarialIdentity(unittest.TestCase):
         self.assertNotIn(self.job, c.loomctl("list", identity=None, token=token).stdout)
         refused = c.loomctl("cancel", self.job, identity=None, token=token, check=False)
         self.assertEqual(refused.returncode, 1)
-        self.assertIn("not yours", refused.stderr)
+        self.assertIn("does not exist", refused.stderr)
         # The state dir keeps only a hash.
         with open(os.path.join(c.state_dir, "tokens")) as f:
             self.assertNotIn(token, f.read())
@@ -167,6 +174,97 @@ class AdversarialIdentity(unittest.TestCase):
         self.assert_victim_untouched()
 
     # -- reflection showed the whole API ------------------------------------------
+    # -- issue 29: identities ------------------------------------------------------
+    def odd_certificate(self, name, subject):
+        """A certificate the cluster CA signs with `subject` (openssl -subj)."""
+        c = self.cluster
+        d = os.path.join(c.dir, "odd", name)
+        os.makedirs(d, exist_ok=True)
+        ca = os.path.join(c.certs, "ca")
+        ext = os.path.join(d, "ext")
+        with open(ext, "w") as f:
+            f.write("basicConstraints=critical,CA:FALSE\n"
+                    "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                    "extendedKeyUsage=clientAuth\n")
+        run = lambda *args: subprocess.run(args, check=True, capture_output=True, timeout=60)
+        run("openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout",
+            "-out", os.path.join(d, "tls.key"))
+        run("openssl", "req", "-new", "-key", os.path.join(d, "tls.key"), "-subj", subject,
+            "-out", os.path.join(d, "tls.csr"))
+        run("openssl", "x509", "-req", "-in", os.path.join(d, "tls.csr"),
+            "-CA", os.path.join(ca, "ca.crt"), "-CAkey", os.path.join(ca, "ca.key"),
+            "-CAserial", os.path.join(ca, "ca.srl"), "-CAcreateserial", "-days", "1",
+            "-sha256", "-extfile", ext, "-out", os.path.join(d, "tls.crt"))
+
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(os.path.join(ca, "ca.crt")),
+            private_key=read(os.path.join(d, "tls.key")),
+            certificate_chain=read(os.path.join(d, "tls.crt")))
+        return grpc.secure_channel(self.cluster.address, credentials)
+
+    def test_a_role_cannot_hide_in_another_field_of_the_subject(self):
+        """The subject as a string ("O=x\\,OU=admin,OU=user,CN=...") was split at
+        every ',' and '/': an O holding ",OU=admin" made a user an admin."""
+        for name, subject in (("comma", "/CN=mallory/OU=user/O=x,OU=admin"),
+                              ("slash", "/CN=mallory/OU=user/O=x\\/OU=admin")):
+            with self.subTest(name=name):
+                channel = self.odd_certificate(name, subject)
+                me = auth_pb2_grpc.AuthServiceStub(channel).WhoAmI(auth_pb2.WhoAmIRequest(),
+                                                                    timeout=TIMEOUT)
+                self.assertEqual((me.name, me.role), ("mallory", "user"))
+                self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                                 job_pb2_grpc.JobServiceStub(channel).ListNodes,
+                                 job_pb2.ListNodesRequest())
+                channel.close()
+        # Two roles in two OU entries: no role at all.
+        channel = self.odd_certificate("two-roles", "/CN=mallory/OU=user/OU=admin")
+        self.assert_code(grpc.StatusCode.UNAUTHENTICATED,
+                         auth_pb2_grpc.AuthServiceStub(channel).WhoAmI, auth_pb2.WhoAmIRequest())
+        channel.close()
+        self.assert_victim_untouched()
+
+    def test_a_token_is_not_the_certificate_of_the_same_name(self):
+        """A token minted for "alice" (or "admin") owned alice's (the admin's) jobs."""
+        c = self.cluster
+        for user in ("alice", "admin"):
+            token = c.loomctl("token", "create", f"--user={user}").stdout.strip()
+            channel = c.channel(identity=None, token=token)
+            jobs = job_pb2_grpc.JobServiceStub(channel)
+            self.assertNotIn(self.job, [j.id for j in jobs.ListJobs(job_pb2.ListJobsRequest(),
+                                                                   timeout=TIMEOUT).jobs])
+            self.assert_code(grpc.StatusCode.NOT_FOUND, jobs.CancelJob,
+                             job_pb2.CancelJobRequest(id=self.job))
+            channel.close()
+            c.loomctl("token", "revoke", f"--user={user}")
+        self.assert_victim_untouched()
+
+    def test_revoking_a_token_ends_its_open_watch(self):
+        c = self.cluster
+        token = c.loomctl("token", "create", "--user=dave").stdout.strip()
+        channel = c.channel(identity=None, token=token)
+        jobs = job_pb2_grpc.JobServiceStub(channel)
+        # dave's own job (it waits: the victim holds node-a's devices).
+        spec = tiny_job(name="daves", steps=100000, ranks=2, eval_interval=0, ckpt_interval=0)
+        job = jobs.SubmitJob(job_pb2.SubmitJobRequest(spec_yaml=spec, source_name="job.yaml"),
+                             timeout=TIMEOUT).job.id
+        stream = jobs.WatchJob(job_pb2.WatchJobRequest(id=job), timeout=60)
+        self.assertEqual(next(stream).job.id, job)
+        revoked_at = time.monotonic()
+        c.loomctl("token", "revoke", "--user=dave")
+        with self.assertRaises(grpc.RpcError) as caught:
+            for _ in stream:
+                pass
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED,
+                         caught.exception.details())
+        print(f"\n  watch ended {time.monotonic() - revoked_at:.2f} s after the revocation")
+        self.assertLess(time.monotonic() - revoked_at, 30)
+        channel.close()
+        c.loomctl("cancel", job)
+        self.assert_victim_untouched()
+
     def test_reflection_is_off(self):
         info = self.alice.stream_stream(
             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
@@ -370,11 +468,16 @@ class AdversarialIdentity(unittest.TestCase):
     def test_refusals_are_counted_by_code(self):
         bob = self.cluster.channel("user-bob")
         self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                         job_pb2_grpc.JobServiceStub(bob).ListNodes, job_pb2.ListNodesRequest())
+        # Another owner's job answers as an absent one, and is counted so.
+        self.assert_code(grpc.StatusCode.NOT_FOUND,
                          job_pb2_grpc.JobServiceStub(bob).CancelJob,
                          job_pb2.CancelJobRequest(id=self.job))
         bob.close()
         self.assertGreaterEqual(self.cluster.metric_value(
-            "loom_rpcs_total", method="/loom.v1.JobService/CancelJob", code="PERMISSION_DENIED"), 1)
+            "loom_rpcs_total", method="/loom.v1.JobService/ListNodes", code="PERMISSION_DENIED"), 1)
+        self.assertGreaterEqual(self.cluster.metric_value(
+            "loom_rpcs_total", method="/loom.v1.JobService/CancelJob", code="NOT_FOUND"), 1)
 
     # -- helpers -------------------------------------------------------------
     def assignment(self, rank):

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -14,12 +15,20 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/progress_batch.h"
+#include "common/rpc/store_quotas.h"
+#include "common/text/safe_text.h"
 #include "grpcpp/security/server_credentials.h"
 
 namespace loom::agent {
 namespace {
 
 constexpr std::string_view kBearer = "Bearer ";
+
+constexpr int kMaxRankMessageBytes = static_cast<int>(
+    std::max(rpc::StoreQuotas{}.max_value_bytes + rpc::StoreQuotas{}.max_key_bytes,
+             rpc::kMaxProgressReportBytes) +
+    64 * 1024);
 
 // The bearer token of a call, or "" when it carries none.
 std::string_view BearerToken(const grpc::CallbackServerContext& context) {
@@ -80,10 +89,21 @@ class ProgressReactor final : public grpc::ServerReadReactor<loom::v1::RankProgr
         progress_.rank() != rank_.rank) {
       Finish(grpc::Status(
           grpc::StatusCode::PERMISSION_DENIED,
-          absl::StrCat("a report for job ", progress_.job_id(), " attempt ", progress_.attempt(),
+          absl::StrCat("a report for job ", SafeText(progress_.job_id(), 64), " attempt ",
+                       progress_.attempt(),
                        " rank ", progress_.rank(), " on the stream of job ", rank_.job_id,
                        " attempt ", rank_.attempt, " rank ", rank_.rank,
                        ": a rank reports only its own progress")));
+      return;
+    }
+    // Refused here, never forwarded: a rank's oversized reports could
+    // otherwise fill its node's batches past the transport limit and make
+    // the node's session fail (and every job on the node with it).
+    if (const size_t bytes = progress_.ByteSizeLong();
+        bytes > static_cast<size_t>(rpc::kMaxProgressReportBytes)) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("a progress report of ", bytes, " bytes; at most ",
+                                       rpc::kMaxProgressReportBytes, " are accepted")));
       return;
     }
     (*forward_)(std::move(progress_));
@@ -236,6 +256,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartAgentServer(const std::string
     }
   }
   grpc::ServerBuilder builder;
+  // What a rank may send in one message: a store value and its key, or one
+  // progress report; anything bigger is refused by the transport before it
+  // is read into memory.
+  builder.SetMaxReceiveMessageSize(kMaxRankMessageBytes);
   builder.AddListeningPort(target, grpc::experimental::LocalServerCredentials(UDS));
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

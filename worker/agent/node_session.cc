@@ -59,7 +59,13 @@ void NodeSession::ReportExit(loom::v1::RankExited exited) {
 loom::v1::NodeMessage NodeSession::TakeProgressBatchLocked() {
   loom::v1::NodeMessage batch;
   auto& reports = *batch.mutable_progress()->mutable_reports();
+  int64_t bytes = 0;
   while (!pending_progress_.empty() && reports.size() < kMaxProgressBatch) {
+    const int64_t size = pending_progress_sizes_.front();
+    if (!reports.empty() && bytes + size > rpc::kMaxProgressBatchBytes) break;
+    bytes += size;
+    pending_progress_bytes_ -= size;
+    pending_progress_sizes_.pop_front();
     *reports.Add() = std::move(pending_progress_.front());
     pending_progress_.pop_front();
   }
@@ -67,12 +73,24 @@ loom::v1::NodeMessage NodeSession::TakeProgressBatchLocked() {
 }
 
 void NodeSession::ReportProgress(loom::v1::RankProgress progress) {
+  // The agent's socket refuses a bigger report (agent_service.cc); this keeps
+  // the batch bound true whoever calls.
+  const int64_t size = static_cast<int64_t>(progress.ByteSizeLong());
   std::lock_guard lock(mu_);
+  if (size > rpc::kMaxProgressReportBytes) {
+    ++progress_dropped_;
+    return;
+  }
   if (pending_progress_.empty()) {
     progress_due_ = Clock::now() + absl::ToChronoNanoseconds(options_.progress_batch_window);
   }
   pending_progress_.push_back(std::move(progress));
-  if (pending_progress_.size() > options_.max_pending_progress) {
+  pending_progress_sizes_.push_back(size);
+  pending_progress_bytes_ += size;
+  while (pending_progress_.size() > options_.max_pending_progress ||
+         pending_progress_bytes_ > options_.max_pending_progress_bytes) {
+    pending_progress_bytes_ -= pending_progress_sizes_.front();
+    pending_progress_sizes_.pop_front();
     pending_progress_.pop_front();
     if (progress_dropped_++ == 0) {
       fprintf(stderr,
@@ -277,7 +295,8 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
     auto progress_due = [&] {
       return !pending_progress_.empty() &&
              (stopping_ || Clock::now() >= progress_due_ ||
-              pending_progress_.size() >= static_cast<size_t>(kMaxProgressBatch));
+              pending_progress_.size() >= static_cast<size_t>(kMaxProgressBatch) ||
+              pending_progress_bytes_ >= rpc::kMaxProgressBatchBytes);
     };
     auto wake = [&] {
       return broken_ || stopping_ ||

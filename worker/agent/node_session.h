@@ -53,6 +53,8 @@ struct NodeSessionOptions {
   absl::Duration progress_batch_window = absl::Milliseconds(100);
   // Progress reports held while no session is up (the oldest go first).
   size_t max_pending_progress = 65536;
+  // ... and at most this many bytes of them.
+  int64_t max_pending_progress_bytes = int64_t{64} << 20;
   // The agent's lease, fed by the session (outlives it); null: none.
   Lease* lease = nullptr;
   // Reads rank logs for ReadRankLog (RankManager::ReadLog), on the
@@ -109,8 +111,8 @@ class NodeSession {
   // out. Returns at once without a lease, once it has run out, or stopping.
   void AwaitChannelWhileLeased(grpc::Channel& channel);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
-  // The oldest pending progress reports, at most kMaxProgressBatch, as one
-  // message (mu_ held).
+  // The oldest pending progress reports, at most kMaxProgressBatch and
+  // rpc::kMaxProgressBatchBytes, as one message (mu_ held).
   loom::v1::NodeMessage TakeProgressBatchLocked();
 
   // Queues a message for the current (or next) stream.
@@ -123,6 +125,8 @@ class NodeSession {
   std::condition_variable cv_;
   std::deque<loom::v1::NodeMessage> outbox_;
   std::deque<loom::v1::RankProgress> pending_progress_;  // not yet in a batch
+  std::deque<int64_t> pending_progress_sizes_;           // their encoded sizes, in order
+  int64_t pending_progress_bytes_ = 0;                    // the sum of those
   Clock::time_point progress_due_;                       // of the oldest pending
   int64_t progress_dropped_ = 0;
   bool stopping_ = false;

@@ -19,6 +19,10 @@ namespace loom::engine {
 // of F32): far above any real shard, far below where sizes overflow.
 inline constexpr int64_t kMaxCheckpointElements = int64_t{1} << 40;
 
+// metadata.json is read whole before anything in it is checked: at most this
+// many bytes (it lists one entry per file; 16,384 ranks' files take a few MiB).
+inline constexpr int64_t kMaxCheckpointMetadataBytes = int64_t{256} << 20;
+
 // The element count of shape: every dimension >= 0 and the product at most
 // kMaxCheckpointElements, computed without overflow. DATA_LOSS naming `what`.
 absl::StatusOr<int64_t> CheckedElementCount(const std::vector<int64_t>& shape,

@@ -42,11 +42,10 @@ absl::Status CheckSize(const std::string& p, int64_t size, const json& entry) {
 absl::StatusOr<int64_t> ListedSize(const fs::path& path, const json& entry) {
   const std::string p = path.string();
   if (absl::Status s = CheckEntry(p, entry); !s.ok()) return s;
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) return Fault(p, "listed in metadata.json but missing");
-  if (absl::Status s = CheckSize(p, static_cast<int64_t>(size), entry); !s.ok()) return s;
-  return static_cast<int64_t>(size);
+  absl::StatusOr<int64_t> size = RegularFileSize(p);
+  if (!size.ok()) return Fault(p, "listed in metadata.json but missing or not a regular file");
+  if (absl::Status s = CheckSize(p, *size, entry); !s.ok()) return s;
+  return *size;
 }
 
 // Reads a file listed in metadata.json and checks its recorded size and CRC-32.
@@ -54,7 +53,7 @@ absl::StatusOr<std::string> ReadVerified(const fs::path& path, const json& entry
   const std::string p = path.string();
   if (absl::Status s = CheckEntry(p, entry); !s.ok()) return s;
   absl::StatusOr<std::string> bytes = ReadFileBytes(p);
-  if (!bytes.ok()) return Fault(p, "listed in metadata.json but missing");
+  if (!bytes.ok()) return Fault(p, "listed in metadata.json but missing or not a regular file");
   if (absl::Status s = CheckSize(p, static_cast<int64_t>(bytes->size()), entry); !s.ok()) return s;
   const std::string crc = absl::StrFormat("%08x", Crc32(0, bytes->data(), bytes->size()));
   if (crc != entry["crc32"].get<std::string>()) {
@@ -62,6 +61,13 @@ absl::StatusOr<std::string> ReadVerified(const fs::path& path, const json& entry
                                  entry["crc32"].get<std::string>(), " (corrupt data)"));
   }
   return bytes;
+}
+
+// A name metadata.json lists must be a file of the step directory itself:
+// not absolute, no directory part, not "." or "..".
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+         name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
 }
 
 absl::StatusOr<json> ParseJson(const std::string& text, const std::string& path) {
@@ -212,7 +218,7 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
   r.dir_ = step_dir;
   const fs::path dir(step_dir);
   const std::string meta_path = (dir / kCheckpointMetadataFile).string();
-  absl::StatusOr<std::string> meta_text = ReadFileBytes(meta_path);
+  absl::StatusOr<std::string> meta_text = ReadFileBytes(meta_path, kMaxCheckpointMetadataBytes);
   if (!meta_text.ok()) {
     return Fault(meta_path, "missing: the step was never committed or its metadata was lost");
   }
@@ -248,6 +254,9 @@ absl::StatusOr<CheckpointReader> CheckpointReader::OpenUnchecked(const std::stri
   if (!index.ok()) return index.status();
 
   for (auto it = files.begin(); it != files.end(); ++it) {
+    if (!IsPlainFileName(it.key())) {
+      return Fault(meta_path, "lists a file that is not a plain name in the step directory");
+    }
     if (it.key() == kCheckpointIndexFile) continue;
     const fs::path path = dir / it.key();
     r.entries_[it.key()] = it.value();

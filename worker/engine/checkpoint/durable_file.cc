@@ -1,12 +1,12 @@
 #include "worker/engine/checkpoint/durable_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/checkpoint/crc32.h"
@@ -75,26 +75,79 @@ absl::Status FsyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+namespace {
+
+// An open regular file, closed when it goes.
+class RegularFile {
+ public:
+  static absl::StatusOr<RegularFile> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
+    RegularFile file(fd);
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": not a regular file (a link, directory, device or FIFO)"));
+    }
+    file.size_ = static_cast<int64_t>(st.st_size);
+    return file;
+  }
+  RegularFile(RegularFile&& other) noexcept : fd_(other.fd_), size_(other.size_) { other.fd_ = -1; }
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  RegularFile& operator=(RegularFile&&) = delete;
+  ~RegularFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int64_t size() const { return size_; }
+  // Up to n bytes from the start (fewer if the file is shorter now).
+  absl::StatusOr<std::string> Read(const std::string& path, int64_t n) const {
+    std::string bytes(static_cast<size_t>(n > 0 ? n : 0), '\0');
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t got = ::pread(fd_, bytes.data() + done, bytes.size() - done,
+                                  static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return absl::DataLossError(absl::StrCat(path, ": read error"));
+      if (got == 0) break;
+      done += static_cast<size_t>(got);
+    }
+    bytes.resize(done);
+    return bytes;
+  }
+
+ private:
+  explicit RegularFile(int fd) : fd_(fd) {}
+  int fd_;
+  int64_t size_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path, int64_t max_bytes) {
+  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
+  if (!file.ok()) return file.status();
+  if (file->size() > max_bytes) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", file->size(), " bytes, more than the ", max_bytes, " allowed"));
+  }
+  absl::StatusOr<std::string> bytes = file->Read(path, file->size());
+  if (bytes.ok() && static_cast<int64_t>(bytes->size()) != file->size()) {
+    return absl::DataLossError(absl::StrCat(path, ": read error (the file changed)"));
+  }
   return bytes;
 }
 
-}  // namespace loom::engine
-
-namespace loom::engine {
-
 absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, int64_t n) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": missing or unreadable"));
-  std::string bytes(static_cast<size_t>(n > 0 ? n : 0), '\0');
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  bytes.resize(static_cast<size_t>(in.gcount()));
-  return bytes;
+  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
+  if (!file.ok()) return file.status();
+  return file->Read(path, std::min(n, file->size()));
+}
+
+absl::StatusOr<int64_t> RegularFileSize(const std::string& path) {
+  absl::StatusOr<RegularFile> file = RegularFile::Open(path);
+  if (!file.ok()) return file.status();
+  return file->size();
 }
 
 }  // namespace loom::engine

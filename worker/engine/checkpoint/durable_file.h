@@ -39,8 +39,17 @@ class DurableFile {
 absl::StatusOr<FileDigest> WriteFileDurably(const std::string& path, std::string_view content);
 // fsync of a directory makes creations and renames inside it durable.
 absl::Status FsyncDirectory(const std::string& path);
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
-// The first min(n, file size) bytes of the file.
+// Checkpoint files are input like any other (a step directory may have been
+// crafted): every read opens the name itself, never through a symlink
+// (O_NOFOLLOW), without blocking (a FIFO), and reads only a regular file
+// (fstat), so a name cannot lead to /dev/zero, a FIFO or another file.
+// NOT_FOUND when it cannot be opened, DATA_LOSS when it is no regular file or
+// larger than max_bytes.
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path,
+                                          int64_t max_bytes = INT64_MAX);
+// The first min(n, file size) bytes of the file (same rules).
 absl::StatusOr<std::string> ReadFilePrefix(const std::string& path, int64_t n);
+// The size of a regular file (same rules), without reading it.
+absl::StatusOr<int64_t> RegularFileSize(const std::string& path);
 
 }  // namespace loom::engine

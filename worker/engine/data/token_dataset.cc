@@ -1,8 +1,12 @@
 #include "worker/engine/data/token_dataset.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -10,14 +14,34 @@
 namespace loom::engine {
 namespace {
 
+// Opened without blocking (a FIFO in the data's place would hang the open)
+// and read only when it is a regular file: a directory made the stream
+// library throw from inside its read, and the rank aborted (a crash, so
+// healthy nodes were blamed) instead of exiting 3 (the job cannot run).
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     return absl::NotFoundError(
         absl::StrCat(what, " ", path, ": cannot open (missing file or no permission)"));
   }
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat(what, " ", path, ": read error"));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", path, ": not a regular file (a directory, device or FIFO cannot be read)"));
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = read(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // an error, or the file shrank under us
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (done != bytes.size()) {
+    return absl::DataLossError(absl::StrCat(what, " ", path, ": read error"));
+  }
   return bytes;
 }
 
