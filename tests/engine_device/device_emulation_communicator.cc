@@ -121,41 +121,39 @@ absl::Status DeviceEmulationCommunicator::Broadcast(std::span<float> data, int r
   return inner_->Broadcast(host, root);
 }
 
-// Blocking point-to-point is post + wait, as in the NCCL communicator.
-absl::Status DeviceEmulationCommunicator::Send(std::span<const float> data, int peer,
-                                               uint32_t tag) {
-  return SendAsync(data, peer, tag)->Wait();
-}
-
-absl::Status DeviceEmulationCommunicator::Recv(std::span<float> data, int peer, uint32_t tag) {
-  return RecvAsync(data, peer, tag)->Wait();
-}
-
-std::unique_ptr<comm::Work> DeviceEmulationCommunicator::SendAsync(std::span<const float> data,
-                                                                   int peer, uint32_t tag) {
-  auto host = Host(data, "SendAsync", "data");
+std::unique_ptr<comm::Work> DeviceEmulationCommunicator::Hold(bool send, std::span<float> host,
+                                                              int peer, uint32_t tag) {
   ++forwarded_;
   auto h = std::make_shared<Held>();
-  h->send = true;
-  h->host = std::span<float>(const_cast<float*>(host.data()), host.size());
-  h->peer = peer;
-  h->tag = tag;
-  std::lock_guard<std::mutex> lock(held_mu_);
-  held_.push_back(h);
-  return std::make_unique<HeldWork>(this, h);
-}
-
-std::unique_ptr<comm::Work> DeviceEmulationCommunicator::RecvAsync(std::span<float> data,
-                                                                   int peer, uint32_t tag) {
-  auto host = Host(data, "RecvAsync", "data");
-  ++forwarded_;
-  auto h = std::make_shared<Held>();
+  h->send = send;
   h->host = host;
   h->peer = peer;
   h->tag = tag;
   std::lock_guard<std::mutex> lock(held_mu_);
   held_.push_back(h);
   return std::make_unique<HeldWork>(this, h);
+}
+
+// Blocking point-to-point is post + wait, as in the NCCL communicator.
+absl::Status DeviceEmulationCommunicator::Send(std::span<const float> data, int peer,
+                                               uint32_t tag) {
+  auto host = Host(data, "Send", "data");
+  return Hold(true, {const_cast<float*>(host.data()), host.size()}, peer, tag)->Wait();
+}
+
+absl::Status DeviceEmulationCommunicator::Recv(std::span<float> data, int peer, uint32_t tag) {
+  return Hold(false, Host(data, "Recv", "data"), peer, tag)->Wait();
+}
+
+std::unique_ptr<comm::Work> DeviceEmulationCommunicator::SendAsync(std::span<const float> data,
+                                                                   int peer, uint32_t tag) {
+  auto host = Host(data, "SendAsync", "data");
+  return Hold(true, {const_cast<float*>(host.data()), host.size()}, peer, tag);
+}
+
+std::unique_ptr<comm::Work> DeviceEmulationCommunicator::RecvAsync(std::span<float> data,
+                                                                   int peer, uint32_t tag) {
+  return Hold(false, Host(data, "RecvAsync", "data"), peer, tag);
 }
 
 absl::Status DeviceEmulationCommunicator::AllToAll(std::span<const float> in,

@@ -81,6 +81,8 @@ class DeviceEmulationCommunicator final : public comm::Communicator {
   }
 
  private:
+  // Holds a point-to-point transfer (host view) until its batch starts.
+  std::unique_ptr<comm::Work> Hold(bool send, std::span<float> host, int peer, uint32_t tag);
   // The host view of a span that must be backend memory; aborts otherwise.
   template <typename T>
   std::span<T> Host(std::span<T> s, const char* op, const char* arg);
