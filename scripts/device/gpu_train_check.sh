@@ -83,7 +83,7 @@ stop_at_wrong_number() {
   note "FIRST WRONG NUMBER: $1 (log: $(basename "$2")); the run stops here"
   summary+=("--- failing lines of $(basename "$2"):")
   while IFS= read -r line; do summary+=("  $line"); done < <(
-    grep -E "FAIL|Failure|failed|Expected|Which is|differ|rel err|error|Error" "$2" | tail -25)
+    grep -E "FAIL|Failure|failed|Expected|Which is|differ|rel err|error|Error|SKIP" "$2" | tail -25)
   finish
   echo "######## STOPPED AT THE FIRST WRONG NUMBER: $1 ########"
   exit 1
@@ -183,8 +183,8 @@ note "device '$gpu_name': dense peaks from the table bf16 $bf16_peak, fp8 $fp8_p
 # --- 1. Checks: the GPU tests, then the small models CPU vs GPU ------------
 # gpu_kernels_test (std-only runner) prints "N of M GPU tests passed"; the
 # GoogleTest binaries "[  PASSED  ] N tests" or "[  FAILED  ] ...". A binary
-# that skips for want of a device would hide everything: that is a failure
-# here, where the device is the point.
+# that runs nothing for want of a device (SKIP, or 0 tests passed) would hide
+# everything: that is a failure here, where the device is the point.
 # The kernels' test, bench and C entry points travel prebuilt when their
 # libraries allowed it (build_gpu_trainer.sh); else plain nvcc builds them here.
 if [ ! -x "$bins/gpu_kernels_test" ] || [ ! -x "$bins/cuda_kernels_bench" ] ||
@@ -206,8 +206,11 @@ for t in gpu_kernels_test cuda_ops_test gpu_nccl_communicator_test gpu_ring_atte
   section=$(sed -n "/=== $t (/,/=== $t: rc/p" "$out/tests.log")
   note "$t: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED)  *\] [0-9]+ test|GPU tests passed' <<< "$section" |
     sed 's/, listed below://' | tr '\n' ' ')"
-  if [ $rc != 0 ] || grep -q '^SKIP: ' <<< "$section"; then
+  if [ $rc != 0 ]; then
     stop_at_wrong_number "$t (rc=$rc)" "$out/tests.log"
+  elif grep -q -E '^SKIP: |^\[  PASSED  \] 0 tests' <<< "$section"; then
+    # (on one GPU the multi-GPU cases skip by design; nothing passing is the failure)
+    stop_at_wrong_number "$t skipped its device tests on the device" "$out/tests.log"
   fi
 done
 
