@@ -63,6 +63,7 @@ __global__ void RouteTokenKernel(MoeRouteDims d, const float* __restrict__ logit
         best_score = se;
       }
     }
+    if (best < 0) best = 0;  // only NaN scores leave no candidate: stay in bounds
     expert[t * k + j] = best;
     chosen += s[best];
     prev = best;
