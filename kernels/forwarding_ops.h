@@ -132,6 +132,30 @@ class ForwardingOps : public Ops {
     inner_->CrossEntropyShardBackward(logits, targets, rows, vocab_offset, vocab, row_lse,
                                       grad_scale);
   }
+  void MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias, int32_t* expert,
+                float* weight, float* scores, float* probs, int32_t* row_of,
+                int32_t* assignment_of, int64_t* counts, double* prob_sum) override {
+    inner_->MoeRoute(d, logits, bias, expert, weight, scores, probs, row_of, assignment_of, counts,
+                     prob_sum);
+  }
+  void MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                  const int32_t* assignment_of, const float* weight, float* out) override {
+    inner_->MoePermute(rows, top_k, width, x, assignment_of, weight, out);
+  }
+  void MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                    const int32_t* row_of, const float* weight, float* out) override {
+    inner_->MoeUnpermute(tokens, top_k, width, in, row_of, weight, out);
+  }
+  void MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                   const float* rows, const int32_t* row_of, float* d_weight) override {
+    inner_->MoeGateGrad(tokens, top_k, width, dy, rows, row_of, d_weight);
+  }
+  void MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                         const float* scores, const float* probs, const int64_t* counts,
+                         const float* d_weight, double aux_scale, float* d_logits) override {
+    inner_->MoeRouterBackward(d, expert, weight, scores, probs, counts, d_weight, aux_scale,
+                              d_logits);
+  }
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t step) override {
     inner_->AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);

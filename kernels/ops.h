@@ -26,6 +26,18 @@ enum class Transpose { kNo, kYes };
 
 class Ops;
 
+// A mixture-of-experts layer's routing problem (docs/moe.md): `tokens` rows of
+// router logits over `num_experts` experts, each token choosing `top_k`.
+enum class MoeScore { kSoftmax, kSigmoid };
+struct MoeRouteDims {
+  int64_t tokens = 0;
+  int64_t num_experts = 0;
+  int64_t top_k = 1;
+  int64_t capacity = 0;  // rows an expert keeps per call; 0: dropless
+  MoeScore score = MoeScore::kSoftmax;
+  double aux_loss_coef = 0.0;  // the backward's load-balancing term (0: none)
+};
+
 // Memory owned by a backend; move-only, returned to its backend on
 // destruction. Contents are uninitialized after Allocate.
 class Buffer {
@@ -246,6 +258,45 @@ class Ops {
   virtual void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
                                          int64_t vocab_offset, int64_t vocab,
                                          const float* row_lse, float grad_scale) = 0;
+
+  // ---- Mixture of experts: routing and row movement (docs/moe.md) ------------------
+  // Assignment a = t * top_k + j is token t's j-th choice. Every array is
+  // backend memory; integers are int32 except the per-expert counts (int64).
+  //
+  // From logits [tokens, E]: scores = softmax or sigmoid of each row (in
+  // double, stored as float), probs = scores normalized per row (softmax:
+  // the scores themselves). Token t chooses the top_k experts by
+  // score + bias[e] (bias [E] or null; ties go to the lower id) in that
+  // order: expert[a], and weight[a] = score / sum of the chosen scores.
+  // Capacity: an expert keeps its first `capacity` assignments in assignment
+  // order (all when 0); the kept ones, sorted by expert and within an expert
+  // by assignment, are the permuted rows: row_of[a] (-1 when dropped) and its
+  // inverse assignment_of[row] (kept rows only). counts [2E]: kept rows per
+  // expert, then assignments per expert before the drop. prob_sum [E] (double)
+  // = sum over tokens of probs[t, e], added in token order.
+  virtual void MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias,
+                        int32_t* expert, float* weight, float* scores, float* probs,
+                        int32_t* row_of, int32_t* assignment_of, int64_t* counts,
+                        double* prob_sum) = 0;
+  // Token rows to permuted order: out[row, :] = x[assignment_of[row] / top_k, :],
+  // times weight[assignment_of[row]] when weight is not null. x [tokens, width].
+  virtual void MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                          const int32_t* assignment_of, const float* weight, float* out) = 0;
+  // Back to token order, ACCUMULATING: out[t, :] += weight[a] * in[row_of[a], :]
+  // for t's kept assignments in j order (weight null: 1). in [rows, width].
+  virtual void MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                            const int32_t* row_of, const float* weight, float* out) = 0;
+  // The gate weights' gradient: d_weight[a] = dy[t, :] . rows[row_of[a], :]
+  // (a dot product in double), 0 for dropped assignments.
+  virtual void MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                           const float* rows, const int32_t* row_of, float* d_weight) = 0;
+  // d_logits [tokens, E] from d_weight (through the renormalization and the
+  // softmax or sigmoid) plus the load-balancing loss's gradient, weighted by
+  // aux_scale: d(aux)/d(probs[t, e]) = aux_scale * coef * E * routed_e /
+  // (tokens * top_k) / tokens, routed = counts[E .. 2E) of MoeRoute.
+  virtual void MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                                 const float* scores, const float* probs, const int64_t* counts,
+                                 const float* d_weight, double aux_scale, float* d_logits) = 0;
 
   // ---- Optimizer -----------------------------------------------------------------
   // torch.optim.AdamW: decoupled decay, bias correction, step counts from 1.

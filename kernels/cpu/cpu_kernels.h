@@ -61,4 +61,18 @@ void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t ro
 
 double SumSquares(const float* x, int64_t n);
 
+// Mixture of experts (kernels/cpu/moe.cc; Ops::MoeRoute and the rest).
+void MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias, int32_t* expert,
+              float* weight, float* scores, float* probs, int32_t* row_of, int32_t* assignment_of,
+              int64_t* counts, double* prob_sum);
+void MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                const int32_t* assignment_of, const float* weight, float* out);
+void MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                  const int32_t* row_of, const float* weight, float* out);
+void MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy, const float* rows,
+                 const int32_t* row_of, float* d_weight);
+void MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                       const float* scores, const float* probs, const int64_t* counts,
+                       const float* d_weight, double aux_scale, float* d_logits);
+
 }  // namespace loom::kernels::cpu

@@ -163,6 +163,31 @@ void CpuOps::AdamW(float* param, const float* grad, float* m, float* v, int64_t 
   AdamWStep(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
 }
 
+void CpuOps::MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias,
+                      int32_t* expert, float* weight, float* scores, float* probs,
+                      int32_t* row_of, int32_t* assignment_of, int64_t* counts,
+                      double* prob_sum) {
+  cpu::MoeRoute(d, logits, bias, expert, weight, scores, probs, row_of, assignment_of, counts,
+                prob_sum);
+}
+void CpuOps::MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                        const int32_t* assignment_of, const float* weight, float* out) {
+  cpu::MoePermute(rows, top_k, width, x, assignment_of, weight, out);
+}
+void CpuOps::MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                          const int32_t* row_of, const float* weight, float* out) {
+  cpu::MoeUnpermute(tokens, top_k, width, in, row_of, weight, out);
+}
+void CpuOps::MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                         const float* rows, const int32_t* row_of, float* d_weight) {
+  cpu::MoeGateGrad(tokens, top_k, width, dy, rows, row_of, d_weight);
+}
+void CpuOps::MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                               const float* scores, const float* probs, const int64_t* counts,
+                               const float* d_weight, double aux_scale, float* d_logits) {
+  cpu::MoeRouterBackward(d, expert, weight, scores, probs, counts, d_weight, aux_scale, d_logits);
+}
+
 std::unique_ptr<Ops> MakeCpuOps(int num_threads) { return std::make_unique<CpuOps>(num_threads); }
 
 }  // namespace loom::kernels::cpu

@@ -21,9 +21,10 @@ flags=(-std=c++17 -O3 --use_fast_math -lineinfo --expt-relaxed-constexpr
 lib_sources=(kernels/cuda/attention/attention_fwd.cu kernels/cuda/attention/attention_bwd.cu
              kernels/cuda/fp8/fp8_quant.cu kernels/cuda/fp8/fp8_gemm.cu kernels/cuda/fp8/fp8_gemm_mma.cu
              kernels/cuda/fp8/fp8_gemm_wgmma.cu kernels/cuda/ops/rmsnorm.cu kernels/cuda/ops/rope.cu
-             kernels/cuda/ops/swiglu.cu kernels/cuda/ops/cross_entropy.cu kernels/cuda/ops/adamw.cu)
+             kernels/cuda/ops/swiglu.cu kernels/cuda/ops/cross_entropy.cu kernels/cuda/ops/adamw.cu
+             kernels/cuda/ops/moe.cu)
 test_sources=(tests/gpu/gpu_test_main.cu tests/gpu/attention_test.cu tests/gpu/fp8_test.cu
-              tests/gpu/fused_ops_test.cu)
+              tests/gpu/fused_ops_test.cu tests/gpu/moe_ops_test.cu)
 bench_sources=(tests/bench/cuda/cuda_kernels_bench.cu)
 all=("${lib_sources[@]}" "${test_sources[@]}" "${bench_sources[@]}" kernels/cuda/capi.cu)
 

@@ -7,15 +7,24 @@
 // counters are the inner communicator's. Engine code that hands host memory
 // to a collective, or reads a buffer the collective wrote on the host, thus
 // fails a test on a machine without a device.
+//
+// Point-to-point posts follow NCCL's launch rule too (worker/comm/
+// nccl_communicator.h): SendAsync/RecvAsync are held, and the batch reaches
+// the inner communicator only at StartPosted, the first Wait of one of its
+// works, or the next collective. So a caller that waits without starting sees
+// its transfers begin only at the wait, as on a GPU, and the op trace
+// (set_trace) shows what ran while each batch was in flight.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "tests/engine_device/device_emulation_ops.h"
+#include "tests/engine_device/op_trace.h"
 #include "worker/comm/communicator.h"
 
 namespace loom::engine::testing {
@@ -47,7 +56,8 @@ class DeviceEmulationCommunicator final : public comm::Communicator {
   absl::Status AllToAll(std::span<const float> in, const std::vector<int64_t>& send_counts,
                         std::span<float> out, const std::vector<int64_t>& recv_counts) override;
   absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override;
-  absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status Barrier() override;
+  void StartPosted() override;
 
   comm::CommStats Stats() const override { return inner_->Stats(); }
   void Abort(const std::string& reason) override { inner_->Abort(reason); }
@@ -57,7 +67,22 @@ class DeviceEmulationCommunicator final : public comm::Communicator {
   // device path really communicated).
   int64_t forwarded() const { return forwarded_.load(); }
 
+  // Records "start <n>" when the n-th batch of posts (counting from 0) goes
+  // to the inner communicator and "wait <n>" at the first Wait on one of its
+  // works; nullptr stops. Not owned.
+  void set_trace(OpTrace* trace) { trace_.store(trace); }
+
+  // A posted transfer held until its batch starts.
+  struct Held;
+  // Sends the held posts to the inner communicator, in posting order.
+  void StartHeld();
+  void TraceEvent(const std::string& event) {
+    if (OpTrace* t = trace_.load()) t->Add(event);
+  }
+
  private:
+  // Holds a point-to-point transfer (host view) until its batch starts.
+  std::unique_ptr<comm::Work> Hold(bool send, std::span<float> host, int peer, uint32_t tag);
   // The host view of a span that must be backend memory; aborts otherwise.
   template <typename T>
   std::span<T> Host(std::span<T> s, const char* op, const char* arg);
@@ -66,6 +91,10 @@ class DeviceEmulationCommunicator final : public comm::Communicator {
   comm::Communicator* inner_;
   const DeviceEmulationOps* ops_;
   std::atomic<int64_t> forwarded_{0};
+  std::atomic<OpTrace*> trace_{nullptr};
+  std::mutex held_mu_;
+  std::vector<std::shared_ptr<Held>> held_;  // the open batch
+  int64_t batches_ = 0;                      // batches started so far
 };
 
 // Wraps each communicator of a group; ops[r] is rank r's backend.

@@ -242,6 +242,7 @@ void DeviceEmulationOps::AttentionForward(const AttentionDims& dims, const float
                                           const float* k, const float* v, float* out,
                                           float* lse) {
   const char* op = "AttentionForward";
+  Trace(op);
   inner_->AttentionForward(dims, Dev(q, op, "q"), Dev(k, op, "k"), Dev(v, op, "v"),
                            Dev(out, op, "out"), Dev(lse, op, "lse"));
   Count(&Counters::ops, 0);
@@ -252,6 +253,7 @@ void DeviceEmulationOps::AttentionBackward(const AttentionDims& dims, const floa
                                            const float* lse, const float* d_out, float* dq,
                                            float* dk, float* dv) {
   const char* op = "AttentionBackward";
+  Trace(op);
   inner_->AttentionBackward(dims, Dev(q, op, "q"), Dev(k, op, "k"), Dev(v, op, "v"),
                             Dev(out, op, "out"), Dev(lse, op, "lse"), Dev(d_out, op, "d_out"),
                             Dev(dq, op, "dq"), Dev(dk, op, "dk"), Dev(dv, op, "dv"));
@@ -263,6 +265,7 @@ void DeviceEmulationOps::AttentionMerge(int64_t seq, int64_t heads, int64_t head
                                         const float* block_out, int64_t block_row_stride,
                                         const float* block_lse) {
   const char* op = "AttentionMerge";
+  Trace(op);
   inner_->AttentionMerge(seq, heads, head_dim, Dev(out, op, "out"), out_row_stride,
                          Dev(lse, op, "lse"), Dev(block_out, op, "block_out"), block_row_stride,
                          Dev(block_lse, op, "block_lse"));
@@ -328,6 +331,58 @@ void DeviceEmulationOps::CrossEntropyShardBackward(float* logits, const int32_t*
   const char* op = "CrossEntropyShardBackward";
   inner_->CrossEntropyShardBackward(Dev(logits, op, "logits"), Dev(targets, op, "targets"), rows,
                                     vocab_offset, vocab, Dev(row_lse, op, "row_lse"), grad_scale);
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::MoeRoute(const kernels::MoeRouteDims& d, const float* logits,
+                                  const float* bias, int32_t* expert, float* weight,
+                                  float* scores, float* probs, int32_t* row_of,
+                                  int32_t* assignment_of, int64_t* counts, double* prob_sum) {
+  const char* op = "MoeRoute";
+  inner_->MoeRoute(d, Dev(logits, op, "logits"), Dev(bias, op, "bias"), Dev(expert, op, "expert"),
+                   Dev(weight, op, "weight"), Dev(scores, op, "scores"), Dev(probs, op, "probs"),
+                   Dev(row_of, op, "row_of"), Dev(assignment_of, op, "assignment_of"),
+                   Dev(counts, op, "counts"), Dev(prob_sum, op, "prob_sum"));
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                                    const int32_t* assignment_of, const float* weight,
+                                    float* out) {
+  const char* op = "MoePermute";
+  inner_->MoePermute(rows, top_k, width, Dev(x, op, "x"), Dev(assignment_of, op, "assignment_of"),
+                     Dev(weight, op, "weight"), Dev(out, op, "out"));
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width,
+                                      const float* in, const int32_t* row_of, const float* weight,
+                                      float* out) {
+  const char* op = "MoeUnpermute";
+  inner_->MoeUnpermute(tokens, top_k, width, Dev(in, op, "in"), Dev(row_of, op, "row_of"),
+                       Dev(weight, op, "weight"), Dev(out, op, "out"));
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width,
+                                     const float* dy, const float* rows, const int32_t* row_of,
+                                     float* d_weight) {
+  const char* op = "MoeGateGrad";
+  inner_->MoeGateGrad(tokens, top_k, width, Dev(dy, op, "dy"), Dev(rows, op, "rows"),
+                      Dev(row_of, op, "row_of"), Dev(d_weight, op, "d_weight"));
+  Count(&Counters::ops, 0);
+}
+
+void DeviceEmulationOps::MoeRouterBackward(const kernels::MoeRouteDims& d, const int32_t* expert,
+                                           const float* weight, const float* scores,
+                                           const float* probs, const int64_t* counts,
+                                           const float* d_weight, double aux_scale,
+                                           float* d_logits) {
+  const char* op = "MoeRouterBackward";
+  inner_->MoeRouterBackward(d, Dev(expert, op, "expert"), Dev(weight, op, "weight"),
+                            Dev(scores, op, "scores"), Dev(probs, op, "probs"),
+                            Dev(counts, op, "counts"), Dev(d_weight, op, "d_weight"), aux_scale,
+                            Dev(d_logits, op, "d_logits"));
   Count(&Counters::ops, 0);
 }
 

@@ -14,6 +14,7 @@
 // address) fails the test too, not only code that reads device memory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <optional>
 
 #include "kernels/ops.h"
+#include "tests/engine_device/op_trace.h"
 
 namespace loom::engine::testing {
 
@@ -41,6 +43,10 @@ class DeviceEmulationOps final : public kernels::Ops {
             device_to_host_bytes = 0, adamw = 0, sum_squares = 0, scale = 0, ops = 0;
   };
   Counters counters() const;
+
+  // Records the attention ops (AttentionForward/Backward/Merge: what a ring
+  // step computes) into `trace` from now on; nullptr stops. Not owned.
+  void set_trace(OpTrace* trace) { trace_.store(trace); }
 
   // The host address behind `tagged` for code outside the ops that accepts
   // only backend memory (DeviceEmulationCommunicator): [tagged, tagged+bytes)
@@ -118,6 +124,18 @@ class DeviceEmulationOps final : public kernels::Ops {
   void CrossEntropyShardBackward(float* logits, const int32_t* targets, int64_t rows,
                                  int64_t vocab_offset, int64_t vocab, const float* row_lse,
                                  float grad_scale) override;
+  void MoeRoute(const kernels::MoeRouteDims& d, const float* logits, const float* bias, int32_t* expert,
+                float* weight, float* scores, float* probs, int32_t* row_of,
+                int32_t* assignment_of, int64_t* counts, double* prob_sum) override;
+  void MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                  const int32_t* assignment_of, const float* weight, float* out) override;
+  void MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                    const int32_t* row_of, const float* weight, float* out) override;
+  void MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                   const float* rows, const int32_t* row_of, float* d_weight) override;
+  void MoeRouterBackward(const kernels::MoeRouteDims& d, const int32_t* expert, const float* weight,
+                         const float* scores, const float* probs, const int64_t* counts,
+                         const float* d_weight, double aux_scale, float* d_logits) override;
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
 
@@ -135,6 +153,9 @@ class DeviceEmulationOps final : public kernels::Ops {
   // Aborts unless p is an ordinary host address.
   void CheckHost(const void* p, const char* op, const char* arg) const;
   void Count(int64_t Counters::*field, int64_t amount = 1);
+  void Trace(const char* op) {
+    if (OpTrace* t = trace_.load()) t->Add(op);
+  }
 
   std::unique_ptr<kernels::Ops> inner_;
   mutable std::mutex mu_;
@@ -143,6 +164,7 @@ class DeviceEmulationOps final : public kernels::Ops {
   Counters counters_;
   int64_t allocated_bytes_ = 0;
   int64_t peak_allocated_bytes_ = 0;
+  std::atomic<OpTrace*> trace_{nullptr};
 };
 
 }  // namespace loom::engine::testing

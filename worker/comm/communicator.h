@@ -110,6 +110,16 @@ class Communicator {
   virtual std::unique_ptr<Work> RecvAsync(std::span<float> data, int peer, uint32_t tag) {
     return std::make_unique<DoneWork>(Recv(data, peer, tag));
   }
+  // Starts the sends and receives posted so far and not yet started. An
+  // implementation that holds posts to launch them together (NCCL: one group,
+  // since its transfers match by order and a lone send could wait forever on
+  // a receive queued behind it) otherwise starts them only at the first Wait
+  // or the next collective, after whatever the caller computes in between; a
+  // caller that wants its transfers to overlap that computation posts every
+  // transfer its peers need matched together (a ring's receive and send),
+  // then calls this. Implementations that start each post at once (Gloo)
+  // have nothing to do: the default.
+  virtual void StartPosted() {}
 
   // For a watchdog thread: stops the communicator for good. Operations
   // blocked in it return ABORTED promptly, and so does every later call.

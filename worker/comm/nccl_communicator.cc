@@ -168,6 +168,10 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> RecvAsync(std::span<float> data, int peer, uint32_t tag) override {
     return Post(false, data.data(), data.size(), peer);
   }
+  void StartPosted() override {
+    std::lock_guard<std::mutex> lock(launch_mu_);
+    FlushLocked();
+  }
   absl::Status AllToAll(std::span<const float> in, const std::vector<int64_t>& send_counts,
                         std::span<float> out, const std::vector<int64_t>& recv_counts) override;
   absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override;

@@ -28,7 +28,9 @@
 // posting versions are batched: everything posted before the first Wait (or
 // before the next collective) is launched as one NCCL group, so a stage can
 // post its send and its receive and then wait for both without deadlock
-// (the pattern of torch.distributed.batch_isend_irecv).
+// (the pattern of torch.distributed.batch_isend_irecv). StartPosted launches
+// the open batch at once, so that it overlaps what the caller computes before
+// its Wait (a ring posts its receive and its send, starts them, then computes).
 #pragma once
 
 #include <memory>

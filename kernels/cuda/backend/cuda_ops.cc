@@ -8,6 +8,7 @@
 #include "kernels/cuda/backend/cuda_lt_state.h"
 #include "kernels/cuda/backend/simple_kernels.h"
 #include "kernels/cuda/ops/fused_ops.h"
+#include "kernels/cuda/ops/moe.h"
 
 namespace loom::kernels::cuda {
 
@@ -280,6 +281,39 @@ void CudaOps::CrossEntropyShardBackward(float* logits, const int32_t* targets, i
 }
 
 // ---- Optimizer ------------------------------------------------------------------------
+
+// ---- Mixture of experts (kernels/cuda/ops/moe.h) -----------------------------------
+
+void CudaOps::MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias,
+                       int32_t* expert, float* weight, float* scores, float* probs,
+                       int32_t* row_of, int32_t* assignment_of, int64_t* counts,
+                       double* prob_sum) {
+  Check(cuda::MoeRoute(d, logits, bias, expert, weight, scores, probs, row_of, assignment_of,
+                       counts, prob_sum, stream_),
+        "MoeRoute (num_experts <= 1024, top_k <= num_experts)");
+}
+void CudaOps::MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                         const int32_t* assignment_of, const float* weight, float* out) {
+  Check(cuda::MoePermute(rows, top_k, width, x, assignment_of, weight, out, stream_),
+        "MoePermute");
+}
+void CudaOps::MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                           const int32_t* row_of, const float* weight, float* out) {
+  Check(cuda::MoeUnpermute(tokens, top_k, width, in, row_of, weight, out, stream_),
+        "MoeUnpermute");
+}
+void CudaOps::MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                          const float* rows, const int32_t* row_of, float* d_weight) {
+  Check(cuda::MoeGateGrad(tokens, top_k, width, dy, rows, row_of, d_weight, stream_),
+        "MoeGateGrad");
+}
+void CudaOps::MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                                const float* scores, const float* probs, const int64_t* counts,
+                                const float* d_weight, double aux_scale, float* d_logits) {
+  Check(cuda::MoeRouterBackward(d, expert, weight, scores, probs, counts, d_weight, aux_scale,
+                                d_logits, stream_),
+        "MoeRouterBackward (num_experts <= 1024, top_k <= num_experts)");
+}
 
 void CudaOps::AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t step) {

@@ -168,6 +168,19 @@ class CudaOps final : public Ops {
                                  int64_t vocab_offset, int64_t vocab, const float* row_lse,
                                  float grad_scale) override;
 
+  void MoeRoute(const MoeRouteDims& d, const float* logits, const float* bias, int32_t* expert,
+                float* weight, float* scores, float* probs, int32_t* row_of,
+                int32_t* assignment_of, int64_t* counts, double* prob_sum) override;
+  void MoePermute(int64_t rows, int64_t top_k, int64_t width, const float* x,
+                  const int32_t* assignment_of, const float* weight, float* out) override;
+  void MoeUnpermute(int64_t tokens, int64_t top_k, int64_t width, const float* in,
+                    const int32_t* row_of, const float* weight, float* out) override;
+  void MoeGateGrad(int64_t tokens, int64_t top_k, int64_t width, const float* dy,
+                   const float* rows, const int32_t* row_of, float* d_weight) override;
+  void MoeRouterBackward(const MoeRouteDims& d, const int32_t* expert, const float* weight,
+                         const float* scores, const float* probs, const int64_t* counts,
+                         const float* d_weight, double aux_scale, float* d_logits) override;
+
   void AdamW(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
              float beta1, float beta2, float eps, float weight_decay, int64_t step) override;
 

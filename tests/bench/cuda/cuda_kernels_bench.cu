@@ -20,6 +20,7 @@
 #include "kernels/cuda/attention/attention.h"
 #include "kernels/cuda/fp8/fp8.h"
 #include "kernels/cuda/ops/fused_ops.h"
+#include "kernels/cuda/ops/moe.h"
 
 namespace {
 
@@ -225,6 +226,53 @@ void BenchOps() {
   for (float* p : owned) cudaFree(p);
 }
 
+// The MoE layer's routing and row movement at a DeepSeek-V3-like layer on one
+// device: 16384 tokens, 256 experts, top 8 by sigmoid, hidden 4096 (fp32 rows).
+void BenchMoe() {
+  loom::kernels::MoeRouteDims d;
+  d.tokens = 16384;
+  d.num_experts = 256;
+  d.top_k = 8;
+  d.score = loom::kernels::MoeScore::kSigmoid;
+  d.aux_loss_coef = 1e-4;
+  const int64_t width = 4096, assignments = d.tokens * d.top_k;
+  float *logits = RandomF32(d.tokens * d.num_experts, 30, 2.f), *bias = RandomF32(d.num_experts, 31, 0.01f);
+  float *weight = Alloc<float>(assignments), *scores = Alloc<float>(d.tokens * d.num_experts),
+        *probs = Alloc<float>(d.tokens * d.num_experts), *d_weight = Alloc<float>(assignments),
+        *d_logits = Alloc<float>(d.tokens * d.num_experts);
+  int32_t *expert = Alloc<int32_t>(assignments), *row_of = Alloc<int32_t>(assignments),
+          *assignment_of = Alloc<int32_t>(assignments);
+  int64_t* counts = Alloc<int64_t>(2 * d.num_experts);
+  double* prob_sum = Alloc<double>(d.num_experts);
+  float *x = RandomF32(d.tokens * width, 32), *rows = Alloc<float>(assignments * width),
+        *y = RandomF32(d.tokens * width, 33);
+  const std::string shape = "16384 tok E256 k8";
+  double ms = TimeMs([&] {
+    return kc::MoeRoute(d, logits, bias, expert, weight, scores, probs, row_of, assignment_of,
+                        counts, prob_sum, nullptr);
+  });
+  const double te_bytes = 4.0 * d.tokens * d.num_experts;
+  Row("moe route", "sigmoid+bias", shape, ms, 0, 3 * te_bytes + 16.0 * assignments);
+  const std::string row_shape = shape + " h4096";
+  const double row_bytes = 4.0 * assignments * width;
+  ms = TimeMs([&] { return kc::MoePermute(assignments, d.top_k, width, x, assignment_of, nullptr, rows, nullptr); });
+  Row("moe permute", "gather", row_shape, ms, 0, 2 * row_bytes);
+  ms = TimeMs([&] { return kc::MoePermute(assignments, d.top_k, width, x, assignment_of, weight, rows, nullptr); });
+  Row("moe permute", "gather*weight", row_shape, ms, 0, 2 * row_bytes);
+  ms = TimeMs([&] { return kc::MoeUnpermute(d.tokens, d.top_k, width, rows, row_of, weight, y, nullptr); });
+  Row("moe unpermute", "weighted sum", row_shape, ms, 0, row_bytes + 8.0 * d.tokens * width);
+  ms = TimeMs([&] { return kc::MoeGateGrad(d.tokens, d.top_k, width, y, rows, row_of, d_weight, nullptr); });
+  Row("moe gate grad", "dot fp64", row_shape, ms, 0, row_bytes + 4.0 * d.tokens * width);
+  ms = TimeMs([&] {
+    return kc::MoeRouterBackward(d, expert, weight, scores, probs, counts, d_weight, 1.0, d_logits, nullptr);
+  });
+  Row("moe router bwd", "sigmoid", shape, ms, 0, 3 * te_bytes + 12.0 * assignments);
+  for (void* p : {(void*)logits, (void*)bias, (void*)weight, (void*)scores, (void*)probs, (void*)d_weight,
+                  (void*)d_logits, (void*)expert, (void*)row_of, (void*)assignment_of, (void*)counts,
+                  (void*)prob_sum, (void*)x, (void*)rows, (void*)y})
+    cudaFree(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,5 +288,6 @@ int main(int argc, char** argv) {
   if (Want(filter, "attention")) BenchAttention();
   if (Want(filter, "fp8")) BenchFp8();
   if (Want(filter, "ops")) BenchOps();
+  if (Want(filter, "moe")) BenchMoe();
   return 0;
 }

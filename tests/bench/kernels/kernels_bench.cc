@@ -169,6 +169,68 @@ void BM_AdamW(benchmark::State& state) {
 }
 BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The MoE layer's routing and row movement at the benchmark model's tokens,
+// 8 experts, top 2 (the shape of docs/moe.md's MoE-vs-dense measurement).
+struct MoeRouted {
+  loom::kernels::MoeRouteDims d;
+  std::vector<float> logits, weight, scores, probs;
+  std::vector<int32_t> expert, row_of, assignment_of;
+  std::vector<int64_t> counts;
+  std::vector<double> prob_sum;
+  MoeRouted() {
+    d.tokens = kTokens;
+    d.num_experts = 8;
+    d.top_k = 2;
+    d.aux_loss_coef = 0.01;
+    logits = Filled(kTokens * d.num_experts, 3.0f);
+    weight.resize(kTokens * d.top_k);
+    scores.resize(logits.size());
+    probs.resize(logits.size());
+    expert.resize(weight.size());
+    row_of.resize(weight.size());
+    assignment_of.resize(weight.size());
+    counts.resize(2 * d.num_experts);
+    prob_sum.resize(d.num_experts);
+    Route();
+  }
+  void Route() {
+    Ops().MoeRoute(d, logits.data(), nullptr, expert.data(), weight.data(), scores.data(),
+                   probs.data(), row_of.data(), assignment_of.data(), counts.data(), prob_sum.data());
+  }
+};
+
+void BM_MoeRoute(benchmark::State& state) {
+  MoeRouted r;
+  for (auto _ : state) r.Route();
+}
+BENCHMARK(BM_MoeRoute)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_MoePermuteUnpermute(benchmark::State& state) {
+  MoeRouted r;
+  const auto x = Filled(kTokens * kHidden);
+  std::vector<float> rows(kTokens * r.d.top_k * kHidden), y(kTokens * kHidden);
+  for (auto _ : state) {
+    Ops().MoePermute(kTokens * r.d.top_k, r.d.top_k, kHidden, x.data(), r.assignment_of.data(),
+                     nullptr, rows.data());
+    Ops().MoeUnpermute(kTokens, r.d.top_k, kHidden, rows.data(), r.row_of.data(), r.weight.data(),
+                       y.data());
+  }
+}
+BENCHMARK(BM_MoePermuteUnpermute)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_MoeGateGradRouterBackward(benchmark::State& state) {
+  MoeRouted r;
+  const auto dy = Filled(kTokens * kHidden), rows = Filled(kTokens * r.d.top_k * kHidden);
+  std::vector<float> d_weight(kTokens * r.d.top_k), d_logits(r.logits.size());
+  for (auto _ : state) {
+    Ops().MoeGateGrad(kTokens, r.d.top_k, kHidden, dy.data(), rows.data(), r.row_of.data(),
+                      d_weight.data());
+    Ops().MoeRouterBackward(r.d, r.expert.data(), r.weight.data(), r.scores.data(), r.probs.data(),
+                            r.counts.data(), d_weight.data(), 1.0, d_logits.data());
+  }
+}
+BENCHMARK(BM_MoeGateGradRouterBackward)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();

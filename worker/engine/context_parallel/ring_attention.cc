@@ -88,6 +88,10 @@ absl::Status RingAttention::Exchange(kernels::Buffer& send, kernels::Buffer& rec
                             (r - 1 + n) % n, tag);
   *sent = cp_.SendAsync(std::span<const float>(send.f32(), static_cast<size_t>(floats)),
                         (r + 1) % n, tag);
+  // Both halves of this rank's hop are posted: start them now, so that they
+  // run while the step's blocks compute (NCCL would otherwise hold them until
+  // the wait after the blocks).
+  cp_.StartPosted();
   return absl::OkStatus();
 }
 

@@ -57,7 +57,7 @@ class RingAttention {
  private:
   // Buffers and block scratch for these dims; q and kv gathered from qkv.
   void Prepare(const RingDims& d, const ZigzagSplit& z, const float* qkv, int64_t qkv_stride);
-  // Posts kv[from] -> next rank and kv[to] <- previous rank.
+  // Posts kv[from] -> next rank and kv[to] <- previous rank, and starts them.
   absl::Status Exchange(kernels::Buffer& send, kernels::Buffer& recv, int64_t floats,
                         uint32_t tag, std::unique_ptr<comm::Work>* sent,
                         std::unique_ptr<comm::Work>* received);

@@ -46,6 +46,36 @@ float* MoeLayer::Ensure(kernels::Buffer& b, int64_t floats) {
   return b.f32();
 }
 
+void MoeLayer::RouteOnBackend(const MoeDims& d, const float* bias, const float* logits) {
+  kernels::Ops& ops = *ops_;
+  const int64_t t = d.tokens, e_count = d.num_experts, assignments = d.tokens * d.top_k;
+  const float* bias_dev = nullptr;
+  if (bias != nullptr) {  // host model state: E floats per layer and micro-batch
+    bias_dev = Ensure(bias_, e_count);
+    ops.CopyHostToDevice(bias_.f32(), bias, e_count * kF);
+  }
+  // int32 and float are both 4 bytes; the int64 counts and the double sums take two floats each.
+  ops.MoeRoute(RouteDims(d), logits, bias_dev, reinterpret_cast<int32_t*>(Ensure(expert_, assignments)),
+               Ensure(weight_, assignments), Ensure(scores_, t * e_count), Ensure(probs_, t * e_count),
+               reinterpret_cast<int32_t*>(Ensure(row_of_, assignments)),
+               reinterpret_cast<int32_t*>(Ensure(assignment_of_, assignments)),
+               reinterpret_cast<int64_t*>(Ensure(counts_, 4 * e_count)),
+               reinterpret_cast<double*>(Ensure(prob_sum_, 2 * e_count)));
+  // The host needs the counts (they size the expert GEMMs and the exchange)
+  // and the aux loss; nothing else of the routing leaves the backend.
+  std::vector<int64_t> counts(static_cast<size_t>(2 * e_count));
+  std::vector<double> prob_sum(static_cast<size_t>(e_count));
+  ops.CopyDeviceToHost(counts.data(), counts_.data(), 2 * e_count * 8);
+  ops.CopyDeviceToHost(prob_sum.data(), prob_sum_.data(), e_count * 8);
+  acts_.counts.assign(counts.begin(), counts.begin() + e_count);
+  acts_.routed.assign(counts.begin() + e_count, counts.end());
+  acts_.assignments = assignments;
+  acts_.kept_rows = 0;
+  for (int64_t n : acts_.counts) acts_.kept_rows += n;
+  acts_.dropped = assignments - acts_.kept_rows;
+  acts_.aux_loss = AuxLoss(d, acts_.routed.data(), prob_sum.data());
+}
+
 absl::Status MoeLayer::Forward(const MoeDims& d, const MoeWeights& w, const float* h2,
                                const float* x_mid, float* x_next) {
   kernels::Ops& ops = *ops_;
@@ -53,19 +83,15 @@ absl::Status MoeLayer::Forward(const MoeDims& d, const MoeWeights& w, const floa
   // The router stays in full precision (GemmScope::kDefault), as DeepSeek-V3's.
   float* logits = Ensure(logits_, t * e_count);
   ops.Gemm(kN, kT, t, e_count, h, 1.0f, h2, h, w.router, h, 0.0f, logits, e_count);
-  std::vector<float> host(static_cast<size_t>(t * e_count));
-  ops.CopyDeviceToHost(host.data(), logits, t * e_count * kF);
-  acts_.routing = Route(d, host.data(), w.bias, &acts_.aux_loss);
-  const MoeRouting& r = acts_.routing;
+  RouteOnBackend(d, w.bias, logits);
 
   // Token rows into permuted order, then to the ranks holding their experts.
-  const int64_t kept = r.kept_rows();
+  const int64_t kept = acts_.kept_rows;
   float* permuted = Ensure(permuted_, kept * h);
-  for (int64_t row = 0; row < kept; ++row) {
-    const int64_t token = r.assignment_of[static_cast<size_t>(row)] / d.top_k;
-    ops.CopyDeviceToDevice(permuted + row * h, h2 + token * h, h * kF);
-  }
-  if (absl::Status s = exchange_->Plan(r.counts, &acts_.plan); !s.ok()) return s;
+  const int32_t* assignment_of = reinterpret_cast<const int32_t*>(assignment_of_.data());
+  const int32_t* row_of = reinterpret_cast<const int32_t*>(row_of_.data());
+  if (kept > 0) ops.MoePermute(kept, d.top_k, h, h2, assignment_of, nullptr, permuted);
+  if (absl::Status s = exchange_->Plan(acts_.counts, &acts_.plan); !s.ok()) return s;
   const ExchangePlan& plan = acts_.plan;
   const int64_t g_rows = plan.grouped_rows;
   float* grouped_in = Ensure(grouped_in_, g_rows * h);
@@ -108,11 +134,7 @@ absl::Status MoeLayer::Forward(const MoeDims& d, const MoeWeights& w, const floa
   if (absl::Status s = exchange_->Combine(plan, grouped_out, h, permuted_out); !s.ok()) return s;
   if (x_next == nullptr) return absl::OkStatus();
   // Weighted combine, token by token, choices in order (a fixed order of additions).
-  for (int64_t a = 0; a < t * d.top_k; ++a) {
-    const int32_t row = r.row_of[static_cast<size_t>(a)];
-    if (row < 0) continue;  // dropped by the capacity
-    ops.Axpy(h, r.weight[static_cast<size_t>(a)], permuted_out + row * h, x_next + (a / d.top_k) * h);
-  }
+  ops.MoeUnpermute(t, d.top_k, h, permuted_out, row_of, weight_.f32(), x_next);
   return absl::OkStatus();
 }
 
@@ -121,9 +143,10 @@ absl::Status MoeLayer::Backward(const MoeDims& d, const MoeWeights& w, const Moe
                                 MoeScratch& s, float* dh) {
   kernels::Ops& ops = *ops_;
   const int64_t t = d.tokens, h = d.hidden, e_count = d.num_experts, f = d.expert_ffn, k = d.top_k;
-  const MoeRouting& r = acts_.routing;
   const ExchangePlan& plan = acts_.plan;
-  const int64_t kept = r.kept_rows(), g_rows = plan.grouped_rows;
+  const int64_t kept = acts_.kept_rows, g_rows = plan.grouped_rows;
+  const int32_t* row_of = reinterpret_cast<const int32_t*>(row_of_.data());
+  const int32_t* assignment_of = reinterpret_cast<const int32_t*>(assignment_of_.data());
   const kernels::GemmScopeGuard linear(ops, kernels::GemmScope::kLinear);
   // Shared experts (the dense MLP's backward); their input gradient starts dh.
   if (d.shared_ffn > 0) {
@@ -141,28 +164,12 @@ absl::Status MoeLayer::Backward(const MoeDims& d, const MoeWeights& w, const Moe
   }
 
   // The gate weights' gradient: d weight[a] = dy[token] . expert output[a].
-  std::vector<float> dy_host(static_cast<size_t>(t * h));
-  std::vector<float> out_host(static_cast<size_t>(kept * h));
-  ops.CopyDeviceToHost(dy_host.data(), dy, t * h * kF);
-  if (kept > 0) ops.CopyDeviceToHost(out_host.data(), permuted_out_.f32(), kept * h * kF);
-  std::vector<float> d_weight(static_cast<size_t>(t * k), 0.0f);
-  for (int64_t a = 0; a < t * k; ++a) {
-    const int32_t row = r.row_of[static_cast<size_t>(a)];
-    if (row < 0) continue;
-    const float* x = dy_host.data() + (a / k) * h;
-    const float* y = out_host.data() + static_cast<int64_t>(row) * h;
-    double dot = 0;
-    for (int64_t c = 0; c < h; ++c) dot += static_cast<double>(x[c]) * y[c];
-    d_weight[static_cast<size_t>(a)] = static_cast<float>(dot);
-  }
+  float* d_weight = Ensure(s.d_weight, t * k);
+  ops.MoeGateGrad(t, k, h, dy, permuted_out_.f32(), row_of, d_weight);
 
   // The expert outputs' gradient, weight * dy[token], in permuted order, to the experts.
   float* d_permuted = Ensure(s.d_permuted, kept * h);
-  for (int64_t row = 0; row < kept; ++row) {
-    const int32_t a = r.assignment_of[static_cast<size_t>(row)];
-    ops.CopyDeviceToDevice(d_permuted + row * h, dy + (a / k) * h, h * kF);
-    ops.Scale(h, r.weight[static_cast<size_t>(a)], d_permuted + row * h);
-  }
+  if (kept > 0) ops.MoePermute(kept, k, h, dy, assignment_of, weight_.f32(), d_permuted);
   float* d_grouped = Ensure(s.d_grouped, g_rows * h);
   if (absl::Status st = exchange_->CombineBackward(plan, d_permuted, h, d_grouped); !st.ok()) {
     return st;
@@ -195,38 +202,39 @@ absl::Status MoeLayer::Backward(const MoeDims& d, const MoeWeights& w, const Moe
       !st.ok()) {
     return st;
   }
-  for (int64_t a = 0; a < t * k; ++a) {
-    const int32_t row = r.row_of[static_cast<size_t>(a)];
-    if (row >= 0) ops.Axpy(h, 1.0f, d_permuted_in + static_cast<int64_t>(row) * h, dh + (a / k) * h);
-  }
+  ops.MoeUnpermute(t, k, h, d_permuted_in, row_of, nullptr, dh);
 
   // The router: logits = h2 @ router^T, in full precision.
   const kernels::GemmScopeGuard full(ops, kernels::GemmScope::kDefault);
-  const std::vector<float> d_logits_host = RouterBackward(d, r, d_weight, loss_scale);
   float* d_logits = Ensure(s.d_logits, t * e_count);
-  ops.CopyHostToDevice(d_logits, d_logits_host.data(), t * e_count * kF);
+  ops.MoeRouterBackward(RouteDims(d), reinterpret_cast<const int32_t*>(expert_.data()),
+                        weight_.f32(), scores_.f32(), probs_.f32(),
+                        reinterpret_cast<const int64_t*>(counts_.data()), d_weight, loss_scale,
+                        d_logits);
   ops.Gemm(kT, kN, e_count, h, t, 1.0f, d_logits, e_count, h2, h, 1.0f, g.router, h);
   ops.Gemm(kN, kN, t, h, e_count, 1.0f, d_logits, e_count, w.router, h, 1.0f, dh, h);
   return absl::OkStatus();
 }
 
 void MoeLayer::AddStats(int64_t slot, MoeStepStats* stats) const {
-  const MoeRouting& r = acts_.routing;
-  const size_t e_count = r.routed.size();
+  const size_t e_count = acts_.routed.size();
   const size_t need = static_cast<size_t>(slot + 1) * e_count;
   if (stats->tokens_per_expert.size() < need) stats->tokens_per_expert.resize(need, 0.0);
   for (size_t e = 0; e < e_count; ++e) {
-    stats->tokens_per_expert[static_cast<size_t>(slot) * e_count + e] += static_cast<double>(r.routed[e]);
+    stats->tokens_per_expert[static_cast<size_t>(slot) * e_count + e] +=
+        static_cast<double>(acts_.routed[e]);
   }
-  stats->dropped += static_cast<double>(r.dropped);
-  stats->assignments += static_cast<double>(r.expert.size());
+  stats->dropped += static_cast<double>(acts_.dropped);
+  stats->assignments += static_cast<double>(acts_.assignments);
   stats->aux_loss += acts_.aux_loss;
 }
 
 int64_t MoeLayer::ActivationBytes() const {
   int64_t bytes = 0;
   for (const kernels::Buffer* b : {&logits_, &permuted_, &grouped_in_, &gu_, &act_, &grouped_out_,
-                                   &permuted_out_, &shared_gu_, &shared_act_}) {
+                                   &permuted_out_, &shared_gu_, &shared_act_, &expert_, &weight_,
+                                   &scores_, &probs_, &row_of_, &assignment_of_, &counts_,
+                                   &prob_sum_, &bias_}) {
     bytes += b->bytes();
   }
   return bytes;

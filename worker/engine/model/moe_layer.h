@@ -64,9 +64,10 @@ struct MoeDims {
   int64_t capacity = 0;
 };
 
-// One micro-batch's routing decision for this rank's tokens, on the host.
-// Assignment a = t * top_k + j is token t's j-th choice (j by descending
-// selection score).
+// One micro-batch's routing decision for this rank's tokens, on the host
+// (Route in moe_router.h; the layer routes on the backend with the same
+// arithmetic, kernels::Ops::MoeRoute). Assignment a = t * top_k + j is token
+// t's j-th choice (j by descending selection score).
 struct MoeRouting {
   std::vector<int32_t> expert;  // [tokens * top_k], global expert id
   std::vector<float> weight;    // [tokens * top_k], renormalized gate weight
@@ -161,10 +162,17 @@ struct MoeGrads {
   float* shared_down = nullptr;
 };
 
-// The forward's saved state of one MoE layer and micro-batch. Backend buffers
-// are sized by the layer (MoeLayer::Prepare) for the rows they need.
+// The host's part of the forward's saved state of one MoE layer and
+// micro-batch: the per-expert counts that size the expert GEMMs and the
+// exchange (copied from the backend once per forward, with the aux loss's
+// column sums). The routing itself (choices, weights, scores, the permuted
+// order) stays in backend memory, in the layer.
 struct MoeActivations {
-  MoeRouting routing;
+  std::vector<int64_t> counts;  // [E] kept rows per expert (the permuted order's segments)
+  std::vector<int64_t> routed;  // [E] assignments per expert before the capacity drop
+  int64_t assignments = 0;      // tokens * top_k
+  int64_t dropped = 0;          // assignments dropped by the capacity
+  int64_t kept_rows = 0;
   ExchangePlan plan;
   double aux_loss = 0.0;  // coef * E * sum_e f_e * P_e of this micro-batch
 };
@@ -183,6 +191,7 @@ struct MoeStepStats {
 struct MoeScratch {
   kernels::Buffer d_permuted, d_grouped, d_act, d_gu, d_grouped_in, d_permuted_in, d_logits;
   kernels::Buffer d_shared_act, d_shared_gu;
+  kernels::Buffer d_weight;  // [tokens * top_k] the gate weights' gradient
 };
 
 // One MoE layer's forward and backward on caller-owned weights; it owns the
@@ -210,11 +219,18 @@ class MoeLayer {
 
  private:
   float* Ensure(kernels::Buffer& b, int64_t floats);
+  // Routes the logits on the backend (Ops::MoeRoute) into the routing
+  // buffers below and copies the counts and the aux loss's sums to acts_.
+  void RouteOnBackend(const MoeDims& d, const float* bias, const float* logits);
   kernels::Ops* ops_;
   ExpertExchange* exchange_;
   MoeActivations acts_;
   kernels::Buffer logits_, permuted_, grouped_in_, gu_, act_, grouped_out_, permuted_out_;
   kernels::Buffer shared_gu_, shared_act_;
+  // The routing in backend memory (kernels::Ops::MoeRoute's outputs), and the
+  // selection bias's copy there.
+  kernels::Buffer expert_, weight_, scores_, probs_, row_of_, assignment_of_, counts_, prob_sum_,
+      bias_;
 };
 
 

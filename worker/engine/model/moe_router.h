@@ -1,13 +1,16 @@
-// The MoE router's host-side arithmetic (docs/moe.md): scores, top-k
+// The MoE router's arithmetic on host arrays (docs/moe.md): scores, top-k
 // selection with the auxiliary-loss-free bias, renormalized gate weights,
 // capacity drops, the permuted order, the auxiliary loss, and the router's
-// backward from the gate weights' gradient to the logits'. Pure functions of
-// host arrays: the layer (moe_layer.cc) moves logits in and gradients out.
+// backward from the gate weights' gradient to the logits'. Route and
+// RouterBackward are the reference of the backend ops the layer runs
+// (kernels::Ops::MoeRoute, MoeRouterBackward; kernels/reference/moe.h holds
+// the one copy of the loops), for tests and tools on the host.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "worker/engine/model/moe_layer.h"
 
 namespace loom::engine {
@@ -29,6 +32,13 @@ MoeRouting Route(const MoeDims& d, const float* logits, const float* bias, doubl
 // micro-batch's loss scale). The selection (and so f_e) is constant.
 std::vector<float> RouterBackward(const MoeDims& d, const MoeRouting& r,
                                   const std::vector<float>& d_weight, double aux_scale);
+
+// The backend ops' description of a layer's routing.
+kernels::MoeRouteDims RouteDims(const MoeDims& d);
+
+// coef * E * sum_e f_e * P_e from the assignments per expert before the drop
+// (`routed`, [E]) and the column sums of probs (`prob_sum`, [E]).
+double AuxLoss(const MoeDims& d, const int64_t* routed, const double* prob_sum);
 
 // Capacity per expert for `tokens` rows: ceil(factor * tokens * top_k / E);
 // 0 (dropless) when factor <= 0.
