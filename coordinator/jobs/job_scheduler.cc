@@ -160,6 +160,11 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     // small cluster still runs (and a job that fails everywhere still reaches
     // its budget) while healthy nodes are preferred.
     if (node.cordoned) request.avoid.insert(node.node_id);
+    // A cluster spare holds no job's first attempt; a job placed again after
+    // a failure uses it only when nothing else can hold it (relaunches in
+    // place prefer it: relaunch_placement.h).
+    if (node.spare && snapshot.attempt == 0) continue;
+    if (node.spare) request.avoid.insert(node.node_id);
     auto taken = snapshot.taken.find(node.node_id);
     topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {}};
     for (int32_t d = 0; d < node.device_count; ++d) {
