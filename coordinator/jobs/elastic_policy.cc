@@ -5,13 +5,19 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_yaml.h"
 #include "common/spec/layout.h"
 #include "planner/job_planner.h"
 #include "planner/layout.h"
 
 namespace loom::coordinator {
 namespace {
+
+// How a resize's history line begins (LastResize finds it by them).
+constexpr char kShrinks[] = "shrinks from ";
+constexpr char kGrows[] = "grows back from ";
 
 // The sizes a job may run at go in steps of whole nodes on GPUs (a node is
 // lost whole), of one rank on CPUs.
@@ -52,6 +58,28 @@ Fit LargestFit(const spec::JobSpec& requested, int64_t low, int64_t high) {
 
 }  // namespace
 
+absl::StatusOr<spec::JobSpec> RequestedSpec(const std::string& spec_yaml,
+                                            const spec::JobSpec& current) {
+  if (spec_yaml.empty()) return current;
+  absl::StatusOr<spec::JobSpec> submitted = spec::ParseJobSpecYaml(spec_yaml, "the submitted spec");
+  if (!submitted.ok()) return submitted.status();
+  if (submitted->resources.world_size() == current.resources.world_size()) return current;
+  if (absl::Status s = planner::ResolveLayout(*submitted); !s.ok()) return s;
+  spec::JobSpec requested = current;
+  requested.resources = submitted->resources;
+  spec::ApplyLayout(spec::LayoutOf(*submitted), &requested);
+  return requested;
+}
+
+absl::Time LastResize(const loom::v1::Job& job) {
+  for (auto e = job.history().rbegin(); e != job.history().rend(); ++e) {
+    if (absl::StartsWith(e->message(), kShrinks) || absl::StartsWith(e->message(), kGrows)) {
+      return absl::FromUnixMillis(e->time_unix_ms());
+    }
+  }
+  return absl::InfinitePast();
+}
+
 std::string DescribeSize(const spec::JobSpec& spec) {
   return absl::StrCat(planner::LayoutToString(spec::LayoutOf(spec)), " (",
                       spec.resources.world_size(), " ranks)");
@@ -89,7 +117,7 @@ ElasticDecision DecideShrink(const spec::JobSpec& requested, const spec::JobSpec
   }
   d.action = ElasticAction::kResize;
   d.ranks = fit.ranks;
-  d.reason = absl::StrCat("shrinks from ", DescribeSize(current), " to ", DescribeSize(fit.spec),
+  d.reason = absl::StrCat(kShrinks, DescribeSize(current), " to ", DescribeSize(fit.spec),
                           ": ", why);
   d.spec = std::move(fit.spec);
   return d;
@@ -126,7 +154,7 @@ ElasticDecision DecideGrow(const spec::JobSpec& requested, const spec::JobSpec& 
   }
   d.action = ElasticAction::kResize;
   d.ranks = fit.ranks;
-  d.reason = absl::StrCat("grows back from ", DescribeSize(current), " to ", DescribeSize(fit.spec),
+  d.reason = absl::StrCat(kGrows, DescribeSize(current), " to ", DescribeSize(fit.spec),
                           ": ", available_ranks - size, " more ranks' devices available");
   d.spec = std::move(fit.spec);
   return d;

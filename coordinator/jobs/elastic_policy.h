@@ -11,8 +11,10 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
+#include "loom/v1/job.pb.h"
 
 namespace loom::coordinator {
 
@@ -49,6 +51,17 @@ ElasticDecision DecideShrink(const spec::JobSpec& requested, const spec::JobSpec
 // with the reason (already at full size, no more devices, too soon).
 ElasticDecision DecideGrow(const spec::JobSpec& requested, const spec::JobSpec& current,
                            int64_t available_ranks, absl::Time now, absl::Time last_resize);
+
+// The job at the size it asked for: `spec_yaml` (as submitted) resolved as
+// at admission (deterministic: the same layout), over `current`, the spec it
+// runs under now (what admission filled in stays). `current` itself when the
+// sizes agree.
+absl::StatusOr<spec::JobSpec> RequestedSpec(const std::string& spec_yaml,
+                                            const spec::JobSpec& current);
+
+// When the job was last resized (the newest history event the lifecycle
+// recorded for one); InfinitePast when never.
+absl::Time LastResize(const loom::v1::Job& job);
 
 // "dp=4 tp=1 pp=1 ... (4 ranks)": how the history names a layout.
 std::string DescribeSize(const spec::JobSpec& spec);

@@ -445,6 +445,8 @@ void JobLifecycle::CheckHealth(absl::Time now) {
           absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
         reschedule = true;
       }
+      // An elastic job below its size grows back (job_lifecycle_elastic.cc).
+      if (state == JobState::RUNNING && CheckGrowLocked(record, now)) reschedule = true;
       // Goodput falls while a job makes no steps (a recovery, a hang); steps
       // update it too, this keeps the gauge current between them.
       if (!IsTerminal(state) && record.job.first_running_unix_ms() != 0) {

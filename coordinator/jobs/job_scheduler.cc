@@ -96,7 +96,13 @@ void JobScheduler::RunPass() {
       if (!SnapshotRelaunchLocked(snapshot) && !SnapshotNextLocked(capacity, snapshot)) return;
     }
     Result result = snapshot.relaunch ? PlaceInPlace(snapshot) : Place(snapshot);
-    if (!snapshot.relaunch && !result.fits && result.error.ok()) return;  // waits for devices
+    if (!snapshot.relaunch && !result.fits && result.error.ok()) {  // waits for devices
+      if (!result.waits_because.empty()) {
+        absl::MutexLock lock(&table_->mu());
+        lifecycle_->NoteWaitingLocked(snapshot.job_id, snapshot.attempt, result.waits_because);
+      }
+      return;
+    }
     {
       absl::MutexLock lock(&table_->mu());
       // When the job or a node changed meanwhile nothing is recorded and the
@@ -135,6 +141,7 @@ bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capa
   snapshot.attempt = next->job.attempt();
   snapshot.spec = next->spec;
   snapshot.resolved_spec_yaml = next->job.resolved_spec_yaml();
+  snapshot.spec_yaml = next->job.spec_yaml();
   snapshot.owner = next->job.owner();
   snapshot.checkpoint_dir = next->job.checkpoint_dir();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
@@ -176,6 +183,7 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     if (devices.free_devices == 0) continue;
     request.nodes.push_back(devices);
   }
+  if (std::optional<Result> resized = PlaceElastic(snapshot, request)) return *std::move(resized);
   absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
   if (!placement.ok()) return result;  // waits for devices
   BuildAttempt(snapshot, *placement, nullptr, result);
@@ -278,6 +286,7 @@ bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
     std::optional<NodeInfo> info = nodes_->Get(node);
     if (!info || !info->live || !info->connected) return false;
   }
+  if (result.resize) lifecycle_->ResizeLocked(*record, *result.resize);
   lifecycle_->StartAttemptLocked(*record, std::move(result.attempt));
   return true;
 }
