@@ -358,6 +358,7 @@ void JobLifecycle::StartAttemptLocked(JobRecord& record, PlacedAttempt attempt) 
   record.ranks_exited = 0;
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
+  metrics_->Ranks(job, record.placement->size(), RequestedRanks(record));
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.in_place.reset();

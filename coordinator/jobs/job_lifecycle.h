@@ -143,6 +143,9 @@ class JobLifecycle {
   // (job_scheduler_elastic.cc), from its newest checkpoint. True when it did.
   bool CheckGrowLocked(JobRecord& record, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The ranks the job asked for (its spec as submitted); its spec's when
+  // that cannot be read.
+  static int64_t RequestedRanks(const JobRecord& record);
   // For the scheduler, an in-place recovery whose survivors have all
   // reported (or whose abort deadline passed): the request to decide it on,
   // with the live nodes' free devices of now; nullopt for any other job.

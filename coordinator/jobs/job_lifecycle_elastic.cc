@@ -38,6 +38,13 @@ void JobLifecycle::NoteWaitingLocked(const std::string& job_id, int32_t attempt,
   table_->RecordEventLocked(*record, why);
 }
 
+int64_t JobLifecycle::RequestedRanks(const JobRecord& record) {
+  if (record.job.spec_yaml().empty()) return record.spec.resources.world_size();
+  absl::StatusOr<spec::JobSpec> submitted =
+      spec::ParseJobSpecYaml(record.job.spec_yaml(), "the submitted spec");
+  return submitted.ok() ? submitted->resources.world_size() : record.spec.resources.world_size();
+}
+
 bool JobLifecycle::CheckGrowLocked(JobRecord& record, absl::Time now) {
   const spec::JobSpec& current = record.spec;
   Job& job = record.job;

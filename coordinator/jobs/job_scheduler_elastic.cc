@@ -21,13 +21,10 @@ std::optional<JobScheduler::Result> JobScheduler::PlaceElastic(
   }
   absl::StatusOr<spec::JobSpec> requested = RequestedSpec(snapshot.spec_yaml, current);
   if (!requested.ok()) return std::nullopt;
-  // Free devices: all of them to shrink onto; to grow, those of nodes not
-  // to be avoided (cluster spares and cordoned nodes are for failures).
-  int64_t available = 0, preferred = 0;
-  for (const topology::NodeDevices& node : request.nodes) {
-    available += node.free_devices;
-    if (request.avoid.count(node.node_id) == 0) preferred += node.free_devices;
-  }
+  // Free devices (the job's own included: its ranks have exited); nodes to
+  // avoid count too, PlaceRanks uses them last.
+  int64_t available = 0;
+  for (const topology::NodeDevices& node : request.nodes) available += node.free_devices;
 
   auto place = [&](ElasticDecision decision) -> std::optional<Result> {
     topology::PlacementRequest resized_request = request;
@@ -46,7 +43,7 @@ std::optional<JobScheduler::Result> JobScheduler::PlaceElastic(
   // Below its size with more devices free: back to the largest size they hold.
   if (current.resources.world_size() < requested->resources.world_size()) {
     ElasticDecision grow =
-        DecideGrow(*requested, current, preferred, absl::Now(), absl::InfinitePast());
+        DecideGrow(*requested, current, available, absl::Now(), absl::InfinitePast());
     if (grow.action == ElasticAction::kResize) {
       if (std::optional<Result> result = place(std::move(grow))) return result;
     }

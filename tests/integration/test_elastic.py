@@ -7,7 +7,16 @@ a second job that would need the spare's devices waits PENDING (a spare is no
 job's first placement). Once step 10 is reported the job's second node is
 lost (its agent and ranks killed together): its two ranks move to the spare
 through the in-place path, the layout is unchanged, and every loss equals the
-uninterrupted run's bit for bit. `loomctl nodes` names the spare."""
+uninterrupted run's bit for bit. `loomctl nodes` names the spare.
+
+Shrink and grow back (two ordinary nodes, no spare, checkpoints every 5
+steps): a dp4 job with `min_ranks: 2` loses its second node, is re-planned
+onto the two ranks left (same global batch, more accumulation) and trains on
+from its newest checkpoint; the node started again, it grows back to four
+ranks and finishes there. Every step's loss is within 1e-5 (relative) of the
+uninterrupted dp4 run's, and the history names both resizes. With
+`min_ranks: 3` the same loss leaves it waiting, its history saying why, until
+the node is back."""
 
 import os
 import signal
@@ -106,6 +115,117 @@ class HotSpare(unittest.TestCase):
         self.assertIn("in place", incidents[0])
         print(f"\nnode lost -> first step on the spare: {moved_at - failed_at:.2f} s"
               f"\n  {incidents[0]}")
+
+
+ELASTIC_SPEC = """
+name: {name}
+model: {{vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2,
+        ffn_hidden_size: 64, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
+train: {{steps: {steps}, global_batch_size: 8, micro_batch_size: 1, seq_len: 32,
+        lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
+        seed: 1234, precision: fp32, eval_interval: 0}}
+data: {{train_path: data/train.txt, format: text}}
+parallelism: {{dp: 4, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 1, schedule: 1f1b}}
+resources: {{device: cpu, ranks: 4}}
+checkpoint: {{dir: ckpt, interval: 5}}
+fault_tolerance: {{max_restarts: 3, hang_timeout_s: 4, abort_timeout_s: 20, min_ranks: {min_ranks},
+                  min_resize_interval_s: 2, restart_backoff_s: 0}}
+"""
+ELASTIC_STEPS = 200
+
+
+def elastic_spec(name, min_ranks):
+    return ELASTIC_SPEC.format(name=name, steps=ELASTIC_STEPS, min_ranks=min_ranks)
+
+
+def history(status):
+    """The `history:` lines of loomctl status."""
+    return status.split("history:\n", 1)[1].splitlines() if "history:\n" in status else []
+
+
+class ShrinkAndGrow(unittest.TestCase):
+    def setUp(self):
+        self.cluster = Cluster(self.id().split(".")[-1])
+        self.addCleanup(self.cluster.stop)
+        c = self.cluster
+        c.start_coordinator(["--hang_floor_s=1"])
+        for name in ("node-a", "node-b"):
+            c.start_agent(name, "cpu:2")
+        wait_until(lambda: c.metric_value("loom_nodes_live") == 2, 30, "two nodes")
+
+    def lose_second_node(self, job, watch):
+        c = self.cluster
+        wait_until(lambda: any(s["step"] >= 12 for s in watch.steps), 120, "step 12")
+        where = placement(c.status(job))
+        lost = where[2]
+        pids = {rank: pid for (attempt, rank), pid in c.rank_pids().items() if attempt == 1}
+        c.kill(c.agents[lost], signal.SIGKILL)
+        for r, n in where.items():
+            if n == lost:
+                try:
+                    os.kill(pids[r], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return lost, time.time()
+
+    def test_dp4_shrinks_to_two_ranks_and_grows_back(self):
+        c = self.cluster
+        reference = c.submit(elastic_spec("elastic-reference", 2), "elastic-reference")
+        watch = Watch(c, reference)
+        self.assertEqual(watch.wait(), 0, c.status(reference))
+        expected = watch.losses(1)
+        self.assertEqual(sorted(expected), list(range(1, ELASTIC_STEPS + 1)))
+
+        job = c.submit(elastic_spec("elastic", 2), "elastic")
+        watch = Watch(c, job)
+        lost, lost_at = self.lose_second_node(job, watch)
+        wait_until(lambda: any(s["attempt"] >= 2 for s in watch.steps), 120, "a step shrunk")
+        shrunk_at = min(s["time_unix_ms"] for s in watch.steps if s["attempt"] >= 2) / 1000.0
+        status = c.status(job)
+        self.assertIn("layout:    dp=2 ", status)  # re-planned onto the two ranks left
+        self.assertEqual(sorted(placement(status)), [0, 1], status)
+        self.assertNotIn(lost, set(placement(status).values()))
+        attempt = max(s["attempt"] for s in watch.steps)
+        # The node comes back: the job grows back to four ranks before it ends.
+        c.start_agent(lost, "cpu:2")
+        wait_until(lambda: any(s["attempt"] > attempt for s in watch.steps), 120, "a step grown")
+        grown_at = min(s["time_unix_ms"] for s in watch.steps if s["attempt"] > attempt) / 1000.0
+        self.assertEqual(watch.wait(), 0, c.status(job))
+
+        status = c.status(job)
+        self.assertIn("layout:    dp=4 ", status)
+        self.assertEqual(sorted(placement(status)), [0, 1, 2, 3], status)
+        lines = history(status)
+        shrinks = [l for l in lines if "shrinks from dp=4 " in l]
+        grows = [l for l in lines if "grows back from dp=2 " in l]
+        self.assertEqual(len(shrinks), 1, status)
+        self.assertEqual(len(grows), 1, status)
+        self.assertIn("(4 ranks) to dp=2 ", shrinks[0])
+        self.assertIn("(2 ranks) to dp=4 ", grows[0])
+        losses = {}
+        for a in sorted({s["attempt"] for s in watch.steps}):
+            losses.update(watch.losses(a))  # a later attempt's recomputed steps replace
+        self.assertEqual(sorted(losses), list(range(1, ELASTIC_STEPS + 1)))
+        for step, loss in losses.items():
+            self.assertLessEqual(abs(loss - expected[step]), 1e-5 * abs(expected[step]),
+                                 f"step {step}: {loss} against {expected[step]}")
+        print(f"\nnode lost -> first step on 2 ranks: {shrunk_at - lost_at:.2f} s;"
+              f" node back -> first step on 4 ranks: {grown_at - shrunk_at:.2f} s after the shrink"
+              f"\n  {shrinks[0].strip()}\n  {grows[0].strip()}")
+
+    def test_below_min_ranks_waits_saying_why(self):
+        c = self.cluster
+        job = c.submit(elastic_spec("elastic-waits", 3), "elastic-waits")
+        watch = Watch(c, job)
+        lost, _ = self.lose_second_node(job, watch)
+        why = "below fault_tolerance.min_ranks=3"
+        wait_until(lambda: any(why in l for l in history(c.status(job))), 120, "the reason")
+        self.assertEqual(c.state(job), "RESTARTING", c.status(job))
+        c.start_agent(lost, "cpu:2")
+        self.assertEqual(watch.wait(), 0, c.status(job))
+        status = c.status(job)
+        self.assertIn("layout:    dp=4 ", status)  # never shrunk
+        self.assertFalse([l for l in history(status) if "shrinks from" in l], status)
 
 
 if __name__ == "__main__":
