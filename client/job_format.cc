@@ -150,6 +150,12 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
                                             r.place(), r.node_id(), r.local_device()));
     }
   }
+  if (job.spare_devices_size() > 0) {  // its own hot spares, held idle
+    absl::StrAppend(&out, "spares:\n");
+    for (const auto& s : job.spare_devices()) {
+      absl::StrAppend(&out, absl::StrFormat("  node %s device %d\n", s.node_id(), s.local_device()));
+    }
+  }
   absl::StrAppend(&out, "history:\n");
   for (const auto& e : job.history()) absl::StrAppend(&out, "  ", FormatEvent(e), "\n");
   return out;

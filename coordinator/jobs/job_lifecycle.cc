@@ -359,6 +359,7 @@ void JobLifecycle::StartAttemptLocked(JobRecord& record, PlacedAttempt attempt) 
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
   metrics_->Ranks(job, record.placement->size(), RequestedRanks(record));
+  HoldSpares(job, attempt.spares);
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.in_place.reset();

@@ -81,6 +81,8 @@ struct PlacedAttempt {
   std::string nodes_text;  // "node-a (ranks 0-3), ..." for the history
   // In place: each survivors' node's EnterEpoch (in_place_messages.h).
   std::map<std::string, loom::v1::EnterEpoch> epochs;
+  // The job's own spares (resources.spares) held with this attempt.
+  std::vector<loom::v1::RankPlacement> spares;
 };
 
 // The commit fence a job's current namespace is opened with (the one kept
@@ -146,6 +148,10 @@ class JobLifecycle {
   // The ranks the job asked for (its spec as submitted); its spec's when
   // that cannot be read.
   static int64_t RequestedRanks(const JobRecord& record);
+  // The job's own spares: held from a placement (`spares`); a spare device a
+  // relaunched rank took is no longer one.
+  static void HoldSpares(loom::v1::Job& job, const std::vector<loom::v1::RankPlacement>& spares);
+  static void DropUsedSpares(loom::v1::Job& job, const Placement& placement);
   // For the scheduler, an in-place recovery whose survivors have all
   // reported (or whose abort deadline passed): the request to decide it on,
   // with the live nodes' free devices of now; nullopt for any other job.

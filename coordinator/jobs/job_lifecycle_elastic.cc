@@ -38,6 +38,21 @@ void JobLifecycle::NoteWaitingLocked(const std::string& job_id, int32_t attempt,
   table_->RecordEventLocked(*record, why);
 }
 
+void JobLifecycle::HoldSpares(Job& job, const std::vector<loom::v1::RankPlacement>& spares) {
+  job.clear_spare_devices();
+  for (const auto& s : spares) *job.add_spare_devices() = s;
+}
+
+void JobLifecycle::DropUsedSpares(Job& job, const Placement& placement) {
+  std::set<std::pair<std::string, int64_t>> used;
+  for (const auto& p : placement) used.insert({p.node_id(), p.local_device()});
+  google::protobuf::RepeatedPtrField<loom::v1::RankPlacement> kept;
+  for (const auto& s : job.spare_devices()) {
+    if (used.count({s.node_id(), s.local_device()}) == 0) *kept.Add() = s;
+  }
+  job.mutable_spare_devices()->Swap(&kept);
+}
+
 int64_t JobLifecycle::RequestedRanks(const JobRecord& record) {
   if (record.job.spec_yaml().empty()) return record.spec.resources.world_size();
   absl::StatusOr<spec::JobSpec> submitted =

@@ -341,6 +341,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
       const JobRecord& record = table_.AtLocked(id);
       if (!HoldsDevices(record.job.state())) continue;
       for (const auto& p : *record.placement) ++in_use[p.node_id()];
+      for (const auto& p : record.job.spare_devices()) ++in_use[p.node_id()];
     }
   }
   std::vector<loom::v1::Node> nodes;

@@ -149,6 +149,9 @@ bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capa
     const JobRecord& other = table_->AtLocked(id);
     if (!HoldsDevices(other.job.state()) || &other == next) continue;
     for (const auto& p : *other.placement) snapshot.taken[p.node_id()].insert(p.local_device());
+    for (const auto& p : other.job.spare_devices()) {  // a job's own spares are its alone
+      snapshot.taken[p.node_id()].insert(p.local_device());
+    }
   }
   return true;
 }
@@ -187,6 +190,7 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
   absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
   if (!placement.ok()) return result;  // waits for devices
   BuildAttempt(snapshot, *placement, nullptr, result);
+  if (result.fits) ReserveSpares(spec, request, *placement, result);
   return result;
 }
 

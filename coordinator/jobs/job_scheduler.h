@@ -128,6 +128,10 @@ class JobScheduler {
   // nullopt: placed at its spec's size as any job.
   std::optional<Result> PlaceElastic(const Snapshot& snapshot,
                                      const topology::PlacementRequest& request) const;
+  // The job's own spares (resources.spares) from the devices the placement
+  // left free, nodes without its ranks first; not enough: it does not fit.
+  static void ReserveSpares(const spec::JobSpec& spec, const topology::PlacementRequest& request,
+                            const topology::Placement& placement, Result& result);
   void BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
                     const InPlaceDecision* in_place, Result& result) const;
   void Flush();

@@ -7,7 +7,10 @@ a second job that would need the spare's devices waits PENDING (a spare is no
 job's first placement). Once step 10 is reported the job's second node is
 lost (its agent and ranks killed together): its two ranks move to the spare
 through the in-place path, the layout is unchanged, and every loss equals the
-uninterrupted run's bit for bit. `loomctl nodes` names the spare.
+uninterrupted run's bit for bit. `loomctl nodes` names the spare. The same
+with the job's own spares (`resources.spares: 2`, three ordinary nodes): two
+devices held idle for it on the third node, shown by `loomctl status`, given
+to no other job.
 
 Shrink and grow back (two ordinary nodes, no spare, checkpoints every 5
 steps): a dp4 job with `min_ranks: 2` loses its second node, is re-planned
@@ -46,29 +49,46 @@ def spec(name, ranks=4, steps=STEPS):
     return SPEC.format(name=name, ranks=ranks, steps=steps)
 
 
+def spare_lines(status):
+    """{(node, device)} from the `spares:` lines of loomctl status."""
+    if "spares:\n" not in status:
+        return set()
+    out = set()
+    for line in status.split("spares:\n", 1)[1].splitlines():
+        fields = line.split()
+        if len(fields) != 4 or fields[0] != "node":
+            break
+        out.add((fields[1], int(fields[3])))
+    return out
+
+
 class HotSpare(unittest.TestCase):
-    def setUp(self):
+    """Both kinds of spare: a cluster spare (loom-worker --spare) and a job's
+    own (resources.spares: 2) on three nodes of two CPU devices."""
+
+    def start(self, cluster_spare):
         self.cluster = Cluster(self.id().split(".")[-1])
         self.addCleanup(self.cluster.stop)
         c = self.cluster
         c.start_coordinator(["--hang_floor_s=1"])
         for name in ("node-a", "node-b"):
             c.start_agent(name, "cpu:2")
-        c.start_agent("node-s", "cpu:2", extra=["--spare"])
+        c.start_agent("node-s", "cpu:2", extra=["--spare"] if cluster_spare else [])
         wait_until(lambda: c.metric_value("loom_nodes_live") == 3, 30, "three nodes")
+        return c
 
-    def test_a_lost_node_moves_to_the_spare(self):
+    def moves_to_the_spare(self, text, spare_of):
+        """Runs the reference and the job of `text`; the job's second node is
+        lost after step 10 and its ranks must land on spare_of(status)'s node,
+        no other job getting that node meanwhile."""
         c = self.cluster
-        nodes = c.loomctl("nodes")
-        spare_line = [line for line in nodes.splitlines() if line.startswith("node-s")]
-        self.assertEqual(len(spare_line), 1, nodes)
-        self.assertIn("spare", spare_line[0])
-
-        reference = c.submit(spec("spare-reference"), "spare-reference")
+        reference = c.submit(text.replace("NAME", "spare-reference"), "spare-reference")
         watch = Watch(c, reference)
         wait_until(lambda: watch.steps, 120, "the reference's first step")
-        self.assertNotIn("node-s", set(placement(c.status(reference)).values()))
-        # Every ordinary device is taken: a second job waits, the spare is not given to it.
+        status = c.status(reference)
+        spare = spare_of(status)
+        self.assertNotIn(spare, set(placement(status).values()), status)
+        # Every other device is taken: a second job waits, the spare is not given to it.
         other = c.submit(spec("waits", ranks=2, steps=2), "waits")
         time.sleep(3)
         self.assertEqual(c.state(other), "PENDING", c.status(other))
@@ -77,12 +97,14 @@ class HotSpare(unittest.TestCase):
         self.assertEqual(sorted(expected), list(range(1, STEPS + 1)))
         self.assertEqual(c.wait_state(other, ("SUCCEEDED", "FAILED")), "SUCCEEDED", c.status(other))
 
-        job = c.submit(spec("spare-moved"), "spare-moved")
+        job = c.submit(text.replace("NAME", "spare-moved"), "spare-moved")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= FAIL_AFTER for s in watch.steps), 120,
                    f"step {FAIL_AFTER}")
-        before = placement(c.status(job))
-        self.assertNotIn("node-s", set(before.values()))
+        status = c.status(job)
+        before = placement(status)
+        spare = spare_of(status)
+        self.assertNotIn(spare, set(before.values()))
         lost = before[2]
         failed = sorted(r for r, n in before.items() if n == lost)
         pids = {rank: pid for (attempt, rank), pid in c.rank_pids().items() if attempt == 1}
@@ -100,7 +122,7 @@ class HotSpare(unittest.TestCase):
         status = c.status(job)
         after = placement(status)
         for r in failed:
-            self.assertEqual(after[r], "node-s", status)  # moved to the spare
+            self.assertEqual(after[r], spare, status)  # moved to the spare
         for r in set(before) - set(failed):
             self.assertEqual(after[r], before[r], status)  # the survivors stayed
         self.assertIn("layout:    dp=4 tp=1 pp=1 cp=1 ep=1", status)  # unchanged
@@ -115,6 +137,26 @@ class HotSpare(unittest.TestCase):
         self.assertIn("in place", incidents[0])
         print(f"\nnode lost -> first step on the spare: {moved_at - failed_at:.2f} s"
               f"\n  {incidents[0]}")
+
+    def test_a_lost_node_moves_to_the_cluster_spare(self):
+        c = self.start(cluster_spare=True)
+        nodes = c.loomctl("nodes")
+        spare_line = [line for line in nodes.splitlines() if line.startswith("node-s")]
+        self.assertEqual(len(spare_line), 1, nodes)
+        self.assertIn("spare", spare_line[0])
+        self.moves_to_the_spare(spec("NAME"), lambda status: "node-s")
+
+    def test_a_lost_node_moves_to_the_jobs_own_spares(self):
+        self.start(cluster_spare=False)
+
+        def own_spares(status):
+            held = spare_lines(status)
+            self.assertEqual(len(held), 2, status)
+            self.assertEqual(len({node for node, _ in held}), 1, status)  # one whole node
+            return next(iter(held))[0]
+
+        text = spec("NAME").replace("ranks: 4}", "ranks: 4, spares: 2}")
+        self.moves_to_the_spare(text, own_spares)
 
 
 ELASTIC_SPEC = """
