@@ -73,7 +73,8 @@ absl::StatusOr<spec::JobSpec> RequestedSpec(const std::string& spec_yaml,
 
 absl::Time LastResize(const loom::v1::Job& job) {
   for (auto e = job.history().rbegin(); e != job.history().rend(); ++e) {
-    if (absl::StartsWith(e->message(), kShrinks) || absl::StartsWith(e->message(), kGrows)) {
+    if (absl::StartsWith(e->message(), kShrinks) || absl::StartsWith(e->message(), kGrows) ||
+        absl::StartsWith(e->message(), kStopsToGrowBack)) {
       return absl::FromUnixMillis(e->time_unix_ms());
     }
   }

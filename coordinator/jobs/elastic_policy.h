@@ -59,8 +59,12 @@ ElasticDecision DecideGrow(const spec::JobSpec& requested, const spec::JobSpec& 
 absl::StatusOr<spec::JobSpec> RequestedSpec(const std::string& spec_yaml,
                                             const spec::JobSpec& current);
 
-// When the job was last resized (the newest history event the lifecycle
-// recorded for one); InfinitePast when never.
+// How the history line of a job stopped to grow back begins.
+inline constexpr char kStopsToGrowBack[] = "stops to grow back to ";
+
+// When the job was last resized or stopped to grow back (the newest history
+// event the lifecycle recorded for one): a grow-back that could not be placed
+// waits the minimum interval like a resize. InfinitePast when never.
 absl::Time LastResize(const loom::v1::Job& job);
 
 // "dp=4 tp=1 pp=1 ... (4 ranks)": how the history names a layout.

@@ -94,7 +94,7 @@ bool JobLifecycle::CheckGrowLocked(JobRecord& record, absl::Time now) {
   if (grow.action != ElasticAction::kResize) return false;
   job.set_not_before_unix_ms(absl::ToUnixMillis(now));
   TransitionLocked(record, JobState::RESTARTING,
-                   absl::StrCat("stops to grow back to ", grow.ranks, " ranks (",
+                   absl::StrCat(kStopsToGrowBack, grow.ranks, " ranks (",
                                 available - current.resources.world_size(),
                                 " more devices free); placed again from its newest checkpoint"));
   KillRanksLocked(record);

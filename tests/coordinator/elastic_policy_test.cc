@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/spec/job_spec_rules.h"
+#include "common/spec/job_spec_yaml.h"
 #include "common/spec/layout.h"
 #include "gtest/gtest.h"
 #include "planner/job_planner.h"
@@ -121,6 +122,41 @@ TEST(DecideShrink, GpuJobsShrinkByWholeNodes) {
   ASSERT_EQ(d.action, ElasticAction::kResize) << d.reason;
   EXPECT_EQ(d.ranks, 4);
   EXPECT_EQ(d.spec.resources.nodes, 1);
+}
+
+// The requested size comes back from the spec as submitted (its layout
+// resolved as at admission) over the shrunk spec the job runs under.
+TEST(RequestedSpec, TheSubmittedSizeOverTheCurrentSpec) {
+  const spec::JobSpec job = Dp4(2);
+  const spec::JobSpec shrunk = DecideShrink(job, job, 2, "node n2 lost").spec;
+  absl::StatusOr<spec::JobSpec> requested = RequestedSpec(spec::ToYaml(job), shrunk);
+  ASSERT_TRUE(requested.ok()) << requested.status();
+  EXPECT_EQ(requested->resources.ranks, 4);
+  EXPECT_EQ(spec::LayoutOf(*requested), spec::LayoutOf(job));
+  absl::StatusOr<spec::JobSpec> same = RequestedSpec(spec::ToYaml(job), job);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(spec::ToYaml(*same), spec::ToYaml(job));
+  EXPECT_FALSE(RequestedSpec("name: [", shrunk).ok());
+}
+
+// The newest resize (or stop to grow back) in the history, never any other event.
+TEST(LastResize, TheNewestResizeEvent) {
+  loom::v1::Job job;
+  EXPECT_EQ(LastResize(job), absl::InfinitePast());
+  auto add = [&job](int64_t ms, const std::string& message) {
+    loom::v1::JobEvent* e = job.add_history();
+    e->set_time_unix_ms(ms);
+    e->set_message(message);
+  };
+  add(1000, "attempt 1 placed on node-a (ranks 0-1)");
+  EXPECT_EQ(LastResize(job), absl::InfinitePast());
+  add(2000, "shrinks from dp=4 (4 ranks) to dp=2 (2 ranks): node lost");
+  add(3000, "attempt 2 placed on node-a (ranks 0-1)");
+  EXPECT_EQ(LastResize(job), absl::FromUnixMillis(2000));
+  add(4000, std::string(kStopsToGrowBack) + "4 ranks");
+  EXPECT_EQ(LastResize(job), absl::FromUnixMillis(4000));
+  add(5000, "grows back from dp=2 (2 ranks) to dp=4 (4 ranks): 2 more");
+  EXPECT_EQ(LastResize(job), absl::FromUnixMillis(5000));
 }
 
 }  // namespace
