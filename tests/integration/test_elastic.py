@@ -41,7 +41,7 @@ parallelism: {{dp: {ranks}, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 1, schedule:
 resources: {{device: cpu, ranks: {ranks}}}
 fault_tolerance: {{max_restarts: 2, hang_timeout_s: 4, abort_timeout_s: 20}}
 """
-STEPS = 80
+STEPS = 200
 FAIL_AFTER = 10
 
 
@@ -90,8 +90,9 @@ class HotSpare(unittest.TestCase):
         self.assertNotIn(spare, set(placement(status).values()), status)
         # Every other device is taken: a second job waits, the spare is not given to it.
         other = c.submit(spec("waits", ranks=2, steps=2), "waits")
-        time.sleep(3)
+        time.sleep(2)
         self.assertEqual(c.state(other), "PENDING", c.status(other))
+        self.assertEqual(c.state(reference), "RUNNING", "the reference ended before the check")
         self.assertEqual(watch.wait(), 0, c.status(reference))
         expected = watch.losses(1)
         self.assertEqual(sorted(expected), list(range(1, STEPS + 1)))
@@ -140,7 +141,7 @@ class HotSpare(unittest.TestCase):
 
     def test_a_lost_node_moves_to_the_cluster_spare(self):
         c = self.start(cluster_spare=True)
-        nodes = c.loomctl("nodes")
+        nodes = c.loomctl("nodes").stdout
         spare_line = [line for line in nodes.splitlines() if line.startswith("node-s")]
         self.assertEqual(len(spare_line), 1, nodes)
         self.assertIn("spare", spare_line[0])
