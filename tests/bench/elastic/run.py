@@ -38,7 +38,7 @@ data: {{train_path: data/train.txt, format: text}}
 parallelism: {{dp: 4, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 1}}
 resources: {{device: cpu, ranks: 4}}
 checkpoint: {{dir: checkpoints, interval: {ckpt}, keep: 2}}
-fault_tolerance: {{max_restarts: 3, hang_timeout_s: 0, abort_timeout_s: 20, restart_backoff_s: 0,
+fault_tolerance: {{max_restarts: 3, hang_timeout_s: 10, abort_timeout_s: 20, restart_backoff_s: 0,
                   min_ranks: {min_ranks}, min_resize_interval_s: 0}}
 """
 
@@ -86,6 +86,13 @@ def main():
                     key=lambda s: s["time_unix_ms"])
         return first["time_unix_ms"] / 1000.0, first["step"], first["attempt"]
 
+    def recomputed(watch, attempt):
+        """Steps the attempt after `attempt` computed again: the last step
+        `attempt` reported minus the first the next one did, plus one."""
+        last = max(s["step"] for s in watch.steps if s["attempt"] == attempt)
+        first = min(s["step"] for s in watch.steps if s["attempt"] > attempt)
+        return last - first + 1
+
     print(f"dp4 job, 2 nodes x 2 CPU ranks, checkpoints every {args.ckpt} steps, "
           f"node lost after step {args.fail_after}")
     c = cluster("bench-elastic-spare", spare=True)
@@ -93,11 +100,11 @@ def main():
         job = c.submit(SPEC.format(name="spare", steps=args.steps, ckpt=args.ckpt, min_ranks=0),
                        "spare")
         watch = Watch(c, job)
-        _, at, last = lose_second_node(c, job, watch)
-        t, step, _ = first_step(watch, 1)
+        _, at, _ = lose_second_node(c, job, watch)
+        t, _, _ = first_step(watch, 1)
         watch.wait(timeout=600)
         print(f"  spare (in place):       node lost -> first step on the spare  {t - at:6.2f} s"
-              f"  ({last - step + 1} steps computed again)")
+              f"  ({recomputed(watch, 1)} steps computed again)")
     finally:
         c.stop()
 
@@ -106,18 +113,16 @@ def main():
         job = c.submit(SPEC.format(name="shrink", steps=args.steps, ckpt=args.ckpt, min_ranks=2),
                        "shrink")
         watch = Watch(c, job)
-        lost, at, last = lose_second_node(c, job, watch)
-        t, step, attempt = first_step(watch, 1)
-        print(f"  shrink (dp4 -> 2 ranks): node lost -> first step on 2 ranks  {t - at:6.2f} s"
-              f"  ({last - step + 1} steps computed again)")
-        last = max(s["step"] for s in watch.steps)
+        lost, at, _ = lose_second_node(c, job, watch)
+        shrunk, _, attempt = first_step(watch, 1)
         back = time.time()
         c.start_agent(lost, "cpu:2")
-        t, step, _ = first_step(watch, attempt)
-        last = max(s["step"] for s in watch.steps if s["attempt"] == attempt)
-        print(f"  grow back (-> 4 ranks):  node started -> first step on 4 ranks {t - back:6.2f} s"
-              f"  ({last - step + 1} steps computed again)")
+        grown, _, _ = first_step(watch, attempt)
         watch.wait(timeout=600)
+        print(f"  shrink (dp4 -> 2 ranks): node lost -> first step on 2 ranks  {shrunk - at:6.2f} s"
+              f"  ({recomputed(watch, attempt - 1)} steps computed again)")
+        print(f"  grow back (-> 4 ranks):  node started -> first step on 4 ranks {grown - back:6.2f} s"
+              f"  ({recomputed(watch, attempt)} steps computed again)")
         print(c.status(job).split("history:\n", 1)[-1])
     finally:
         c.stop()
