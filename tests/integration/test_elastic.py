@@ -168,7 +168,7 @@ train: {{steps: {steps}, global_batch_size: 8, micro_batch_size: 1, seq_len: 32,
         lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 1234, precision: fp32, eval_interval: 0}}
 data: {{train_path: data/train.txt, format: text}}
-parallelism: {{dp: 4, tp: 1, pp: 1, cp: 1, ep: 1, zero_stage: 1, schedule: 1f1b}}
+parallelism: {{{layout}, cp: 1, ep: 1, schedule: 1f1b}}
 resources: {{device: cpu, ranks: 4}}
 checkpoint: {{dir: ckpt, interval: 5}}
 fault_tolerance: {{max_restarts: 3, hang_timeout_s: 4, abort_timeout_s: 20, min_ranks: {min_ranks},
@@ -177,8 +177,11 @@ fault_tolerance: {{max_restarts: 3, hang_timeout_s: 4, abort_timeout_s: 20, min_
 ELASTIC_STEPS = 200
 
 
-def elastic_spec(name, min_ranks):
-    return ELASTIC_SPEC.format(name=name, steps=ELASTIC_STEPS, min_ranks=min_ranks)
+DP4 = "dp: 4, tp: 1, pp: 1, zero_stage: 1"
+
+
+def elastic_spec(name, min_ranks, layout=DP4):
+    return ELASTIC_SPEC.format(name=name, steps=ELASTIC_STEPS, min_ranks=min_ranks, layout=layout)
 
 
 def history(status):
@@ -255,6 +258,35 @@ class ShrinkAndGrow(unittest.TestCase):
         print(f"\nnode lost -> first step on 2 ranks: {shrunk_at - lost_at:.2f} s;"
               f" node back -> first step on 4 ranks: {grown_at - shrunk_at:.2f} s after the shrink"
               f"\n  {shrinks[0].strip()}\n  {grows[0].strip()}")
+
+    def test_tp2_dp2_and_pp2_dp2_shrink_to_two_ranks(self):
+        """Every axis is re-planned: tp2·dp2 and pp2·dp2 go on with two ranks
+        (whatever layout of two the planner picks), the loss as uninterrupted."""
+        c = self.cluster
+        for label, layout in (("tp2-dp2", "dp: 2, tp: 2, pp: 1, zero_stage: 0"),
+                              ("pp2-dp2", "dp: 2, tp: 1, pp: 2, zero_stage: 0")):
+            with self.subTest(layout=label):
+                reference = c.submit(elastic_spec(f"{label}-reference", 2, layout), f"{label}-ref")
+                watch = Watch(c, reference)
+                self.assertEqual(watch.wait(), 0, c.status(reference))
+                expected = watch.losses(1)
+                job = c.submit(elastic_spec(label, 2, layout), label)
+                watch = Watch(c, job)
+                lost, _ = self.lose_second_node(job, watch)
+                self.assertEqual(watch.wait(), 0, c.status(job))
+                status = c.status(job)
+                self.assertEqual(sorted(placement(status)), [0, 1], status)
+                self.assertTrue([l for l in history(status) if "(4 ranks) to " in l], status)
+                losses = {}
+                for a in sorted({s["attempt"] for s in watch.steps}):
+                    losses.update(watch.losses(a))
+                self.assertEqual(sorted(losses), list(range(1, ELASTIC_STEPS + 1)))
+                for step, loss in losses.items():
+                    self.assertLessEqual(abs(loss - expected[step]), 1e-5 * abs(expected[step]),
+                                         f"{label} step {step}: {loss} against {expected[step]}")
+                print(f"\n{label}: {[l.strip() for l in history(status) if '(4 ranks) to ' in l][0]}")
+                c.start_agent(lost, "cpu:2")  # back for the next layout
+                wait_until(lambda: c.metric_value("loom_nodes_live") == 2, 30, "two nodes")
 
     def test_below_min_ranks_waits_saying_why(self):
         c = self.cluster
