@@ -17,7 +17,9 @@ steps): a dp4 job with `min_ranks: 2` loses its second node, is re-planned
 onto the two ranks left (same global batch, more accumulation) and trains on
 from its newest checkpoint; the node started again, it grows back to four
 ranks and finishes there. Every step's loss is within 1e-5 (relative) of the
-uninterrupted dp4 run's, and the history names both resizes. With
+uninterrupted dp4 run's, and the history names both resizes. tp2·dp2 and
+pp2·dp2 jobs lose the node the same way and finish on two ranks within 1e-5
+of their uninterrupted runs. With
 `min_ranks: 3` the same loss leaves it waiting, its history saying why, until
 the node is back."""
 
