@@ -150,20 +150,37 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
                                             r.place(), r.node_id(), r.local_device()));
     }
   }
+  if (job.spare_devices_size() > 0) {  // its own hot spares, held idle
+    absl::StrAppend(&out, "spares:\n");
+    for (const auto& s : job.spare_devices()) {
+      absl::StrAppend(&out, absl::StrFormat("  node %s device %d\n", s.node_id(), s.local_device()));
+    }
+  }
   absl::StrAppend(&out, "history:\n");
   for (const auto& e : job.history()) absl::StrAppend(&out, "  ", FormatEvent(e), "\n");
   return out;
 }
 
+namespace {
+
+// The table's last column: a cluster spare, a cordon and its reason.
+std::string NodeNote(const loom::v1::Node& n) {
+  std::string note = n.spare() ? "spare" : "";
+  if (n.cordoned()) absl::StrAppend(&note, note.empty() ? "" : "; ", "cordoned: ", n.cordon_reason());
+  return note.empty() ? "-" : note;
+}
+
+}  // namespace
+
 std::string FormatNodeTable(const std::vector<loom::v1::Node>& nodes) {
   std::string out = absl::StrFormat("%-20s %-16s %-5s %-8s %9s %12s  %s\n", "NODE", "ADDRESS", "LIVE",
-                                    "DEVICES", "IN USE", "PEAK/DEV", "CORDON");
+                                    "DEVICES", "IN USE", "PEAK/DEV", "SPARE/CORDON");
   for (const auto& n : nodes) {
     absl::StrAppend(&out, absl::StrFormat("%-20s %-16s %-5s %-8s %9d %9.1f TF  %s\n", n.node_id(),
                                           n.address(), n.live() ? "yes" : "LOST",
                                           absl::StrCat(n.device_count(), "x", n.device_kind()),
                                           n.devices_in_use(), n.peak_flops_per_device() / 1e12,
-                                          n.cordoned() ? "cordoned: " + n.cordon_reason() : "-"));
+                                          NodeNote(n)));
   }
   return out;
 }

@@ -6,6 +6,7 @@
 // JSON. Pure: the callers own the I/O.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,17 @@ namespace loom::planner {
 // Errors: INVALID_ARGUMENT naming the rule, RESOURCE_EXHAUSTED when no layout
 // fits (with the closest one's reason).
 absl::Status ResolveLayout(spec::JobSpec& spec);
+
+// The job re-planned onto `ranks` devices, what an elastic job shrinks to
+// when it lost devices and grows back with (docs/fault_tolerance.md): the same
+// model, data, precision and global batch (fewer data-parallel ranks take more
+// gradient accumulation, so the loss trajectory stays the same); every axis,
+// the micro-batch size, the ZeRO stage and the schedule searched again as for
+// `parallelism: auto`, restricted by the spec's rules, the engine's and
+// memory (cp and ep are searched when the job used them, else 1). A GPU job
+// needs whole nodes. Errors: INVALID_ARGUMENT for a size it cannot take,
+// RESOURCE_EXHAUSTED when no layout of that size fits (with the reason).
+absl::StatusOr<spec::JobSpec> ReplanOnRanks(const spec::JobSpec& job, int64_t ranks);
 
 struct PlanOptions {
   // Whose implementation constants the estimates use: "" or "loom" (Loom's

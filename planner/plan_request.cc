@@ -66,7 +66,8 @@ absl::StatusOr<PlanRequest> PlanRequestFromJob(const spec::JobSpec& job,
     s.cp = p.cp;
     s.ep = p.ep;
     if (p.zero_stage) s.zero_stage = static_cast<int>(*p.zero_stage);
-    s.micro_batch_size = job.train.micro_batch_size;
+    // `micro_batch_size: auto` is searched even with every axis given.
+    if (!job.train.micro_batch_size_auto) s.micro_batch_size = job.train.micro_batch_size;
     s.recompute = p.recompute;
     s.sequence_parallel = p.sequence_parallel;
   }

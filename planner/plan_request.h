@@ -20,7 +20,7 @@ absl::StatusOr<ClusterSpec> ClusterForJob(const spec::ResourcesSpec& resources,
 
 // `parallelism: auto` searches every axis, the micro-batch size, recompute
 // and sequence parallelism; otherwise the axes the spec gives are fixed and
-// so are train.micro_batch_size, parallelism.recompute and
+// so are train.micro_batch_size (unless it is `auto`), parallelism.recompute and
 // parallelism.sequence_parallel. CPU jobs use CpuEngineConstants(). With
 // fault_tolerance.snapshot_interval > 0 every rank's in-place recovery
 // snapshots are counted (Workload::snapshot_copies).

@@ -161,9 +161,8 @@ std::vector<Layout> EnumerateLayouts(const Workload& w, const ClusterSpec& c,
           std::vector<std::pair<spec::Schedule, int64_t>> schedules = {
               {s.schedule, s.virtual_stages}};
           if (s.search_schedules && pp > 1) {
-            schedules = {{spec::Schedule::k1F1B, 1},
-                         {spec::Schedule::kAfab, 1},
-                         {spec::Schedule::kInterleaved, 2}};
+            schedules = {{spec::Schedule::k1F1B, 1}, {spec::Schedule::kAfab, 1}};
+            if (s.allow_interleaved) schedules.push_back({spec::Schedule::kInterleaved, 2});
           }
           std::vector<bool> sps = {s.sequence_parallel ? *s.sequence_parallel : tp > 1};
           if (s.search_schedules && !s.sequence_parallel && tp > 1) sps = {true, false};

@@ -52,6 +52,9 @@ struct SearchSpace {
   // virtual stages) when pp > 1, and sequence parallelism on and off when
   // tp > 1 and `sequence_parallel` is unset: what `parallelism: auto` does.
   bool search_schedules = false;
+  // Whether the interleaved schedule may be chosen (a framework profile
+  // without it: nanotron runs afab and 1f1b only).
+  bool allow_interleaved = true;
 };
 
 struct PlanRequest {

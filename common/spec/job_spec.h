@@ -55,6 +55,11 @@ struct TrainSpec {
   int64_t steps = 50;
   int64_t global_batch_size = 16;  // sequences per optimizer step
   int64_t micro_batch_size = 2;    // sequences per forward/backward
+  // `micro_batch_size: auto`: the planner chooses it at submission, even when
+  // every parallel axis is given (spec::ApplyLayout writes the choice back and
+  // clears this); micro_batch_size holds 1 until then (what a spec that no
+  // planner resolves, --standalone, runs).
+  bool micro_batch_size_auto = false;
   int64_t seq_len = 128;
   double lr = 3.0e-3;
   double min_lr_ratio = 0.1;  // cosine/linear decay floor as a fraction of lr
@@ -109,6 +114,10 @@ struct ResourcesSpec {
   // snapshots may fill, in MiB, as the planner counts it (layouts above it are
   // rejected); 0: not known, not checked.
   int64_t host_memory_mb = 0;
+  // Hot spares (docs/fault_tolerance.md, "Elastic jobs"): devices, in ranks,
+  // placed with the job but idle, to which a rank on a lost node moves
+  // without waiting for placement. 0: none.
+  int64_t spares = 0;
 
   int64_t world_size() const { return device == DeviceKind::kCpu ? ranks : nodes * gpus_per_node; }
 };
@@ -143,6 +152,14 @@ struct FaultToleranceSpec {
   // report the snapshots they hold before the coordinator falls back to a
   // whole-job restart.
   double abort_timeout_s = 10;
+  // Shrink (docs/fault_tolerance.md, "Elastic jobs"): a job that lost devices
+  // and has no spare is re-planned onto the ranks it still has when they are
+  // at least this many, and grows back when devices return. 0: never shrinks
+  // (it waits for placement at its full size).
+  int64_t min_ranks = 0;
+  // The least time between two resizes of a job, so that a node that comes
+  // and goes does not make the job thrash.
+  double min_resize_interval_s = 300;
 
   int64_t hang_budget() const { return max_hang_restarts.value_or(max_restarts); }
   int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }

@@ -85,6 +85,7 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
       b.AtMost("resources.nodes x resources.gpus_per_node", r.world_size(), l.max_ranks);
     }
   }
+  b.AtMost("resources.spares", r.spares, l.max_ranks);
   b.Path("checkpoint.dir", s.checkpoint.dir, l.max_path_bytes);
   b.AtMost("checkpoint.interval", s.checkpoint.interval, l.max_steps);
   b.AtMost("checkpoint.keep", s.checkpoint.keep, l.max_checkpoint_keep);

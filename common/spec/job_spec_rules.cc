@@ -204,6 +204,35 @@ std::vector<std::string> CheckSchedule(const Layout& l) {
   return c.Take();
 }
 
+namespace {
+
+// Elastic jobs (docs/fault_tolerance.md, "Elastic jobs"): spares and the
+// size a job may shrink to. On GPUs a node is lost whole, so both count
+// whole nodes' worth of ranks.
+void CheckElastic(Checker& c, const JobSpec& s) {
+  const ResourcesSpec& r = s.resources;
+  const FaultToleranceSpec& f = s.fault_tolerance;
+  const int64_t world = r.world_size();
+  const bool gpu = r.device == DeviceKind::kGpu && r.gpus_per_node >= 1;
+  c.Require(r.spares >= 0, "resources.spares", r.spares, "must not be negative (0: none)");
+  if (gpu && r.spares > 0) {
+    c.Require(r.spares % r.gpus_per_node == 0, "resources.spares", r.spares,
+              absl::StrCat("must be whole nodes: a multiple of resources.gpus_per_node=",
+                           r.gpus_per_node));
+  }
+  c.Require(f.min_ranks >= 0 && f.min_ranks <= world, "fault_tolerance.min_ranks", f.min_ranks,
+            absl::StrCat("must be between 0 (never shrink) and the job's ", world, " ranks"));
+  if (gpu && f.min_ranks > 0) {
+    c.Require(f.min_ranks % r.gpus_per_node == 0, "fault_tolerance.min_ranks", f.min_ranks,
+              absl::StrCat("must be whole nodes: a multiple of resources.gpus_per_node=",
+                           r.gpus_per_node));
+  }
+  c.Require(f.min_resize_interval_s >= 0, "fault_tolerance.min_resize_interval_s",
+            f.min_resize_interval_s, "must not be negative");
+}
+
+}  // namespace
+
 std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   // Sizes above their bounds are reported alone: the rules below multiply
   // fields, which is only safe once every field is bounded.
@@ -360,6 +389,7 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
             s.fault_tolerance.snapshot_interval, "must not be negative (0: no snapshots)");
   c.Require(s.fault_tolerance.abort_timeout_s > 0, "fault_tolerance.abort_timeout_s",
             s.fault_tolerance.abort_timeout_s, "must be positive");
+  CheckElastic(c, s);
   return c.Take();
 }
 

@@ -58,6 +58,24 @@ FieldParser OptInt(std::optional<int64_t>* out) {
   };
 }
 
+// An integer, or `auto` (sets *is_auto and stores `auto_value`).
+FieldParser IntOrAuto(int64_t* out, bool* is_auto, int64_t auto_value) {
+  return [out, is_auto, auto_value](const YAML::Node& n, const std::string& path) -> absl::Status {
+    if (n.IsScalar() && n.Scalar() == "auto") {
+      *out = auto_value;
+      *is_auto = true;
+      return absl::OkStatus();
+    }
+    int64_t v;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+      return TypeError(path, n, "an integer or auto");
+    }
+    *out = v;
+    *is_auto = false;
+    return absl::OkStatus();
+  };
+}
+
 FieldParser Uint(uint64_t* out) {
   return [out](const YAML::Node& n, const std::string& path) -> absl::Status {
     int64_t v;
@@ -178,7 +196,7 @@ Section ModelFields(ModelSpec& m) {
 Section TrainFields(TrainSpec& t) {
   return {{"steps", Int(&t.steps)},
           {"global_batch_size", Int(&t.global_batch_size)},
-          {"micro_batch_size", Int(&t.micro_batch_size)},
+          {"micro_batch_size", IntOrAuto(&t.micro_batch_size, &t.micro_batch_size_auto, 1)},
           {"seq_len", Int(&t.seq_len)},
           {"lr", Double(&t.lr)},
           {"min_lr_ratio", Double(&t.min_lr_ratio)},
@@ -228,7 +246,8 @@ Section ResourcesFields(ResourcesSpec& r) {
           {"gpu", String(&r.gpu)},
           {"nodes", Int(&r.nodes)},
           {"gpus_per_node", Int(&r.gpus_per_node)},
-          {"host_memory_mb", Int(&r.host_memory_mb)}};
+          {"host_memory_mb", Int(&r.host_memory_mb)},
+          {"spares", Int(&r.spares)}};
 }
 
 Section CheckpointFields(CheckpointSpec& c) {
@@ -247,7 +266,9 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"cordon_after", Int(&f.cordon_after)},
           {"in_place", Bool(&f.in_place)},
           {"snapshot_interval", Int(&f.snapshot_interval)},
-          {"abort_timeout_s", Double(&f.abort_timeout_s)}};
+          {"abort_timeout_s", Double(&f.abort_timeout_s)},
+          {"min_ranks", Int(&f.min_ranks)},
+          {"min_resize_interval_s", Double(&f.min_resize_interval_s)}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -344,7 +365,11 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "steps" << YAML::Value << t.steps;
   out << YAML::Key << "global_batch_size" << YAML::Value << t.global_batch_size;
-  out << YAML::Key << "micro_batch_size" << YAML::Value << t.micro_batch_size;
+  if (t.micro_batch_size_auto) {
+    out << YAML::Key << "micro_batch_size" << YAML::Value << "auto";
+  } else {
+    out << YAML::Key << "micro_batch_size" << YAML::Value << t.micro_batch_size;
+  }
   out << YAML::Key << "seq_len" << YAML::Value << t.seq_len;
   out << YAML::Key << "lr" << YAML::Value << t.lr;
   out << YAML::Key << "min_lr_ratio" << YAML::Value << t.min_lr_ratio;
@@ -404,6 +429,7 @@ std::string ToYaml(const JobSpec& s) {
       out << YAML::Key << "host_memory_mb" << YAML::Value << r.host_memory_mb;
     }
   }
+  if (r.spares > 0) out << YAML::Key << "spares" << YAML::Value << r.spares;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
@@ -429,6 +455,9 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "in_place" << YAML::Value << s.fault_tolerance.in_place;
   out << YAML::Key << "snapshot_interval" << YAML::Value << s.fault_tolerance.snapshot_interval;
   out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
+  out << YAML::Key << "min_ranks" << YAML::Value << s.fault_tolerance.min_ranks;
+  out << YAML::Key << "min_resize_interval_s" << YAML::Value
+      << s.fault_tolerance.min_resize_interval_s;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

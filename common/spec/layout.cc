@@ -35,6 +35,7 @@ void ApplyLayout(const Layout& l, JobSpec* spec) {
   p.sequence_parallel = l.sequence_parallel;
   p.recompute = l.recompute;
   spec->train.micro_batch_size = l.micro_batch_size;
+  spec->train.micro_batch_size_auto = false;
 }
 
 }  // namespace loom::spec

@@ -24,6 +24,7 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
   NodeInfo& info = entry.info;
   info.node_id = registration.node_id();
   info.hostname = registration.hostname();
+  info.spare = registration.spare();
   info.address = registration.address();
   info.device_count = 0;
   for (const auto& device : registration.devices()) {

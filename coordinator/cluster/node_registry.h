@@ -43,6 +43,9 @@ struct NodeInfo {
   // "Fencing"). No new ranks go to a node that is not connected.
   bool connected = false;
   bool cordoned = false;
+  // A cluster spare (RegisterNode.spare): the scheduler places no job on it;
+  // in-place recovery relaunches failed ranks on it.
+  bool spare = false;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;

@@ -358,6 +358,8 @@ void JobLifecycle::StartAttemptLocked(JobRecord& record, PlacedAttempt attempt) 
   record.ranks_exited = 0;
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
+  metrics_->Ranks(job, record.placement->size(), RequestedRanks(record));
+  HoldSpares(job, attempt.spares);
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.in_place.reset();
@@ -445,6 +447,8 @@ void JobLifecycle::CheckHealth(absl::Time now) {
           absl::ToUnixMillis(now) >= record.job.not_before_unix_ms()) {
         reschedule = true;
       }
+      // An elastic job below its size grows back (job_lifecycle_elastic.cc).
+      if (state == JobState::RUNNING && CheckGrowLocked(record, now)) reschedule = true;
       // Goodput falls while a job makes no steps (a recovery, a hang); steps
       // update it too, this keeps the gauge current between them.
       if (!IsTerminal(state) && record.job.first_running_unix_ms() != 0) {

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/health/hang_detector.h"
+#include "coordinator/jobs/elastic_policy.h"
 #include "coordinator/jobs/in_place_policy.h"
 #include "coordinator/jobs/job_metrics.h"
 #include "coordinator/jobs/job_record.h"
@@ -80,6 +81,8 @@ struct PlacedAttempt {
   std::string nodes_text;  // "node-a (ranks 0-3), ..." for the history
   // In place: each survivors' node's EnterEpoch (in_place_messages.h).
   std::map<std::string, loom::v1::EnterEpoch> epochs;
+  // The job's own spares (resources.spares) held with this attempt.
+  std::vector<loom::v1::RankPlacement> spares;
 };
 
 // The commit fence a job's current namespace is opened with (the one kept
@@ -128,6 +131,27 @@ class JobLifecycle {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   void FailUnplaceableLocked(JobRecord& record, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Elastic jobs (job_lifecycle_elastic.cc): the scheduler placed the job at
+  // another size; its spec, layout and history say so before the attempt.
+  void ResizeLocked(JobRecord& record, const ElasticDecision& resize)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A job the scheduler could not place says why in its history, once per
+  // reason (an elastic job below fault_tolerance.min_ranks).
+  void NoteWaitingLocked(const std::string& job_id, int32_t attempt, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A RUNNING elastic job below its requested size grows back when devices
+  // are free and the minimum time since its last resize has passed: its
+  // ranks stop and the whole job is placed again, at the larger size
+  // (job_scheduler_elastic.cc), from its newest checkpoint. True when it did.
+  bool CheckGrowLocked(JobRecord& record, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The ranks the job asked for (its spec as submitted); its spec's when
+  // that cannot be read.
+  static int64_t RequestedRanks(const JobRecord& record);
+  // The job's own spares: held from a placement (`spares`); a spare device a
+  // relaunched rank took is no longer one.
+  static void HoldSpares(loom::v1::Job& job, const std::vector<loom::v1::RankPlacement>& spares);
+  static void DropUsedSpares(loom::v1::Job& job, const Placement& placement);
   // For the scheduler, an in-place recovery whose survivors have all
   // reported (or whose abort deadline passed): the request to decide it on,
   // with the live nodes' free devices of now; nullopt for any other job.

@@ -65,6 +65,7 @@ std::vector<RelaunchNode> JobLifecycle::RelaunchNodesLocked(const JobRecord& rec
     const JobRecord& other = table_->AtLocked(id);
     if (&other == &record || !HoldsDevices(other.job.state())) continue;
     for (const auto& p : *other.placement) taken[p.node_id()].insert(p.local_device());
+    for (const auto& p : other.job.spare_devices()) taken[p.node_id()].insert(p.local_device());
   }
   std::vector<RelaunchNode> nodes;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
@@ -250,6 +251,7 @@ void JobLifecycle::RelaunchInPlaceLocked(JobRecord& record, PlacedAttempt attemp
   record.ranks_exited = 0;
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
+  DropUsedSpares(job, *record.placement);  // a relaunched rank took a spare
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.placed_at = now;

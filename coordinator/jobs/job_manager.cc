@@ -342,6 +342,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
       const JobRecord& record = table_.AtLocked(id);
       if (!HoldsDevices(record.job.state())) continue;
       for (const auto& p : *record.placement) ++in_use[p.node_id()];
+      for (const auto& p : record.job.spare_devices()) ++in_use[p.node_id()];
     }
   }
   std::vector<loom::v1::Node> nodes;
@@ -352,6 +353,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
     node.set_address(info.address);
     node.set_live(info.live);
     node.set_cordoned(info.cordoned);
+    node.set_spare(info.spare);
     node.set_cordon_reason(info.cordon_reason);
     node.set_device_kind(info.device_kind);
     node.set_device_count(info.device_count);

@@ -53,6 +53,10 @@ void JobMetrics::Goodput(const loom::v1::Job& job) {
   metrics_->SetJobGoodput(job.id(), job.name(), job.goodput());
 }
 
+void JobMetrics::Ranks(const loom::v1::Job& job, int64_t running, int64_t requested) {
+  if (metrics_ != nullptr) metrics_->SetJobRanks(job.id(), job.name(), running, requested);
+}
+
 void JobMetrics::Restart(const loom::v1::Job& job) {
   if (metrics_ != nullptr) metrics_->CountRestart(job.id(), job.name());
 }

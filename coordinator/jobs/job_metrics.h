@@ -31,6 +31,8 @@ class JobMetrics {
   void JobStep(const loom::v1::Job& job, const loom::v1::JobProgress& progress,
                const loom::v1::RankProgress& rank0);
   void Goodput(const loom::v1::Job& job);
+  // The ranks an attempt runs and the size the job asked for.
+  void Ranks(const loom::v1::Job& job, int64_t running, int64_t requested);
   void Restart(const loom::v1::Job& job);
   // Counts a closed incident's measured phases in the recovery histogram.
   void Incident(const std::optional<loom::v1::RecoveryIncident>& incident);

@@ -96,7 +96,13 @@ void JobScheduler::RunPass() {
       if (!SnapshotRelaunchLocked(snapshot) && !SnapshotNextLocked(capacity, snapshot)) return;
     }
     Result result = snapshot.relaunch ? PlaceInPlace(snapshot) : Place(snapshot);
-    if (!snapshot.relaunch && !result.fits && result.error.ok()) return;  // waits for devices
+    if (!snapshot.relaunch && !result.fits && result.error.ok()) {  // waits for devices
+      if (!result.waits_because.empty()) {
+        absl::MutexLock lock(&table_->mu());
+        lifecycle_->NoteWaitingLocked(snapshot.job_id, snapshot.attempt, result.waits_because);
+      }
+      return;
+    }
     {
       absl::MutexLock lock(&table_->mu());
       // When the job or a node changed meanwhile nothing is recorded and the
@@ -135,6 +141,7 @@ bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capa
   snapshot.attempt = next->job.attempt();
   snapshot.spec = next->spec;
   snapshot.resolved_spec_yaml = next->job.resolved_spec_yaml();
+  snapshot.spec_yaml = next->job.spec_yaml();
   snapshot.owner = next->job.owner();
   snapshot.checkpoint_dir = next->job.checkpoint_dir();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
@@ -142,6 +149,9 @@ bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capa
     const JobRecord& other = table_->AtLocked(id);
     if (!HoldsDevices(other.job.state()) || &other == next) continue;
     for (const auto& p : *other.placement) snapshot.taken[p.node_id()].insert(p.local_device());
+    for (const auto& p : other.job.spare_devices()) {  // a job's own spares are its alone
+      snapshot.taken[p.node_id()].insert(p.local_device());
+    }
   }
   return true;
 }
@@ -160,6 +170,11 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     // small cluster still runs (and a job that fails everywhere still reaches
     // its budget) while healthy nodes are preferred.
     if (node.cordoned) request.avoid.insert(node.node_id);
+    // A cluster spare holds no job's first attempt; a job placed again after
+    // a failure uses it only when nothing else can hold it (relaunches in
+    // place prefer it: relaunch_placement.h).
+    if (node.spare && snapshot.attempt == 0) continue;
+    if (node.spare) request.avoid.insert(node.node_id);
     auto taken = snapshot.taken.find(node.node_id);
     topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {}};
     for (int32_t d = 0; d < node.device_count; ++d) {
@@ -171,9 +186,11 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     if (devices.free_devices == 0) continue;
     request.nodes.push_back(devices);
   }
+  if (std::optional<Result> resized = PlaceElastic(snapshot, request)) return *std::move(resized);
   absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
   if (!placement.ok()) return result;  // waits for devices
   BuildAttempt(snapshot, *placement, nullptr, result);
+  if (result.fits) ReserveSpares(spec, request, *placement, result);
   return result;
 }
 
@@ -277,6 +294,7 @@ bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
     std::optional<NodeInfo> info = nodes_->Get(node);
     if (!info || !info->live || !info->connected) return false;
   }
+  if (result.resize) lifecycle_->ResizeLocked(*record, *result.resize);
   lifecycle_->StartAttemptLocked(*record, std::move(result.attempt));
   return true;
 }

@@ -27,6 +27,7 @@
 #include "common/spec/job_spec.h"
 #include "common/topology/placement.h"
 #include "coordinator/cluster/node_registry.h"
+#include "coordinator/jobs/elastic_policy.h"
 #include "coordinator/jobs/in_place_policy.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_paths.h"
@@ -71,6 +72,7 @@ class JobScheduler {
     int32_t attempt = 0;  // before this placement
     spec::JobSpec spec;
     std::string resolved_spec_yaml;
+    std::string spec_yaml;  // as submitted: an elastic job's requested size
     std::string owner;
     std::string checkpoint_dir;  // Job.checkpoint_dir: <checkpoint_root>/<owner>/<id>
     std::set<std::string> avoid;                     // nodes that failed this job
@@ -87,6 +89,12 @@ class JobScheduler {
     // In place: the decision, or why the whole job restarts instead.
     std::optional<InPlaceDecision> in_place;
     std::string fallback;
+    // An elastic job placed at another size than its spec's: the resize
+    // (job_scheduler_elastic.cc).
+    std::optional<ElasticDecision> resize;
+    // Not placed: why, when the job has something to say (an elastic job
+    // below fault_tolerance.min_ranks); it goes to the job's history once.
+    std::string waits_because;
   };
   // The first job waiting for placement that the cluster's devices
   // (capacity, by kind) could hold; false when none waits.
@@ -114,6 +122,16 @@ class JobScheduler {
   // `in_place`, its restore plans and rings), the placement record and the
   // peak FLOP/s, into result.attempt; an error when a launch would exceed
   // the transport's limit (the job then fails).
+  // An elastic job (fault_tolerance.min_ranks) placed again after a failure
+  // or to grow back: at the largest size the free devices allow, up to the
+  // requested one, when that is not its spec's (job_scheduler_elastic.cc).
+  // nullopt: placed at its spec's size as any job.
+  std::optional<Result> PlaceElastic(const Snapshot& snapshot,
+                                     const topology::PlacementRequest& request) const;
+  // The job's own spares (resources.spares) from the devices the placement
+  // left free, nodes without its ranks first; not enough: it does not fit.
+  static void ReserveSpares(const spec::JobSpec& spec, const topology::PlacementRequest& request,
+                            const topology::Placement& placement, Result& result);
   void BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
                     const InPlaceDecision* in_place, Result& result) const;
   void Flush();

@@ -50,6 +50,10 @@ CoordinatorMetrics::CoordinatorMetrics()
       job_goodput_(Gauge(*registry_, "loom_job_goodput",
                          "Fraction of a job's wall time since it first ran spent in steps that "
                          "counted (0-1)")),
+      job_ranks_(Gauge(*registry_, "loom_job_ranks", "Ranks the job's current attempt runs")),
+      job_requested_ranks_(Gauge(*registry_, "loom_job_requested_ranks",
+                                 "Ranks the job asked for (above loom_job_ranks while an elastic "
+                                 "job runs shrunk)")),
       recovery_phase_seconds_(prometheus::BuildHistogram()
                                   .Name("loom_recovery_phase_seconds")
                                   .Help("Duration of each phase of the recoveries from failures")
@@ -172,6 +176,14 @@ void CoordinatorMetrics::SetJobGoodput(const std::string& job_id, const std::str
   job_goodput_.Add({{"job", job_id}, {"job_name", job_name}}).Set(goodput);
 }
 
+void CoordinatorMetrics::SetJobRanks(const std::string& job_id, const std::string& job_name,
+                                     int64_t running, int64_t requested) {
+  absl::MutexLock lock(&mu_);
+  const prometheus::Labels labels = {{"job", job_id}, {"job_name", job_name}};
+  job_ranks_.Add(labels).Set(static_cast<double>(running));
+  job_requested_ranks_.Add(labels).Set(static_cast<double>(requested));
+}
+
 namespace {
 
 template <typename T>
@@ -186,7 +198,8 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
   absl::MutexLock lock(&mu_);
   const prometheus::Labels job = {{"job", job_id}, {"job_name", job_name}};
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
-                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_}) {
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_,
+                       &job_ranks_, &job_requested_ranks_}) {
     RemoveSeries(*family, job);
   }
   RemoveSeries(job_restarts_, job);
@@ -198,7 +211,8 @@ size_t CoordinatorMetrics::JobSeriesCount() {
   absl::MutexLock lock(&mu_);
   size_t count = 0;
   for (auto* family : {&job_step_, &job_loss_, &job_val_loss_, &job_step_seconds_,
-                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_}) {
+                       &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_,
+                       &job_ranks_, &job_requested_ranks_}) {
     for (const auto& metric : family->Collect()) count += metric.metric.size();
   }
   for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();

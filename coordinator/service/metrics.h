@@ -56,6 +56,10 @@ class CoordinatorMetrics {
   void ObserveRecoveryPhase(const std::string& phase, double seconds);
   // loom_job_goodput: the fraction of the job's wall time in steps that counted.
   void SetJobGoodput(const std::string& job_id, const std::string& job_name, double goodput);
+  // loom_job_ranks (the ranks its attempt runs) and loom_job_requested_ranks
+  // (the size it asked for): apart while an elastic job runs shrunk.
+  void SetJobRanks(const std::string& job_id, const std::string& job_name, int64_t running,
+                   int64_t requested);
   // Removes every series of a job and of its ranks 0..ranks-1: a job that
   // ended adds nothing to the scrape, so series do not pile up over jobs.
   void RemoveJob(const std::string& job_id, const std::string& job_name, int ranks);
@@ -91,6 +95,8 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_tokens_;
   prometheus::Family<prometheus::Counter>& job_restarts_;
   prometheus::Family<prometheus::Gauge>& job_goodput_;
+  prometheus::Family<prometheus::Gauge>& job_ranks_;
+  prometheus::Family<prometheus::Gauge>& job_requested_ranks_;
   prometheus::Family<prometheus::Histogram>& recovery_phase_seconds_;
   std::map<std::string, prometheus::Histogram*> recovery_phases_;  // by phase, made up front
   std::shared_ptr<IndexedJobSeries> expert_tokens_;      // [moe] served beside registry_

@@ -96,6 +96,72 @@ TEST(JobSpecYaml, GpuNodeHostMemoryRoundTrips) {
   EXPECT_THAT(Errors(s), HasSubstr("resources.host_memory_mb=-1 must not be negative"));
 }
 
+// train.micro_batch_size: auto leaves it to the planner (1 until resolved),
+// written back as auto; ApplyLayout's choice clears it.
+TEST(JobSpecYaml, MicroBatchSizeAutoRoundTrips) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("micro_batch_size: 2"), 19, "micro_batch_size: auto");
+  JobSpec s = Parse(yaml);
+  EXPECT_TRUE(s.train.micro_batch_size_auto);
+  EXPECT_EQ(s.train.micro_batch_size, 1);
+  EXPECT_EQ(Errors(s), "");
+  EXPECT_NE(ToYaml(s).find("micro_batch_size: auto"), std::string::npos);
+  EXPECT_TRUE(Parse(ToYaml(s)).train.micro_batch_size_auto);
+  EXPECT_FALSE(Parse(kValid).train.micro_batch_size_auto);
+  yaml = kValid;
+  yaml.replace(yaml.find("micro_batch_size: 2"), 19, "micro_batch_size: two");
+  absl::StatusOr<JobSpec> bad = ParseJobSpecYaml(yaml, "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("train.micro_batch_size=two must be an integer or auto"));
+}
+
+// Elastic jobs: resources.spares, fault_tolerance.min_ranks and
+// min_resize_interval_s parse, round-trip and keep their rules (whole nodes
+// on GPUs).
+TEST(JobSpecYaml, ElasticFieldsRoundTripAndTheirRules) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("ranks: 2}"), 9, "ranks: 2, spares: 1}");
+  yaml.replace(yaml.find("hang_timeout_s: 0}"), 18,
+               "hang_timeout_s: 0, min_ranks: 1, min_resize_interval_s: 30}");
+  JobSpec s = Parse(yaml);
+  EXPECT_EQ(s.resources.spares, 1);
+  EXPECT_EQ(s.fault_tolerance.min_ranks, 1);
+  EXPECT_DOUBLE_EQ(s.fault_tolerance.min_resize_interval_s, 30);
+  EXPECT_EQ(Errors(s), "");
+  JobSpec again = Parse(ToYaml(s));
+  EXPECT_EQ(again.resources.spares, 1);
+  EXPECT_EQ(again.fault_tolerance.min_ranks, 1);
+  EXPECT_DOUBLE_EQ(again.fault_tolerance.min_resize_interval_s, 30);
+  EXPECT_EQ(Parse(kValid).fault_tolerance.min_ranks, 0);  // never shrinks unless asked
+  EXPECT_DOUBLE_EQ(Parse(kValid).fault_tolerance.min_resize_interval_s, 300);
+
+  JobSpec bad = s;
+  bad.resources.spares = -1;
+  bad.fault_tolerance.min_ranks = 3;
+  bad.fault_tolerance.min_resize_interval_s = -1;
+  EXPECT_THAT(Errors(bad), HasSubstr("resources.spares=-1 must not be negative"));
+  EXPECT_THAT(Errors(bad), HasSubstr("fault_tolerance.min_ranks=3 must be between 0 (never "
+                                     "shrink) and the job's 2 ranks"));
+  EXPECT_THAT(Errors(bad), HasSubstr("fault_tolerance.min_resize_interval_s=-1 must not be "
+                                     "negative"));
+
+  JobSpec gpu = s;
+  gpu.resources.device = DeviceKind::kGpu;
+  gpu.resources.gpu = "h100-sxm";
+  gpu.resources.nodes = 2;
+  gpu.resources.gpus_per_node = 2;
+  gpu.parallelism.dp = 4;
+  gpu.fault_tolerance.min_ranks = 3;
+  gpu.resources.spares = 1;
+  EXPECT_THAT(Errors(gpu), HasSubstr("fault_tolerance.min_ranks=3 must be whole nodes: a "
+                                     "multiple of resources.gpus_per_node=2"));
+  EXPECT_THAT(Errors(gpu), HasSubstr("resources.spares=1 must be whole nodes"));
+  gpu.fault_tolerance.min_ranks = 2;
+  gpu.resources.spares = 2;
+  EXPECT_EQ(Errors(gpu), "");
+}
+
 // model.moe: every field parsed, written back only for an MoE model.
 TEST(JobSpecYaml, MoeRoundTrips) {
   std::string yaml = kValid;

@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(int32_t, progress_batch_ms, 100,
           "longest a rank's progress report waits at the agent, so the reports of one step go "
           "to the coordinator in one message");
+ABSL_FLAG(bool, spare, false,
+          "offer this node as a cluster spare: no job is placed on it, a rank of a failed node "
+          "moves to it (docs/fault_tolerance.md, \"Elastic jobs\")");
 ABSL_FLAG(std::string, run_as_user, "",
           "run every rank as this unprivileged user (the agent must run as root)");
 
@@ -43,7 +46,7 @@ constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir", 
                                       "address",      "trainer",    "kill_grace_s",    "tls_dir",
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
                                       "data_roots",   "checkpoint_root", "run_as_user",
-                                      "progress_batch_ms"};
+                                      "progress_batch_ms", "spare"};
 
 }  // namespace
 
@@ -87,8 +90,8 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown argument '", arg, "'", cli::DidYouMean(name, AgentFlagNames(), "--")));
     }
-    if (eq == std::string::npos && name == "insecure") {
-      body += "=true";  // the one boolean flag
+    if (eq == std::string::npos && (name == "insecure" || name == "spare")) {
+      body += "=true";  // the boolean flags
       eq = body.find('=');
     }
     if (eq == std::string::npos) {
@@ -142,6 +145,7 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     return absl::InvalidArgumentError(absl::StrCat(
         "--kill_grace_s=", config.kill_grace_s, " must be between 0 and 3600 seconds"));
   }
+  config.spare = absl::GetFlag(FLAGS_spare);
   config.progress_batch_ms = absl::GetFlag(FLAGS_progress_batch_ms);
   if (config.progress_batch_ms < 0 || config.progress_batch_ms > 10000) {
     return absl::InvalidArgumentError(absl::StrCat(

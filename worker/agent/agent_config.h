@@ -16,7 +16,7 @@ inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-    "[--run_as_user=USER] [--progress_batch_ms=MS]";
+    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare]";
 
 // The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
 std::vector<std::string> AgentFlagNames();
@@ -42,6 +42,8 @@ struct AgentConfig {
   // How long a rank's progress report may wait for the node's other ranks'
   // before the agent forwards them in one message.
   int32_t progress_batch_ms = 100;
+  // --spare: the node is a cluster spare (RegisterNode.spare).
+  bool spare = false;
 };
 
 // args excludes the program name. Every flag not given takes its default.

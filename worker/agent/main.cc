@@ -97,6 +97,7 @@ int Main(int argc, char** argv) {
   registration.set_node_id(config.node_id);
   registration.set_hostname(HostName());
   registration.set_address(config.address);
+  registration.set_spare(config.spare);
   for (const DeviceInfo& d : *devices) {
     device_count += d.count;
     loom::v1::Device* device = registration.add_devices();
