@@ -17,8 +17,6 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 
 namespace loom::rpc {
 
@@ -27,7 +25,7 @@ inline constexpr std::string_view kRankEntryPrefix = "loom/rank/";
 inline constexpr std::string_view kJoinedKey = "loom/joined";
 
 inline std::string RankEntryKey(int32_t rank, std::string_view name) {
-  return absl::StrCat(kRankEntryPrefix, rank, "/", name);
+  return std::string(kRankEntryPrefix) + std::to_string(rank) + "/" + std::string(name);
 }
 
 // The rank a key is an entry of; nullopt for a key that is not a rank entry
@@ -39,8 +37,13 @@ inline std::optional<int32_t> RankOfEntry(std::string_view key) {
   if (slash == std::string_view::npos || slash == 0 || slash + 1 == key.size()) {
     return std::nullopt;
   }
-  int32_t rank = -1;
-  if (!absl::SimpleAtoi(key.substr(0, slash), &rank) || rank < 0) return std::nullopt;
+  // Decimal digits only, at most 9 of them (no sign, no overflow).
+  if (slash > 9) return std::nullopt;
+  int32_t rank = 0;
+  for (char c : key.substr(0, slash)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    rank = rank * 10 + (c - '0');
+  }
   return rank;
 }
 

@@ -34,8 +34,8 @@ absl::Status CheckEntryWriter(const auth::Identity& caller, const std::string& k
   const std::optional<int32_t> rank = rpc::RankOfEntry(key);
   if (!rank.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "key ", key, " is under ", rpc::kRankEntryPrefix,
-        " but is not a rank entry (", rpc::kRankEntryPrefix, "<rank>/<name>)"));
+        "key ", key, " is under ", std::string(rpc::kRankEntryPrefix), " but is not a rank entry (",
+        std::string(rpc::kRankEntryPrefix), "<rank>/<name>)"));
   }
   if (caller.role == auth::Role::kInsecure) return absl::OkStatus();
   if (!caller.rank.has_value() || caller.rank->rank != *rank) {
