@@ -119,10 +119,10 @@ void JobLifecycle::RecoverInPlaceLocked(JobRecord& record, const Failure& failur
   // Survivors whose collectives failed by themselves (a peer died) reported
   // "aborted" before the failure was declared.
   for (size_t r = 0; r < record.ranks.size(); ++r) {
-    const loom::v1::RankProgress& last = record.ranks[r].last;
-    if (ip.failed.count(static_cast<int64_t>(r)) == 0 && last.phase() == "aborted" &&
-        last.attempt() == job.attempt()) {
-      request.aborted[static_cast<int64_t>(r)] = last;
+    const std::optional<loom::v1::RankProgress>& aborted = record.ranks[r].aborted;
+    if (ip.failed.count(static_cast<int64_t>(r)) == 0 && aborted.has_value() &&
+        aborted->attempt() == job.attempt()) {
+      request.aborted[static_cast<int64_t>(r)] = *aborted;
     }
   }
   ip.reason = FirstLine(failure.reason);
@@ -252,20 +252,27 @@ void JobLifecycle::RelaunchInPlaceLocked(JobRecord& record, PlacedAttempt attemp
   record.placement = std::move(attempt.placement);
   record.peak_flops = attempt.peak_flops;
   DropUsedSpares(job, *record.placement);  // a relaunched rank took a spare
+  std::vector<int64_t> relaunched;
+  std::set<std::string> where;
+  // The survivors keep their processes, so their rank entries stay true:
+  // only the relaunched ranks register in the new namespace.
+  CarriedEntries carried{.from = old_namespace,
+                         .survivors = std::vector<bool>(record.ranks.size(), true)};
+  for (const Relaunch& r : decision.relaunched) {
+    ip.relaunched.insert(r.rank);
+    relaunched.push_back(r.rank);
+    where.insert(r.to.node_id);
+    if (r.rank >= 0 && r.rank < static_cast<int64_t>(carried.survivors.size())) {
+      carried.survivors[r.rank] = false;
+    }
+  }
   job.set_store_namespace(attempt.store_namespace);
-  kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
+  kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job), &carried);
   record.placed_at = now;
   record.hang = NewHangDetector(record, now);
   IncidentCompletedLocked(record, MarkPlaced(job, now));
   ip.phase = Phase::kRelaunched;
   ip.epochs = std::move(attempt.epochs);
-  std::vector<int64_t> relaunched;
-  std::set<std::string> where;
-  for (const Relaunch& r : decision.relaunched) {
-    ip.relaunched.insert(r.rank);
-    relaunched.push_back(r.rank);
-    where.insert(r.to.node_id);
-  }
   // Attempt n+1 is a hard change: nothing below leaves before it is stored.
   table_->RecordEventLocked(
       record, absl::StrCat("attempt ", number, " in place: ranks ", RankList(relaunched),

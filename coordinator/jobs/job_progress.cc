@@ -60,8 +60,14 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
   // A rank re-sends its recent reports on a new stream (the old one may have
   // died with them unread); what this coordinator already saw is older than
   // what it holds and says nothing new.
-  if (progress.time_unix_ms() < rank.last.time_unix_ms()) return;
-  rank.last = progress;
+  if (progress.time_unix_ms() < rank.last_time_unix_ms) return;
+  rank.last_time_unix_ms = progress.time_unix_ms();
+  rank.memory_bytes = progress.memory_bytes();
+  if (progress.phase() == "aborted") {
+    rank.aborted = progress;
+  } else if (rank.aborted.has_value()) {
+    rank.aborted.reset();
+  }
   const absl::Time now = absl::Now();
   // A recovery's phases end at the ranks' own times: reports from different
   // ranks arrive in any order, and late when the machine is busy.
@@ -124,7 +130,7 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
   p.set_lr(progress.lr());
   p.set_grad_norm(progress.grad_norm());
   int64_t max_memory = 0;
-  for (const RankState& r : record.ranks) max_memory = std::max(max_memory, r.last.memory_bytes());
+  for (const RankState& r : record.ranks) max_memory = std::max(max_memory, r.memory_bytes);
   p.set_max_memory_bytes(max_memory);
   p.set_eta_seconds(static_cast<double>(record.spec.train.steps - progress.step()) *
                     progress.step_seconds());

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -42,7 +43,13 @@ struct RankState {
   // a recovery's rendezvous and checkpoint load end at the latest of them.
   absl::Time ready_at;
   absl::Time resumed_at;
-  loom::v1::RankProgress last;
+  // Of its newest report, what the lifecycle reads: kept as numbers, so a
+  // step report (one per rank per step) copies no message under the job lock.
+  int64_t last_time_unix_ms = 0;
+  int64_t memory_bytes = 0;
+  // Its newest report when that is "aborted" (in place: the snapshots it
+  // holds), kept whole; empty once it reports anything else.
+  std::optional<loom::v1::RankProgress> aborted;
 };
 
 // An in-place recovery under way (docs/fault_tolerance.md, "In-place

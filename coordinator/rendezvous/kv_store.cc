@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc/commit_gate.h"
+#include "common/rpc/rank_entries.h"
 
 namespace loom::coordinator {
 
@@ -25,10 +26,49 @@ KvStore::~KvStore() {
   timer_.join();
 }
 
-void KvStore::OpenNamespace(const std::string& ns, CommitFence fence) {
-  absl::MutexLock lock(&mu_);
-  Namespace& space = namespaces_[ns];
-  if (fence.until > space.fence.until) space.fence = std::move(fence);
+size_t KvStore::OpenNamespace(const std::string& ns, CommitFence fence,
+                              const CarriedEntries* carried) {
+  std::vector<std::pair<GetCallback, std::string>> ready;
+  size_t copied = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Namespace& space = namespaces_[ns];
+    if (fence.until > space.fence.until) space.fence = std::move(fence);
+    if (carried != nullptr) copied = CarryLocked(*carried, space, &ready);
+  }
+  // Outside the lock: they complete RPCs (only a namespace opened before
+  // it was carried into can have any).
+  for (auto& [done, value] : ready) done(std::move(value));
+  return copied;
+}
+
+size_t KvStore::CarryLocked(const CarriedEntries& carried, Namespace& to,
+                            std::vector<std::pair<GetCallback, std::string>>* ready) {
+  auto store = [&](const std::string& key, const std::string& value) {
+    for (GetCallback& done : StoreLocked(to, key, value)) ready->emplace_back(std::move(done), value);
+  };
+  size_t copied = 0;
+  auto from = namespaces_.find(carried.from);
+  if (from != namespaces_.end() && &from->second != &to) {
+    const std::string prefix(rpc::kRankEntryPrefix);
+    // The entries sit together in the ordered map: one walk over them only.
+    for (auto it = from->second.values.lower_bound(prefix);
+         it != from->second.values.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+         ++it) {
+      const std::optional<int32_t> rank = rpc::RankOfEntry(it->first);
+      if (!rank.has_value() || *rank >= static_cast<int32_t>(carried.survivors.size()) ||
+          !carried.survivors[*rank] || to.values.count(it->first) > 0) {
+        continue;
+      }
+      store(it->first, it->second);
+      ++copied;
+    }
+  }
+  // The survivors are in: each relaunched rank's add brings the count nearer
+  // the world size.
+  store(std::string(rpc::kJoinedKey),
+        std::to_string(std::count(carried.survivors.begin(), carried.survivors.end(), true)));
+  return copied;
 }
 
 absl::Status KvStore::CheckFenceLocked(const Namespace& space, const std::string& key) const {

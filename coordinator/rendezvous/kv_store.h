@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,14 @@ struct CommitFence {
   std::string why;  // e.g. "node n2 was lost and its lease may not have run out"
 };
 
+// What the namespace of an attempt placed in place takes over from the
+// attempt it replaces (common/rpc/rank_entries.h): the rank entries of the
+// ranks that survive, and the join count at their number.
+struct CarriedEntries {
+  std::string from;               // the replaced attempt's namespace
+  std::vector<bool> survivors;    // by rank: true for a rank that keeps its process
+};
+
 class KvStore {
  public:
   using GetCallback = std::function<void(absl::StatusOr<std::string>)>;
@@ -49,8 +58,12 @@ class KvStore {
 
   // Creates an empty namespace (if it exists, keeps its keys). With a fence,
   // commit keys are refused until fence.until (an open namespace keeps the
-  // later of its fence and this one).
-  void OpenNamespace(const std::string& ns, CommitFence fence = {});
+  // later of its fence and this one). With carried: the survivors' rank
+  // entries are copied from carried->from (when it is still open; a key the
+  // new namespace already holds is kept) and rpc::kJoinedKey is set to the
+  // number of survivors. Returns the number of entries copied.
+  size_t OpenNamespace(const std::string& ns, CommitFence fence = {},
+                       const CarriedEntries* carried = nullptr);
   // NOT_FOUND for a namespace that is not open, RESOURCE_EXHAUSTED naming the
   // quota a write would break, UNAVAILABLE for a commit key behind the fence
   // (Set and Add alike).
@@ -95,6 +108,10 @@ class KvStore {
   // Stores the value and takes the waiters it satisfies; the caller runs them
   // after releasing mu_.
   std::vector<GetCallback> StoreLocked(Namespace& space, const std::string& key, std::string value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies the survivors' entries into `to` (see OpenNamespace).
+  size_t CarryLocked(const CarriedEntries& carried, Namespace& to,
+                     std::vector<std::pair<GetCallback, std::string>>* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 

@@ -24,17 +24,19 @@ constexpr char kMethodPrefix[] = "/loom.v1.RankService/";
 }  // namespace
 
 absl::Status RankServiceImpl::AdmitStore(const grpc::CallbackServerContext& context,
-                                         const std::string& method, const std::string& ns) const {
+                                         const std::string& method, const std::string& ns,
+                                         const std::string* written_key) const {
   absl::StatusOr<auth::Identity> caller = auth_->Admit(context, absl::StrCat(kMethodPrefix, method));
   if (!caller.ok()) return caller.status();
-  return auth::AuthorizeStore(*caller, ns);
+  if (absl::Status s = auth::AuthorizeStore(*caller, ns); !s.ok()) return s;
+  return written_key != nullptr ? CheckEntryWriter(*caller, *written_key) : absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* RankServiceImpl::StoreSet(grpc::CallbackServerContext* context,
                                                     const loom::v1::StoreSetRequest* request,
                                                     loom::v1::StoreSetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreSet", request->store_namespace()));
+  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreSet", request->store_namespace(), &request->key()));
   if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) {
     status = ToGrpc(kv_->Set(request->store_namespace(), request->key(), request->value()));
@@ -73,7 +75,7 @@ grpc::ServerUnaryReactor* RankServiceImpl::StoreAdd(grpc::CallbackServerContext*
                                                     const loom::v1::StoreAddRequest* request,
                                                     loom::v1::StoreAddResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreAdd", request->store_namespace()));
+  grpc::Status status = ToGrpc(AdmitStore(*context, "StoreAdd", request->store_namespace(), &request->key()));
   if (status.ok()) status = RequireKey(request->store_namespace(), request->key());
   if (status.ok()) {
     absl::StatusOr<int64_t> value =

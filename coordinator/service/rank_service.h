@@ -32,9 +32,10 @@ class RankServiceImpl final : public loom::v1::RankService::CallbackService {
                                        loom::v1::StoreBatchResponse* response) override;
 
  private:
-  // Admits a store call in namespace ns, or says why not.
+  // Admits a store call in namespace ns, or says why not; a set or add also
+  // names its key (a rank entry is written by its own rank only).
   absl::Status AdmitStore(const grpc::CallbackServerContext& context, const std::string& method,
-                          const std::string& ns) const;
+                          const std::string& ns, const std::string* written_key = nullptr) const;
 
   KvStore* kv_;
   JobManager* jobs_;

@@ -1,6 +1,7 @@
 #include "coordinator/service/store_batch.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/rank_entries.h"
 #include "common/rpc/store_quotas.h"
 #include "coordinator/auth/policy.h"
 
@@ -21,10 +22,28 @@ absl::Status Admitted(const AdmitOp& admit, const std::string& token, const std:
   if (ns.empty() || key.empty()) {
     return absl::InvalidArgumentError("store_namespace and key must both be set");
   }
-  return absl::OkStatus();
+  return CheckEntryWriter(*caller, key);
 }
 
 }  // namespace
+
+absl::Status CheckEntryWriter(const auth::Identity& caller, const std::string& key) {
+  if (key.compare(0, rpc::kRankEntryPrefix.size(), rpc::kRankEntryPrefix) != 0) {
+    return absl::OkStatus();
+  }
+  const std::optional<int32_t> rank = rpc::RankOfEntry(key);
+  if (!rank.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", key, " is under ", std::string(rpc::kRankEntryPrefix), " but is not a rank entry (",
+        std::string(rpc::kRankEntryPrefix), "<rank>/<name>)"));
+  }
+  if (caller.role == auth::Role::kInsecure) return absl::OkStatus();
+  if (!caller.rank.has_value() || caller.rank->rank != *rank) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "key ", key, " is rank ", *rank, "'s entry; only that rank may write it"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckStoreBatch(const loom::v1::StoreBatchRequest& request) {
   if (request.ops_size() > rpc::kMaxStoreBatchOps) {

@@ -24,6 +24,12 @@ using AdmitOp = std::function<absl::StatusOr<auth::Identity>(const std::string& 
 // than rpc::kMaxStoreBatchOps / rpc::kMaxStoreBatchBytes.
 absl::Status CheckStoreBatch(const loom::v1::StoreBatchRequest& request);
 
+// A rank entry (common/rpc/rank_entries.h) is written by its own rank only:
+// PERMISSION_DENIED naming the key for any other caller (a carried entry must
+// be what its rank published), INVALID_ARGUMENT for a key under the entries'
+// prefix that names no rank. Other keys: OK.
+absl::Status CheckEntryWriter(const auth::Identity& caller, const std::string& key);
+
 // One result per op, in op order. Quick: the store's Set and Add do not wait.
 void ApplyStoreBatch(const loom::v1::StoreBatchRequest& request, const AdmitOp& admit,
                      KvStore* kv, loom::v1::StoreBatchResponse* response);

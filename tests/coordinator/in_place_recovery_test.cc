@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_replace.h"
 #include "common/rpc/commit_gate.h"
+#include "common/rpc/rank_entries.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/job_manager_harness.h"
@@ -174,7 +175,18 @@ TEST_F(InPlaceRecoveryTest, ACrashedRankIsRelaunchedInItsPlaceAndTheSurvivorsMov
   const loom::v1::Job first = Running();
   ASSERT_EQ(NodeOf(0, first), "node-a");
   ASSERT_EQ(NodeOf(2, first), "node-b");
-  // Every placement carries the snapshot ring.
+  // Each rank published its address as a rank entry in attempt 1 (the
+  // namespace is in the launches, never in the job's view).
+  std::string first_ns;
+  for (const CoordinatorMessage& m : channels_.at("node-a")->messages()) {
+    if (m.has_launch()) first_ns = m.launch().assignment().store_namespace();
+  }
+  ASSERT_FALSE(first_ns.empty());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(kv_.Set(first_ns, rpc::RankEntryKey(r, "addr"),
+                        "host:" + std::to_string(r))
+                    .ok());
+  }
   Exit(1, 9);
   jobs_->WaitIdle();
   loom::v1::Job job = Get();
@@ -240,6 +252,13 @@ TEST_F(InPlaceRecoveryTest, ACrashedRankIsRelaunchedInItsPlaceAndTheSurvivorsMov
   // The new namespace is open and the old one gone.
   const std::string ns = epoch_b.store_namespace();
   EXPECT_TRUE(kv_.Set(ns, "k", "v").ok());
+  // It holds the survivors' entries and counts them; rank 1 registers anew.
+  for (int r : {0, 2, 3}) {
+    EXPECT_EQ(*kv_.Get(ns, rpc::RankEntryKey(r, "addr"), absl::ZeroDuration()),
+              "host:" + std::to_string(r));
+  }
+  EXPECT_FALSE(kv_.Get(ns, rpc::RankEntryKey(1, "addr"), absl::ZeroDuration()).ok());
+  EXPECT_EQ(*kv_.Get(ns, std::string(rpc::kJoinedKey), absl::ZeroDuration()), "3");
   EXPECT_TRUE(Take("node-c").empty());
 
   // Every rank ready in attempt 2: RUNNING.
@@ -267,6 +286,25 @@ TEST_F(InPlaceRecoveryTest, ACrashedRankIsRelaunchedInItsPlaceAndTheSurvivorsMov
   EXPECT_TRUE(incident.fallback_reason().empty());
   EXPECT_EQ(job.restarts(), 1);
   EXPECT_TRUE(jobs_->CheckInvariants().ok()) << jobs_->CheckInvariants();
+}
+
+TEST_F(InPlaceRecoveryTest, ASurvivorThatAbortedBeforeTheDeclarationIsNotAskedAgain) {
+  Running();
+  // Rank 2's collective failed by itself (its peer died) before the crash
+  // was declared; a later report of another phase would have taken it back.
+  Report(2, "aborted", 5);
+  Report(3, "aborted", 5);
+  Report(3, "forward_backward", 5);
+  Exit(1, 9);
+  jobs_->WaitIdle();
+  EXPECT_EQ(Get().state(), JobState::RECOVERING);
+  Report(0, "aborted", 5);
+  jobs_->WaitIdle();
+  EXPECT_EQ(Get().attempt(), 1) << "rank 3's abort was taken back and must come again";
+  Report(3, "aborted", 5);
+  jobs_->WaitIdle();
+  EXPECT_EQ(Get().attempt(), 2);
+  EXPECT_EQ(Get().in_place_from_attempt(), 1);
 }
 
 TEST_F(InPlaceRecoveryTest, AHungCulpritIsKilledAtOnceAndRelaunchedOnlyOnceItExited) {

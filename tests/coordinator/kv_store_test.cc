@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/rpc/commit_gate.h"
+#include "common/rpc/rank_entries.h"
 #include "gtest/gtest.h"
 
 namespace loom::coordinator {
@@ -240,6 +241,63 @@ TEST(KvStore, ADroppedNamespaceRefusesACommitAsNotFoundFenceOrNot) {
   kv.DropNamespace("job-1/attempt-1");
   EXPECT_EQ(kv.Add("job-1/attempt-1", rpc::CommitKey(7), 1).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(KvStore, AnInPlaceAttemptStartsWithTheSurvivorsEntriesAndTheirCount) {
+  KvStore kv;
+  kv.OpenNamespace("job-1/attempt-1");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(kv.Set("job-1/attempt-1", rpc::RankEntryKey(r, "addr"), "h:" + std::to_string(r)).ok());
+    ASSERT_TRUE(kv.Add("job-1/attempt-1", std::string(rpc::kJoinedKey), 1).ok());
+  }
+  ASSERT_TRUE(kv.Set("job-1/attempt-1", "gloo/dp/0,1,2,3/0", "pair addresses").ok());
+  ASSERT_TRUE(kv.Add("job-1/attempt-1", rpc::CommitKey(5), 1).ok());
+
+  // Rank 2 is relaunched; 0, 1 and 3 keep their processes.
+  CarriedEntries carried{.from = "job-1/attempt-1", .survivors = {true, true, false, true}};
+  EXPECT_EQ(kv.OpenNamespace("job-1/attempt-2", {}, &carried), 3u);
+  for (int r : {0, 1, 3}) {
+    EXPECT_EQ(*kv.Get("job-1/attempt-2", rpc::RankEntryKey(r, "addr"), absl::ZeroDuration()),
+              "h:" + std::to_string(r));
+  }
+  EXPECT_FALSE(kv.Get("job-1/attempt-2", rpc::RankEntryKey(2, "addr"), absl::ZeroDuration()).ok());
+  // A communicator's own keys and the commit keys start over.
+  EXPECT_FALSE(kv.Get("job-1/attempt-2", "gloo/dp/0,1,2,3/0", absl::ZeroDuration()).ok());
+  EXPECT_FALSE(kv.Get("job-1/attempt-2", rpc::CommitKey(5), absl::ZeroDuration()).ok());
+  // The relaunched rank's add completes the world.
+  EXPECT_EQ(*kv.Add("job-1/attempt-2", std::string(rpc::kJoinedKey), 1), 4);
+  ASSERT_TRUE(kv.Set("job-1/attempt-2", rpc::RankEntryKey(2, "addr"), "h:2b").ok());
+  // The failed attempt's namespace is unchanged until it is dropped.
+  EXPECT_EQ(*kv.Get("job-1/attempt-1", rpc::RankEntryKey(2, "addr"), absl::ZeroDuration()), "h:2");
+  EXPECT_EQ(*kv.Get("job-1/attempt-1", std::string(rpc::kJoinedKey), absl::ZeroDuration()), "4");
+
+  // With the old namespace gone nothing is copied, the survivors still count.
+  kv.DropNamespace("job-1/attempt-1");
+  carried.from = "job-1/attempt-1";
+  EXPECT_EQ(kv.OpenNamespace("job-1/attempt-3", {}, &carried), 0u);
+  EXPECT_EQ(*kv.Get("job-1/attempt-3", std::string(rpc::kJoinedKey), absl::ZeroDuration()), "3");
+}
+
+TEST(KvStore, AWaitingGetOfACarriedKeyIsAnswered) {
+  KvStore kv;
+  kv.OpenNamespace("a1");
+  ASSERT_TRUE(kv.Set("a1", rpc::RankEntryKey(0, "addr"), "h:0").ok());
+  kv.OpenNamespace("a2");
+  std::atomic<bool> answered{false};
+  kv.GetAsync("a2", std::string(rpc::kJoinedKey), absl::Now() + absl::Seconds(10),
+              [&](absl::StatusOr<std::string> v) { answered = v.ok() && *v == "1"; });
+  CarriedEntries carried{.from = "a1", .survivors = {true, false}};
+  EXPECT_EQ(kv.OpenNamespace("a2", {}, &carried), 1u);
+  EXPECT_TRUE(answered.load());
+}
+
+TEST(RankEntries, OnlyKeysOfTheirFormNameARank) {
+  EXPECT_EQ(rpc::RankOfEntry(rpc::RankEntryKey(12, "addr")), 12);
+  EXPECT_EQ(rpc::RankOfEntry("loom/rank/3/a/b"), 3);
+  for (const char* key : {"loom/rank/", "loom/rank/3", "loom/rank/3/", "loom/rank//a",
+                          "loom/rank/-1/a", "loom/rank/x/a", "loom/joined", "rank/3/a"}) {
+    EXPECT_FALSE(rpc::RankOfEntry(key).has_value()) << key;
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "coordinator/service/store_batch.h"
 
 #include "common/rpc/commit_gate.h"
+#include "common/rpc/rank_entries.h"
 #include "common/rpc/store_quotas.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/service/caller_identity.h"
@@ -98,6 +99,28 @@ TEST_F(StoreBatchTest, OnlyTheOpsTheirOwnTokenAllowsAreApplied) {
   EXPECT_FALSE(kv_.Get("job-000002/attempt-1", "foreign", absl::ZeroDuration()).ok());
   // The refused add was not applied: the next one counts 2.
   EXPECT_EQ(*kv_.Add(kNs, "count", 1), 2);
+}
+
+TEST_F(StoreBatchTest, ARankEntryIsWrittenByItsOwnRankOnly) {
+  // Entries are carried into the next attempt placed in place: one rank
+  // must not be able to plant another's.
+  loom::v1::StoreBatchRequest request;
+  const std::string rank0 = codec_.Issue(Claim("node-a", 0));
+  *request.add_ops() = SetOp(rank0, kNs, rpc::RankEntryKey(0, "addr"));
+  *request.add_ops() = SetOp(rank0, kNs, rpc::RankEntryKey(1, "addr"));
+  *request.add_ops() = AddOp(rank0, kNs, rpc::RankEntryKey(1, "count"));
+  *request.add_ops() = SetOp(rank0, kNs, "loom/rank/x/addr");
+  *request.add_ops() = AddOp(rank0, kNs, std::string(rpc::kJoinedKey));
+  loom::v1::StoreBatchResponse response = Apply(request);
+  ASSERT_EQ(response.results_size(), 5);
+  EXPECT_EQ(response.results(0).code(), 0) << response.results(0).message();
+  EXPECT_EQ(response.results(1).code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(response.results(1).message().find("rank 1's entry"), std::string::npos)
+      << response.results(1).message();
+  EXPECT_EQ(response.results(2).code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(response.results(3).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(response.results(4).code(), 0) << response.results(4).message();
+  EXPECT_FALSE(kv_.Get(kNs, rpc::RankEntryKey(1, "addr"), absl::ZeroDuration()).ok());
 }
 
 TEST_F(StoreBatchTest, AStoreErrorFailsItsOpAlone) {

@@ -13,6 +13,8 @@
 #include "gtest/gtest.h"
 #include "tests/loadgen/fake_coordinator.h"
 #include "tests/loadgen/test_job.h"
+#include "tools/loadgen/rank_life.h"
+#include "common/rpc/rank_entries.h"
 
 namespace loom::loadgen {
 namespace {
@@ -72,10 +74,10 @@ class FakeClusterTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_->Send(node, m)) << node;
   }
 
-  void OpenAttempt(int attempt) {
+  void OpenAttempt(int attempt, const coordinator::CarriedEntries* carried = nullptr) {
     std::vector<std::string> tokens;
     for (int r = 0; r < job_->world(); ++r) tokens.push_back(TestJob::Token(attempt, r));
-    coordinator_->OpenNamespace(TestJob::Namespace(attempt), tokens);
+    coordinator_->OpenNamespace(TestJob::Namespace(attempt), tokens, carried);
   }
 
   void Launch(const loom::v1::RankAssignment& a) {
@@ -146,7 +148,12 @@ class FakeClusterTest : public ::testing::Test {
     const int64_t restore = recovery->decision.restore_step;
     EXPECT_GE(restore, 2);
 
-    OpenAttempt(2);
+    // As the coordinator opens an attempt placed in place: the survivors'
+    // addresses carried, the join count at their number.
+    coordinator::CarriedEntries carried{.from = TestJob::Namespace(1),
+                                        .survivors = std::vector<bool>(job_->world(), true)};
+    for (int32_t r : dead) carried.survivors[static_cast<size_t>(r)] = false;
+    OpenAttempt(2, &carried);
     const size_t before_epoch = coordinator_->ReportCount();
     for (const auto& [node, epoch] : recovery->epochs) {
       loom::v1::CoordinatorMessage m;
@@ -173,6 +180,16 @@ class FakeClusterTest : public ::testing::Test {
       if (r.progress.attempt() == 2 && r.progress.phase() == "resumed") {
         EXPECT_EQ(r.progress.resumed_step(), restore) << r.progress.rank();
       }
+    }
+    // Only the relaunched ranks registered anew (an address and an add each,
+    // and the last one's go); every rank's address is in the new namespace.
+    EXPECT_EQ(coordinator_->WritesIn(TestJob::Namespace(2)),
+              2 * static_cast<int64_t>(dead.size()) + 1);
+    for (int r = 0; r < job_->world(); ++r) {
+      EXPECT_TRUE(coordinator_
+                      ->ValueIn(TestJob::Namespace(2), rpc::RankEntryKey(r, RankLife::kAddressEntry))
+                      .ok())
+          << r;
     }
     const std::vector<FakeCoordinator::Report> reports = coordinator_->Reports();
     for (size_t i = before_epoch; i < reports.size(); ++i) {

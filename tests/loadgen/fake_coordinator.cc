@@ -30,6 +30,10 @@ class FakeCoordinator::Ranks final : public loom::v1::RankService::Service {
       const std::string& ns =
           op.has_set() ? op.set().store_namespace() : op.add().store_namespace();
       absl::Status s = c_->Check(op.rank_token(), ns);
+      if (s.ok()) {
+        absl::MutexLock lock(&c_->mu_);
+        ++c_->writes_[ns];
+      }
       if (s.ok() && op.has_set()) {
         s = c_->kv_.Set(ns, op.set().key(), op.set().value());
       } else if (s.ok()) {
@@ -92,11 +96,22 @@ FakeCoordinator::~FakeCoordinator() {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
 }
 
-void FakeCoordinator::OpenNamespace(const std::string& ns, const std::vector<std::string>& tokens) {
-  kv_.OpenNamespace(ns);
+void FakeCoordinator::OpenNamespace(const std::string& ns, const std::vector<std::string>& tokens,
+                                    const coordinator::CarriedEntries* carried) {
+  kv_.OpenNamespace(ns, {}, carried);
   absl::MutexLock lock(&mu_);
   namespaces_.push_back(ns);
   for (const std::string& token : tokens) tokens_[token] = ns;
+}
+
+int64_t FakeCoordinator::WritesIn(const std::string& ns) const {
+  absl::MutexLock lock(&mu_);
+  auto it = writes_.find(ns);
+  return it == writes_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<std::string> FakeCoordinator::ValueIn(const std::string& ns, const std::string& key) {
+  return kv_.Get(ns, key, absl::ZeroDuration());
 }
 
 absl::Status FakeCoordinator::Check(const std::string& token, const std::string& ns) const {

@@ -39,8 +39,13 @@ class FakeCoordinator {
 
   std::string address() const { return address_; }
 
-  // A namespace and the tokens that open it (rank r: tokens[r]).
-  void OpenNamespace(const std::string& ns, const std::vector<std::string>& tokens);
+  // A namespace and the tokens that open it (rank r: tokens[r]); carried:
+  // opened as the coordinator opens an in-place attempt's (KvStore).
+  void OpenNamespace(const std::string& ns, const std::vector<std::string>& tokens,
+                     const coordinator::CarriedEntries* carried = nullptr);
+  // The sets and adds that reached namespace ns, and the value of key there.
+  int64_t WritesIn(const std::string& ns) const;
+  absl::StatusOr<std::string> ValueIn(const std::string& ns, const std::string& key);
   // Sends a message on the node's session; false when it has none.
   bool Send(const std::string& node, const loom::v1::CoordinatorMessage& message);
   // Heartbeats of this node are read but no longer acknowledged (or again).
@@ -85,6 +90,7 @@ class FakeCoordinator {
   std::set<std::string> no_acks_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> tokens_ ABSL_GUARDED_BY(mu_);  // token -> namespace
   std::vector<std::string> namespaces_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> writes_ ABSL_GUARDED_BY(mu_);  // by namespace
   std::vector<Report> reports_ ABSL_GUARDED_BY(mu_);
   std::vector<Beat> heartbeats_ ABSL_GUARDED_BY(mu_);
   std::vector<loom::v1::RankExited> exits_ ABSL_GUARDED_BY(mu_);

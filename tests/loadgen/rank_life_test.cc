@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "common/rpc/rank_entries.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -30,8 +31,8 @@ int64_t Us(double s) { return absl::ToUnixMicros(At(s)); }
 // token opens its namespace (the rank token names one attempt).
 class Store {
  public:
-  void Open(int32_t attempt, int world) {
-    kv_.OpenNamespace(TestJob::Namespace(attempt));
+  void Open(int32_t attempt, int world, const coordinator::CarriedEntries* carried = nullptr) {
+    kv_.OpenNamespace(TestJob::Namespace(attempt), {}, carried);
     for (int r = 0; r < world; ++r)
       tokens_[TestJob::Token(attempt, r)] = TestJob::Namespace(attempt);
   }
@@ -41,6 +42,7 @@ class Store {
     if (it == tokens_.end() || it->second != ns) {
       return absl::PermissionDeniedError("the token does not open " + ns);
     }
+    ++writes_[ns];
     if (op.has_set()) {
       absl::Status s = kv_.Set(ns, op.set().key(), op.set().value());
       if (!s.ok()) return s;
@@ -51,17 +53,25 @@ class Store {
   absl::StatusOr<std::string> Get(const std::string& ns, const std::string& key) {
     return kv_.Get(ns, key, absl::Milliseconds(10));
   }
+  int64_t writes(const std::string& ns) { return writes_[ns]; }
 
  private:
   coordinator::KvStore kv_;
   std::map<std::string, std::string> tokens_;
+  std::map<std::string, int64_t> writes_;  // sets and adds admitted, by namespace
 };
 
 // Every rank in kLaunched does its rendezvous (as the node drives it:
-// address, join, the last joiner's go, the shared get of go).
+// address, join, the last joiner's go, the shared get of go; a survivor
+// whose entries were carried only the get).
 void Rendezvous(const std::vector<RankLife*>& ranks, Store& store) {
   for (RankLife* r : ranks) {
     ASSERT_EQ(r->phase(), Phase::kLaunched);
+    if (r->carried()) {
+      r->BeginCarried();
+      EXPECT_EQ(r->phase(), Phase::kJoining);
+      continue;
+    }
     ASSERT_TRUE(store.Apply(r->Begin()).ok());
     EXPECT_EQ(r->phase(), Phase::kJoining);
     absl::StatusOr<int64_t> joined = store.Apply(r->JoinOp());
@@ -275,8 +285,13 @@ TEST_P(InPlace, TheRanksRecoverAsTheCoordinatorDecides) {
     EXPECT_EQ(r.to.node_id, node_lost ? "spare" : "n1");
   }
 
-  // The survivors enter through their node's EnterEpoch, their own entry.
-  store.Open(2, job.world());
+  // The survivors enter through their node's EnterEpoch, their own entry;
+  // the new namespace holds their addresses and counts them, as the
+  // coordinator opens it (job_lifecycle_in_place.cc).
+  coordinator::CarriedEntries carried{.from = TestJob::Namespace(1),
+                                      .survivors = std::vector<bool>(job.world(), true)};
+  for (int64_t r : failed) carried.survivors[static_cast<size_t>(r)] = false;
+  store.Open(2, job.world(), &carried);
   int copies_owed = 0;
   for (const auto& [node, epoch] : recovery->epochs) {
     for (const loom::v1::RankEpoch& entry : epoch.ranks()) {
@@ -301,7 +316,15 @@ TEST_P(InPlace, TheRanksRecoverAsTheCoordinatorDecides) {
 
   clock.BeginAttempt(2, d.restore_step, job.world(), At(6));
   for (RankLife* r : Raw(ranks)) EXPECT_EQ(r->attempt(), 2);
+  for (RankLife* r : Raw(ranks)) EXPECT_EQ(r->carried(), failed.count(r->rank()) == 0) << r->rank();
   Rendezvous(Raw(ranks), store);
+  // Only the relaunched ranks wrote (an address and an add each, and the
+  // last one's go); every rank's address is there.
+  EXPECT_EQ(store.writes(TestJob::Namespace(2)), 2 * static_cast<int64_t>(failed.size()) + 1);
+  for (int r = 0; r < job.world(); ++r) {
+    EXPECT_TRUE(store.Get(TestJob::Namespace(2), rpc::RankEntryKey(r, RankLife::kAddressEntry)).ok())
+        << r;
+  }
   for (const loom::v1::RankProgress& p : Resume(Raw(ranks), clock, 6.5)) {
     EXPECT_EQ(p.resumed_step(), 5);
     EXPECT_EQ(p.attempt(), 2);

@@ -541,6 +541,7 @@ bool FakeNode::JoiningLocked(const RankLife* rank, int32_t attempt) const {
 void FakeNode::BeginRendezvous(RankLife* rank) {
   loom::v1::StoreOp op;
   int32_t attempt = 0;
+  bool carried = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // A paused rank begins once ResumeRanks continues it.
@@ -548,9 +549,16 @@ void FakeNode::BeginRendezvous(RankLife* rank) {
         PausedLocked(*rank)) {
       return;
     }
-    op = rank->Begin();
     attempt = rank->attempt();
+    carried = rank->carried();
+    if (carried) {
+      rank->BeginCarried();
+    } else {
+      op = rank->Begin();
+    }
   }
+  // A survivor's address is in the new namespace already: only the barrier.
+  if (carried) return WaitForGo(rank, attempt);
   writes_.Send(std::move(op), [this, rank, attempt](const grpc::Status& status, int64_t) {
     if (!status.ok()) return RendezvousFailed(rank, attempt, "StoreSet of its address", status);
     Join(rank, attempt);

@@ -58,7 +58,7 @@ loom::v1::StoreOp RankLife::Begin() {
   loom::v1::StoreOp op = Op();
   loom::v1::StoreSetRequest* set = op.mutable_set();
   set->set_store_namespace(store_namespace_);
-  set->set_key(absl::StrCat("loadgen/addr/", rank_));
+  set->set_key(rpc::RankEntryKey(rank_, kAddressEntry));
   set->set_value(absl::StrCat("127.0.0.1:", 20000 + local_device_));
   return op;
 }
@@ -67,7 +67,7 @@ loom::v1::StoreOp RankLife::JoinOp() const {
   loom::v1::StoreOp op = Op();
   loom::v1::StoreAddRequest* add = op.mutable_add();
   add->set_store_namespace(store_namespace_);
-  add->set_key(kJoinedKey);
+  add->set_key(std::string(kJoinedKey));
   add->set_delta(1);
   return op;
 }
@@ -201,6 +201,7 @@ absl::Status RankLife::Enter(const loom::v1::EnterEpoch& epoch, const loom::v1::
   last_reported_ = restore;
   completed_ = restore;
   phase_ = Phase::kLaunched;
+  carried_ = true;
   abort_pending_ = false;
   past_first_step_ = false;
   aborted_since_ = absl::InfiniteFuture();

@@ -24,10 +24,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/rpc/rank_entries.h"
 #include "loom/v1/node.pb.h"
 #include "loom/v1/rank.pb.h"
 #include "tools/loadgen/job_clock.h"
@@ -38,9 +40,12 @@ class RankLife {
  public:
   enum class Phase { kLaunched, kJoining, kJoined, kRunning, kAborted, kExited };
 
-  // The rendezvous keys of every attempt (in the attempt's own namespace).
-  static constexpr char kJoinedKey[] = "loadgen/joined";
+  // The rendezvous keys of every attempt (in the attempt's own namespace):
+  // its address is its rank entry (common/rpc/rank_entries.h), the join
+  // count the store's.
+  static constexpr std::string_view kJoinedKey = rpc::kJoinedKey;
   static constexpr char kGoKey[] = "loadgen/go";
+  static constexpr char kAddressEntry[] = "addr";
   // What a snapshot of a rank is said to weigh (SnapshotHoldings.snapshot_bytes).
   static constexpr int64_t kSnapshotBytes = int64_t{1} << 30;
 
@@ -68,7 +73,12 @@ class RankLife {
   // address; then the join add; the rank whose add reached world_size sets
   // the "go" key (ReleaseOp), the others wait for it; PassedBarrier ->
   // kJoined. Each op carries this attempt's token and namespace.
+  // A survivor that entered an attempt placed in place is already in its
+  // namespace (the coordinator carried its address and counted it): it
+  // begins with BeginCarried and only waits for "go".
   loom::v1::StoreOp Begin();
+  bool carried() const { return carried_; }
+  void BeginCarried() { phase_ = Phase::kJoining; }
   loom::v1::StoreOp JoinOp() const;
   bool IsLastJoiner(int64_t joined) const { return joined == world_size_; }
   loom::v1::StoreOp ReleaseOp() const;
@@ -149,6 +159,7 @@ class RankLife {
   uint64_t lease_generation_ = 0;
   bool silent_ = false;
   int32_t pid_ = 0;
+  bool carried_ = false;  // entered the current attempt by EnterEpoch
 };
 
 }  // namespace loom::loadgen
