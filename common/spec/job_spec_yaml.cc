@@ -247,7 +247,10 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"cordon_after", Int(&f.cordon_after)},
           {"in_place", Bool(&f.in_place)},
           {"snapshot_interval", Int(&f.snapshot_interval)},
-          {"abort_timeout_s", Double(&f.abort_timeout_s)}};
+          {"abort_timeout_s", Double(&f.abort_timeout_s)},
+          {"loss_spike_factor", Double(&f.loss_spike_factor)},
+          {"loss_spike_window", Int(&f.loss_spike_window)},
+          {"max_bad_steps", Int(&f.max_bad_steps)}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -429,6 +432,9 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "in_place" << YAML::Value << s.fault_tolerance.in_place;
   out << YAML::Key << "snapshot_interval" << YAML::Value << s.fault_tolerance.snapshot_interval;
   out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
+  out << YAML::Key << "loss_spike_factor" << YAML::Value << s.fault_tolerance.loss_spike_factor;
+  out << YAML::Key << "loss_spike_window" << YAML::Value << s.fault_tolerance.loss_spike_window;
+  out << YAML::Key << "max_bad_steps" << YAML::Value << s.fault_tolerance.max_bad_steps;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

@@ -4,6 +4,8 @@
 #include <deque>
 #include <thread>
 
+#include "worker/comm/background_priority.h"
+
 namespace loom::engine {
 
 // Runs posted jobs one after the other on its own thread.
@@ -32,6 +34,8 @@ class SerialWorker {
 
  private:
   void Run() {
+    // The copies yield the CPU to training (comm/background_priority.h).
+    comm::LowerThisThreadToBackground();
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
