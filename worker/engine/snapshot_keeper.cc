@@ -28,7 +28,7 @@ void SnapshotKeeper::AttachRing(comm::Communicator* to_buddy, comm::Communicator
   transfer.tag = kBuddyCopyTag;
   copier_ = std::make_unique<SnapshotCopier>(
       SnapshotCopier::Ring{to_buddy, from_ward != nullptr && ward_rank >= 0 ? from_ward : nullptr},
-      transfer);
+      transfer, options_.background_copies);
   std::lock_guard<std::mutex> lock(ward_mu_);
   ring_ward_ = from_ward != nullptr ? ward_rank : -1;
   reported_copy_failure_ = false;

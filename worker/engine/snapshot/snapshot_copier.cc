@@ -11,7 +11,8 @@ namespace loom::engine {
 // Runs posted jobs one after the other on its own thread.
 class SerialWorker {
  public:
-  SerialWorker() : thread_([this] { Run(); }) {}
+  explicit SerialWorker(bool background)
+      : background_(background), thread_([this] { Run(); }) {}
   ~SerialWorker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -35,7 +36,7 @@ class SerialWorker {
  private:
   void Run() {
     // The copies yield the CPU to training (comm/background_priority.h).
-    comm::LowerThisThreadToBackground();
+    if (background_) comm::LowerThisThreadToBackground();
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
@@ -56,13 +57,14 @@ class SerialWorker {
   std::deque<std::function<void()>> jobs_;
   bool busy_ = false;
   bool stopping_ = false;
+  const bool background_;
   std::thread thread_;
 };
 
-SnapshotCopier::SnapshotCopier(Ring ring, SnapshotTransferOptions options)
+SnapshotCopier::SnapshotCopier(Ring ring, SnapshotTransferOptions options, bool background)
     : ring_(ring), options_(options) {
-  if (ring_.to_buddy != nullptr) sender_ = std::make_unique<SerialWorker>();
-  if (ring_.from_ward != nullptr) receiver_ = std::make_unique<SerialWorker>();
+  if (ring_.to_buddy != nullptr) sender_ = std::make_unique<SerialWorker>(background);
+  if (ring_.from_ward != nullptr) receiver_ = std::make_unique<SerialWorker>(background);
 }
 
 SnapshotCopier::~SnapshotCopier() {
