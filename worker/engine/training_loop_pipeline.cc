@@ -87,9 +87,26 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
     Phase("forward_backward", mb);
     FillTrainMicroBatch(step, mb, out);
   };
+  // The nan_grad drill: one NaN in this rank's own gradient before the
+  // reduction spreads to every replica (a gradient ZeRO 0-1 replicates over
+  // DP is not summed into the norm there); ZeRO-2/3 shards have no replica
+  // and their norm crosses DP, so after the reduction suffices.
+  const bool poison = faults_.nan_gradient_step == step;
+  const auto poison_one = [this](float* data, int64_t count) {
+    if (count > 0) ops_->Fill(data, 1, std::numeric_limits<float>::quiet_NaN());
+    return count > 0;
+  };
+  const auto poison_model_gradient = [&]() {
+    for (LlamaModel* part : Parts()) {
+      for (const TensorView& g : part->Gradients()) {
+        if (poison_one(g.data, g.numel())) return;
+      }
+    }
+  };
   hooks.reduce_gradients = [&](double loss_sum) -> absl::Status {
     Phase("reduce_gradients");
     kernels::Ops& ops = stage_->ops();
+    if (poison && !reduce_in_backward && zero_stage() < 2) poison_model_gradient();
     // [tied] The embedding's gradient, first stage + last stage's copy.
     if (absl::Status s = SumTiedEmbeddingGradients(); !s.ok()) return s;
     if (reduce_in_backward) {
@@ -134,11 +151,9 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
     // Only the last stage's is non-zero.
     if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, &loss, 1); !s.ok()) return s;
     if (faults_.loss_spike_step == step) loss *= static_cast<float>(faults_.loss_spike_scale);
-    if (faults_.nan_gradient_step == step) {  // a drill: one NaN in this rank's gradient
+    if (poison && zero_stage() >= 2) {
       for (const GradientPiece& g : GradientPiecesToClip()) {
-        if (g.count == 0) continue;
-        ops_->Fill(g.data, 1, std::numeric_limits<float>::quiet_NaN());
-        break;
+        if (poison_one(g.data, g.count)) break;
       }
     }
     // The whole model's norm: TP shards (replicas counted once), stages, the
@@ -166,7 +181,11 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
   };
   if (reduce_in_backward) {
     DataParallelEngine* dp = dp_engines_[0].get();
-    hooks.before_backward = [dp](bool last) { dp->BeginMicroBatch(last); };
+    hooks.before_backward = [&, dp](bool last) {
+      // The last micro-batch adds to the gradient and reduces it as it goes.
+      if (poison && last && zero_stage() < 2) poison_model_gradient();
+      dp->BeginMicroBatch(last);
+    };
     hooks.after_backward = [dp]() { return dp->EndMicroBatch(); };
   }
   hooks.optimizer_step = [&]() -> absl::Status {

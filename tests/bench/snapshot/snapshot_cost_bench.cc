@@ -1,5 +1,5 @@
 // What in-place recovery's snapshots cost a training step: two data-parallel
-// ranks (threads, Gloo on loopback, ZeRO-1) train a small Llama in blocks of
+// ranks (threads, Gloo on loopback, ZeRO-1 unless --zero) train a small Llama in blocks of
 // four steps, rotating through three modes so that all of them see the same
 // load: no snapshots (snapshot_interval 0); a snapshot after every step copied
 // to the other rank (its buddy) in the background with the copy threads at
@@ -13,7 +13,8 @@
 // CPU. A benchmark, not a test: the numbers go to docs/fault_tolerance.md.
 //
 // usage: snapshot_cost_bench [--steps=16] [--hidden=256] [--layers=4] [--seq=128]
-//                            [--batch=8] [--threads=1]
+//                            [--batch=8] [--threads=1] [--zero=1] [--ffn=4*hidden]
+//   (the README demo's shape: --hidden=384 --layers=6 --ffn=1024 --batch=16 --zero=0)
 //   --steps: counted steps per mode (each block of four counts its last three)
 #include <sys/resource.h>
 
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
   job.model.num_layers = Flag(argc, argv, "layers", 4);
   job.model.num_heads = 8;
   job.model.num_kv_heads = 4;
-  job.model.ffn_hidden_size = job.model.hidden_size * 4;
+  job.model.ffn_hidden_size = Flag(argc, argv, "ffn", job.model.hidden_size * 4);
   job.model.max_seq_len = Flag(argc, argv, "seq", 128);
   job.train.steps = steps;
   job.train.seq_len = job.model.max_seq_len;
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
   job.train.eval_interval = 0;
   job.data.train_path = dir + "/train.txt";
   job.parallelism.dp = 2;
-  job.parallelism.zero_stage = 1;
+  job.parallelism.zero_stage = Flag(argc, argv, "zero", 1);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
 
   comm::InProcessStore store;
