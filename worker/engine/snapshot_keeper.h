@@ -30,8 +30,9 @@ struct SnapshotKeeperOptions {
   int64_t interval = 1;  // fault_tolerance.snapshot_interval; 0: no snapshots
   int rank = -1;         // this rank's global rank: names its snapshots
   int64_t chunk_bytes = 4 << 20;
-  // The buddy copies' threads at the lowest CPU priority (SnapshotCopier).
-  bool background_copies = true;
+  // The buddy copies' threads at the lowest CPU priority (SnapshotCopier;
+  // off by default, as PairGroupOptions::background).
+  bool background_copies = false;
   // Events worth a log line (a copy that failed).
   std::function<void(const std::string&)> on_event;
 };

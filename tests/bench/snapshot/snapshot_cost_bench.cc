@@ -3,9 +3,9 @@
 // four steps, rotating through three modes so that all of them see the same
 // load: no snapshots (snapshot_interval 0); a snapshot after every step copied
 // to the other rank (its buddy) in the background with the copy threads at
-// the ranks' CPU priority (as before 2026-12-02); and the same with the copy
-// threads at the lowest priority (comm/background_priority.h, what a rank
-// does now). Prints one JSON line per rank and mode: the median step time,
+// the ranks' CPU priority (what a rank does); and the same with the copy
+// threads at the lowest priority (comm/background_priority.h, an option of
+// SnapshotKeeperOptions and PairGroupOptions, off by default). Prints one JSON line per rank and mode: the median step time,
 // the overhead against no snapshots, the median capture time (on the step),
 // wait for the previous copy, copy time (in the background) and the bytes,
 // and the process's CPU seconds per step (every thread: the ranks, Gloo's,

@@ -28,7 +28,7 @@ class SnapshotCopier {
   };
   // background: the copy threads run at the lowest CPU priority
   // (comm/background_priority.h), so a copy yields to training.
-  SnapshotCopier(Ring ring, SnapshotTransferOptions options, bool background = true);
+  SnapshotCopier(Ring ring, SnapshotTransferOptions options, bool background = false);
   ~SnapshotCopier();
 
   bool has_buddy() const { return ring_.to_buddy != nullptr; }
