@@ -196,6 +196,10 @@ std::string FormatProgressLine(const loom::v1::JobProgress& p) {
   absl::StrAppend(&line, absl::StrFormat("  %s tok/s  MFU %.1f%%  ETA %s  (attempt %d)",
                                          Rate(p.tokens_per_second()), 100.0 * p.mfu(),
                                          Duration(p.eta_seconds()), p.attempt()));
+  if (p.skipped_steps() > 0) {
+    absl::StrAppend(&line, absl::StrFormat("  skipped %d (last: %s)", p.skipped_steps(),
+                                           p.last_bad_step()));
+  }
   return line;
 }
 
@@ -213,6 +217,10 @@ std::string FormatProgressJson(const loom::v1::JobProgress& p) {
                       {"max_memory_bytes", p.max_memory_bytes()},
                       {"time_unix_ms", p.time_unix_ms()}};
   if (p.has_val_loss()) j["val_loss"] = p.val_loss();
+  if (p.skipped_steps() > 0) {
+    j["skipped_steps"] = p.skipped_steps();
+    j["last_bad_step"] = p.last_bad_step();
+  }
   return j.dump();
 }
 

@@ -160,6 +160,16 @@ struct FaultToleranceSpec {
   // The least time between two resizes of a job, so that a node that comes
   // and goes does not make the job thrash.
   double min_resize_interval_s = 300;
+  // Bad steps (docs/fault_tolerance.md, "Bad steps"). A step whose gradients
+  // are not finite is never applied. With loss_spike_factor > 0, a step whose
+  // loss exceeds this many times the median of the last loss_spike_window
+  // applied steps is rolled back to the snapshot before it and its batch
+  // skipped (needs snapshot_interval > 0); 0: off.
+  double loss_spike_factor = 0;
+  int64_t loss_spike_window = 20;
+  // This many bad steps in a row (skipped or rolled back) fail the job,
+  // naming them.
+  int64_t max_bad_steps = 5;
 
   int64_t hang_budget() const { return max_hang_restarts.value_or(max_restarts); }
   int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }

@@ -102,6 +102,8 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
   b.AtMost("fault_tolerance.restart_backoff_s", f.restart_backoff_s, l.max_seconds);
   b.AtMost("fault_tolerance.snapshot_interval", f.snapshot_interval, l.max_steps);
   b.AtMost("fault_tolerance.abort_timeout_s", f.abort_timeout_s, l.max_seconds);
+  b.AtMost("fault_tolerance.loss_spike_window", f.loss_spike_window, l.max_steps);
+  b.AtMost("fault_tolerance.max_bad_steps", f.max_bad_steps, l.max_steps);
   return b.Take();
 }
 

@@ -390,6 +390,17 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
   c.Require(s.fault_tolerance.abort_timeout_s > 0, "fault_tolerance.abort_timeout_s",
             s.fault_tolerance.abort_timeout_s, "must be positive");
   CheckElastic(c, s);
+  const FaultToleranceSpec& f = s.fault_tolerance;
+  c.Require(f.loss_spike_factor == 0 || f.loss_spike_factor > 1,
+            "fault_tolerance.loss_spike_factor", f.loss_spike_factor,
+            "must be 0 (off) or greater than 1 (a multiple of the recent median loss)");
+  c.Require(f.loss_spike_factor == 0 || f.snapshot_interval > 0,
+            "fault_tolerance.loss_spike_factor", f.loss_spike_factor,
+            "needs fault_tolerance.snapshot_interval > 0 (a spike rolls back to a snapshot)");
+  c.Require(f.loss_spike_window >= 3, "fault_tolerance.loss_spike_window", f.loss_spike_window,
+            "must be at least 3 (the median of so many recent losses)");
+  c.Require(f.max_bad_steps >= 1, "fault_tolerance.max_bad_steps", f.max_bad_steps,
+            "must be positive");
   return c.Take();
 }
 

@@ -268,7 +268,10 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"snapshot_interval", Int(&f.snapshot_interval)},
           {"abort_timeout_s", Double(&f.abort_timeout_s)},
           {"min_ranks", Int(&f.min_ranks)},
-          {"min_resize_interval_s", Double(&f.min_resize_interval_s)}};
+          {"min_resize_interval_s", Double(&f.min_resize_interval_s)},
+          {"loss_spike_factor", Double(&f.loss_spike_factor)},
+          {"loss_spike_window", Int(&f.loss_spike_window)},
+          {"max_bad_steps", Int(&f.max_bad_steps)}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -458,6 +461,9 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "min_ranks" << YAML::Value << s.fault_tolerance.min_ranks;
   out << YAML::Key << "min_resize_interval_s" << YAML::Value
       << s.fault_tolerance.min_resize_interval_s;
+  out << YAML::Key << "loss_spike_factor" << YAML::Value << s.fault_tolerance.loss_spike_factor;
+  out << YAML::Key << "loss_spike_window" << YAML::Value << s.fault_tolerance.loss_spike_window;
+  out << YAML::Key << "max_bad_steps" << YAML::Value << s.fault_tolerance.max_bad_steps;
   out << YAML::EndMap;
 
   out << YAML::EndMap;

@@ -129,6 +129,10 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
   p.set_attempt(job.attempt());
   p.set_lr(progress.lr());
   p.set_grad_norm(progress.grad_norm());
+  p.set_skipped_steps(progress.skipped_steps());
+  if (!progress.bad_step().empty()) {
+    p.set_last_bad_step(absl::StrCat("step ", progress.step(), ": ", progress.bad_step()));
+  }
   int64_t max_memory = 0;
   for (const RankState& r : record.ranks) max_memory = std::max(max_memory, r.memory_bytes);
   p.set_max_memory_bytes(max_memory);

@@ -69,6 +69,21 @@ TEST(JobSpecYaml, ResumeFromRoundTrips) {
   EXPECT_EQ(ToYaml(Parse(kValid)).find("resume_from"), std::string::npos);  // absent: not written
 }
 
+TEST(JobSpecYaml, BadStepKnobsRoundTrip) {
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("hang_timeout_s: 0}"), 18,
+               "hang_timeout_s: 0, loss_spike_factor: 4, loss_spike_window: 8, max_bad_steps: 2}");
+  JobSpec s = Parse(yaml);
+  EXPECT_DOUBLE_EQ(s.fault_tolerance.loss_spike_factor, 4);
+  EXPECT_EQ(s.fault_tolerance.loss_spike_window, 8);
+  EXPECT_EQ(s.fault_tolerance.max_bad_steps, 2);
+  JobSpec again = Parse(ToYaml(s));
+  EXPECT_DOUBLE_EQ(again.fault_tolerance.loss_spike_factor, 4);
+  EXPECT_EQ(again.fault_tolerance.loss_spike_window, 8);
+  EXPECT_EQ(again.fault_tolerance.max_bad_steps, 2);
+  EXPECT_DOUBLE_EQ(Parse(kValid).fault_tolerance.loss_spike_factor, 0);  // off by default
+}
+
 TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
   std::string yaml = kValid;
   yaml.replace(yaml.find("ranks: 2}"), 9, "ranks: 2, memory_mb: 88}");
@@ -516,6 +531,18 @@ INSTANTIATE_TEST_SUITE_P(
                  "checkpoint.keep=0 must be positive"},
         RuleCase{"restarts", [](JobSpec& s) { s.fault_tolerance.max_restarts = -1; },
                  "fault_tolerance.max_restarts=-1 must not be negative"},
+        RuleCase{"spike_factor", [](JobSpec& s) { s.fault_tolerance.loss_spike_factor = 0.5; },
+                 "fault_tolerance.loss_spike_factor=0.5 must be 0 (off) or greater than 1"},
+        RuleCase{"spike_needs_snapshots",
+                 [](JobSpec& s) {
+                   s.fault_tolerance.loss_spike_factor = 3;
+                   s.fault_tolerance.snapshot_interval = 0;
+                 },
+                 "fault_tolerance.loss_spike_factor=3 needs fault_tolerance.snapshot_interval > 0"},
+        RuleCase{"spike_window", [](JobSpec& s) { s.fault_tolerance.loss_spike_window = 2; },
+                 "fault_tolerance.loss_spike_window=2 must be at least 3"},
+        RuleCase{"bad_steps", [](JobSpec& s) { s.fault_tolerance.max_bad_steps = 0; },
+                 "fault_tolerance.max_bad_steps=0 must be positive"},
         RuleCase{"ranks", [](JobSpec& s) { s.resources.ranks = 0; },
                  "resources.ranks=0 must be positive"},
         RuleCase{"gpu_tp_node",

@@ -2,11 +2,14 @@
 
 #include <set>
 
+#include "worker/comm/background_priority.h"
 #include "worker/comm/group_factory.h"
 
 namespace loom::comm {
 
-absl::StatusOr<std::map<int, std::unique_ptr<Communicator>>> CreatePairGroups(
+namespace {
+
+absl::StatusOr<std::map<int, std::unique_ptr<Communicator>>> CreatePairGroupsHere(
     Store& store, int my_rank, const std::vector<int>& peers, const PairGroupOptions& options) {
   // Ascending peers give ascending (lower, higher) pairs: the pairs with a
   // lower peer come first (lower = peer) in the peer's order, then those with
@@ -23,6 +26,17 @@ absl::StatusOr<std::map<int, std::unique_ptr<Communicator>>> CreatePairGroups(
     out[peer] = std::move(*group);
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<int, std::unique_ptr<Communicator>>> CreatePairGroups(
+    Store& store, int my_rank, const std::vector<int>& peers, const PairGroupOptions& options) {
+  if (!options.background) return CreatePairGroupsHere(store, my_rank, peers, options);
+  // Each group's transport thread is started while it is created, and
+  // inherits the creating thread's priority.
+  return RunOnBackgroundThread(
+      [&] { return CreatePairGroupsHere(store, my_rank, peers, options); });
 }
 
 }  // namespace loom::comm

@@ -23,6 +23,11 @@ struct PairGroupOptions {
   std::string job_prefix;  // as CreateGroupCommunicator's ("" for a store namespaced per attempt)
   absl::Duration timeout = absl::Seconds(60);  // every transfer's bound
   std::string hostname = "127.0.0.1";          // the address this rank binds
+  // The pairs' transport threads run at the lowest CPU priority
+  // (background_priority.h), so the copies yield to training. Off by
+  // default: measured, a node whose CPUs other work saturates starves such
+  // copies (docs/fault_tolerance.md, "What a snapshot costs a step").
+  bool background = false;
 };
 
 // One pair group per distinct peer (self and negative ranks are skipped),

@@ -29,6 +29,8 @@ std::string FormatProgressLine(const StepProgress& p) {
     if (s.copy_bytes > 0) absl::StrAppendFormat(&line, " copy %.3fs", s.copy_seconds);
   }
   if (p.val_loss) absl::StrAppendFormat(&line, " val_loss %.4f", *p.val_loss);
+  if (p.skipped_steps > 0) absl::StrAppendFormat(&line, " skipped %d", p.skipped_steps);
+  if (!p.bad_step.empty()) absl::StrAppendFormat(&line, " BAD STEP: %s", p.bad_step);
   return line;
 }
 
@@ -59,6 +61,8 @@ std::string FormatProgressJson(const StepProgress& p) {
                      {"capture_seconds", s.capture_seconds}, {"wait_seconds", s.wait_seconds},
                      {"copy_seconds", s.copy_seconds},    {"copy_bytes", s.copy_bytes}};
   }
+  if (p.skipped_steps > 0) j["skipped_steps"] = p.skipped_steps;
+  if (!p.bad_step.empty()) j["bad_step"] = p.bad_step;
   if (p.val_loss) {
     j["val_loss"] = *p.val_loss;
     j["eval_seconds"] = p.eval_seconds;

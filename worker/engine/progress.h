@@ -45,6 +45,11 @@ struct StepProgress {
   std::optional<MoeSummary> moe;
   // With fault_tolerance.snapshot_interval > 0 in a coordinated run.
   std::optional<SnapshotProgress> snapshot;
+  // Bad steps (docs/fault_tolerance.md): why this step was not applied
+  // ("non-finite gradients (norm nan)", a rolled-back loss spike); empty:
+  // applied. And how many steps of the run so far were not applied.
+  std::string bad_step;
+  int64_t skipped_steps = 0;
 };
 
 // "step 5/50 loss 4.1234 lr 3.00e-03 grad_norm 1.234 tokens 10240 step_s 0.123 tok/s 83252

@@ -1,5 +1,6 @@
 #include "worker/engine/snapshot_keeper.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -27,7 +28,7 @@ void SnapshotKeeper::AttachRing(comm::Communicator* to_buddy, comm::Communicator
   transfer.tag = kBuddyCopyTag;
   copier_ = std::make_unique<SnapshotCopier>(
       SnapshotCopier::Ring{to_buddy, from_ward != nullptr && ward_rank >= 0 ? from_ward : nullptr},
-      transfer);
+      transfer, options_.background_copies);
   std::lock_guard<std::mutex> lock(ward_mu_);
   ring_ward_ = from_ward != nullptr ? ward_rank : -1;
   reported_copy_failure_ = false;
@@ -108,6 +109,21 @@ absl::Status SnapshotKeeper::RestoreOwn(TrainingLoop& loop, int64_t step) {
   own_.DropAfter(step);
   ward_.DropAfter(step);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> SnapshotKeeper::RollBackBefore(TrainingLoop& loop, int64_t step) {
+  int64_t newest = -1;
+  for (int64_t s : own_.Steps()) {
+    if (s < step) newest = std::max(newest, s);
+  }
+  if (newest < 0) {
+    return absl::NotFoundError(absl::StrCat("rank ", options_.rank,
+                                            " holds no snapshot of its own before step ", step,
+                                            " (it holds steps [", absl::StrJoin(own_.Steps(), ","),
+                                            "])"));
+  }
+  if (absl::Status s = RestoreOwn(loop, newest); !s.ok()) return s;
+  return newest;
 }
 
 absl::Status SnapshotKeeper::RestoreFromPeer(TrainingLoop& loop, comm::Communicator& pair,

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/snapshot/snapshot_copier.h"
@@ -29,6 +30,9 @@ struct SnapshotKeeperOptions {
   int64_t interval = 1;  // fault_tolerance.snapshot_interval; 0: no snapshots
   int rank = -1;         // this rank's global rank: names its snapshots
   int64_t chunk_bytes = 4 << 20;
+  // The buddy copies' threads at the lowest CPU priority (SnapshotCopier;
+  // off by default, as PairGroupOptions::background).
+  bool background_copies = false;
   // Events worth a log line (a copy that failed).
   std::function<void(const std::string&)> on_event;
 };
@@ -60,6 +64,10 @@ class SnapshotKeeper {
   // newer ones (own and ward's: they will be taken again). FAILED_PRECONDITION
   // naming what it holds when it has none of that step.
   absl::Status RestoreOwn(TrainingLoop& loop, int64_t step);
+  // A loss spike's rollback (training_run.cc): rolls `loop` back to its
+  // newest own snapshot before `step` (RestoreOwn) and returns that
+  // snapshot's step; NOT_FOUND when it holds none before it.
+  absl::StatusOr<int64_t> RollBackBefore(TrainingLoop& loop, int64_t step);
   // A relaunched rank: receives its snapshot of `step` from the peer at the
   // other end of `pair` (its buddy in the attempt that failed), keeps it as
   // its own and restores `loop` from it.

@@ -313,6 +313,7 @@ absl::StatusOr<StepProgress> TrainingLoop::FinishStep(StepProgress p, int64_t st
   p.tokens_per_second = p.step_seconds > 0
       ? static_cast<double>(t.global_batch_size * t.seq_len) / p.step_seconds : 0.0;
   p.flops_per_token = flops_per_token_;
+  p.skipped_steps = skipped_steps();
   if (IsEvalStep(step)) {
     Phase("eval");
     const auto eval_start = std::chrono::steady_clock::now();

@@ -49,6 +49,19 @@ struct LoopOptions {
 
 inline constexpr char kTiedEmbedding[] = "model.embed_tokens.weight";
 
+// Fault drills of bad steps (LOOM_TEST_FAULT's nan_grad and loss_spike,
+// worker/trainer/fault_injection.h): 0 leaves a step alone.
+struct StepFaults {
+  // This rank writes a NaN into the gradient it holds, after the reduction
+  // and before the norm, at this step (every rank's norm is then NaN).
+  int64_t nan_gradient_step = 0;
+  // The step's loss is multiplied by loss_spike_scale after its reduction
+  // (set it on every rank: the loss is the job's); the update is applied as
+  // usual, so only a rollback undoes it.
+  int64_t loss_spike_step = 0;
+  double loss_spike_scale = 1000;
+};
+
 class TrainingLoop {
  public:
   // spec.data paths are used as given (resolve relative paths first). ctx:
@@ -87,8 +100,21 @@ class TrainingLoop {
   ~TrainingLoop();
 
   // Trains step() + 1 and evaluates when it is an evaluation step
-  // (step % eval_interval == 0, or the last step).
+  // (step % eval_interval == 0, or the last step). A step whose gradient norm
+  // or loss is not finite is not applied (no optimizer update, the data moves
+  // on): its progress names it in bad_step. A step marked by SkipBatch is not
+  // trained at all.
   absl::StatusOr<StepProgress> TrainStep();
+  // Marks batch `step` (a step not yet trained) to be skipped: when the loop
+  // reaches it, the step counts (data position, step counter, learning rate
+  // schedule) but trains nothing and applies nothing; its progress carries
+  // `reason` in bad_step and `loss` as its loss. How a loss spike's batch is
+  // left out after the rollback (training_run.cc).
+  void SkipBatch(int64_t step, std::string reason, double loss);
+  void set_step_faults(StepFaults faults) { faults_ = faults; }
+  // Steps counted but not applied so far (non-finite or skipped): the step
+  // counter less the optimizer's, so snapshots and checkpoints carry it.
+  int64_t skipped_steps() const { return step_ - optimizer_step(); }
   // Mean cross-entropy over the validation windows (see docs/engine.md);
   // collective over the DP group. FAILED_PRECONDITION without validation data.
   absl::StatusOr<double> Evaluate();
@@ -238,6 +264,14 @@ class TrainingLoop {
   int64_t step_ = 0;
   int64_t tokens_ = 0;
   double flops_per_token_ = 0;
+  StepFaults faults_;
+  struct SkippedBatch {
+    std::string reason;
+    double loss = 0;
+  };
+  std::map<int64_t, SkippedBatch> skip_batches_;  // by step
+  // The step of a batch in skip_batches_ (TrainStep).
+  absl::StatusOr<StepProgress> SkipStep(int64_t step, SkippedBatch why);
   Batch batch_;
 };
 

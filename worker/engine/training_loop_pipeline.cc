@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <span>
 
@@ -43,10 +44,32 @@ absl::Status TrainingLoop::SumTiedEmbeddingGradients() {
   return ctx_.pp->AllReduce(std::span<float>(g, static_cast<size_t>(tied_count_)));
 }
 
+absl::StatusOr<StepProgress> TrainingLoop::SkipStep(int64_t step, SkippedBatch why) {
+  const auto start = std::chrono::steady_clock::now();
+  memory_.ResetPeaks();
+  StepProgress p;
+  p.lr = LearningRate(spec_.train, step);
+  p.bad_step = std::move(why.reason);
+  return FinishStep(std::move(p), step, why.loss, start);
+}
+
+void TrainingLoop::SkipBatch(int64_t step, std::string reason, double loss) {
+  skip_batches_[step] = SkippedBatch{std::move(reason), loss};
+}
+
 absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
   const spec::TrainSpec& t = spec_.train;
   const auto start = std::chrono::steady_clock::now();
   const int64_t step = step_ + 1;
+  if (auto skip = skip_batches_.find(step); skip != skip_batches_.end()) {
+    return SkipStep(step, skip->second);
+  }
+  const int64_t applied_before = optimizer_step();
+  // A step whose gradient or loss is not finite is not applied; every rank
+  // sees the same norm and loss, so all of them skip it together.
+  bool bad = false;
+  bool reached_optimizer = false;
+  std::vector<std::vector<float>> moe_biases;  // [moe] restored when the step is not applied
   const int64_t total_micro = t.global_batch_size / t.micro_batch_size;
   memory_.ResetPeaks();
   ops_->ResetPeakDeviceMemory();
@@ -64,9 +87,26 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
     Phase("forward_backward", mb);
     FillTrainMicroBatch(step, mb, out);
   };
+  // The nan_grad drill: one NaN in this rank's own gradient before the
+  // reduction spreads to every replica (a gradient ZeRO 0-1 replicates over
+  // DP is not summed into the norm there); ZeRO-2/3 shards have no replica
+  // and their norm crosses DP, so after the reduction suffices.
+  const bool poison = faults_.nan_gradient_step == step;
+  const auto poison_one = [this](float* data, int64_t count) {
+    if (count > 0) ops_->Fill(data, 1, std::numeric_limits<float>::quiet_NaN());
+    return count > 0;
+  };
+  const auto poison_model_gradient = [&]() {
+    for (LlamaModel* part : Parts()) {
+      for (const TensorView& g : part->Gradients()) {
+        if (poison_one(g.data, g.numel())) return;
+      }
+    }
+  };
   hooks.reduce_gradients = [&](double loss_sum) -> absl::Status {
     Phase("reduce_gradients");
     kernels::Ops& ops = stage_->ops();
+    if (poison && !reduce_in_backward && zero_stage() < 2) poison_model_gradient();
     // [tied] The embedding's gradient, first stage + last stage's copy.
     if (absl::Status s = SumTiedEmbeddingGradients(); !s.ok()) return s;
     if (reduce_in_backward) {
@@ -95,6 +135,11 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
     // the DP reduction whichever way it ran.
     if (absl::Status s = ReduceDenseOverEp(); !s.ok()) return s;
     if (spec_.model.moe.enabled()) {  // [moe] statistics, bias update, the whole model's summary
+      for (LlamaModel* part : Parts()) {
+        for (const TensorView& b : part->ExpertBiases()) {
+          moe_biases.emplace_back(b.data, b.data + b.numel());
+        }
+      }
       absl::StatusOr<MoeSummary> moe = FinishMoeStep(Parts(), ctx_.DataGroups(), ctx_.pp, total_micro);
       if (!moe.ok()) return moe.status();
       p.moe = std::move(*moe);
@@ -105,20 +150,48 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
     }
     // Only the last stage's is non-zero.
     if (absl::Status s = AllReduceHostFloats(ops, ctx_.pp, &loss, 1); !s.ok()) return s;
+    if (faults_.loss_spike_step == step) loss *= static_cast<float>(faults_.loss_spike_scale);
+    if (poison && zero_stage() >= 2) {
+      for (const GradientPiece& g : GradientPiecesToClip()) {
+        if (poison_one(g.data, g.count)) break;
+      }
+    }
     // The whole model's norm: TP shards (replicas counted once), stages, the
     // DP shards under ZeRO, the EP ranks' experts (dense pieces once).
     absl::StatusOr<double> norm = ClipStepGradients();
     if (!norm.ok()) return norm.status();
     p.grad_norm = *norm;
+    if (!std::isfinite(*norm)) {
+      bad = true;
+      p.bad_step = absl::StrCat("non-finite gradients (norm ", *norm, "), not applied");
+    } else if (!std::isfinite(loss)) {
+      bad = true;
+      p.bad_step = absl::StrCat("non-finite loss (", loss, "), not applied");
+    }
+    if (bad && !moe_biases.empty()) {  // [moe] as if the batch had not been seen
+      size_t i = 0;
+      for (LlamaModel* part : Parts()) {
+        for (const TensorView& b : part->ExpertBiases()) {
+          std::copy(moe_biases[i].begin(), moe_biases[i].end(), b.data);
+          ++i;
+        }
+      }
+    }
     return absl::OkStatus();
   };
   if (reduce_in_backward) {
     DataParallelEngine* dp = dp_engines_[0].get();
-    hooks.before_backward = [dp](bool last) { dp->BeginMicroBatch(last); };
+    hooks.before_backward = [&, dp](bool last) {
+      // The last micro-batch adds to the gradient and reduces it as it goes.
+      if (poison && last && zero_stage() < 2) poison_model_gradient();
+      dp->BeginMicroBatch(last);
+    };
     hooks.after_backward = [dp]() { return dp->EndMicroBatch(); };
   }
   hooks.optimizer_step = [&]() -> absl::Status {
     Phase("optimizer");
+    reached_optimizer = true;
+    if (bad) return absl::OkStatus();
     absl::Status updated;
     OptimizerUpdate(p.lr, &updated);
     return updated;
@@ -126,7 +199,7 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
   if (absl::Status s = pipeline_->RunStep(1.0f / static_cast<float>(total_micro), hooks); !s.ok()) {
     return s;
   }
-  if (optimizer_step() != step) {
+  if (!reached_optimizer || optimizer_step() != applied_before + (bad ? 0 : 1)) {
     return absl::InternalError(absl::StrCat("pipeline stage ", ctx_.stage(),
                                             ": the instruction list has no OptimizerStep"));
   }

@@ -1,6 +1,7 @@
 #include "worker/engine/training_run.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/bad_steps.h"
 
 namespace loom::engine {
 
@@ -30,9 +31,29 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
   if (options.on_resumed) options.on_resumed(loop.step());
   const int64_t interval = loop.spec().checkpoint.interval;
   int64_t saved_step = loop.step();
+  BadStepPolicy bad_steps(loop.spec().fault_tolerance);
   while (!loop.done()) {
     absl::StatusOr<StepProgress> p = loop.TrainStep();
     if (!p.ok()) return p.status();
+    if (p->bad_step.empty()) {
+      const std::string spike = bad_steps.SpikeReason(p->step, p->loss);
+      if (!spike.empty() && options.snapshots != nullptr) {
+        // Back to the snapshot before it (every rank decides alike: the loss
+        // is the job's); the loop replays any steps after that snapshot and
+        // then passes over this batch (TrainingLoop::SkipBatch).
+        absl::StatusOr<int64_t> back = options.snapshots->RollBackBefore(loop, p->step);
+        if (back.ok()) {
+          const std::string why =
+              absl::StrCat(spike, "; rolled back to step ", *back, " and its batch skipped");
+          event(absl::StrCat("step ", p->step, ": ", why));
+          loop.SkipBatch(p->step, why, p->loss);
+          continue;
+        }
+        if (!absl::IsNotFound(back.status())) return back.status();
+        event(absl::StrCat("step ", p->step, ": ", spike, ", applied: ", back.status().message()));
+      }
+    }
+    if (absl::Status s = bad_steps.Settle(p->step, p->bad_step, p->loss); !s.ok()) return s;
     if (options.snapshots != nullptr) {
       if (absl::Status s = options.snapshots->AfterStep(loop, &*p); !s.ok()) return s;
     }

@@ -1,7 +1,10 @@
 // Running a training loop to the end with the checkpoint policy: resume from
 // the newest loadable checkpoint, save every checkpoint.interval steps and at
-// the last step, and (coordinated) take the in-memory snapshots. Used by the
-// standalone runner and the coordinated trainer.
+// the last step, and (coordinated) take the in-memory snapshots. Bad steps
+// (bad_steps.h): a loss spike rolls back to the snapshot before it and skips
+// its batch (with `snapshots`), and too many bad steps in a row end the run
+// with FAILED_PRECONDITION naming them. Used by the standalone runner and the
+// coordinated trainer.
 #pragma once
 
 #include <functional>

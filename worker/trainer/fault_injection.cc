@@ -47,11 +47,15 @@ absl::StatusOr<FaultPlan> ParseFaultPlan(const std::string& text) {
     step = step.substr(0, hash);
   }
   if (!absl::SimpleAtoi(step, &plan.step) || plan.step < 1) return bad("bad STEP");
-  const std::string points[] = {"after_step", "files_written", "truncate_shard", "before_metadata",
-                                "before_rename"};
+  const std::string points[] = {"after_step",    "files_written", "truncate_shard",
+                                "before_metadata", "before_rename", "nan_grad",
+                                "loss_spike"};
   bool known = false;
   for (const auto& p : points) known = known || p == plan.point;
   if (!known) return bad("unknown POINT");
+  if (plan.point == "loss_spike" && plan.rank >= 0) {
+    return bad("loss_spike takes no #RANK (the loss is the job's: every rank sees the spike)");
+  }
   return plan;
 }
 
@@ -65,6 +69,10 @@ absl::StatusOr<std::function<void(int64_t)>> InstallFaultPlan(int32_t rank, int3
     // A rank that lives on into a later attempt (in-place recovery) drops
     // the hook its first attempt installed.
     engine::SetCommitFaultHook(nullptr);
+    return nothing;
+  }
+  if (plan->point == "nan_grad" || plan->point == "loss_spike") {
+    engine::SetCommitFaultHook(nullptr);  // set on the loop instead (StepFaultsFor)
     return nothing;
   }
   if (plan->point == "after_step") {
@@ -86,6 +94,18 @@ absl::StatusOr<std::function<void(int64_t)>> InstallFaultPlan(int32_t rank, int3
     if (p.point == name) Die(absl::StrCat("at ", name, " in the commit of step ", step));
   });
   return nothing;
+}
+
+absl::StatusOr<engine::StepFaults> StepFaultsFor(int32_t rank, int32_t attempt) {
+  engine::StepFaults faults;
+  const char* text = std::getenv("LOOM_TEST_FAULT");
+  if (text == nullptr || *text == '\0') return faults;
+  absl::StatusOr<FaultPlan> plan = ParseFaultPlan(text);
+  if (!plan.ok()) return plan.status();
+  if ((!plan->always && attempt != 1) || (plan->rank >= 0 && plan->rank != rank)) return faults;
+  if (plan->point == "nan_grad") faults.nan_gradient_step = plan->step;
+  if (plan->point == "loss_spike") faults.loss_spike_step = plan->step;
+  return faults;
 }
 
 }  // namespace loom::trainer

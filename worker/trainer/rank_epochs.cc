@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/topology/instruction.h"
 #include "worker/engine/snapshot_keeper.h"
+#include "worker/trainer/fault_injection.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
 #include "worker/trainer/commit_gate.h"
@@ -155,6 +156,10 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   at.loop = std::move(*loop);
   engine::TrainingLoop& l = *at.loop;
   if (absl::Status s = CheckStageLayers(a, l, world); !s.ok()) return s;  // [pp]
+  // Bad-step drills (LOOM_TEST_FAULT nan_grad, loss_spike), of this attempt.
+  absl::StatusOr<engine::StepFaults> faults = StepFaultsFor(a.rank(), plan.attempt);
+  if (!faults.ok()) return faults.status();
+  l.set_step_faults(*faults);
   if (ctx->ep != nullptr) {  // [ep] which experts this rank holds, for its log
     const int64_t held = job.model.moe.num_experts / ctx->ep_size();
     event(absl::StrCat("expert parallel: ep rank ", ctx->ep_rank(), " of ", ctx->ep_size(),

@@ -38,6 +38,8 @@ loom::v1::RankProgress StepReport(const engine::StepProgress& p) {
     m.set_aux_loss(p.moe->aux_loss);
   }
   if (p.snapshot) SetHoldings(*p.snapshot, out.mutable_snapshots());
+  out.set_skipped_steps(p.skipped_steps);
+  out.set_bad_step(p.bad_step);
   return out;
 }
 

@@ -72,6 +72,16 @@ absl::Status RunStandalone(const StandaloneOptions& options) {
              << "\n" << std::flush;
     return absl::OkStatus();
   };
+  // A loss spike rolls back to a snapshot (fault_tolerance.loss_spike_factor):
+  // one rank alone keeps them without a buddy.
+  std::unique_ptr<engine::SnapshotKeeper> snapshots;
+  if (job.fault_tolerance.loss_spike_factor > 0) {
+    engine::SnapshotKeeperOptions keep;
+    keep.interval = job.fault_tolerance.snapshot_interval;
+    keep.rank = 0;
+    snapshots = std::make_unique<engine::SnapshotKeeper>(keep);
+    run.snapshots = snapshots.get();
+  }
   return engine::RunTraining(**loop, run);
 }
 

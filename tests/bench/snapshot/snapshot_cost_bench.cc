@@ -1,16 +1,25 @@
 // What in-place recovery's snapshots cost a training step: two data-parallel
-// ranks (threads, Gloo on loopback, ZeRO-1) train a small Llama in blocks of
-// four steps, alternately without snapshots and with a snapshot after every
-// step copied to the other rank (its buddy) in the background, as a
-// coordinated rank does. Prints one JSON
-// line per rank: the median step time of each mode, and
-// with snapshots the median capture time, wait for the previous copy, copy
-// time (in the background, overlapped with the next step) and the snapshot's
-// bytes. A benchmark, not a test: the numbers go to docs/fault_tolerance.md.
+// ranks (threads, Gloo on loopback, ZeRO-1 unless --zero) train a small Llama in blocks of
+// four steps, rotating through three modes so that all of them see the same
+// load: no snapshots (snapshot_interval 0); a snapshot after every step copied
+// to the other rank (its buddy) in the background with the copy threads at
+// the ranks' CPU priority (what a rank does); and the same with the copy
+// threads at the lowest priority (comm/background_priority.h, an option of
+// SnapshotKeeperOptions and PairGroupOptions, off by default). Prints one JSON line per rank and mode: the median step time,
+// the overhead against no snapshots, the median capture time (on the step),
+// wait for the previous copy, copy time (in the background) and the bytes,
+// and the process's CPU seconds per step (every thread: the ranks, Gloo's,
+// the copies'), whose excess over no snapshots is what the snapshot costs in
+// CPU. A benchmark, not a test: the numbers go to docs/fault_tolerance.md.
 //
 // usage: snapshot_cost_bench [--steps=16] [--hidden=256] [--layers=4] [--seq=128]
-//                            [--batch=8] [--threads=1]
+//                            [--batch=8] [--threads=1] [--zero=1] [--ffn=4*hidden]
+//   (the README demo's shape: --hidden=384 --layers=6 --ffn=1024 --batch=16 --zero=0)
+//   --steps: counted steps per mode (each block of four counts its last three)
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,8 +54,18 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-struct RankNumbers {
-  std::vector<double> plain_step, snap_step, capture, wait, copy;
+double ProcessCpuSeconds() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+enum Mode { kNone = 0, kCopyAtRankPriority = 1, kCopyInBackground = 2, kModes = 3 };
+const char* const kModeNames[kModes] = {"none", "copy_at_rank_priority", "copy_in_background"};
+
+struct ModeNumbers {
+  std::vector<double> step, capture, wait, copy, cpu;
   int64_t snapshot_bytes = 0, copy_bytes = 0;
 };
 
@@ -54,7 +73,11 @@ struct RankNumbers {
 
 int main(int argc, char** argv) {
   using namespace loom;
-  const int64_t steps = Flag(argc, argv, "steps", 16);
+  const int64_t counted = Flag(argc, argv, "steps", 16);
+  constexpr int64_t kBlock = 4;
+  // Each block counts kBlock - 1 steps; whole rounds of the three modes.
+  const int64_t rounds = (counted + kBlock - 2) / (kBlock - 1);
+  const int64_t steps = rounds * kModes * kBlock;
   const int threads = static_cast<int>(Flag(argc, argv, "threads", 1));
   const std::string dir = std::filesystem::temp_directory_path() / "loom_snapshot_bench";
   std::filesystem::create_directories(dir);
@@ -74,20 +97,20 @@ int main(int argc, char** argv) {
   job.model.num_layers = Flag(argc, argv, "layers", 4);
   job.model.num_heads = 8;
   job.model.num_kv_heads = 4;
-  job.model.ffn_hidden_size = job.model.hidden_size * 4;
+  job.model.ffn_hidden_size = Flag(argc, argv, "ffn", job.model.hidden_size * 4);
   job.model.max_seq_len = Flag(argc, argv, "seq", 128);
-  job.train.steps = 2 * steps;
+  job.train.steps = steps;
   job.train.seq_len = job.model.max_seq_len;
   job.train.global_batch_size = Flag(argc, argv, "batch", 8);
   job.train.micro_batch_size = job.train.global_batch_size / 2;
   job.train.eval_interval = 0;
   job.data.train_path = dir + "/train.txt";
   job.parallelism.dp = 2;
-  job.parallelism.zero_stage = 1;
+  job.parallelism.zero_stage = Flag(argc, argv, "zero", 1);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
 
   comm::InProcessStore store;
-  std::vector<RankNumbers> numbers(2);
+  std::vector<std::vector<ModeNumbers>> numbers(2, std::vector<ModeNumbers>(kModes));
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
@@ -95,10 +118,14 @@ int main(int argc, char** argv) {
       auto dp = comm::CreateGroupCommunicator(view, "", "dp", {0, 1}, r, absl::Seconds(120));
       comm::PairGroupOptions options;
       options.timeout = absl::Seconds(120);
+      options.background = false;
       auto pairs = comm::CreatePairGroups(view, r, {1 - r}, options);
-      if (!dp.ok() || !pairs.ok()) {
-        std::fprintf(stderr, "groups: %s %s\n", dp.status().ToString().c_str(),
-                     pairs.status().ToString().c_str());
+      options.background = true;
+      auto background_pairs = comm::CreatePairGroups(view, r, {1 - r}, options);
+      if (!dp.ok() || !pairs.ok() || !background_pairs.ok()) {
+        std::fprintf(stderr, "groups: %s %s %s\n", dp.status().ToString().c_str(),
+                     pairs.status().ToString().c_str(),
+                     background_pairs.status().ToString().c_str());
         std::exit(1);
       }
       auto loop = engine::TrainingLoop::Create(job, r, 2, dp->get());
@@ -106,52 +133,65 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "loop: %s\n", loop.status().ToString().c_str());
         std::exit(1);
       }
-      RankNumbers& n = numbers[static_cast<size_t>(r)];
-      engine::SnapshotKeeperOptions ko;
-      ko.interval = 1;
-      ko.rank = r;
-      engine::SnapshotKeeper keeper(ko);
-      comm::Communicator* pair = pairs->at(1 - r).get();
-      keeper.AttachRing(pair, pair, 1 - r);
-      // Blocks of kBlock steps, alternately without and with snapshots, so
-      // both see the same load; the first step of a block is dropped (it
-      // still carries the other mode's last copy, or none).
-      constexpr int64_t kBlock = 4;
-      for (int64_t s = 0; s < 2 * steps; ++s) {
-        const bool snap = (s / kBlock) % 2 == 1;
+      std::vector<ModeNumbers>& n = numbers[static_cast<size_t>(r)];
+      std::vector<std::unique_ptr<engine::SnapshotKeeper>> keepers(kModes);
+      for (int m = kCopyAtRankPriority; m < kModes; ++m) {
+        engine::SnapshotKeeperOptions ko;
+        ko.interval = 1;
+        ko.rank = r;
+        ko.background_copies = m == kCopyInBackground;
+        keepers[static_cast<size_t>(m)] = std::make_unique<engine::SnapshotKeeper>(ko);
+        comm::Communicator* pair =
+            (m == kCopyInBackground ? *background_pairs : *pairs).at(1 - r).get();
+        keepers[static_cast<size_t>(m)]->AttachRing(pair, pair, 1 - r);
+      }
+      // Blocks of kBlock steps rotating through the modes; the first step of
+      // a block is dropped (it still carries the previous mode's last copy).
+      for (int64_t s = 0; s < steps; ++s) {
+        const int mode = static_cast<int>((s / kBlock) % kModes);
+        engine::SnapshotKeeper* keeper = keepers[static_cast<size_t>(mode)].get();
+        const double cpu_start = ProcessCpuSeconds();
         const auto start = std::chrono::steady_clock::now();
         auto p = (*loop)->TrainStep();
         if (!p.ok()) std::exit(1);
-        if (snap && !keeper.AfterStep(**loop, &*p).ok()) std::exit(1);
+        if (keeper != nullptr && !keeper->AfterStep(**loop, &*p).ok()) std::exit(1);
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (s < kBlock || s % kBlock == 0) continue;
-        if (!snap) {
-          n.plain_step.push_back(took);
-          continue;
-        }
-        n.snap_step.push_back(took);
-        n.capture.push_back(p->snapshot->capture_seconds);
-        n.wait.push_back(p->snapshot->wait_seconds);
-        n.copy.push_back(p->snapshot->copy_seconds);
-        n.snapshot_bytes = p->snapshot->snapshot_bytes;
-        n.copy_bytes = p->snapshot->copy_bytes;
+        const double cpu = ProcessCpuSeconds() - cpu_start;
+        if (s % kBlock == 0) continue;
+        ModeNumbers& m = n[static_cast<size_t>(mode)];
+        m.step.push_back(took);
+        m.cpu.push_back(cpu);
+        if (keeper == nullptr) continue;
+        m.capture.push_back(p->snapshot->capture_seconds);
+        m.wait.push_back(p->snapshot->wait_seconds);
+        m.copy.push_back(p->snapshot->copy_seconds);
+        m.snapshot_bytes = p->snapshot->snapshot_bytes;
+        m.copy_bytes = p->snapshot->copy_bytes;
       }
-      keeper.WaitForCopies();
-      keeper.DetachRing();
+      for (auto& k : keepers) {
+        if (k == nullptr) continue;
+        k->WaitForCopies();
+        k->DetachRing();
+      }
     });
   }
   for (auto& t : ranks) t.join();
   for (int r = 0; r < 2; ++r) {
-    const RankNumbers& n = numbers[static_cast<size_t>(r)];
-    const double plain = Median(n.plain_step), with = Median(n.snap_step);
-    std::printf(
-        "{\"rank\":%d,\"step_s\":%.4f,\"step_with_snapshots_s\":%.4f,\"overhead\":%.4f,"
-        "\"capture_s\":%.4f,\"wait_s\":%.4f,\"copy_s\":%.4f,\"snapshot_bytes\":%lld,"
-        "\"copy_bytes\":%lld}\n",
-        r, plain, with, plain > 0 ? with / plain - 1 : 0, Median(n.capture), Median(n.wait),
-        Median(n.copy), static_cast<long long>(n.snapshot_bytes),
-        static_cast<long long>(n.copy_bytes));
+    const std::vector<ModeNumbers>& n = numbers[static_cast<size_t>(r)];
+    const double plain = Median(n[kNone].step);
+    const double plain_cpu = Median(n[kNone].cpu);
+    for (int m = 0; m < kModes; ++m) {
+      const ModeNumbers& x = n[static_cast<size_t>(m)];
+      const double step = Median(x.step), cpu = Median(x.cpu);
+      std::printf(
+          "{\"rank\":%d,\"mode\":\"%s\",\"steps\":%zu,\"step_s\":%.4f,\"overhead\":%.4f,"
+          "\"cpu_per_step_s\":%.4f,\"extra_cpu_per_step_s\":%.4f,\"capture_s\":%.4f,"
+          "\"wait_s\":%.4f,\"copy_s\":%.4f,\"snapshot_bytes\":%lld,\"copy_bytes\":%lld}\n",
+          r, kModeNames[m], x.step.size(), step, plain > 0 ? step / plain - 1 : 0, cpu,
+          cpu - plain_cpu, Median(x.capture), Median(x.wait), Median(x.copy),
+          static_cast<long long>(x.snapshot_bytes), static_cast<long long>(x.copy_bytes));
+    }
   }
   return 0;
 }

@@ -4,12 +4,15 @@
 #include <deque>
 #include <thread>
 
+#include "worker/comm/background_priority.h"
+
 namespace loom::engine {
 
 // Runs posted jobs one after the other on its own thread.
 class SerialWorker {
  public:
-  SerialWorker() : thread_([this] { Run(); }) {}
+  explicit SerialWorker(bool background)
+      : background_(background), thread_([this] { Run(); }) {}
   ~SerialWorker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -32,6 +35,8 @@ class SerialWorker {
 
  private:
   void Run() {
+    // The copies yield the CPU to training (comm/background_priority.h).
+    if (background_) comm::LowerThisThreadToBackground();
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
@@ -52,13 +57,14 @@ class SerialWorker {
   std::deque<std::function<void()>> jobs_;
   bool busy_ = false;
   bool stopping_ = false;
+  const bool background_;
   std::thread thread_;
 };
 
-SnapshotCopier::SnapshotCopier(Ring ring, SnapshotTransferOptions options)
+SnapshotCopier::SnapshotCopier(Ring ring, SnapshotTransferOptions options, bool background)
     : ring_(ring), options_(options) {
-  if (ring_.to_buddy != nullptr) sender_ = std::make_unique<SerialWorker>();
-  if (ring_.from_ward != nullptr) receiver_ = std::make_unique<SerialWorker>();
+  if (ring_.to_buddy != nullptr) sender_ = std::make_unique<SerialWorker>(background);
+  if (ring_.from_ward != nullptr) receiver_ = std::make_unique<SerialWorker>(background);
 }
 
 SnapshotCopier::~SnapshotCopier() {

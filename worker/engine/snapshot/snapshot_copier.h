@@ -26,7 +26,9 @@ class SnapshotCopier {
     comm::Communicator* to_buddy = nullptr;   // the pair group with the buddy; null: none
     comm::Communicator* from_ward = nullptr;  // the pair group with the ward; null: none
   };
-  SnapshotCopier(Ring ring, SnapshotTransferOptions options);
+  // background: the copy threads run at the lowest CPU priority
+  // (comm/background_priority.h), so a copy yields to training.
+  SnapshotCopier(Ring ring, SnapshotTransferOptions options, bool background = false);
   ~SnapshotCopier();
 
   bool has_buddy() const { return ring_.to_buddy != nullptr; }
