@@ -247,7 +247,9 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"cordon_after", Int(&f.cordon_after)},
           {"in_place", Bool(&f.in_place)},
           {"snapshot_interval", Int(&f.snapshot_interval)},
-          {"abort_timeout_s", Double(&f.abort_timeout_s)}};
+          {"abort_timeout_s", Double(&f.abort_timeout_s)},
+          {"straggler", Enum(&f.straggler, {{"report", StragglerAction::kReport},
+                                            {"replace", StragglerAction::kReplace}})}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -429,6 +431,7 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "in_place" << YAML::Value << s.fault_tolerance.in_place;
   out << YAML::Key << "snapshot_interval" << YAML::Value << s.fault_tolerance.snapshot_interval;
   out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
+  out << YAML::Key << "straggler" << YAML::Value << StragglerActionName(s.fault_tolerance.straggler);
   out << YAML::EndMap;
 
   out << YAML::EndMap;

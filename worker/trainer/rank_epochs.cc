@@ -232,9 +232,13 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
       if (absl::Status s = world.after_step(p.step); !s.ok()) return s;
     }
     if (a.rank() == 0 && world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
-    progress.Report(StepReport(p));
+    loom::v1::RankProgress report = StepReport(p);
+    SetTiming(g.clock->Summary(), p.step_seconds, report.mutable_timing());
+    progress.Report(std::move(report));
+    g.clock->BeginStep(absl::Now());
     return absl::OkStatus();
   };
+  g.clock->BeginStep(absl::Now());
   if (absl::Status s = engine::RunTraining(l, run); !s.ok()) return s;
   loom::v1::RankProgress finished = PhaseReport("finished", l.step());
   if (keeper != nullptr) SetHoldings(keeper->Holdings(), finished.mutable_snapshots());

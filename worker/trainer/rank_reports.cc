@@ -1,6 +1,25 @@
 #include "worker/trainer/rank_reports.h"
 
+#include <algorithm>
+
 namespace loom::trainer {
+
+void SetTiming(const comm::StepCollectives& c, double step_seconds, loom::v1::StepTiming* out) {
+  out->Clear();
+  const double blocked = absl::ToDoubleSeconds(c.blocked);
+  // An evaluation step's collectives fall outside step_seconds: never below 0.
+  out->set_compute_seconds(std::max(0.0, step_seconds - blocked));
+  out->set_wait_seconds(blocked);
+  for (const comm::CollectiveSummary& s : c.ops) {
+    loom::v1::CollectiveTiming& t = *out->add_collectives();
+    t.set_group(s.group);
+    t.set_op(s.op);
+    t.set_calls(s.calls);
+    t.set_wait_seconds(absl::ToDoubleSeconds(s.blocked));
+    t.set_first_arrival_seconds(absl::ToDoubleSeconds(s.first_arrival));
+    t.set_last_arrival_seconds(absl::ToDoubleSeconds(s.last_arrival));
+  }
+}
 
 void SetHoldings(const engine::SnapshotProgress& s, loom::v1::SnapshotHoldings* out) {
   out->Clear();
