@@ -137,6 +137,12 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
   }
 }
 
+const std::vector<int32_t>& StragglerDetector::PeersOf(int32_t rank) const {
+  static const std::vector<int32_t> kNone;
+  if (rank < 0 || rank >= static_cast<int32_t>(peer_class_.size())) return kNone;
+  return members_.at(peer_class_[rank]);
+}
+
 std::vector<StragglerScore> StragglerDetector::Stragglers() const {
   std::vector<StragglerScore> out;
   for (const StragglerScore& s : scores_) {

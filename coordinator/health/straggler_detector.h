@@ -58,6 +58,8 @@ class StragglerDetector {
   bool Observe(int32_t rank, int64_t step, double compute_seconds, double step_seconds);
 
   const std::vector<StragglerScore>& Scores() const { return scores_; }
+  // The ranks compared with `rank` (its class, itself included).
+  const std::vector<int32_t>& PeersOf(int32_t rank) const;
   // The flagged ranks, in rank order.
   std::vector<StragglerScore> Stragglers() const;
 

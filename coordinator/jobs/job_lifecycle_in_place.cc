@@ -253,7 +253,7 @@ void JobLifecycle::RelaunchInPlaceLocked(JobRecord& record, PlacedAttempt attemp
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.placed_at = now;
-  record.hang = NewHangDetector(record, now);
+  WatchAttemptLocked(record, now);
   IncidentCompletedLocked(record, MarkPlaced(job, now));
   ip.phase = Phase::kRelaunched;
   ip.epochs = std::move(attempt.epochs);

@@ -44,6 +44,9 @@ CoordinatorMetrics::CoordinatorMetrics()
       rank_memory_bytes_(Gauge(*registry_, "loom_rank_memory_bytes",
                                "Peak memory of a rank's last step: device allocator on a GPU, "
                                "resident set on a CPU")),
+      rank_straggler_score_(Gauge(*registry_, "loom_rank_straggler_score",
+                                  "A rank's robust score (median/MAD z) of its compute time "
+                                  "against its peers'; over 4, sustained: a straggler")),
       job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
       job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
       job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),
@@ -136,6 +139,14 @@ void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::s
   series.memory_bytes->Set(s.memory_bytes);
 }
 
+void CoordinatorMetrics::SetRankStragglerScore(const std::string& job_id,
+                                               const std::string& job_name, int rank, double score) {
+  if (rank < 0) return;
+  absl::MutexLock lock(&mu_);
+  rank_straggler_score_.Add({{"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}})
+      .Set(score);
+}
+
 void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,
                                         const ProgressSample& s, double tokens) {
   absl::MutexLock lock(&mu_);
@@ -202,7 +213,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
     const prometheus::Labels labels = {
         {"job", job_id}, {"job_name", job_name}, {"rank", std::to_string(rank)}};
     for (auto* family : {&rank_step_, &rank_loss_, &rank_step_seconds_, &rank_tokens_per_second_,
-                         &rank_mfu_, &rank_memory_bytes_}) {
+                         &rank_mfu_, &rank_memory_bytes_, &rank_straggler_score_}) {
       RemoveSeries(*family, labels);
     }
   }
@@ -215,7 +226,7 @@ size_t CoordinatorMetrics::JobSeriesCount() {
                        &job_tokens_per_second_, &job_mfu_, &job_tokens_, &job_goodput_,
                        &rank_step_, &rank_loss_,
                        &rank_step_seconds_, &rank_tokens_per_second_, &rank_mfu_,
-                       &rank_memory_bytes_}) {
+                       &rank_memory_bytes_, &rank_straggler_score_}) {
     for (const auto& metric : family->Collect()) count += metric.metric.size();
   }
   for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();

@@ -43,6 +43,9 @@ class CoordinatorMetrics {
   void CountProgressRefused(int64_t reports);
   void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
                        const ProgressSample& sample);
+  // loom_rank_straggler_score (docs/observability.md).
+  void SetRankStragglerScore(const std::string& job_id, const std::string& job_name, int rank,
+                             double score);
   void SetJobProgress(const std::string& job_id, const std::string& job_name,
                       const ProgressSample& sample, double tokens);
   void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
@@ -96,6 +99,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& rank_tokens_per_second_;
   prometheus::Family<prometheus::Gauge>& rank_mfu_;
   prometheus::Family<prometheus::Gauge>& rank_memory_bytes_;
+  prometheus::Family<prometheus::Gauge>& rank_straggler_score_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
   prometheus::Family<prometheus::Gauge>& job_val_loss_;
