@@ -30,7 +30,8 @@ double RobustScale(const std::vector<double>& v, double median, double floor_fra
 StragglerDetector::StragglerDetector(StragglerPolicy policy, std::vector<int> peer_class)
     : policy_(policy), peer_class_(std::move(peer_class)) {
   policy_.window = std::max(1, policy_.window);
-  policy_.sustain = std::max(1, policy_.sustain);
+  policy_.judge = std::max(1, policy_.judge);
+  policy_.sustain = std::clamp(policy_.sustain, 1, policy_.judge);
   tracks_.resize(peer_class_.size());
   scores_.resize(peer_class_.size());
   for (size_t r = 0; r < peer_class_.size(); ++r) {
@@ -114,17 +115,16 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
     }
     const double ratio = by_peers ? s.peer_ratio : s.self_ratio;
     const bool over = s.score > policy_.threshold && ratio > policy_.min_ratio;
-    if (over) {
-      ++t.over;
-      t.under = 0;
-    } else {
-      ++t.under;
-      t.over = 0;
+    t.over.push_back(over);
+    t.over_count += over ? 1 : 0;
+    while (static_cast<int>(t.over.size()) > policy_.judge) {
+      t.over_count -= t.over.front() ? 1 : 0;
+      t.over.pop_front();
     }
-    if (!s.straggler && t.over >= policy_.sustain) {
+    if (!s.straggler && t.over_count >= policy_.sustain) {
       s.straggler = true;
       s.since_step = step;
-    } else if (s.straggler && t.under >= policy_.sustain) {
+    } else if (s.straggler && 2 * t.over_count < policy_.sustain) {
       s.straggler = false;
       s.since_step = 0;
     }

@@ -14,8 +14,10 @@
 // noise between identical ranks never scores high). A periodic slowdown (a
 // throttling GPU, a process stopped now and then) hits some steps and not
 // others; the window's sum still carries it. A rank is flagged once its
-// score and its ratio to the median stay over the thresholds for `sustain`
-// consecutive steps, and unflagged after as many below.
+// score and its ratio to the median were over the thresholds in `sustain`
+// of the last `judge` steps: more than a window's worth, so one hiccup (a
+// rank descheduled once, which stays in the window for `window` steps) never
+// flags it. It is cleared once fewer than half of that remain.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +28,9 @@
 namespace loom::coordinator {
 
 struct StragglerPolicy {
-  int window = 8;             // steps summed per score
-  int sustain = 3;            // consecutive steps over (or under) the thresholds to flag (unflag)
+  int window = 5;             // steps summed per score
+  int judge = 12;             // of the last this many scores...
+  int sustain = 8;            // ...this many over the thresholds flag a rank (more than window)
   double threshold = 4.0;     // robust z-score over the peers' median
   double min_ratio = 1.15;    // and compute at least this multiple of the peers' median
   double noise_floor = 0.05;  // the deviation's floor, as a fraction of the median
@@ -71,8 +74,8 @@ class StragglerDetector {
   struct RankTrack {
     std::map<int64_t, Sample> recent;  // by step, the last window + a few
     std::deque<double> own_windows;    // its window sums, oldest first (history)
-    int over = 0;   // consecutive evaluations over the thresholds
-    int under = 0;  // consecutive evaluations under them while flagged
+    std::deque<bool> over;  // the last `judge` scores: over the thresholds?
+    int over_count = 0;     // of them, over
   };
   void Evaluate(int cls, int64_t step);
   double WindowSum(const RankTrack& t, int64_t step, double Sample::*field) const;
