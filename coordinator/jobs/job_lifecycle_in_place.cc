@@ -138,7 +138,9 @@ void JobLifecycle::RecoverInPlaceLocked(JobRecord& record, const Failure& failur
                                     stored.request.not_exited.end());
   for (const auto& [node, ranks] : RanksByNode(stored.request.placement, killed)) {
     loom::v1::CoordinatorMessage kill = KillMessage(job.id(), job.attempt());
-    if (failure.kind == FailureKind::kHang) kill.mutable_kill()->set_grace_seconds(kKillAtOnceSeconds);
+    if (failure.kind == FailureKind::kHang || failure.kind == FailureKind::kStraggler) {
+      kill.mutable_kill()->set_grace_seconds(kKillAtOnceSeconds);  // nothing of it to save
+    }
     for (int32_t r : ranks) kill.mutable_kill()->add_ranks(r);
     table_->SendAfterStoredLocked(record, node, std::move(kill));
   }

@@ -17,7 +17,7 @@ void CollectiveClock::Record(const std::string& group, const char* op, absl::Tim
   // belongs to a step.
   if (step_start_ == absl::InfinitePast()) return;
   const absl::Duration arrival = std::max(entered - step_start_, absl::ZeroDuration());
-  auto [it, added] = ops_.try_emplace({group, op});
+  auto [it, added] = ops_.try_emplace(std::pair<std::string, std::string>(group, op));
   CollectiveSummary& s = it->second;
   if (added) {
     s.group = group;

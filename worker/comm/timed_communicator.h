@@ -23,8 +23,9 @@ class TimedCommunicator final : public Communicator {
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
 
-  absl::Status AllReduce(std::span<float> data, ReduceOp op) override;
-  std::unique_ptr<Work> AllReduceAsync(std::span<float> data, ReduceOp op) override;
+  absl::Status AllReduce(std::span<float> data, ReduceOp op = ReduceOp::kSum) override;
+  std::unique_ptr<Work> AllReduceAsync(std::span<float> data,
+                                       ReduceOp op = ReduceOp::kSum) override;
   absl::Status ReduceScatter(std::span<const float> in, std::span<float> out) override;
   absl::Status AllGather(std::span<const float> in, std::span<float> out) override;
   absl::Status Broadcast(std::span<float> data, int root) override;
