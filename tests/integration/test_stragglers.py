@@ -11,7 +11,10 @@ coordinator, agents and four CPU trainers (dp 4) on loopback.
   reason, and the job goes on to SUCCEED.
 * An unslowed job of 200 steps flags no one.
 
-Timing is printed, never asserted beyond the brief's step counts."""
+The model is sized so that a step takes about a third of the slowing period
+on a loaded 2-core machine (~100-200 ms): a slowdown that hits one step in
+twenty cannot be told from noise within twenty steps. Timing is printed,
+never asserted beyond the brief's step counts."""
 
 import re
 import signal
@@ -23,9 +26,9 @@ from loom_cluster import Cluster, placement, wait_until
 
 SPEC = """
 name: {name}
-model: {{vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
-        ffn_hidden_size: 192, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
-train: {{steps: {steps}, global_batch_size: 8, micro_batch_size: 2, seq_len: 64,
+model: {{vocab_size: 256, hidden_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        ffn_hidden_size: 384, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
+train: {{steps: {steps}, global_batch_size: 16, micro_batch_size: 2, seq_len: 64,
         lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 1234, precision: fp32, eval_interval: 0}}
 data: {{train_path: data/train.txt, format: text}}
