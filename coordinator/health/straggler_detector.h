@@ -28,10 +28,10 @@
 namespace loom::coordinator {
 
 struct StragglerPolicy {
-  int window = 5;             // steps summed per score
+  int window = 8;             // steps summed per score
   int judge = 12;             // of the last this many scores...
-  int sustain = 8;            // ...this many over the thresholds flag a rank (more than window)
-  double threshold = 4.0;     // robust z-score over the peers' median
+  int sustain = 9;            // ...this many over the thresholds flag a rank (more than window)
+  double threshold = 3.0;     // robust z-score over the peers' median
   double min_ratio = 1.15;    // and compute at least this multiple of the peers' median
   double noise_floor = 0.05;  // the deviation's floor, as a fraction of the median
   int min_peers = 3;          // fewer ranks in a stage: scored against its own history only

@@ -46,7 +46,7 @@ CoordinatorMetrics::CoordinatorMetrics()
                                "resident set on a CPU")),
       rank_straggler_score_(Gauge(*registry_, "loom_rank_straggler_score",
                                   "A rank's robust score (median/MAD z) of its compute time "
-                                  "against its peers'; over 4, sustained: a straggler")),
+                                  "against its peers'; over 3, sustained: a straggler")),
       job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
       job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
       job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),

@@ -146,16 +146,16 @@ class Stragglers(unittest.TestCase):
         self.assertRegex(history(status), rf"rank {SLOWED} \S+ on node node-a is a straggler")
         scores = {r: c.metric_value("loom_rank_straggler_score", job=job, rank=r) for r in range(4)}
         print(f"scores: {scores}")
-        self.assertGreater(scores[SLOWED], 4)
+        self.assertGreater(scores[SLOWED], 3)
         for r in (0, 1, 3):
-            self.assertLess(scores[r], 4, f"rank {r}")
+            self.assertLess(scores[r], 3, f"rank {r}")
         slower.stop()
         c.loomctl("cancel", job)
         c.wait_state(job, {"CANCELLED"}, timeout=60)
 
     def test_replace_moves_the_slowed_rank_and_the_job_goes_on(self):
         c = self.cluster
-        job = self.running_job("replaced", steps=150, action="replace")
+        job = self.running_job("replaced", steps=300, action="replace")
         self.assertEqual(set(placement(c.status(job)).values()), {"node-a"})
         c.start_agent("node-b", devices="cpu:2")  # where the slowed rank can go
         wait_until(lambda: "node-b" in c.loomctl("nodes").stdout, 30, "node-b to register")
