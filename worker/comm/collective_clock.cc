@@ -30,9 +30,10 @@ void CollectiveClock::Record(const std::string& group, const char* op, absl::Tim
   s.last_arrival = std::max(s.last_arrival, arrival);
 }
 
-StepCollectives CollectiveClock::Summary() const {
+StepCollectives CollectiveClock::Summary(absl::Time now) const {
   std::lock_guard<std::mutex> lock(mu_);
   StepCollectives out;
+  if (step_start_ != absl::InfinitePast()) out.elapsed = std::max(now - step_start_, absl::ZeroDuration());
   out.ops.reserve(ops_.size());
   for (const auto& [key, s] : ops_) {
     out.blocked += s.blocked;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace loom::comm {
@@ -27,6 +28,7 @@ struct CollectiveSummary {
 };
 
 struct StepCollectives {
+  absl::Duration elapsed;  // since BeginStep
   absl::Duration blocked;  // all groups together
   std::vector<CollectiveSummary> ops;  // by group, then operation
 };
@@ -39,8 +41,8 @@ class CollectiveClock {
   // One call: entered at `entered`, blocked its caller for `blocked`.
   // Thread-safe (an asynchronous call's Wait may run on another thread).
   void Record(const std::string& group, const char* op, absl::Time entered, absl::Duration blocked);
-  // What was recorded since BeginStep.
-  StepCollectives Summary() const;
+  // What was recorded since BeginStep, as of `now`.
+  StepCollectives Summary(absl::Time now = absl::Now()) const;
 
  private:
   mutable std::mutex mu_;

@@ -233,7 +233,7 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
     }
     if (a.rank() == 0 && world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
     loom::v1::RankProgress report = StepReport(p);
-    SetTiming(g.clock->Summary(), p.step_seconds, report.mutable_timing());
+    SetTiming(g.clock->Summary(), report.mutable_timing());
     progress.Report(std::move(report));
     g.clock->BeginStep(absl::Now());
     return absl::OkStatus();

@@ -4,11 +4,10 @@
 
 namespace loom::trainer {
 
-void SetTiming(const comm::StepCollectives& c, double step_seconds, loom::v1::StepTiming* out) {
+void SetTiming(const comm::StepCollectives& c, loom::v1::StepTiming* out) {
   out->Clear();
   const double blocked = absl::ToDoubleSeconds(c.blocked);
-  // An evaluation step's collectives fall outside step_seconds: never below 0.
-  out->set_compute_seconds(std::max(0.0, step_seconds - blocked));
+  out->set_compute_seconds(std::max(0.0, absl::ToDoubleSeconds(c.elapsed) - blocked));
   out->set_wait_seconds(blocked);
   for (const comm::CollectiveSummary& s : c.ops) {
     loom::v1::CollectiveTiming& t = *out->add_collectives();
