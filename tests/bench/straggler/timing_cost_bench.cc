@@ -3,6 +3,8 @@
 //     in alternating blocks through the plain group and through the timed
 //     group (timed_communicator.h), plus a step summary per block; prints the
 //     median time per call of each and their difference;
+//     (on a loaded machine the transport's noise hides the difference), and
+//     the timing alone: two clock reads and one Record per call;
 //  2. the coordinator's side: StragglerDetector::Observe for every rank of
 //     one stage of `ranks` ranks, per step; prints the time per report.
 // A benchmark, not a test: the numbers go to docs/observability.md.
@@ -108,6 +110,21 @@ int main(int argc, char** argv) {
   std::printf("{\"what\":\"all_reduce of %lld floats, 2 ranks\",\"plain_us_per_call\":%.2f,"
               "\"timed_us_per_call\":%.2f,\"timing_us_per_call\":%.2f}\n",
               static_cast<long long>(floats), p, t, t - p);
+
+  // The timing alone, without a transport under it: what a timed call adds
+  // (two clock reads and one Record).
+  {
+    comm::CollectiveClock clock;
+    clock.BeginStep(absl::Now());
+    const int64_t n = 1000000;
+    const absl::Time begin = absl::Now();
+    for (int64_t i = 0; i < n; ++i) {
+      const absl::Time entered = absl::Now();
+      clock.Record("dp[0,1,2,3]", "all_reduce", entered, absl::Now() - entered);
+    }
+    const double ns = absl::ToDoubleNanoseconds(absl::Now() - begin) / static_cast<double>(n);
+    std::printf("{\"what\":\"clock reads and Record per call\",\"ns_per_call\":%.1f}\n", ns);
+  }
 
   coordinator::StragglerDetector detector(coordinator::StragglerPolicy{},
                                           std::vector<int>(static_cast<size_t>(ranks), 0));
