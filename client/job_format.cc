@@ -139,6 +139,14 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
     absl::StrAppend(&out, absl::StrFormat("goodput:   %.3f (%s of steps that counted)\n",
                                           job.goodput(), Duration(job.counted_step_seconds())));
   }
+  // Slow ranks the coordinator flags now (docs/observability.md).
+  for (const auto& s : job.stragglers()) {
+    absl::StrAppend(&out, absl::StrFormat(
+        "straggler: rank %d %s on node %s: compute %.2fx its peers' (%.2fx its own earlier), "
+        "score %.1f, slows the job %.0f%%, since step %d\n",
+        s.rank(), s.place(), s.node_id(), s.peer_ratio(), s.self_ratio(), s.score(),
+        100 * s.job_slowdown(), s.since_step()));
+  }
   if (job.incidents_size() > 0) {
     absl::StrAppend(&out, "recoveries:\n");
     for (const auto& in : job.incidents()) absl::StrAppend(&out, "  ", IncidentLine(in), "\n");

@@ -131,6 +131,11 @@ struct CheckpointSpec {
   std::string resume_from;
 };
 
+// What the coordinator does with a rank its straggler detector flags
+// (docs/observability.md): name it (status, metric, history), or also move
+// it off its node through an in-place restart and cordon the node.
+enum class StragglerAction { kReport, kReplace };
+
 // Restart budgets are per failure kind: a crash (a rank exited or was
 // killed), a hang, a lost node. Unset kinds get max_restarts.
 struct FaultToleranceSpec {
@@ -170,6 +175,7 @@ struct FaultToleranceSpec {
   // This many bad steps in a row (skipped or rolled back) fail the job,
   // naming them.
   int64_t max_bad_steps = 5;
+  StragglerAction straggler = StragglerAction::kReport;
 
   int64_t hang_budget() const { return max_hang_restarts.value_or(max_restarts); }
   int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }
@@ -191,6 +197,7 @@ const char* RouterScoreName(RouterScoreKind k);
 const char* ScheduleName(Schedule s);
 const char* RecomputeName(Recompute r);
 const char* LrScheduleName(LrSchedule s);
+const char* StragglerActionName(StragglerAction a);
 const char* DataFormatName(DataFormat f);
 const char* DeviceKindName(DeviceKind d);
 

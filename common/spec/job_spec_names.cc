@@ -30,6 +30,14 @@ const char* RecomputeName(Recompute r) {
   return "?";
 }
 
+const char* StragglerActionName(StragglerAction a) {
+  switch (a) {
+    case StragglerAction::kReport: return "report";
+    case StragglerAction::kReplace: return "replace";
+  }
+  return "?";
+}
+
 const char* LrScheduleName(LrSchedule s) {
   switch (s) {
     case LrSchedule::kCosine: return "cosine";

@@ -271,7 +271,9 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"min_resize_interval_s", Double(&f.min_resize_interval_s)},
           {"loss_spike_factor", Double(&f.loss_spike_factor)},
           {"loss_spike_window", Int(&f.loss_spike_window)},
-          {"max_bad_steps", Int(&f.max_bad_steps)}};
+          {"max_bad_steps", Int(&f.max_bad_steps)},
+          {"straggler", Enum(&f.straggler, {{"report", StragglerAction::kReport},
+                                            {"replace", StragglerAction::kReplace}})}};
 }
 
 FieldParser ParallelismParser(ParallelismSpec& p) {
@@ -464,6 +466,7 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "loss_spike_factor" << YAML::Value << s.fault_tolerance.loss_spike_factor;
   out << YAML::Key << "loss_spike_window" << YAML::Value << s.fault_tolerance.loss_spike_window;
   out << YAML::Key << "max_bad_steps" << YAML::Value << s.fault_tolerance.max_bad_steps;
+  out << YAML::Key << "straggler" << YAML::Value << StragglerActionName(s.fault_tolerance.straggler);
   out << YAML::EndMap;
 
   out << YAML::EndMap;

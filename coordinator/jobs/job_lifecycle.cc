@@ -364,7 +364,7 @@ void JobLifecycle::StartAttemptLocked(JobRecord& record, PlacedAttempt attempt) 
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job));
   record.in_place.reset();
   record.placed_at = now;
-  record.hang = NewHangDetector(record, now);
+  WatchAttemptLocked(record, now);
   // A recovery's placement phase ends.
   IncidentCompletedLocked(record, MarkPlaced(job, now));
   TransitionLocked(record, JobState::STARTING,
@@ -397,7 +397,7 @@ void JobLifecycle::RecoveredLocked(JobRecord& record, absl::Time now) {
   kv_->OpenNamespace(job.store_namespace(), CommitFenceOf(job));
   // Ranks may still be running: watch them for hangs from now on, and give
   // their nodes recovery_grace to reconnect.
-  record.hang = NewHangDetector(record, now);
+  WatchAttemptLocked(record, now);
   recovered_at_ = now;
   if (job.state() == JobState::RECOVERING && job.in_place_from_attempt() == 0) {
     // The survivors' reports went with the previous coordinator and nothing

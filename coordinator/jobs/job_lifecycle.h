@@ -57,6 +57,7 @@ struct LifecycleOptions {
   // to reconnect before they count as lost.
   absl::Duration recovery_grace = absl::Seconds(10);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  StragglerPolicy straggler_policy;  // docs/observability.md
   // The node timeout, which is also the agents' lease: a lost node's ranks
   // may act until its last heartbeat plus this (the commit fence).
   absl::Duration node_timeout = absl::Seconds(5);
@@ -190,6 +191,15 @@ class JobLifecycle {
   // One report of a rank already checked to run on its sender's node in the
   // job's current attempt.
   void ApplyProgressLocked(JobRecord& record, const loom::v1::RankProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A step report's timing (job_stragglers.cc): scored against the rank's
+  // peers; a rank flagged or cleared is recorded, named in the job, and with
+  // fault_tolerance.straggler: replace moved off its node (then true: the
+  // attempt is being replaced, the report says nothing more).
+  bool ObserveTimingLocked(JobRecord& record, const loom::v1::RankProgress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A new attempt's detectors: hangs and stragglers, nothing flagged yet.
+  void WatchAttemptLocked(JobRecord& record, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // A rank of the current attempt is gone; false when it already was.
   bool MarkExitedLocked(JobRecord& record, int32_t rank, bool ok)

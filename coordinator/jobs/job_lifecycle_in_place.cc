@@ -139,7 +139,9 @@ void JobLifecycle::RecoverInPlaceLocked(JobRecord& record, const Failure& failur
                                     stored.request.not_exited.end());
   for (const auto& [node, ranks] : RanksByNode(stored.request.placement, killed)) {
     loom::v1::CoordinatorMessage kill = KillMessage(job.id(), job.attempt());
-    if (failure.kind == FailureKind::kHang) kill.mutable_kill()->set_grace_seconds(kKillAtOnceSeconds);
+    if (failure.kind == FailureKind::kHang || failure.kind == FailureKind::kStraggler) {
+      kill.mutable_kill()->set_grace_seconds(kKillAtOnceSeconds);  // nothing of it to save
+    }
     for (int32_t r : ranks) kill.mutable_kill()->add_ranks(r);
     table_->SendAfterStoredLocked(record, node, std::move(kill));
   }
@@ -269,7 +271,7 @@ void JobLifecycle::RelaunchInPlaceLocked(JobRecord& record, PlacedAttempt attemp
   job.set_store_namespace(attempt.store_namespace);
   kv_->OpenNamespace(attempt.store_namespace, CommitFenceOf(job), &carried);
   record.placed_at = now;
-  record.hang = NewHangDetector(record, now);
+  WatchAttemptLocked(record, now);
   IncidentCompletedLocked(record, MarkPlaced(job, now));
   ip.phase = Phase::kRelaunched;
   ip.epochs = std::move(attempt.epochs);

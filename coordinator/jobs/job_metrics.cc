@@ -34,6 +34,10 @@ void JobMetrics::RankStep(const loom::v1::Job& job, const loom::v1::RankProgress
        .memory_bytes = static_cast<double>(progress.memory_bytes())});
 }
 
+void JobMetrics::RankStragglerScore(const loom::v1::Job& job, int32_t rank, double score) {
+  if (metrics_ != nullptr) metrics_->SetRankStragglerScore(job.id(), job.name(), rank, score);
+}
+
 void JobMetrics::JobStep(const loom::v1::Job& job, const loom::v1::JobProgress& p,
                          const loom::v1::RankProgress& rank0) {
   if (metrics_ == nullptr) return;

@@ -30,6 +30,9 @@ class JobMetrics {
   // placement's peak), and its MoE load when reported.
   void JobStep(const loom::v1::Job& job, const loom::v1::JobProgress& progress,
                const loom::v1::RankProgress& rank0);
+  // loom_rank_straggler_score: the rank's robust score against its peers
+  // (coordinator/health/straggler_detector.h).
+  void RankStragglerScore(const loom::v1::Job& job, int32_t rank, double score);
   void Goodput(const loom::v1::Job& job);
   // The ranks an attempt runs and the size the job asked for.
   void Ranks(const loom::v1::Job& job, int64_t running, int64_t requested);

@@ -107,6 +107,7 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
   // Only step reports move the job's progress; the others say where a rank is.
   if (progress.phase() != "step" || progress.step() <= 0) return;
 
+  if (progress.has_timing() && ObserveTimingLocked(record, progress)) return;
   const double world = static_cast<double>(record.ranks.size());
   metrics_->RankStep(job, progress, world, record.placement->Get(progress.rank()).peak_flops());
   // Rank 0 speaks for the job: its loss is already averaged over DP. A new

@@ -22,6 +22,7 @@
 #include "common/spec/job_spec.h"
 #include "coordinator/health/hang_detector.h"
 #include "coordinator/health/recovery_accounting.h"
+#include "coordinator/health/straggler_detector.h"
 #include "coordinator/jobs/in_place_policy.h"
 #include "loom/v1/job.pb.h"
 #include "loom/v1/node.pb.h"
@@ -114,6 +115,7 @@ struct JobRecord {
   size_t ranks_exited = 0;   // likewise, on every exit
   std::map<std::string, int64_t> node_failures;  // this job's failures per node
   std::unique_ptr<HangDetector> hang;  // of the current attempt
+  std::unique_ptr<StragglerDetector> straggler;  // likewise
   std::unique_ptr<InPlaceRecovery> in_place;  // while one is under way
   // When this coordinator placed the current attempt; InfinitePast when an
   // earlier coordinator did (the job came from the store).

@@ -14,7 +14,8 @@ std::pair<int64_t, int32_t> BudgetOf(const loom::v1::Job& job,
                                      const spec::FaultToleranceSpec& ft, FailureKind kind) {
   switch (kind) {
     case FailureKind::kCrash: return {ft.max_restarts, job.crash_restarts()};
-    case FailureKind::kHang: return {ft.hang_budget(), job.hang_restarts()};
+    case FailureKind::kHang:
+    case FailureKind::kStraggler: return {ft.hang_budget(), job.hang_restarts()};
     case FailureKind::kNodeLost: return {ft.node_budget(), job.node_restarts()};
     case FailureKind::kJobBroken: break;
   }
@@ -29,6 +30,7 @@ const char* FailureKindName(FailureKind kind) {
     case FailureKind::kHang: return "hang";
     case FailureKind::kNodeLost: return "lost-node";
     case FailureKind::kJobBroken: return "job-broken";
+    case FailureKind::kStraggler: return "straggler";
   }
   return "";
 }
@@ -58,6 +60,11 @@ RecoveryDecision DecideRecovery(const RecoveryInput& input) {
     decision.cordon_reason = absl::StrCat("failed job ", input.job.id(), " ",
                                           input.node_failures, " times");
   }
+  // A slow rank is moved off its node at once, and the node takes no other.
+  if (failure.kind == FailureKind::kStraggler && !failure.node_id.empty()) {
+    decision.cordon = true;
+    decision.cordon_reason = absl::StrCat("a straggler of job ", input.job.id(), ": ", failure.reason);
+  }
   if (failure.kind == FailureKind::kJobBroken) {
     decision.message = failure.reason;
     return decision;
@@ -71,9 +78,10 @@ RecoveryDecision DecideRecovery(const RecoveryInput& input) {
     return decision;
   }
   decision.restart_number = used + 1;
-  decision.incident_kind = failure.kind == FailureKind::kCrash  ? "crash"
-                           : failure.kind == FailureKind::kHang ? "hang"
-                                                                : "node_lost";
+  decision.incident_kind = failure.kind == FailureKind::kCrash       ? "crash"
+                           : failure.kind == FailureKind::kHang      ? "hang"
+                           : failure.kind == FailureKind::kStraggler ? "straggler"
+                                                                     : "node_lost";
   decision.message =
       absl::StrCat(what, " restart ", decision.restart_number, " of ", budget, ": ", failure.reason);
   // Exponential backoff, so a failure that repeats at once does not spin.
@@ -107,7 +115,8 @@ RecoveryDecision DecideRecovery(const RecoveryInput& input) {
 void CountRestart(loom::v1::Job& job, FailureKind kind) {
   switch (kind) {
     case FailureKind::kCrash: job.set_crash_restarts(job.crash_restarts() + 1); break;
-    case FailureKind::kHang: job.set_hang_restarts(job.hang_restarts() + 1); break;
+    case FailureKind::kHang:
+    case FailureKind::kStraggler: job.set_hang_restarts(job.hang_restarts() + 1); break;
     case FailureKind::kNodeLost: job.set_node_restarts(job.node_restarts() + 1); break;
     case FailureKind::kJobBroken: return;
   }

@@ -22,7 +22,10 @@
 namespace loom::coordinator {
 
 // Why an attempt ended early; each kind but kJobBroken has its own budget.
-enum class FailureKind { kCrash, kHang, kNodeLost, kJobBroken };
+// kStraggler: a rank the straggler detector flagged, replaced on
+// fault_tolerance.straggler: replace (it counts against the hang budget: a
+// slow rank is a partial hang), its node cordoned.
+enum class FailureKind { kCrash, kHang, kNodeLost, kJobBroken, kStraggler };
 
 // A failure the coordinator declared.
 struct Failure {

@@ -69,6 +69,11 @@ CoordinatorMetrics::CoordinatorMetrics()
               {"loom_rank_memory_bytes",
                "Peak memory of a rank's last step: device allocator on a GPU, resident set on a "
                "CPU"}})),
+      rank_straggler_score_(std::make_shared<IndexedJobSeries>(
+          "rank", std::vector<IndexedJobSeries::Gauge>{
+                      {"loom_rank_straggler_score",
+                       "A rank's robust score (median/MAD z) of its compute time against its "
+                       "peers'; over 3, sustained: a straggler"}})),
       expert_tokens_(std::make_shared<IndexedJobSeries>(
           "expert", std::vector<IndexedJobSeries::Gauge>{
                         {"loom_job_expert_tokens",
@@ -94,6 +99,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(
     }
     metrics->exposer_->RegisterCollectable(metrics->registry_);
     metrics->exposer_->RegisterCollectable(metrics->rank_series_);
+    metrics->exposer_->RegisterCollectable(metrics->rank_straggler_score_);
     metrics->exposer_->RegisterCollectable(metrics->expert_tokens_);
     const auto ports = metrics->exposer_->GetListeningPorts();
     if (!ports.empty()) metrics->port_ = ports.front();
@@ -132,6 +138,13 @@ void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::s
   const double row[] = {s.step, s.loss, s.step_seconds, s.tokens_per_second, s.mfu,
                         s.memory_bytes};
   rank_series_->SetRow(job_id, job_name, static_cast<size_t>(rank), row);  // its own lock
+}
+
+void CoordinatorMetrics::SetRankStragglerScore(const std::string& job_id,
+                                               const std::string& job_name, int rank, double score) {
+  if (rank < 0) return;
+  const double row[] = {score};
+  rank_straggler_score_->SetRow(job_id, job_name, static_cast<size_t>(rank), row);
 }
 
 void CoordinatorMetrics::SetJobProgress(const std::string& job_id, const std::string& job_name,
@@ -205,6 +218,7 @@ void CoordinatorMetrics::RemoveJob(const std::string& job_id, const std::string&
   RemoveSeries(job_restarts_, job);
   if (moe_ != nullptr) moe_->Remove(job_id, job_name);  // [moe]
   rank_series_->RemoveJob(job_id);
+  rank_straggler_score_->RemoveJob(job_id);
 }
 
 size_t CoordinatorMetrics::JobSeriesCount() {
@@ -217,6 +231,7 @@ size_t CoordinatorMetrics::JobSeriesCount() {
   }
   for (const auto& metric : job_restarts_.Collect()) count += metric.metric.size();
   count += rank_series_->SeriesCount();
+  count += rank_straggler_score_->SeriesCount();
   if (moe_ != nullptr) count += moe_->SeriesCount();  // [moe]
   return count;
 }

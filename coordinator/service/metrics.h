@@ -44,6 +44,9 @@ class CoordinatorMetrics {
   void CountProgressRefused(int64_t reports);
   void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
                        const ProgressSample& sample);
+  // loom_rank_straggler_score (docs/observability.md).
+  void SetRankStragglerScore(const std::string& job_id, const std::string& job_name, int rank,
+                             double score);
   void SetJobProgress(const std::string& job_id, const std::string& job_name,
                       const ProgressSample& sample, double tokens);
   void SetJobValLoss(const std::string& job_id, const std::string& job_name, double val_loss);
@@ -80,6 +83,8 @@ class CoordinatorMetrics {
   // loom_rank_* (six gauges per rank): a report writes its rank's row, a job
   // that ended is one erase (indexed_job_series.h). Served beside registry_.
   std::shared_ptr<IndexedJobSeries> rank_series_;
+  // loom_rank_straggler_score{job, job_name, rank}: the same kind of table.
+  std::shared_ptr<IndexedJobSeries> rank_straggler_score_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& nodes_live_;
   prometheus::Family<prometheus::Gauge>& nodes_cordoned_;

@@ -49,6 +49,30 @@ TEST(RecoveryPolicy, RestartsTheWholeJobWithinTheBudgetThenFails) {
   EXPECT_EQ(spent.message, "rank 1 was killed (crash restart budget of 2 spent)");
 }
 
+TEST(RecoveryPolicy, AStragglerCordonsItsNodeAtOnceAndSpendsTheHangBudget) {
+  spec::FaultToleranceSpec ft;
+  ft.max_restarts = 5;
+  ft.max_hang_restarts = 1;
+  ft.in_place = false;  // the whole job restarts, away from the cordoned node
+  loom::v1::Job job = Running();
+  const Failure slow{.kind = FailureKind::kStraggler,
+                     .reason = "rank 2 is a straggler",
+                     .node_id = "node-a",
+                     .rank = 2};
+  RecoveryDecision first =
+      DecideRecovery({.job = job, .fault_tolerance = ft, .failure = slow, .node_failures = 1});
+  EXPECT_TRUE(first.cordon);  // cordon_after (2) is not waited for
+  EXPECT_THAT(first.cordon_reason, HasSubstr("a straggler of job job-000001: rank 2"));
+  EXPECT_EQ(first.path, RecoveryPath::kWholeJob);
+  EXPECT_EQ(first.incident_kind, "straggler");
+  EXPECT_EQ(first.message, "straggler restart 1 of 1: rank 2 is a straggler");
+  CountRestart(job, FailureKind::kStraggler);
+  EXPECT_EQ(job.hang_restarts(), 1);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(DecideRecovery({.job = job, .fault_tolerance = ft, .failure = slow}).path,
+            RecoveryPath::kFail);
+}
+
 TEST(RecoveryPolicy, EachKindHasItsOwnBudgetAndTheBackoffIsCapped) {
   spec::FaultToleranceSpec ft;
   ft.max_restarts = 0;

@@ -84,6 +84,21 @@ TEST(JobSpecYaml, BadStepKnobsRoundTrip) {
   EXPECT_DOUBLE_EQ(Parse(kValid).fault_tolerance.loss_spike_factor, 0);  // off by default
 }
 
+TEST(JobSpecYaml, StragglerPolicyParsesRoundTripsAndNamesItsChoices) {
+  EXPECT_EQ(Parse(kValid).fault_tolerance.straggler, StragglerAction::kReport);  // the default
+  std::string yaml = kValid;
+  yaml.replace(yaml.find("hang_timeout_s: 0}"), 18, "hang_timeout_s: 0, straggler: replace}");
+  JobSpec s = Parse(yaml);
+  EXPECT_EQ(s.fault_tolerance.straggler, StragglerAction::kReplace);
+  EXPECT_EQ(Parse(ToYaml(s)).fault_tolerance.straggler, StragglerAction::kReplace);
+  yaml = kValid;
+  yaml.replace(yaml.find("hang_timeout_s: 0}"), 18, "hang_timeout_s: 0, straggler: kill}");
+  absl::StatusOr<JobSpec> bad = ParseJobSpecYaml(yaml, "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("fault_tolerance.straggler=kill must be one of report | replace"));
+}
+
 TEST(JobSpecYaml, CpuRankMemoryRoundTrips) {
   std::string yaml = kValid;
   yaml.replace(yaml.find("ranks: 2}"), 9, "ranks: 2, memory_mb: 88}");

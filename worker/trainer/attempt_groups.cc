@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/group_members.h"
+#include "worker/comm/timed_communicator.h"
 
 namespace loom::trainer {
 
@@ -32,13 +33,15 @@ absl::Status BuildAttemptGroups(const loom::v1::RankAssignment& a, comm::Store& 
                                 const comm::PairGroupOptions& pair_options,
                                 comm::CommunicatorSet& set, AttemptGroups* out) {
   *out = AttemptGroups{};
+  out->clock = std::make_shared<comm::CollectiveClock>();
   auto group = [&](const std::string& axis, comm::Communicator** slot) -> absl::Status {
     absl::StatusOr<std::vector<int>> members = AssignmentGroupMembers(a, axis);
     if (!members.ok()) return members.status();
     if (members->size() <= 1) return absl::OkStatus();
     absl::StatusOr<std::unique_ptr<comm::Communicator>> made = make_group(store, axis, *members);
     if (!made.ok()) return made.status();
-    *slot = set.Add(std::move(*made));
+    if (*made == nullptr) return absl::OkStatus();
+    *slot = set.Add(std::make_unique<comm::TimedCommunicator>(std::move(*made), out->clock));
     return absl::OkStatus();
   };
   for (auto [axis, slot] :

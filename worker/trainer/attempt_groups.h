@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "loom/v1/rank.pb.h"
+#include "worker/comm/collective_clock.h"
 #include "worker/comm/communicator_set.h"
 #include "worker/comm/pair_groups.h"
 #include "worker/comm/store.h"
@@ -31,6 +32,9 @@ struct AttemptGroups {
   comm::Communicator* dp_cp = nullptr;
   comm::Communicator* ep = nullptr;
   std::map<int, comm::Communicator*> pairs;  // by the peer's global rank
+  // The training groups' collective times (timed_communicator.h); the pair
+  // groups' snapshot copies run beside the steps and are not timed.
+  std::shared_ptr<comm::CollectiveClock> clock;
 
   // The training groups, for the rank's health reports.
   std::vector<comm::Communicator*> training() const;

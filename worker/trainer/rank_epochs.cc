@@ -238,9 +238,13 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
     }
     // Every rank: each has its own log, which `loomctl logs --rank=N` shows.
     if (world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
-    progress.Report(StepReport(p));
+    loom::v1::RankProgress report = StepReport(p);
+    SetTiming(g.clock->Summary(), report.mutable_timing());
+    progress.Report(std::move(report));
+    g.clock->BeginStep(absl::Now());
     return absl::OkStatus();
   };
+  g.clock->BeginStep(absl::Now());
   if (absl::Status s = engine::RunTraining(l, run); !s.ok()) return s;
   loom::v1::RankProgress finished = PhaseReport("finished", l.step());
   if (keeper != nullptr) SetHoldings(keeper->Holdings(), finished.mutable_snapshots());

@@ -1,6 +1,24 @@
 #include "worker/trainer/rank_reports.h"
 
+#include <algorithm>
+
 namespace loom::trainer {
+
+void SetTiming(const comm::StepCollectives& c, loom::v1::StepTiming* out) {
+  out->Clear();
+  const double blocked = absl::ToDoubleSeconds(c.blocked);
+  out->set_compute_seconds(std::max(0.0, absl::ToDoubleSeconds(c.elapsed) - blocked));
+  out->set_wait_seconds(blocked);
+  for (const comm::CollectiveSummary& s : c.ops) {
+    loom::v1::CollectiveTiming& t = *out->add_collectives();
+    t.set_group(s.group);
+    t.set_op(s.op);
+    t.set_calls(s.calls);
+    t.set_wait_seconds(absl::ToDoubleSeconds(s.blocked));
+    t.set_first_arrival_seconds(absl::ToDoubleSeconds(s.first_arrival));
+    t.set_last_arrival_seconds(absl::ToDoubleSeconds(s.last_arrival));
+  }
+}
 
 void SetHoldings(const engine::SnapshotProgress& s, loom::v1::SnapshotHoldings* out) {
   out->Clear();

@@ -7,11 +7,17 @@
 #include <string>
 
 #include "loom/v1/rank.pb.h"
+#include "worker/comm/collective_clock.h"
 #include "worker/engine/progress.h"
 
 namespace loom::trainer {
 
 loom::v1::RankProgress StepReport(const engine::StepProgress& p);
+// The step's timing (docs/observability.md): its compute is the time since
+// the previous step's report (the step, its snapshot, its checkpoint: a rank
+// stopped anywhere outside a collective shows) less what the collectives
+// blocked it.
+void SetTiming(const comm::StepCollectives& c, loom::v1::StepTiming* out);
 void SetHoldings(const engine::SnapshotProgress& s, loom::v1::SnapshotHoldings* out);
 // A report of `phase` after `step` (ready, resumed: with resumed_step too,
 // aborted, finished).

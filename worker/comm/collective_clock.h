@@ -1,0 +1,53 @@
+// Where a rank's step time goes: how long it was blocked in the collectives
+// of each of its groups, by operation kind, and when it arrived at them. One
+// clock per rank attempt, shared by its timed groups (timed_communicator.h);
+// the trainer starts a step on it and takes the step's summary with the
+// progress report. Bounded: one entry per group and operation kind, never
+// one per call (docs/observability.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace loom::comm {
+
+struct CollectiveSummary {
+  std::string group;
+  std::string op;
+  int64_t calls = 0;
+  absl::Duration blocked;        // summed over the calls
+  absl::Duration first_arrival;  // after the step began
+  absl::Duration last_arrival;
+};
+
+struct StepCollectives {
+  absl::Duration elapsed;  // since BeginStep
+  absl::Duration blocked;  // all groups together
+  std::vector<CollectiveSummary> ops;  // by group, then operation
+};
+
+class CollectiveClock {
+ public:
+  // Starts a step at `now`: later arrivals are measured from it, and what was
+  // recorded before is dropped.
+  void BeginStep(absl::Time now);
+  // One call: entered at `entered`, blocked its caller for `blocked`.
+  // Thread-safe (an asynchronous call's Wait may run on another thread).
+  void Record(const std::string& group, const char* op, absl::Time entered, absl::Duration blocked);
+  // What was recorded since BeginStep, as of `now`.
+  StepCollectives Summary(absl::Time now = absl::Now()) const;
+
+ private:
+  mutable std::mutex mu_;
+  absl::Time step_start_ = absl::InfinitePast();
+  std::map<std::pair<std::string, std::string>, CollectiveSummary> ops_;
+};
+
+}  // namespace loom::comm
