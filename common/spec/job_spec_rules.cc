@@ -359,6 +359,8 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
             s.fault_tolerance.snapshot_interval, "must not be negative (0: no snapshots)");
   c.Require(s.fault_tolerance.abort_timeout_s > 0, "fault_tolerance.abort_timeout_s",
             s.fault_tolerance.abort_timeout_s, "must be positive");
+  c.Require(s.scheduling.max_runtime_s >= 0, "scheduling.max_runtime_s",
+            s.scheduling.max_runtime_s, "must not be negative (0: not promised)");
   return c.Take();
 }
 

@@ -250,6 +250,10 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
           {"abort_timeout_s", Double(&f.abort_timeout_s)}};
 }
 
+Section SchedulingFields(SchedulingSpec& s) {
+  return {{"priority", Int(&s.priority)}, {"max_runtime_s", Double(&s.max_runtime_s)}};
+}
+
 FieldParser ParallelismParser(ParallelismSpec& p) {
   FieldParser map_parser = Sub(ParallelismFields(p));
   return [&p, map_parser](const YAML::Node& n, const std::string& path) -> absl::Status {
@@ -283,7 +287,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(std::string_view yaml, std::string_view
                  {"parallelism", ParallelismParser(spec.parallelism)},
                  {"resources", Sub(ResourcesFields(spec.resources))},
                  {"checkpoint", Sub(CheckpointFields(spec.checkpoint))},
-                 {"fault_tolerance", Sub(FaultToleranceFields(spec.fault_tolerance))}};
+                 {"fault_tolerance", Sub(FaultToleranceFields(spec.fault_tolerance))},
+                 {"scheduling", Sub(SchedulingFields(spec.scheduling))}};
   absl::Status status;
   try {
     status = ParseSection(root, "", top);
@@ -429,6 +434,11 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "in_place" << YAML::Value << s.fault_tolerance.in_place;
   out << YAML::Key << "snapshot_interval" << YAML::Value << s.fault_tolerance.snapshot_interval;
   out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
+  out << YAML::Key << "max_runtime_s" << YAML::Value << s.scheduling.max_runtime_s;
   out << YAML::EndMap;
 
   out << YAML::EndMap;
