@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/job_format.h"
+#include "client/queue_verb.h"
 #include "common/cli/parse_flags.h"
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/rpc_settings.h"
@@ -48,7 +49,7 @@ using loom::v1::JobService;
 
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT[,HOST:PORT...]] submit JOB.yaml | plan JOB.yaml [--offline] "
-    "[--format=json] [--profile=loom|nanotron|megatron] | plan --sweep [--svg=FILE] | list | nodes | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "[--format=json] [--profile=loom|nanotron|megatron] | plan --sweep [--svg=FILE] | list | nodes | queue | status ID | watch ID [--format=jsonl] | cancel ID | "
     "delete ID | uncordon NODE | export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
     "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
 
@@ -443,6 +444,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return Plan(one_argument("JOB.yaml"));
   if (command == "list") return List();
   if (command == "nodes") return Nodes();
+  if (command == "queue") return loom::client::RunQueue(*Stub(), RpcFail);
   if (command == "status") return Status(one_argument("a job ID"));
   if (command == "watch") return Watch(one_argument("a job ID"));
   if (command == "cancel") return Cancel(one_argument("a job ID"));

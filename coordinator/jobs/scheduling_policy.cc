@@ -243,6 +243,7 @@ class Walk {
       return d;
     }
     d.reserved_start_s = reservation.start_s;
+    d.behind = head.id;
     if (head.priority > job.priority) {
       d.reason = absl::StrCat("priority ", job.priority, ", behind ", head.id, " (priority ",
                               head.priority, ")");

@@ -100,6 +100,7 @@ struct Decision {
   std::vector<std::string> victims;  // kPreempt, in the order chosen
   bool borrowed = false;             // starts over its owner's quota
   std::string reason;                // why it waits, or what lets it start
+  std::string behind;                // the waiting job it is held behind, if any
   // kWait behind a reservation: when the first waiting job of its kind is
   // expected to start (infinity: not known).
   double reserved_start_s = std::numeric_limits<double>::infinity();
