@@ -94,6 +94,11 @@ ABSL_FLAG(double, job_metrics_grace_s, 60.0,
           "a job's metric series are removed this long after it ends");
 ABSL_FLAG(double, cordon_expiry_s, 3600.0,
           "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
+ABSL_FLAG(bool, backfill, true,
+          "scheduling: a job may start in a gap before a waiting job's reserved start when it "
+          "will not delay it (docs/scheduling.md)");
+ABSL_FLAG(double, fair_share_half_life_s, 7 * 24 * 3600.0,
+          "scheduling: how fast a user's past device-seconds stop counting in the queue's order");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
 ABSL_FLAG(int64_t, max_watchers_per_job, 64, "most WatchJob streams on one job at once");
 ABSL_FLAG(int64_t, store_max_keys, 65536, "keys per rendezvous namespace");
@@ -234,6 +239,9 @@ int main(int argc, char** argv) {
     loom::cli::UsageError(
         "--max_spec_bytes, --max_job_ranks, --max_node_devices, --max_watchers_per_job and "
         "--store_max_* must be positive");
+  }
+  if (!(absl::GetFlag(FLAGS_fair_share_half_life_s) > 0)) {
+    loom::cli::UsageError("--fair_share_half_life_s must be positive");
   }
   if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0 ||
       absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
@@ -383,6 +391,8 @@ int main(int argc, char** argv) {
   }
   options.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
+  options.scheduling.backfill = absl::GetFlag(FLAGS_backfill);
+  options.fair_share_half_life_s = absl::GetFlag(FLAGS_fair_share_half_life_s);
   options.max_watchers_per_job = absl::GetFlag(FLAGS_max_watchers_per_job);
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
