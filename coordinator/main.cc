@@ -37,6 +37,7 @@
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "coordinator/service/auth_service.h"
+#include "coordinator/service/quota_service.h"
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/metrics.h"
@@ -366,6 +367,23 @@ int main(int argc, char** argv) {
       rank_tokens.emplace(*std::move(codec));
     }
   }
+  // Quotas and priority caps (docs/scheduling.md): kept like the token hashes,
+  // in the state directory or, with several coordinators, in etcd.
+  absl::StatusOr<std::unique_ptr<QuotaBook>> quota_book;
+  if (etcd == nullptr) {
+    quota_book = QuotaBook::Open(auth::FilePersistence(absl::StrCat(state_dir, "/quotas")));
+  } else {
+    auth::TokenPersistence persistence =
+        ha::EtcdTokenPersistence(etcd.get(), etcd_prefix + "/meta/quotas", election->Fence());
+    persistence.save = [save = std::move(persistence.save)](const std::string& text) {
+      absl::Status status = save(text);
+      if (IsFenced(status)) NoLongerLeading(status);
+      return status;
+    };
+    quota_book = QuotaBook::Open(std::move(persistence));
+  }
+  if (!quota_book.ok()) return Fail(std::string(quota_book.status().message()));
+
   const CallerAuth caller_auth(!tls->insecure, user_tokens.get(),
                                rank_tokens.has_value() ? &*rank_tokens : nullptr);
 
@@ -408,6 +426,7 @@ int main(int argc, char** argv) {
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
   options.on_fenced = NoLongerLeading;
+  options.quota_book = quota_book->get();
   JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(),
                   loom::planner::ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
@@ -418,6 +437,7 @@ int main(int argc, char** argv) {
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth);
+  QuotaServiceImpl quota_service(quota_book->get(), &caller_auth);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
@@ -437,6 +457,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&node_service);
   builder.RegisterService(&rank_service);
   builder.RegisterService(&auth_service);
+  builder.RegisterService(&quota_service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(metrics->get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -37,6 +37,9 @@ struct AdmissionOptions {
   // Submissions waiting for the admission thread beyond this are refused.
   int64_t max_queued_submissions = 4096;
   FileRoots roots;  // with its defaults filled in
+  // What a submission's owner may ask for (their scheduling.priority cap,
+  // quota_book.h); empty: anything the rules allow.
+  std::function<absl::Status(const std::string& owner, const spec::JobSpec& spec)> check_owner;
 };
 
 class JobAdmission {

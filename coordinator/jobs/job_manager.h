@@ -36,6 +36,7 @@
 #include "coordinator/jobs/job_scheduler.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/jobs/job_table.h"
+#include "coordinator/jobs/quota_book.h"
 #include "coordinator/jobs/watch_hub.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "loom/v1/job.pb.h"
@@ -89,6 +90,8 @@ struct JobManagerOptions {
   // The queue's rules and fair share's half-life (docs/scheduling.md).
   sched::PolicyOptions scheduling;
   double fair_share_half_life_s = 7 * 24 * 3600.0;
+  // Quotas and priority caps (not owned; outlives the manager); null: none.
+  const QuotaBook* quota_book = nullptr;
   // Retries of failed writes.
   JobPersisterOptions persister;
   // Called once (on the persister's thread) when a write was fenced: this
