@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/job_format.h"
 #include "client/queue_verb.h"
+#include "client/quota_verb.h"
 #include "common/cli/parse_flags.h"
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/rpc_settings.h"
@@ -41,7 +42,13 @@ ABSL_FLAG(std::string, gpu, "h100-sxm", "plan --sweep: cluster preset");
 ABSL_FLAG(double, reconnect_s, 60, "watch: how long to keep reconnecting to a lost coordinator");
 ABSL_FLAG(std::string, token_file, "",
           "file holding a bearer token from `loomctl token create` (default: $LOOM_TOKEN)");
-ABSL_FLAG(std::string, user, "", "token create|revoke: the user the token is for");
+ABSL_FLAG(std::string, user, "", "token create|revoke, quota set|get: the user");
+ABSL_FLAG(std::string, group, "",
+          "quota set|get: the group (with --user: the group the user counts in; none: no group)");
+ABSL_FLAG(std::string, gpu_quota, "", "quota set: gpu devices the user or group may hold; none");
+ABSL_FLAG(std::string, cpu_quota, "", "quota set: cpu devices the user or group may hold; none");
+ABSL_FLAG(std::string, max_priority, "",
+          "quota set --user: the highest scheduling.priority the user may ask for; none");
 
 namespace {
 
@@ -49,7 +56,7 @@ using loom::v1::JobService;
 
 constexpr char kUsage[] =
     "loomctl [--coordinator=HOST:PORT[,HOST:PORT...]] submit JOB.yaml | plan JOB.yaml [--offline] "
-    "[--format=json] [--profile=loom|nanotron|megatron] | plan --sweep [--svg=FILE] | list | nodes | queue | status ID | watch ID [--format=jsonl] | cancel ID | "
+    "[--format=json] [--profile=loom|nanotron|megatron] | plan --sweep [--svg=FILE] | list | nodes | queue | quota set|get|list | status ID | watch ID [--format=jsonl] | cancel ID | "
     "delete ID | uncordon NODE | export --format=hf CHECKPOINT_DIR OUT_DIR | whoami | token create|revoke --user=NAME; "
     "TLS: --tls_dir=DIR (default $LOOM_TLS_DIR) or --insecure; token: --token_file=F or $LOOM_TOKEN";
 
@@ -445,6 +452,15 @@ int main(int argc, char** argv) {
   if (command == "list") return List();
   if (command == "nodes") return Nodes();
   if (command == "queue") return loom::client::RunQueue(*Stub(), RpcFail);
+  if (command == "quota") {
+    return loom::client::RunQuota(
+        args,
+        {.user = absl::GetFlag(FLAGS_user), .group = absl::GetFlag(FLAGS_group),
+         .gpu = absl::GetFlag(FLAGS_gpu_quota), .cpu = absl::GetFlag(FLAGS_cpu_quota),
+         .max_priority = absl::GetFlag(FLAGS_max_priority)},
+        *loom::v1::QuotaService::NewStub(Channel()), RpcFail,
+        [](const std::string& m) -> int { loom::cli::UsageError(m); });
+  }
   if (command == "status") return Status(one_argument("a job ID"));
   if (command == "watch") return Watch(one_argument("a job ID"));
   if (command == "cancel") return Cancel(one_argument("a job ID"));
