@@ -257,6 +257,20 @@ TEST(Victims, AQuotaOwnerReclaimsBorrowedDevicesWhateverTheirPriority) {
   EXPECT_EQ(d.victims, (std::vector<std::string>{"borrowed"}));
 }
 
+TEST(Decide, TheWorkedExampleOfDocsScheduling) {
+  ClusterView view = Cluster(8, 2);
+  view.running = {Running("job-1", "bob", 6, 0, 1000 - 600, 1200)};
+  view.waiting = {Waiting("job-2", "alice", 8, 0, 2), Waiting("job-3", "carol", 2, 0, 3, 300),
+                  Waiting("job-4", "carol", 2, 0, 4, 900), Waiting("job-5", "dave", 4, 3, 5)};
+  std::vector<Decision> d = Decide(view, {});
+  ASSERT_EQ(Ids(d), (std::vector<std::string>{"job-5", "job-2", "job-3", "job-4"}));
+  EXPECT_EQ(d[0].action, Action::kWait);
+  EXPECT_DOUBLE_EQ(d[0].reserved_start_s, 1600);
+  EXPECT_EQ(d[1].reason, "priority 0, behind job-5 (priority 3); needs 8 gpu, 2 free");
+  EXPECT_EQ(d[2].action, Action::kBackfill);
+  EXPECT_EQ(d[3].action, Action::kWait);
+}
+
 TEST(FairShare, UsageDecaysWithItsHalfLife) {
   FairShareLedger ledger(100);
   ledger.Charge("alice", 800, 0);
