@@ -22,7 +22,11 @@ JobScheduler::JobScheduler(SchedulerOptions options, JobTable* table, JobLifecyc
       table_(table),
       lifecycle_(lifecycle),
       nodes_(nodes),
-      usage_(options_.fair_share_half_life_s) {}
+      usage_(options_.fair_share_half_life_s) {
+  if (options_.metrics != nullptr) {
+    metrics_ = std::make_unique<SchedulerMetrics>(options_.metrics->registry());
+  }
+}
 
 JobScheduler::~JobScheduler() { Stop(); }
 
@@ -249,6 +253,17 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
                                .action = d.action,
                                .reason = d.reason,
                                .behind = d.behind});
+  }
+  if (metrics_ != nullptr) {
+    QueueSample sample;
+    for (const QueueEntry& e : queue) {
+      sample.waiting_by_kind[e.kind] += 1;
+      double& oldest = sample.oldest_wait_s_by_priority[e.priority];
+      oldest = std::max(oldest, static_cast<double>(now_ms - e.created_unix_ms) / 1000.0);
+    }
+    for (const sched::RunningJob& r : view.running) sample.held[{r.user, r.kind}] += r.devices;
+    sample.quota = view.quotas.users;
+    metrics_->Set(sample);
   }
   {
     absl::MutexLock lock(&queue_mu_);

@@ -34,6 +34,8 @@
 #include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_table.h"
 #include "coordinator/jobs/scheduling_policy.h"
+#include "coordinator/service/metrics.h"
+#include "coordinator/service/scheduler_metrics.h"
 #include "loom/v1/job.pb.h"
 #include "loom/v1/rank.pb.h"
 
@@ -56,6 +58,8 @@ struct SchedulerOptions {
   // The quotas in force, read on every pass (under the job table's lock, so
   // it must never take that lock); empty: no quotas.
   std::function<sched::Quotas()> quotas;
+  // Where the queue's metrics go (not owned); null: none (tests).
+  CoordinatorMetrics* metrics = nullptr;
 };
 
 // One waiting job as the last placement pass saw it, in queue order.
@@ -164,6 +168,7 @@ class JobScheduler {
   int64_t handled_ ABSL_GUARDED_BY(table_->mu()) = 0;  // schedule requests handled
   sched::FairShareLedger usage_ ABSL_GUARDED_BY(table_->mu());
   absl::Time charged_at_ ABSL_GUARDED_BY(table_->mu()) = absl::InfinitePast();
+  std::unique_ptr<SchedulerMetrics> metrics_;  // null without options_.metrics
   // Read by the queue's readers without the table's lock.
   mutable absl::Mutex queue_mu_;
   std::vector<QueueEntry> queue_ ABSL_GUARDED_BY(queue_mu_);
