@@ -1,5 +1,6 @@
 #include "client/queue_verb.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"

@@ -87,7 +87,9 @@ absl::StatusOr<std::unique_ptr<QuotaBook>> QuotaBook::Open(auth::TokenPersistenc
   absl::StatusOr<QuotaTable> table = ParseQuotaTable(*text, persistence.name);
   if (!table.ok()) return table.status();
   std::unique_ptr<QuotaBook> book(new QuotaBook(std::move(persistence)));
-  book->table_ = std::make_shared<const QuotaTable>(*std::move(table));
+  auto current = std::make_shared<const QuotaTable>(*std::move(table));
+  absl::MutexLock lock(&book->read_mu_);
+  book->table_ = std::move(current);
   return book;
 }
 
