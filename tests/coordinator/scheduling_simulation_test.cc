@@ -4,6 +4,9 @@
 // follow the rules: no start ahead of a reservation (priority and submission
 // order), never more devices than free, quotas never exceeded, every job
 // ends (none starves), and backfill actually fills gaps.
+#include <cstdio>
+#include <map>
+
 #include "gtest/gtest.h"
 #include "tests/coordinator/scheduling_simulation.h"
 
