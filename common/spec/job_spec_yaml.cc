@@ -436,10 +436,14 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "abort_timeout_s" << YAML::Value << s.fault_tolerance.abort_timeout_s;
   out << YAML::EndMap;
 
-  out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
-  out << YAML::Key << "max_runtime_s" << YAML::Value << s.scheduling.max_runtime_s;
-  out << YAML::EndMap;
+  // Only when set: the section is the coordinator's, and a trainer of the
+  // version before it (a rolling upgrade) reads every other job's spec.
+  if (s.scheduling.priority != 0 || s.scheduling.max_runtime_s != 0) {
+    out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
+    out << YAML::Key << "max_runtime_s" << YAML::Value << s.scheduling.max_runtime_s;
+    out << YAML::EndMap;
+  }
 
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
