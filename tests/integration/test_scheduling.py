@@ -13,6 +13,11 @@ def with_scheduling(spec, priority=0, max_runtime_s=0):
     return spec + f"scheduling: {{priority: {priority}, max_runtime_s: {max_runtime_s}}}\n"
 
 
+def long_job(name, steps):
+    """Two ranks that outlast what the test does meanwhile."""
+    return tiny_job(name=name, steps=steps, ranks=2, eval_interval=50, ckpt_interval=50)
+
+
 def queue_lines(cluster, identity="admin"):
     """loomctl queue's rows: {job id: the whole line}, in order."""
     out = cluster.loomctl("queue", identity=identity).stdout
@@ -35,7 +40,7 @@ class Scheduling(unittest.TestCase):
     def test_priority_goes_first_and_the_queue_says_why(self):
         c = self.cluster
         c.start_agent("node-a", devices="cpu:2")
-        running = c.submit(tiny_job(name="first", steps=40, ranks=2), name="first")
+        running = c.submit(long_job("first", steps=150), name="first")
         c.wait_state(running, {"RUNNING"}, timeout=120)
         low = c.submit(with_scheduling(tiny_job(name="low", ranks=2)), name="low")
         high = c.submit(with_scheduling(tiny_job(name="high", ranks=2), priority=5), name="high")
@@ -68,7 +73,7 @@ class Scheduling(unittest.TestCase):
         self.assertNotEqual(refused.returncode, 0)
         self.assertIn("may not", refused.stderr)
 
-        first = c.submit(tiny_job(name="a1", steps=30, ranks=2), name="a1", identity="user-alice")
+        first = c.submit(long_job("a1", steps=300), name="a1", identity="user-alice")
         c.wait_state(first, {"STARTING", "RUNNING"}, timeout=60)
         second = c.submit(tiny_job(name="a2", ranks=2), name="a2", identity="user-alice")
         wait_until(lambda: second in queue_lines(c, identity="user-alice"), 30,
@@ -100,7 +105,7 @@ class Scheduling(unittest.TestCase):
         c = self.cluster
         c.start_agent("node-a", devices="cpu:4")
         # Holds 2 of 4 and promises to end within 10 minutes.
-        long = c.submit(with_scheduling(tiny_job(name="long", steps=60, ranks=2),
+        long = c.submit(with_scheduling(long_job("long", steps=200),
                                         max_runtime_s=600), name="long")
         c.wait_state(long, {"STARTING", "RUNNING"}, timeout=60)
         head = c.submit(with_scheduling(tiny_job(name="head", ranks=4)), name="head")
