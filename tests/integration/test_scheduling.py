@@ -110,15 +110,17 @@ class Scheduling(unittest.TestCase):
         c.wait_state(long, {"STARTING", "RUNNING"}, timeout=60)
         head = c.submit(with_scheduling(tiny_job(name="head", ranks=4)), name="head")
         wait_until(lambda: head in queue_lines(c), 30, "the 4-rank job to wait")
-        # No promise: it could still run when head may start, so it waits.
+        # No promise: it could still run when head may start, so it waits
+        # although 2 devices are free.
         unbounded = c.submit(tiny_job(name="unbounded", ranks=2), name="unbounded")
+        wait_until(lambda: "no scheduling.max_runtime_s to backfill with" in
+                   queue_lines(c).get(unbounded, ""), 30, "the unpromised job to wait")
+        self.assertEqual(c.state(unbounded), "PENDING")
         # Promises to end long before long's promised end: it backfills.
         short = c.submit(with_scheduling(tiny_job(name="short", ranks=2), max_runtime_s=120),
                          name="short")
         self.assertIn(c.wait_state(short, {"STARTING", "RUNNING", "SUCCEEDED"}, timeout=60),
                       {"STARTING", "RUNNING", "SUCCEEDED"})
-        rows = queue_lines(c)
-        self.assertIn("no scheduling.max_runtime_s to backfill with", rows[unbounded])
         self.assertEqual(c.state(head), "PENDING")
         self.assertEqual(c.wait_state(short, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
         self.assertEqual(c.wait_state(long, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
