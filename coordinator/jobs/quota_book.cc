@@ -52,7 +52,7 @@ absl::StatusOr<QuotaTable> ParseQuotaTable(const std::string& text, const std::s
     };
     std::istringstream fields(line);
     std::string what, name, third, extra;
-    if (!(fields >> what >> name >> third) || !IsValidName(name)) {
+    if (!(fields >> what >> name >> third) || !auth::IsValidName(name)) {
       return bad("expected 'user|group NAME KIND DEVICES', 'member USER GROUP' or "
                  "'max_priority USER N'");
     }
@@ -64,7 +64,7 @@ absl::StatusOr<QuotaTable> ParseQuotaTable(const std::string& text, const std::s
       }
       (what == "user" ? table.quotas.users : table.quotas.groups)[{name, third}] = devices;
     } else if (what == "member") {
-      if (!IsValidName(third)) return bad("expected 'member USER GROUP'");
+      if (!auth::IsValidName(third)) return bad("expected 'member USER GROUP'");
       table.quotas.group_of[name] = third;
     } else if (what == "max_priority") {
       int64_t cap = 0;
@@ -114,7 +114,7 @@ absl::Status QuotaBook::Apply(const QuotaChange& change) {
     return absl::InvalidArgumentError("a quota change names exactly one of user and group");
   }
   const std::string& name = is_user ? change.user : change.group;
-  if (!IsValidName(name)) {
+  if (!auth::IsValidName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(is_user ? "user" : "group", "='", name,
                                                    "' is not a valid name"));
   }
@@ -131,7 +131,7 @@ absl::Status QuotaBook::Apply(const QuotaChange& change) {
   if (!is_user && (change.member_of || change.max_priority || change.clear_max_priority)) {
     return absl::InvalidArgumentError("member_of and max_priority are set for a user, not a group");
   }
-  if (change.member_of && !change.member_of->empty() && !IsValidName(*change.member_of)) {
+  if (change.member_of && !change.member_of->empty() && !auth::IsValidName(*change.member_of)) {
     return absl::InvalidArgumentError(
         absl::StrCat("member_of='", *change.member_of, "' is not a valid group name"));
   }
