@@ -56,7 +56,7 @@ absl::StatusOr<std::vector<loom::v1::SetQuotaRequest>> QuotaSetRequests(const Qu
       loom::v1::SetQuotaRequest r = base;
       int64_t cap = 0;
       if (flags.max_priority == "none") {
-        r.set_clear_max_priority(true);
+        r.set_remove_max_priority(true);
       } else if (absl::SimpleAtoi(flags.max_priority, &cap)) {
         r.set_set_max_priority(true);
         r.set_max_priority(cap);

@@ -128,7 +128,7 @@ absl::Status QuotaBook::Apply(const QuotaChange& change) {
           absl::StrCat("devices=", *change.devices, " must be at most ", kMaxDevices));
     }
   }
-  if (!is_user && (change.member_of || change.max_priority || change.clear_max_priority)) {
+  if (!is_user && (change.member_of || change.max_priority || change.remove_max_priority)) {
     return absl::InvalidArgumentError("member_of and max_priority are set for a user, not a group");
   }
   if (change.member_of && !change.member_of->empty() && !auth::IsValidName(*change.member_of)) {
@@ -157,7 +157,7 @@ absl::Status QuotaBook::Apply(const QuotaChange& change) {
       next.quotas.group_of[name] = *change.member_of;
     }
   }
-  if (change.clear_max_priority) next.max_priority.erase(name);
+  if (change.remove_max_priority) next.max_priority.erase(name);
   if (change.max_priority) next.max_priority[name] = *change.max_priority;
   if (absl::Status saved = persistence_.save(FormatQuotaTable(next)); !saved.ok()) {
     return absl::UnavailableError(

@@ -47,7 +47,7 @@ struct QuotaChange {
   std::optional<int64_t> devices;         // < 0: the limit is removed
   std::optional<std::string> member_of;   // user: "" leaves every group
   std::optional<int64_t> max_priority;    // user
-  bool clear_max_priority = false;        // user
+  bool remove_max_priority = false;        // user
 };
 
 class QuotaBook {

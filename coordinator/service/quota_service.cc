@@ -24,7 +24,7 @@ QuotaChange ChangeOf(const loom::v1::SetQuotaRequest& r) {
   }
   if (r.set_member_of()) change.member_of = r.member_of();
   if (r.set_max_priority()) change.max_priority = r.max_priority();
-  change.clear_max_priority = r.clear_max_priority();
+  change.remove_max_priority = r.remove_max_priority();
   return change;
 }
 

@@ -10,7 +10,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(QuotaSetRequests, OneRequestPerThingSet) {
-  auto r = QuotaSetRequests({.user = "alice", .group = "ml", .gpu = "8", .max_priority = "10"});
+  auto r = QuotaSetRequests(
+      {.user = "alice", .group = "ml", .gpu = "8", .cpu = "", .max_priority = "10"});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 3u);
   EXPECT_TRUE((*r)[0].set_member_of());
@@ -26,7 +27,7 @@ TEST(QuotaSetRequests, OneRequestPerThingSet) {
   auto leave = QuotaSetRequests({.user = "bob", .group = "none", .max_priority = "none"});
   ASSERT_TRUE(leave.ok());
   EXPECT_EQ(leave->at(0).member_of(), "");
-  EXPECT_TRUE(leave->at(1).clear_max_priority());
+  EXPECT_TRUE(leave->at(1).remove_max_priority());
 }
 
 TEST(QuotaSetRequests, BadFlagsAreNamed) {
