@@ -140,12 +140,16 @@ TEST_F(JobSchedulerTest, HigherPriorityGoesFirstAndUnplaceableJobsWait) {
   JobScheduler::Snapshot snapshot;
   ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));
   EXPECT_EQ(snapshot.job_id, urgent);
+  // The queue is what is left once urgent has taken the devices.
   ASSERT_EQ(scheduler_.Queue().size(), 1u);
-  EXPECT_EQ(scheduler_.Queue()[0].reason, "priority 0, behind " + urgent +
-                                              " (priority 5); no scheduling.max_runtime_s to "
-                                              "backfill with");
+  EXPECT_EQ(scheduler_.Queue()[0].reason, "needs 4 cpu, 0 free");
   // The pass found no nodes for urgent: it holds its place, nothing starts.
   EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {urgent}, snapshot));
+  ASSERT_EQ(scheduler_.Queue().size(), 2u);
+  EXPECT_EQ(scheduler_.Queue()[0].reason, "needs 4 cpu on nodes that hold its layout, 4 free");
+  EXPECT_EQ(scheduler_.Queue()[1].reason, "priority 0, behind " + urgent +
+                                              " (priority 5); no scheduling.max_runtime_s to "
+                                              "backfill with");
 }
 
 TEST_F(JobSchedulerTest, ARestartIsPlacedOnlyOnceItsRanksAreOutAndItsBackoffIsOver) {
