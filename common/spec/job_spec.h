@@ -154,8 +154,8 @@ struct SchedulingSpec {
   // An admin may cap what each user asks for (loomctl quota set --max_priority).
   int64_t priority = 0;
   // The most seconds the job runs, as promised by its owner: lets a job run in
-  // a gap before a waiting job's start (backfill). 0: not promised (the
-  // planner's estimate of steps x step time is used when it has one).
+  // a gap before a waiting job's start (backfill). 0: not promised (once it
+  // runs, the trainer's estimate of the time left stands in). Not enforced.
   double max_runtime_s = 0;
 };
 
