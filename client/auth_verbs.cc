@@ -8,7 +8,7 @@
 #include "common/rpc/rpc_settings.h"
 #include "loom/v1/auth.grpc.pb.h"
 
-ABSL_FLAG(std::string, user, "", "token create|revoke: the user the token is for");
+ABSL_FLAG(std::string, user, "", "token create|revoke, quota set|get: the user");
 
 namespace loom::client {
 

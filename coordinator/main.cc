@@ -37,6 +37,7 @@
 #include "coordinator/jobs/sqlite_job_store.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "coordinator/service/auth_service.h"
+#include "coordinator/service/quota_service.h"
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/metrics.h"
@@ -94,6 +95,11 @@ ABSL_FLAG(double, job_metrics_grace_s, 60.0,
           "a job's metric series are removed this long after it ends");
 ABSL_FLAG(double, cordon_expiry_s, 3600.0,
           "a cordon that no one lifted (loomctl uncordon) expires after this long; 0: never");
+ABSL_FLAG(bool, backfill, true,
+          "scheduling: a job may start in a gap before a waiting job's reserved start when it "
+          "will not delay it (docs/scheduling.md)");
+ABSL_FLAG(double, fair_share_half_life_s, 7 * 24 * 3600.0,
+          "scheduling: how fast a user's past device-seconds stop counting in the queue's order");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
 ABSL_FLAG(int64_t, max_watchers_per_job, 64, "most WatchJob streams on one job at once");
 ABSL_FLAG(int64_t, max_log_streams_per_job, 8,
@@ -239,6 +245,9 @@ int main(int argc, char** argv) {
         "--max_spec_bytes, --max_job_ranks, --max_node_devices, --max_watchers_per_job and "
         "--store_max_* must be positive");
   }
+  if (!(absl::GetFlag(FLAGS_fair_share_half_life_s) > 0)) {
+    loom::cli::UsageError("--fair_share_half_life_s must be positive");
+  }
   if (absl::GetFlag(FLAGS_job_retention_s) < 0 || absl::GetFlag(FLAGS_cordon_expiry_s) < 0 ||
       absl::GetFlag(FLAGS_job_metrics_grace_s) < 0) {
     loom::cli::UsageError(
@@ -362,6 +371,23 @@ int main(int argc, char** argv) {
       rank_tokens.emplace(*std::move(codec));
     }
   }
+  // Quotas and priority caps (docs/scheduling.md): kept like the token hashes,
+  // in the state directory or, with several coordinators, in etcd.
+  absl::StatusOr<std::unique_ptr<QuotaBook>> quota_book;
+  if (etcd == nullptr) {
+    quota_book = QuotaBook::Open(auth::FilePersistence(absl::StrCat(state_dir, "/quotas")));
+  } else {
+    auth::TokenPersistence persistence =
+        ha::EtcdTokenPersistence(etcd.get(), etcd_prefix + "/meta/quotas", election->Fence());
+    persistence.save = [save = std::move(persistence.save)](const std::string& text) {
+      absl::Status status = save(text);
+      if (IsFenced(status)) NoLongerLeading(status);
+      return status;
+    };
+    quota_book = QuotaBook::Open(std::move(persistence));
+  }
+  if (!quota_book.ok()) return Fail(std::string(quota_book.status().message()));
+
   const CallerAuth caller_auth(!tls->insecure, user_tokens.get(),
                                rank_tokens.has_value() ? &*rank_tokens : nullptr);
 
@@ -387,6 +413,8 @@ int main(int argc, char** argv) {
   }
   options.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
+  options.scheduling.backfill = absl::GetFlag(FLAGS_backfill);
+  options.fair_share_half_life_s = absl::GetFlag(FLAGS_fair_share_half_life_s);
   options.max_watchers_per_job = absl::GetFlag(FLAGS_max_watchers_per_job);
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;
   options.finished_job_retention = absl::Seconds(absl::GetFlag(FLAGS_job_retention_s));
@@ -402,6 +430,7 @@ int main(int argc, char** argv) {
   options.hang_policy.first_step_allowance =
       absl::Seconds(absl::GetFlag(FLAGS_first_step_allowance_s));
   options.on_fenced = NoLongerLeading;
+  options.quota_book = quota_book->get();
   JobManager jobs(options, std::move(store), &nodes, &kv, metrics->get(),
                   loom::planner::ResolveLayout);
   if (absl::Status s = jobs.Recover(); !s.ok()) return Fail(std::string(s.message()));
@@ -433,6 +462,7 @@ int main(int argc, char** argv) {
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth, &token_streams);
+  QuotaServiceImpl quota_service(quota_book->get(), &caller_auth);
   node_service.SetNodeLimits({.max_devices = absl::GetFlag(FLAGS_max_node_devices)});
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
@@ -453,6 +483,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&node_service);
   builder.RegisterService(&rank_service);
   builder.RegisterService(&auth_service);
+  builder.RegisterService(&quota_service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(metrics->get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -181,6 +181,17 @@ struct FaultToleranceSpec {
   int64_t node_budget() const { return max_node_restarts.value_or(max_restarts); }
 };
 
+// scheduling (docs/scheduling.md): where the job stands in a shared queue.
+struct SchedulingSpec {
+  // Higher first; a waiting job may preempt running jobs of lower priority.
+  // An admin may cap what each user asks for (loomctl quota set --max_priority).
+  int64_t priority = 0;
+  // The most seconds the job runs, as promised by its owner: lets a job run in
+  // a gap before a waiting job's start (backfill). 0: not promised (once it
+  // runs, the trainer's estimate of the time left stands in). Not enforced.
+  double max_runtime_s = 0;
+};
+
 struct JobSpec {
   std::string name;
   ModelSpec model;
@@ -190,6 +201,7 @@ struct JobSpec {
   ResourcesSpec resources;
   CheckpointSpec checkpoint;
   FaultToleranceSpec fault_tolerance;
+  SchedulingSpec scheduling;
 };
 
 const char* PrecisionName(Precision p);

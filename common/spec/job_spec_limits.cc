@@ -15,6 +15,11 @@ class Bounds {
   void AtMost(const std::string& field, T value, T limit) {
     if (value > limit) errors_.push_back(absl::StrCat(field, "=", value, " must be at most ", limit));
   }
+  void Within(const std::string& field, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) {
+      errors_.push_back(absl::StrCat(field, "=", value, " must be between ", low, " and ", high));
+    }
+  }
   void Axis(const char* name, const std::optional<int64_t>& value, int64_t limit) {
     if (value) AtMost(absl::StrCat("parallelism.", name), *value, limit);
   }
@@ -104,6 +109,8 @@ std::vector<std::string> CheckJobSpecLimits(const JobSpec& s, const JobSpecLimit
   b.AtMost("fault_tolerance.abort_timeout_s", f.abort_timeout_s, l.max_seconds);
   b.AtMost("fault_tolerance.loss_spike_window", f.loss_spike_window, l.max_steps);
   b.AtMost("fault_tolerance.max_bad_steps", f.max_bad_steps, l.max_steps);
+  b.Within("scheduling.priority", s.scheduling.priority, -l.max_priority, l.max_priority);
+  b.AtMost("scheduling.max_runtime_s", s.scheduling.max_runtime_s, l.max_runtime_s);
   return b.Take();
 }
 

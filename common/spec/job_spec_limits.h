@@ -33,6 +33,8 @@ struct JobSpecLimits {
   int64_t max_restarts = 10'000;                     // every restart budget and cordon_after
   double max_seconds = 7 * 24 * 3600.0;              // hang timeout and restart backoff
   int64_t max_path_bytes = 4096;                     // data and checkpoint paths
+  int64_t max_priority = 1'000'000;                  // |scheduling.priority|
+  double max_runtime_s = 366 * 24 * 3600.0;          // scheduling.max_runtime_s (a year)
 };
 
 // The bounds every program applies (coordinator, trainer, loomctl --offline).

@@ -401,6 +401,8 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
             "must be at least 3 (the median of so many recent losses)");
   c.Require(f.max_bad_steps >= 1, "fault_tolerance.max_bad_steps", f.max_bad_steps,
             "must be positive");
+  c.Require(s.scheduling.max_runtime_s >= 0, "scheduling.max_runtime_s",
+            s.scheduling.max_runtime_s, "must not be negative (0: not promised)");
   return c.Take();
 }
 

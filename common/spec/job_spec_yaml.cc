@@ -276,6 +276,10 @@ Section FaultToleranceFields(FaultToleranceSpec& f) {
                                             {"replace", StragglerAction::kReplace}})}};
 }
 
+Section SchedulingFields(SchedulingSpec& s) {
+  return {{"priority", Int(&s.priority)}, {"max_runtime_s", Double(&s.max_runtime_s)}};
+}
+
 FieldParser ParallelismParser(ParallelismSpec& p) {
   FieldParser map_parser = Sub(ParallelismFields(p));
   return [&p, map_parser](const YAML::Node& n, const std::string& path) -> absl::Status {
@@ -309,7 +313,8 @@ absl::StatusOr<JobSpec> ParseJobSpecYaml(std::string_view yaml, std::string_view
                  {"parallelism", ParallelismParser(spec.parallelism)},
                  {"resources", Sub(ResourcesFields(spec.resources))},
                  {"checkpoint", Sub(CheckpointFields(spec.checkpoint))},
-                 {"fault_tolerance", Sub(FaultToleranceFields(spec.fault_tolerance))}};
+                 {"fault_tolerance", Sub(FaultToleranceFields(spec.fault_tolerance))},
+                 {"scheduling", Sub(SchedulingFields(spec.scheduling))}};
   absl::Status status;
   try {
     status = ParseSection(root, "", top);
@@ -468,6 +473,15 @@ std::string ToYaml(const JobSpec& s) {
   out << YAML::Key << "max_bad_steps" << YAML::Value << s.fault_tolerance.max_bad_steps;
   out << YAML::Key << "straggler" << YAML::Value << StragglerActionName(s.fault_tolerance.straggler);
   out << YAML::EndMap;
+
+  // Only when set: the section is the coordinator's, and a trainer of the
+  // version before it (a rolling upgrade) reads every other job's spec.
+  if (s.scheduling.priority != 0 || s.scheduling.max_runtime_s != 0) {
+    out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
+    out << YAML::Key << "max_runtime_s" << YAML::Value << s.scheduling.max_runtime_s;
+    out << YAML::EndMap;
+  }
 
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

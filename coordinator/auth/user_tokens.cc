@@ -51,12 +51,14 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+TokenPersistence FilePersistence(const std::string& path) {
+  return TokenPersistence{.name = path,
+                          .load = [path] { return ReadFile(path); },
+                          .save = [path](const std::string& text) { return WriteFile(path, text); }};
+}
+
 absl::StatusOr<std::unique_ptr<UserTokenStore>> UserTokenStore::Open(const std::string& path) {
-  return Open(TokenPersistence{.name = path,
-                               .load = [path] { return ReadFile(path); },
-                               .save = [path](const std::string& text) {
-                                 return WriteFile(path, text);
-                               }});
+  return Open(FilePersistence(path));
 }
 
 absl::StatusOr<std::unique_ptr<UserTokenStore>> UserTokenStore::Open(

@@ -26,6 +26,10 @@ struct TokenPersistence {
   std::function<absl::Status(const std::string& text)> save;
 };
 
+// A file of the state directory (absent: ""), written whole with mode 0600,
+// fsynced and renamed over the old one. Also the quota book's (jobs/quota_book.h).
+TokenPersistence FilePersistence(const std::string& path);
+
 class UserTokenStore {
  public:
   // Reads path if it exists; writes go there (whole, mode 0600, renamed).

@@ -154,7 +154,14 @@ void JobAdmission::Loop() {
 void JobAdmission::AdmitBatch(std::vector<Request>& batch) {
   std::vector<absl::StatusOr<spec::JobSpec>> checked;
   checked.reserve(batch.size());
-  for (const Request& r : batch) checked.push_back(Check(r.spec_yaml, r.source_name, r.base_dir));
+  for (const Request& r : batch) {
+    checked.push_back(Check(r.spec_yaml, r.source_name, r.base_dir));
+    if (!checked.back().ok() || !options_.check_owner) continue;
+    if (absl::Status s = options_.check_owner(r.owner, *checked.back()); !s.ok()) {
+      const std::string source = r.source_name.empty() ? "job spec" : r.source_name;
+      checked.back() = absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+    }
+  }
   std::vector<JobRecord> records;
   std::vector<size_t> admitted;  // indices into batch
   absl::Status acting = absl::OkStatus();

@@ -40,6 +40,9 @@ struct AdmissionOptions {
   // from its numbers alone is refused here (assignment_builder.h).
   int64_t max_launch_bytes = 16 * 1024 * 1024;
   FileRoots roots;  // with its defaults filled in
+  // What a submission's owner may ask for (their scheduling.priority cap,
+  // quota_book.h); empty: anything the rules allow.
+  std::function<absl::Status(const std::string& owner, const spec::JobSpec& spec)> check_owner;
 };
 
 class JobAdmission {

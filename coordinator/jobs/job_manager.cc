@@ -14,6 +14,25 @@ namespace loom::coordinator {
 using loom::v1::Job;
 using loom::v1::JobState;
 
+namespace {
+
+// What the scheduler reads of the quota book on every pass; none without one.
+std::function<sched::Quotas()> QuotasOf(const QuotaBook* book) {
+  if (book == nullptr) return {};
+  return [book] { return book->Current()->quotas; };
+}
+
+// Admission's check of an owner's scheduling.priority against their cap.
+std::function<absl::Status(const std::string&, const spec::JobSpec&)> PriorityCapOf(
+    const QuotaBook* book) {
+  if (book == nullptr) return {};
+  return [book](const std::string& owner, const spec::JobSpec& spec) {
+    return book->CheckPriority(owner, spec.scheduling.priority);
+  };
+}
+
+}  // namespace
+
 JobManagerOptions JobManager::WithDefaultRoots(JobManagerOptions options) {
   if (options.roots.data_roots.empty()) options.roots.data_roots = {options.state_dir + "/data"};
   if (options.roots.checkpoint_root.empty()) {
@@ -44,13 +63,18 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
       scheduler_({.collective_timeout_s = options_.collective_timeout_s,
                   .rank_token_issuer = options_.rank_token_issuer,
                   .max_launch_bytes = options_.max_launch_bytes,
-                  .roots = options_.roots},
+                  .roots = options_.roots,
+                  .policy = options_.scheduling,
+                  .fair_share_half_life_s = options_.fair_share_half_life_s,
+                  .quotas = QuotasOf(options_.quota_book),
+                  .metrics = metrics},
                  &table_, &lifecycle_, nodes),
       admission_({.max_spec_bytes = options_.max_spec_bytes,
                   .max_job_ranks = options_.max_job_ranks,
                   .max_queued_submissions = options_.max_queued_submissions,
                   .max_launch_bytes = options_.max_launch_bytes,
-                  .roots = options_.roots},
+                  .roots = options_.roots,
+                  .check_owner = PriorityCapOf(options_.quota_book)},
                  std::move(resolver), &table_, &persister_, &lifecycle_) {
   persister_.Start([this](std::vector<WriteResult> results) { table_.OnWritten(std::move(results)); },
                    [this](const absl::Status& why) { Fenced(why); });

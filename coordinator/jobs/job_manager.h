@@ -36,6 +36,7 @@
 #include "coordinator/jobs/job_scheduler.h"
 #include "coordinator/jobs/job_store.h"
 #include "coordinator/jobs/job_table.h"
+#include "coordinator/jobs/quota_book.h"
 #include "coordinator/jobs/watch_hub.h"
 #include "coordinator/rendezvous/kv_store.h"
 #include "loom/v1/job.pb.h"
@@ -86,6 +87,11 @@ struct JobManagerOptions {
   FileRoots roots;
   // Job ids are job-<prefix>-<sequence>; empty prefix: job-<sequence>.
   std::string job_id_prefix;
+  // The queue's rules and fair share's half-life (docs/scheduling.md).
+  sched::PolicyOptions scheduling;
+  double fair_share_half_life_s = 7 * 24 * 3600.0;
+  // Quotas and priority caps (not owned; outlives the manager); null: none.
+  const QuotaBook* quota_book = nullptr;
   // Retries of failed writes.
   JobPersisterOptions persister;
   // Called once (on the persister's thread) when a write was fenced: this
@@ -167,6 +173,9 @@ class JobManager {
   // retention (their deletes go to the persister: this never waits on the
   // store).
   void CheckHealth(absl::Time now);
+  // The waiting jobs in queue order with why each waits (the scheduler's last
+  // pass); never waits on the job table.
+  std::vector<QueueEntry> Queue() const { return scheduler_.Queue(); }
   // Every node known, with cordons and devices in use.
   std::vector<loom::v1::Node> ListNodes() const;
   // Lifts a node's cordon (NOT_FOUND, FAILED_PRECONDITION) and reschedules.

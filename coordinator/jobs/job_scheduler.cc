@@ -18,7 +18,15 @@ using loom::v1::JobState;
 
 JobScheduler::JobScheduler(SchedulerOptions options, JobTable* table, JobLifecycle* lifecycle,
                            NodeRegistry* nodes)
-    : options_(std::move(options)), table_(table), lifecycle_(lifecycle), nodes_(nodes) {}
+    : options_(std::move(options)),
+      table_(table),
+      lifecycle_(lifecycle),
+      nodes_(nodes),
+      usage_(options_.fair_share_half_life_s) {
+  if (options_.metrics != nullptr) {
+    metrics_ = std::make_unique<SchedulerMetrics>(options_.metrics->registry());
+  }
+}
 
 JobScheduler::~JobScheduler() { Stop(); }
 
@@ -82,18 +90,20 @@ void JobScheduler::Loop() {
 }
 
 void JobScheduler::RunPass() {
-  // First come, first served: a job that does not fit blocks the ones behind
-  // it, so a large job is not starved by a stream of small ones.
+  // Jobs the policy let start but no nodes could hold (a TP group stays inside
+  // a node): the policy sees them as not fitting for the rest of this pass.
+  std::set<std::string> unplaceable;
   while (true) {
-    // Devices of every node known, live or not, by kind: what the cluster
-    // could hold if it were free.
-    const std::map<std::string, int64_t> capacity = nodes_->Counts().all_devices;
+    const Devices devices = ReadDevices();
     Snapshot snapshot;
     {
       absl::MutexLock lock(&table_->mu());
       if (!table_->ActingLocked()) return;
       // An in-place recovery holds its devices already: it never waits in line.
-      if (!SnapshotRelaunchLocked(snapshot) && !SnapshotNextLocked(capacity, snapshot)) return;
+      if (!SnapshotRelaunchLocked(snapshot) &&
+          !SnapshotNextLocked(devices, unplaceable, snapshot)) {
+        return;
+      }
     }
     Result result = snapshot.relaunch ? PlaceInPlace(snapshot) : Place(snapshot);
     if (!snapshot.relaunch && !result.fits && result.error.ok()) {  // waits for devices
@@ -101,7 +111,8 @@ void JobScheduler::RunPass() {
         absl::MutexLock lock(&table_->mu());
         lifecycle_->NoteWaitingLocked(snapshot.job_id, snapshot.attempt, result.waits_because);
       }
-      return;
+      unplaceable.insert(snapshot.job_id);
+      continue;
     }
     {
       absl::MutexLock lock(&table_->mu());
@@ -113,27 +124,158 @@ void JobScheduler::RunPass() {
   }
 }
 
-bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capacity,
-                                      Snapshot& snapshot) {
-  const JobRecord* next = nullptr;
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+JobScheduler::Devices JobScheduler::ReadDevices() const {
+  Devices devices;
+  devices.capacity = nodes_->Counts().all_devices;
+  for (const NodeInfo& node : nodes_->LiveNodes()) {
+    if (!node.connected) continue;
+    devices.nodes[node.node_id] = {node.device_kind, node.device_count};
+  }
+  return devices;
+}
+
+void JobScheduler::ChargeUsageLocked(absl::Time now) {
+  const double elapsed =
+      charged_at_ == absl::InfinitePast() ? 0 : absl::ToDoubleSeconds(now - charged_at_);
+  charged_at_ = now;
+  if (elapsed <= 0) return;
+  const double now_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
   for (const std::string& id : table_->OrderLocked()) {
     const JobRecord& record = table_->AtLocked(id);
-    // A job larger than every node known together waits without holding up
-    // the queue: it could not start before more nodes join anyway.
-    auto devices = capacity.find(spec::DeviceKindName(record.spec.resources.device));
-    if (record.spec.resources.world_size() >
-        (devices == capacity.end() ? 0 : devices->second)) {
-      continue;
-    }
+    if (!HoldsDevices(record.job.state())) continue;
+    usage_.Charge(record.job.owner(),
+                  elapsed * static_cast<double>(record.placement->size()), now_s);
+  }
+}
+
+namespace {
+
+// When a running job is expected to end, for backfill: its promise, or the
+// trainer's own estimate of the time left; 0: not known.
+double RuntimeOf(const JobRecord& record, double started_s, double now_s) {
+  if (record.spec.scheduling.max_runtime_s > 0) return record.spec.scheduling.max_runtime_s;
+  const double eta = record.job.last_progress().eta_seconds();
+  return eta > 0 ? std::max(now_s - started_s, 0.0) + eta : 0;
+}
+
+// Device-steps a stop now would lose: the steps since the newest checkpoint.
+int64_t WorkLost(const JobRecord& record) {
+  const int64_t step = record.job.last_progress().step();
+  const int64_t interval = record.spec.checkpoint.interval;
+  const int64_t since = record.spec.checkpoint.dir.empty() ? step
+                        : interval > 0                     ? step % interval
+                                                           : step;
+  return since * static_cast<int64_t>(record.placement->size());
+}
+
+}  // namespace
+
+bool JobScheduler::SnapshotNextLocked(const Devices& devices,
+                                      const std::set<std::string>& unplaceable,
+                                      Snapshot& snapshot) {
+  const absl::Time now = absl::Now();
+  const int64_t now_ms = absl::ToUnixMillis(now);
+  ChargeUsageLocked(now);
+  sched::ClusterView view;
+  view.now_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+  view.capacity = devices.capacity;
+  view.usage = usage_.UsageAt(view.now_s);
+  if (options_.quotas) view.quotas = options_.quotas();
+  // Devices by node: `taken` by every job that holds some (what a placement
+  // must avoid), `busy` without the restarts waiting here (what is free for
+  // the policy: a restart's ranks are out, its devices wait for it).
+  std::map<std::string, std::set<int32_t>> taken;
+  std::map<std::string, std::set<int32_t>> busy;
+  std::vector<const JobRecord*> waiting;  // as view.waiting
+  for (const std::string& id : table_->OrderLocked()) {
+    const JobRecord& record = table_->AtLocked(id);
     const JobState state = record.job.state();
+    const std::string kind = spec::DeviceKindName(record.spec.resources.device);
     const bool restart_ready = state == JobState::RESTARTING &&
                                now_ms >= record.job.not_before_unix_ms() &&
                                record.ranks_exited == record.ranks.size();
-    if (state == JobState::PENDING || restart_ready) {
-      next = &record;
-      break;
+    if (HoldsDevices(state)) {
+      for (const auto& p : *record.placement) {
+        taken[p.node_id()].insert(p.local_device());
+        if (!restart_ready) busy[p.node_id()].insert(p.local_device());
+      }
+      for (const auto& p : record.job.spare_devices()) {  // a job's own spares are its alone
+        taken[p.node_id()].insert(p.local_device());
+        if (!restart_ready) busy[p.node_id()].insert(p.local_device());
+      }
     }
+    if (HoldsDevices(state) && !restart_ready) {
+      const double started_s = record.placed_at == absl::InfinitePast()
+                                   ? view.now_s
+                                   : absl::ToDoubleSeconds(record.placed_at - absl::UnixEpoch());
+      view.running.push_back(sched::RunningJob{
+          .id = id,
+          .user = record.job.owner(),
+          .priority = record.spec.scheduling.priority,
+          .kind = kind,
+          .devices = static_cast<int64_t>(record.placement->size()),
+          .started_s = started_s,
+          .runtime_s = RuntimeOf(record, started_s, view.now_s),
+          .work_lost = WorkLost(record)});
+      continue;
+    }
+    if (state != JobState::PENDING && !restart_ready) continue;
+    waiting.push_back(&record);
+    view.waiting.push_back(sched::WaitingJob{
+        .id = id,
+        .user = record.job.owner(),
+        .priority = record.spec.scheduling.priority,
+        .kind = kind,
+        .devices = record.spec.resources.world_size(),
+        .order = record.sequence,
+        .runtime_s = record.spec.scheduling.max_runtime_s,
+        .unplaceable = unplaceable.count(id) != 0});
+  }
+  for (const auto& [node, info] : devices.nodes) {
+    const auto& [kind, count] = info;
+    int64_t held = 0;
+    if (auto t = busy.find(node); t != busy.end()) {
+      for (int32_t d : t->second) held += (d >= 0 && d < count) ? 1 : 0;
+    }
+    view.free[kind] += count - held;
+  }
+  const std::vector<sched::Decision> decisions = sched::Decide(view, options_.policy);
+  std::map<std::string, const JobRecord*> by_id;
+  for (const JobRecord* r : waiting) by_id[r->job.id()] = r;
+  const JobRecord* next = nullptr;
+  std::vector<QueueEntry> queue;
+  queue.reserve(decisions.size());
+  for (const sched::Decision& d : decisions) {
+    const JobRecord& record = *by_id.at(d.job_id);
+    const bool starts = d.action == sched::Action::kStart || d.action == sched::Action::kBackfill;
+    if (starts && next == nullptr) {
+      next = &record;
+      continue;
+    }
+    queue.push_back(QueueEntry{.job_id = d.job_id,
+                               .owner = record.job.owner(),
+                               .priority = record.spec.scheduling.priority,
+                               .kind = spec::DeviceKindName(record.spec.resources.device),
+                               .devices = record.spec.resources.world_size(),
+                               .created_unix_ms = record.job.created_unix_ms(),
+                               .action = d.action,
+                               .reason = d.reason,
+                               .behind = d.behind});
+  }
+  if (metrics_ != nullptr) {
+    QueueSample sample;
+    for (const QueueEntry& e : queue) {
+      sample.waiting_by_kind[e.kind] += 1;
+      double& oldest = sample.oldest_wait_s_by_priority[e.priority];
+      oldest = std::max(oldest, static_cast<double>(now_ms - e.created_unix_ms) / 1000.0);
+    }
+    for (const sched::RunningJob& r : view.running) sample.held[{r.user, r.kind}] += r.devices;
+    sample.quota = view.quotas.users;
+    metrics_->Set(sample);
+  }
+  {
+    absl::MutexLock lock(&queue_mu_);
+    queue_ = std::move(queue);
   }
   if (next == nullptr) return false;
   snapshot.job_id = next->job.id();
@@ -145,15 +287,22 @@ bool JobScheduler::SnapshotNextLocked(const std::map<std::string, int64_t>& capa
   snapshot.owner = next->job.owner();
   snapshot.checkpoint_dir = next->job.checkpoint_dir();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
-  for (const std::string& id : table_->OrderLocked()) {
-    const JobRecord& other = table_->AtLocked(id);
-    if (!HoldsDevices(other.job.state()) || &other == next) continue;
-    for (const auto& p : *other.placement) snapshot.taken[p.node_id()].insert(p.local_device());
-    for (const auto& p : other.job.spare_devices()) {  // a job's own spares are its alone
-      snapshot.taken[p.node_id()].insert(p.local_device());
-    }
+  // A restart's own old devices are free for it.
+  for (const auto& p : *next->placement) {
+    if (auto t = taken.find(p.node_id()); t != taken.end()) t->second.erase(p.local_device());
+  }
+  for (const auto& p : next->job.spare_devices()) {  // and so are its own spares
+    if (auto t = taken.find(p.node_id()); t != taken.end()) t->second.erase(p.local_device());
+  }
+  for (auto& [node, held] : taken) {
+    if (!held.empty()) snapshot.taken[node] = std::move(held);
   }
   return true;
+}
+
+std::vector<QueueEntry> JobScheduler::Queue() const {
+  absl::MutexLock lock(&queue_mu_);
+  return queue_;
 }
 
 JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {

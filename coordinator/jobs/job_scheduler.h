@@ -1,8 +1,9 @@
 // The scheduler: one thread that places jobs and sends every message to the
-// agents. A placement pass takes the first waiting job (first come, first
-// served; a job larger than every node known together waits without holding
-// up the others) with the devices other jobs hold, under the job table's
-// mutex; places it and builds every rank's assignment without the lock; and
+// agents. A placement pass asks the scheduling policy (scheduling_policy.h:
+// priority, fair share, submission order, quotas, EASY backfill) which
+// waiting job goes next, with the devices other jobs hold, under the job
+// table's mutex, and keeps the policy's queue with its reasons for
+// `loomctl queue`; places the job and builds every rank's assignment without the lock; and
 // commits through the lifecycle only if nothing it read has changed. An
 // in-place recovery ready to be decided goes first (its job holds its
 // devices already): the decision (in_place_policy.h's DecideInPlace) and
@@ -28,10 +29,14 @@
 #include "common/topology/placement.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/jobs/elastic_policy.h"
+#include "coordinator/jobs/fair_share.h"
 #include "coordinator/jobs/in_place_policy.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_paths.h"
 #include "coordinator/jobs/job_table.h"
+#include "coordinator/jobs/scheduling_policy.h"
+#include "coordinator/service/metrics.h"
+#include "coordinator/service/scheduler_metrics.h"
 #include "loom/v1/job.pb.h"
 #include "loom/v1/rank.pb.h"
 
@@ -46,6 +51,29 @@ struct SchedulerOptions {
   // the session); the job fails instead.
   int64_t max_launch_bytes = 16 * 1024 * 1024;
   FileRoots roots;  // with its defaults filled in
+  // The queue's rules (docs/scheduling.md); preemption stays off until
+  // running jobs can be stopped without losing a step.
+  sched::PolicyOptions policy;
+  // Fair share: how fast a user's past use of devices is forgotten.
+  double fair_share_half_life_s = 7 * 24 * 3600.0;
+  // The quotas in force, read on every pass (under the job table's lock, so
+  // it must never take that lock); empty: no quotas.
+  std::function<sched::Quotas()> quotas;
+  // Where the queue's metrics go (not owned); null: none (tests).
+  CoordinatorMetrics* metrics = nullptr;
+};
+
+// One waiting job as the last placement pass saw it, in queue order.
+struct QueueEntry {
+  std::string job_id;
+  std::string owner;
+  int64_t priority = 0;
+  std::string kind;
+  int64_t devices = 0;
+  int64_t created_unix_ms = 0;
+  sched::Action action = sched::Action::kWait;
+  std::string reason;
+  std::string behind;  // the waiting job it is held behind, if any
 };
 
 class JobScheduler {
@@ -96,10 +124,21 @@ class JobScheduler {
     // below fault_tolerance.min_ranks); it goes to the job's history once.
     std::string waits_because;
   };
-  // The first job waiting for placement that the cluster's devices
-  // (capacity, by kind) could hold; false when none waits.
-  bool SnapshotNextLocked(const std::map<std::string, int64_t>& capacity, Snapshot& snapshot)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // What the nodes offer, read from the registry before taking the lock.
+  struct Devices {
+    std::map<std::string, int64_t> capacity;  // every node known, live or not, by kind
+    // Live, connected nodes (those that take new ranks): kind and device count.
+    std::map<std::string, std::pair<std::string, int32_t>> nodes;
+  };
+  Devices ReadDevices() const;
+  // The job the scheduling policy starts next, if any (false: every waiting
+  // job waits); keeps the policy's queue for Queue(). unplaceable: jobs this
+  // pass found no nodes for although enough devices were free.
+  bool SnapshotNextLocked(const Devices& devices, const std::set<std::string>& unplaceable,
+                          Snapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // The waiting jobs in queue order with why each waits, as the last pass
+  // left them.
+  std::vector<QueueEntry> Queue() const;
   // An in-place recovery ready to be decided; false when none is.
   bool SnapshotRelaunchLocked(Snapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // Places the snapshot's job on the live nodes' free devices (no lock).
@@ -135,6 +174,9 @@ class JobScheduler {
   void BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
                     const InPlaceDecision* in_place, Result& result) const;
   void Flush();
+  // Adds each running job's device-seconds since the last charge to its
+  // owner's fair share.
+  void ChargeUsageLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
 
   const SchedulerOptions options_;
   JobTable* const table_;
@@ -142,6 +184,12 @@ class JobScheduler {
   NodeRegistry* const nodes_;
   bool stopping_ ABSL_GUARDED_BY(table_->mu()) = false;
   int64_t handled_ ABSL_GUARDED_BY(table_->mu()) = 0;  // schedule requests handled
+  sched::FairShareLedger usage_ ABSL_GUARDED_BY(table_->mu());
+  absl::Time charged_at_ ABSL_GUARDED_BY(table_->mu()) = absl::InfinitePast();
+  std::unique_ptr<SchedulerMetrics> metrics_;  // null without options_.metrics
+  // Read by the queue's readers without the table's lock.
+  mutable absl::Mutex queue_mu_;
+  std::vector<QueueEntry> queue_ ABSL_GUARDED_BY(queue_mu_);
   std::thread thread_;
 };
 

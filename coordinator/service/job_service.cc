@@ -1,10 +1,12 @@
 #include "coordinator/service/job_service.h"
 
-#include <optional>
+#include <map>
 #include <vector>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/auth/policy.h"
 #include "coordinator/service/logs_stream.h"
@@ -300,6 +302,41 @@ grpc::Status JobServiceImpl::ListNodes(grpc::ServerContext* context,
       auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListNodes"));
   if (!caller.ok()) return ToGrpc(caller.status());
   for (auto& node : jobs_->ListNodes()) *response->add_nodes() = std::move(node);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListQueue(grpc::ServerContext* context,
+                                       const loom::v1::ListQueueRequest* request,
+                                       loom::v1::ListQueueResponse* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "ListQueue"));
+  if (!caller.ok()) return ToGrpc(caller.status());
+  const std::vector<QueueEntry> queue = jobs_->Queue();
+  std::map<std::string, std::string> owners;
+  for (const QueueEntry& e : queue) owners[e.job_id] = e.owner;
+  int32_t position = 0;
+  for (const QueueEntry& e : queue) {
+    ++position;
+    if (!auth::MaySeeJob(*caller, e.owner)) continue;
+    std::string reason = e.reason;
+    // Another user's job is not named to a user (ids are not shown across owners).
+    if (auto ahead = owners.find(e.behind);
+        ahead != owners.end() && !auth::MaySeeJob(*caller, ahead->second)) {
+      reason = absl::StrReplaceAll(reason, {{ahead->first + " (", "another user's job ("},
+                                            {ahead->first + "'s", "another user's job's"}});
+    }
+    loom::v1::QueuedJob* job = response->add_jobs();
+    job->set_id(e.job_id);
+    job->set_owner(e.owner);
+    job->set_position(position);
+    job->set_priority(e.priority);
+    job->set_device_kind(e.kind);
+    job->set_devices(e.devices);
+    job->set_created_unix_ms(e.created_unix_ms);
+    job->set_action(sched::ActionName(e.action));
+    job->set_reason(reason);
+  }
+  response->set_total(position);
   return grpc::Status::OK;
 }
 

@@ -2,7 +2,7 @@
 // requests onto the JobManager and the planner; a job is visible only to its
 // owner and admins (coordinator/auth/policy.h).
 //
-// The reads users and dashboards poll (GetJob, ListJobs, ListNodes) are sync
+// The reads users and dashboards poll (GetJob, ListJobs, ListNodes, ListQueue) are sync
 // methods, answered on the sync server's own threads; the rest use the
 // callback API. gRPC runs every callback of the process (every node session
 // and every rank's progress stream) on two threads: a poll queued there waits
@@ -77,6 +77,9 @@ class JobServiceImpl final : public JobServiceBase {
                         loom::v1::ListJobsResponse* response) override;
   grpc::Status ListNodes(grpc::ServerContext* context, const loom::v1::ListNodesRequest* request,
                          loom::v1::ListNodesResponse* response) override;
+  // Sync: a read of the scheduler's last queue (never the job table's lock).
+  grpc::Status ListQueue(grpc::ServerContext* context, const loom::v1::ListQueueRequest* request,
+                         loom::v1::ListQueueResponse* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const loom::v1::CancelJobRequest* request,
                                       loom::v1::Job* response) override;

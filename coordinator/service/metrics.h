@@ -71,6 +71,8 @@ class CoordinatorMetrics {
 
   // The port actually bound (for listen ports of 0), or 0.
   int port() const { return port_; }
+  // For metrics kept by their own parts (scheduler_metrics.h).
+  prometheus::Registry& registry() { return *registry_; }
 
  private:
   CoordinatorMetrics();

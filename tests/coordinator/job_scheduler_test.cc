@@ -1,7 +1,7 @@
 // The scheduler (coordinator/jobs/job_scheduler.h) over the job table, the
 // lifecycle, a persister on a store that fails on demand, and nodes that
-// record what they are sent: first come, first served, a job larger than the
-// cluster skipped, a restart placed only once its ranks are out and its
+// record what they are sent: the policy's order (priority, then submission), a
+// job larger than the cluster skipped, the queue with its reasons, a restart placed only once its ranks are out and its
 // backoff is over, and launches that leave only once their attempt is stored.
 #include "coordinator/jobs/job_scheduler.h"
 
@@ -40,12 +40,13 @@ class JobSchedulerTest : public ::testing::Test {
   }
 
   // A pending job of `ranks` CPU ranks (data-parallel), as admission stores it.
-  std::string Pending(int ranks) {
+  std::string Pending(int ranks, int64_t priority = 0) {
     auto spec = spec::ParseJobSpecYaml(testing::kSmallDpSpec, "job.yaml");
     EXPECT_TRUE(spec.ok()) << spec.status();
     spec->resources.ranks = ranks;
     spec->parallelism.dp = ranks;
     spec->train.global_batch_size = 2 * ranks;
+    spec->scheduling.priority = priority;
     EXPECT_TRUE(planner::ResolveLayout(*spec).ok());
     absl::MutexLock lock(&table_.mu());
     JobRecord record;
@@ -84,16 +85,17 @@ class JobSchedulerTest : public ::testing::Test {
   JobScheduler scheduler_;
 };
 
-TEST_F(JobSchedulerTest, FirstComeFirstServedButAJobLargerThanTheClusterDoesNotBlock) {
+TEST_F(JobSchedulerTest, InOrderAJobLargerThanTheClusterDoesNotBlockAndTheQueueSaysWhy) {
   Node("node-a", 4);
   const std::string huge = Pending(8);
   const std::string first = Pending(2);
   const std::string second = Pending(4);
   const std::string third = Pending(1);
   absl::MutexLock lock(&table_.mu());
-  const std::map<std::string, int64_t> capacity = {{"cpu", 4}};
+  const JobScheduler::Devices devices = {.capacity = {{"cpu", 4}},
+                                         .nodes = {{"node-a", {"cpu", 4}}}};
   JobScheduler::Snapshot snapshot;
-  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));
   EXPECT_EQ(snapshot.job_id, first);  // huge could never fit: skipped
   table_.AtLocked(first).job.set_state(JobState::RUNNING);
   auto placement = std::make_shared<Placement>();
@@ -103,11 +105,51 @@ TEST_F(JobSchedulerTest, FirstComeFirstServedButAJobLargerThanTheClusterDoesNotB
     p->set_local_device(d);
   }
   table_.AtLocked(first).placement = placement;
-  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
-  EXPECT_EQ(snapshot.job_id, second);  // waits its turn; third stays behind it
-  EXPECT_EQ(snapshot.taken.at("node-a"), (std::set<int32_t>{0, 1}));
-  (void)huge;
-  (void)third;
+  // second needs 4 with 2 free; third (1) stays behind it: without a promised
+  // runtime it could delay second's start.
+  JobScheduler::Snapshot none;
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {}, none));
+  const std::vector<QueueEntry> queue = scheduler_.Queue();
+  ASSERT_EQ(queue.size(), 3u);
+  EXPECT_EQ(queue[0].job_id, huge);
+  EXPECT_EQ(queue[0].reason, "needs 8 cpu, the cluster has 4");
+  EXPECT_EQ(queue[1].job_id, second);
+  EXPECT_EQ(queue[1].reason, "needs 4 cpu, 2 free");
+  EXPECT_EQ(queue[2].job_id, third);
+  EXPECT_EQ(queue[2].reason, "behind " + second +
+                                 " (priority 0, waiting for 4 cpu); no scheduling.max_runtime_s "
+                                 "to backfill with");
+  // Unless it promises to end first, in which case it backfills... but second
+  // has no known start (first promised nothing): it still waits.
+  table_.AtLocked(third).spec.scheduling.max_runtime_s = 60;
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {}, none));
+  // Once first promises to end, second's start is known and third fits before it.
+  table_.AtLocked(first).spec.scheduling.max_runtime_s = 3600;
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, none));
+  EXPECT_EQ(none.job_id, third);
+  EXPECT_EQ(none.taken.at("node-a"), (std::set<int32_t>{0, 1}));
+}
+
+TEST_F(JobSchedulerTest, HigherPriorityGoesFirstAndUnplaceableJobsWait) {
+  Node("node-a", 4);
+  const std::string early = Pending(4);
+  const std::string urgent = Pending(4, 5);
+  absl::MutexLock lock(&table_.mu());
+  const JobScheduler::Devices devices = {.capacity = {{"cpu", 4}},
+                                         .nodes = {{"node-a", {"cpu", 4}}}};
+  JobScheduler::Snapshot snapshot;
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));
+  EXPECT_EQ(snapshot.job_id, urgent);
+  // The queue is what is left once urgent has taken the devices.
+  ASSERT_EQ(scheduler_.Queue().size(), 1u);
+  EXPECT_EQ(scheduler_.Queue()[0].reason, "needs 4 cpu, 0 free");
+  // The pass found no nodes for urgent: it holds its place, nothing starts.
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {urgent}, snapshot));
+  ASSERT_EQ(scheduler_.Queue().size(), 2u);
+  EXPECT_EQ(scheduler_.Queue()[0].reason, "needs 4 cpu on nodes that hold its layout, 4 free");
+  EXPECT_EQ(scheduler_.Queue()[1].reason, "priority 0, behind " + urgent +
+                                              " (priority 5); no scheduling.max_runtime_s to "
+                                              "backfill with");
 }
 
 TEST_F(JobSchedulerTest, ARestartIsPlacedOnlyOnceItsRanksAreOutAndItsBackoffIsOver) {
@@ -119,15 +161,16 @@ TEST_F(JobSchedulerTest, ARestartIsPlacedOnlyOnceItsRanksAreOutAndItsBackoffIsOv
   record.ranks.resize(2);
   record.ranks_exited = 1;
   record.ranks[0].exited = true;
-  const std::map<std::string, int64_t> capacity = {{"cpu", 4}};
+  const JobScheduler::Devices devices = {.capacity = {{"cpu", 4}},
+                                         .nodes = {{"node-a", {"cpu", 4}}}};
   JobScheduler::Snapshot snapshot;
-  EXPECT_FALSE(scheduler_.SnapshotNextLocked(capacity, snapshot));  // a rank still runs
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));  // a rank still runs
   record.ranks[1].exited = true;
   record.ranks_exited = 2;
   record.job.set_not_before_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Hours(1)));
-  EXPECT_FALSE(scheduler_.SnapshotNextLocked(capacity, snapshot));  // backing off
+  EXPECT_FALSE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));  // backing off
   record.job.set_not_before_unix_ms(0);
-  ASSERT_TRUE(scheduler_.SnapshotNextLocked(capacity, snapshot));
+  ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));
   EXPECT_EQ(snapshot.attempt, 1);
 }
 

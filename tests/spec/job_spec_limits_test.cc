@@ -75,6 +75,10 @@ TEST(JobSpecLimits, EachBoundNamesItsField) {
        "fault_tolerance.max_restarts="},
       {[](JobSpec& s) { s.fault_tolerance.hang_timeout_s = 1e300; },
        "fault_tolerance.hang_timeout_s="},
+      {[](JobSpec& s) { s.scheduling.priority = -2'000'000; },
+       "scheduling.priority=-2000000 must be between -1000000 and 1000000"},
+      {[](JobSpec& s) { s.scheduling.priority = int64_t{1} << 62; }, "scheduling.priority="},
+      {[](JobSpec& s) { s.scheduling.max_runtime_s = 1e300; }, "scheduling.max_runtime_s="},
   };
   for (const Case& c : cases) {
     JobSpec s = Valid();

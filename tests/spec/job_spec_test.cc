@@ -60,6 +60,21 @@ TEST(JobSpecYaml, RoundTripsThroughCanonicalYaml) {
   EXPECT_DOUBLE_EQ(again.train.lr, s.train.lr);
 }
 
+TEST(JobSpecYaml, SchedulingDefaultsAndRoundTrips) {
+  EXPECT_EQ(Parse(kValid).scheduling.priority, 0);
+  EXPECT_EQ(Parse(kValid).scheduling.max_runtime_s, 0);
+  JobSpec s = Parse(std::string(kValid) + "scheduling: {priority: -3, max_runtime_s: 5400}\n");
+  EXPECT_EQ(s.scheduling.priority, -3);
+  EXPECT_DOUBLE_EQ(s.scheduling.max_runtime_s, 5400);
+  JobSpec again = Parse(ToYaml(s));
+  EXPECT_EQ(again.scheduling.priority, -3);
+  EXPECT_DOUBLE_EQ(again.scheduling.max_runtime_s, 5400);
+  absl::StatusOr<JobSpec> bad =
+      ParseJobSpecYaml(std::string(kValid) + "scheduling: {priority: high}\n", "job.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("scheduling.priority"));
+}
+
 TEST(JobSpecYaml, ResumeFromRoundTrips) {
   std::string yaml = kValid;
   yaml.replace(yaml.find("keep: 2}"), 8, "keep: 2, resume_from: job-ab12cd-000003}");
@@ -558,6 +573,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "fault_tolerance.loss_spike_window=2 must be at least 3"},
         RuleCase{"bad_steps", [](JobSpec& s) { s.fault_tolerance.max_bad_steps = 0; },
                  "fault_tolerance.max_bad_steps=0 must be positive"},
+        RuleCase{"max_runtime", [](JobSpec& s) { s.scheduling.max_runtime_s = -1; },
+                 "scheduling.max_runtime_s=-1 must not be negative (0: not promised)"},
         RuleCase{"ranks", [](JobSpec& s) { s.resources.ranks = 0; },
                  "resources.ranks=0 must be positive"},
         RuleCase{"gpu_tp_node",
