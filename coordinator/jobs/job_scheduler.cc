@@ -221,12 +221,17 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
     }
     if (state != JobState::PENDING && !restart_ready) continue;
     waiting.push_back(&record);
+    // An elastic job's restart may start on fewer devices than its size (down
+    // to fault_tolerance.min_ranks, or wait saying why): whether it can is
+    // PlaceElastic's to say, so the policy lets it try on any free device.
+    const bool elastic_restart =
+        state == JobState::RESTARTING && record.spec.fault_tolerance.min_ranks > 0;
     view.waiting.push_back(sched::WaitingJob{
         .id = id,
         .user = record.job.owner(),
         .priority = record.spec.scheduling.priority,
         .kind = kind,
-        .devices = record.spec.resources.world_size(),
+        .devices = elastic_restart ? 1 : record.spec.resources.world_size(),
         .order = record.sequence,
         .runtime_s = record.spec.scheduling.max_runtime_s,
         .unplaceable = unplaceable.count(id) != 0});
