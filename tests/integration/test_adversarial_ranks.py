@@ -112,14 +112,25 @@ class AdversarialRanks(unittest.TestCase):
     def send(self, reports):
         """Streams reports on the agent's socket with the attacker's own token;
         the status code the stream ended with (OK when it took them all)."""
-        channel = self.cluster.agent_channel("node-a", token=self.attacker_token())
-        try:
-            node_pb2_grpc.AgentServiceStub(channel).ReportProgress(iter(reports), timeout=60)
-            return grpc.StatusCode.OK
-        except grpc.RpcError as error:
-            return error.code()
-        finally:
-            channel.close()
+        # A rank whose agent's lease ran out is paused: its reports answer
+        # UNAVAILABLE until the coordinator resumes it, and a trainer sends
+        # them again. The sender does the same for up to 30 s. (Under the
+        # plan flood the lease ran out in 1 of 3 runs here: heartbeats do not
+        # yet have a path of their own, issue 29.)
+        deadline = time.monotonic() + 30
+        while True:
+            channel = self.cluster.agent_channel("node-a", token=self.attacker_token())
+            try:
+                node_pb2_grpc.AgentServiceStub(channel).ReportProgress(iter(reports), timeout=60)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as error:
+                paused = (error.code() == grpc.StatusCode.UNAVAILABLE and
+                          "is paused" in (error.details() or ""))
+                if not paused or time.monotonic() > deadline:
+                    return error.code()
+            finally:
+                channel.close()
+            time.sleep(0.5)
 
     # -- a rank's reports were bounded by nothing but the transport ----------------
     def test_a_huge_report_is_refused_at_the_agents_socket(self):
@@ -129,7 +140,13 @@ class AdversarialRanks(unittest.TestCase):
         for report in (self.report(phase="step", step=1,
                                    moe=rank_pb2.MoeProgress(tokens_per_expert=[1.0] * 450000)),
                        self.report(phase="x" * (4 * MiB))):
-            self.assertIn(self.send([report]), (grpc.StatusCode.RESOURCE_EXHAUSTED,))
+            # The agent's server refuses a message over its receive limit: the
+            # client reads RESOURCE_EXHAUSTED, or, when the server reset the
+            # stream while the client was still writing the megabytes,
+            # UNAVAILABLE. Either way nothing was taken (OK fails), and below:
+            # nothing reached the coordinator.
+            self.assertIn(self.send([report]),
+                          (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE))
         latency.stop("huge reports")
         self.assertLess(self.cluster.coordinator_rss_bytes() - rss, 64 * MiB)
         self.assertIsNone(self.cluster.metric_value("loom_job_expert_tokens", job=self.attacker))
