@@ -125,6 +125,11 @@ std::string FormatJobStatus(const loom::v1::Job& job) {
   absl::StrAppend(&out, "attempt:   ", job.attempt(), " (restarts ", job.restarts(), ": crash ",
                   job.crash_restarts(), ", hang ", job.hang_restarts(), ", lost node ",
                   job.node_restarts(), ")\n");
+  if (job.preemptions() > 0) {
+    absl::StrAppend(&out, "preempted: ", job.preemptions(),
+                    " times (stopped gracefully, resumed from the saved step)\n");
+  }
+  if (job.has_stop()) absl::StrAppend(&out, "stopping:  ", job.stop().reason(), "\n");
   absl::StrAppend(&out, "layout:    ", LayoutText(job.layout()), "\n");
   if (!job.checkpoint_dir().empty()) {
     absl::StrAppend(&out, "checkpoints: ", job.checkpoint_dir(), "\n");
@@ -174,7 +179,10 @@ namespace {
 // The table's last column: a cluster spare, a cordon and its reason.
 std::string NodeNote(const loom::v1::Node& n) {
   std::string note = n.spare() ? "spare" : "";
-  if (n.cordoned()) absl::StrAppend(&note, note.empty() ? "" : "; ", "cordoned: ", n.cordon_reason());
+  if (n.cordoned()) {
+    absl::StrAppend(&note, note.empty() ? "" : "; ", n.draining() ? "drained: " : "cordoned: ",
+                    n.cordon_reason());
+  }
   return note.empty() ? "-" : note;
 }
 

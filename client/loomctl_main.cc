@@ -45,7 +45,11 @@ const std::vector<Verb>& Verbs() {
        "devices a user or group may hold at once, and a user's priority cap (admin)",
        {"user", "group", "gpu_quota", "cpu_quota", "max_priority"},
        "loomctl quota set --user=alice --gpu_quota=8 --max_priority=5", RunQuota},
-      {"uncordon", "NODE", "let the scheduler place ranks on a cordoned node again", {},
+      {"drain", "NODE",
+       "take a node out of service without losing a step: its jobs save their next step and "
+       "resume elsewhere (admin)",
+       {"reason"}, "loomctl drain node-a --reason='memory errors'", RunDrain},
+      {"uncordon", "NODE", "let the scheduler place ranks on a cordoned (or drained) node again", {},
        "loomctl uncordon node-a", RunUncordon},
       {"export", "CHECKPOINT_DIR OUT_DIR",
        "write a checkpoint in the Hugging Face Llama layout (runs here)", {"format"},

@@ -18,6 +18,7 @@ int RunDelete(const Args& args);
 int RunPlan(const Args& args);      // plan_verb.cc
 int RunNodes(const Args& args);     // cluster_verbs.cc
 int RunUncordon(const Args& args);
+int RunDrain(const Args& args);
 int RunWhoAmI(const Args& args);    // auth_verbs.cc
 int RunToken(const Args& args);
 int RunExport(const Args& args);    // export_verb.cc

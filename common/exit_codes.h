@@ -16,5 +16,9 @@ inline constexpr int kExitCollectiveTimeout = 4;
 // The rank's attempt is superseded (its commit gate or its token was
 // refused): it stopped without acting (docs/fault_tolerance.md, "Fencing").
 inline constexpr int kExitFenced = 5;
+// The rank stopped gracefully when asked (preemption, a drain, SIGUSR1): the
+// whole job agreed to stop after the same step and saved a checkpoint of it,
+// so the job resumes from exactly that step (docs/scheduling.md).
+inline constexpr int kExitStopped = 6;
 
 }  // namespace loom

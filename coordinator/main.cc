@@ -98,6 +98,12 @@ ABSL_FLAG(double, cordon_expiry_s, 3600.0,
 ABSL_FLAG(bool, backfill, true,
           "scheduling: a job may start in a gap before a waiting job's reserved start when it "
           "will not delay it (docs/scheduling.md)");
+ABSL_FLAG(bool, preemption, true,
+          "scheduling: a job that cannot be placed stops running jobs of lower priority "
+          "gracefully (each saves its next step and resumes from it later; docs/scheduling.md)");
+ABSL_FLAG(double, stop_grace_s, 120.0,
+          "a graceful stop (preemption, loomctl drain, an agent's SIGTERM) kills the ranks that "
+          "have not stopped after this long; the job then resumes from its newest checkpoint");
 ABSL_FLAG(double, fair_share_half_life_s, 7 * 24 * 3600.0,
           "scheduling: how fast a user's past device-seconds stop counting in the queue's order");
 ABSL_FLAG(int32_t, max_node_devices, 1024, "most devices one node may register");
@@ -414,6 +420,9 @@ int main(int argc, char** argv) {
   options.max_spec_bytes = absl::GetFlag(FLAGS_max_spec_bytes);
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
   options.scheduling.backfill = absl::GetFlag(FLAGS_backfill);
+  options.scheduling.preemption = absl::GetFlag(FLAGS_preemption);
+  if (!(absl::GetFlag(FLAGS_stop_grace_s) > 0)) loom::cli::UsageError("--stop_grace_s must be positive");
+  options.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_s));
   options.fair_share_half_life_s = absl::GetFlag(FLAGS_fair_share_half_life_s);
   options.max_watchers_per_job = absl::GetFlag(FLAGS_max_watchers_per_job);
   options.max_launch_bytes = loom::rpc::kMaxMessageBytes;

@@ -30,6 +30,7 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.JobService/ListNodes", {.admin = true}},
       {"/loom.v1.JobService/ListQueue", {.admin = true, .user = true}},
       {"/loom.v1.JobService/UncordonNode", {.admin = true}},
+      {"/loom.v1.JobService/DrainNode", {.admin = true}},
       {"/loom.v1.QuotaService/SetQuota", {.admin = true}},
       {"/loom.v1.QuotaService/ListQuotas", {.admin = true}},
       {"/loom.v1.AuthService/CreateToken", {.admin = true}},

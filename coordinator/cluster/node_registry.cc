@@ -177,6 +177,22 @@ bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason,
   return true;
 }
 
+absl::Status NodeRegistry::Drain(const std::string& node_id, const std::string& reason,
+                                 absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node ", node_id, " is not known (loomctl nodes lists them)"));
+  }
+  NodeInfo& info = it->second.info;
+  info.draining = true;
+  info.cordoned = true;
+  info.cordon_reason = reason;
+  info.cordoned_at = now;
+  return absl::OkStatus();
+}
+
 absl::Status NodeRegistry::Uncordon(const std::string& node_id) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);
@@ -189,6 +205,7 @@ absl::Status NodeRegistry::Uncordon(const std::string& node_id) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node_id, " is not cordoned"));
   }
   info.cordoned = false;
+  info.draining = false;
   info.cordon_reason.clear();
   info.cordoned_at = absl::InfinitePast();
   return absl::OkStatus();
@@ -199,7 +216,7 @@ std::vector<std::string> NodeRegistry::ExpireCordons(absl::Time now, absl::Durat
   std::vector<std::string> lifted;
   for (auto& [id, entry] : nodes_) {
     NodeInfo& info = entry.info;
-    if (info.cordoned && now - info.cordoned_at >= ttl) {
+    if (info.cordoned && !info.draining && now - info.cordoned_at >= ttl) {
       info.cordoned = false;
       info.cordon_reason.clear();
       info.cordoned_at = absl::InfinitePast();

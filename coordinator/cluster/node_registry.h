@@ -46,6 +46,10 @@ struct NodeInfo {
   // A cluster spare (RegisterNode.spare): the scheduler places no job on it;
   // in-place recovery relaunches failed ranks on it.
   bool spare = false;
+  // Drained (loomctl drain, or its agent shutting down): cordoned, takes no
+  // new ranks at all (a cordon alone only makes it a last resort), and the
+  // cordon does not expire; until uncordoned.
+  bool draining = false;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;
@@ -112,7 +116,11 @@ class NodeRegistry {
   // Marks a node unfit for new ranks; returns true if it was not cordoned yet.
   bool Cordon(const std::string& node_id, const std::string& reason,
               absl::Time now = absl::Now());
-  // Lifts a cordon: NOT_FOUND for an unknown node, FAILED_PRECONDITION when
+  // Drains a known node: cordoned with the reason, draining. NOT_FOUND for
+  // a node never seen.
+  absl::Status Drain(const std::string& node_id, const std::string& reason,
+                     absl::Time now = absl::Now());
+  // Lifts a cordon (and a drain): NOT_FOUND for an unknown node, FAILED_PRECONDITION when
   // the node is not cordoned.
   absl::Status Uncordon(const std::string& node_id);
   // Lifts the cordons older than ttl; returns the nodes uncordoned.

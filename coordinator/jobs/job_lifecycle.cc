@@ -60,6 +60,7 @@ bool JobLifecycle::TransitionLocked(JobRecord& record, JobState to, const std::s
   // An ended job's series leave the scrape after a grace (its history stays
   // in GetJob), so series do not pile up over jobs. Its last incident and
   // goodput are final; they are stored with the transition.
+  if (IsTerminal(to)) job.clear_stop();
   if (IsTerminal(to)) {
     const absl::Time now = absl::Now();
     record.drop_metrics_at = now + options_.job_metrics_grace;
@@ -153,6 +154,11 @@ void JobLifecycle::OnRankExited(const std::string& node_id, const loom::v1::Rank
                  job.id().c_str(), exit.rank(), node_id.c_str());
     return;
   }
+  // A graceful stop's exits (job_lifecycle_stop.cc).
+  if (HoldsDevices(job.state()) && job.state() != JobState::RESTARTING &&
+      job.state() != JobState::RECOVERING && StoppedExitLocked(record, node_id, exit)) {
+    return;
+  }
   const bool ok = exit.signal() == 0 && exit.exit_code() == kExitOk;
   if (!MarkExitedLocked(record, exit.rank(), ok)) return;
   const bool all_exited = record.ranks_exited == record.ranks.size();
@@ -198,6 +204,7 @@ void JobLifecycle::OnRankExited(const std::string& node_id, const loom::v1::Rank
 
 void JobLifecycle::HandleFailureLocked(JobRecord& record, const Failure& given) {
   Job& job = record.job;
+  if (StopInsteadOfRecoveringLocked(record, given)) return;
   Failure failure = given;
   const absl::Time now = absl::Now();
   if (failure.cause > now) failure.cause = now;
@@ -425,6 +432,10 @@ void JobLifecycle::CheckHealth(absl::Time now) {
       const JobState state = record.job.state();
       // In place, the abort deadline.
       if (state == JobState::RECOVERING) CheckAbortsLocked(record, now);
+      // A graceful stop's deadline.
+      if (state == JobState::RUNNING || state == JobState::STARTING) {
+        CheckStopDeadlineLocked(record, now);
+      }
       // A relaunched attempt that never joins is a hang like a start's.
       const bool joining =
           state == JobState::RECOVERING && record.job.in_place_from_attempt() > 0;

@@ -61,6 +61,8 @@ struct LifecycleOptions {
   // The node timeout, which is also the agents' lease: a lost node's ranks
   // may act until its last heartbeat plus this (the commit fence).
   absl::Duration node_timeout = absl::Seconds(5);
+  // A graceful stop's deadline: ranks still running then are killed.
+  absl::Duration stop_grace = absl::Seconds(120);
   // A job's metric series are removed this long after it ends.
   absl::Duration job_metrics_grace = absl::Seconds(60);
 };
@@ -120,6 +122,16 @@ class JobLifecycle {
   // Periodic: hung jobs, restart backoffs that expired, nodes that did not
   // come back after a coordinator restart.
   void CheckHealth(absl::Time now);
+
+  // Graceful stops (job_lifecycle_stop.cc). Tells a RUNNING or STARTING job
+  // to stop after its next step, saving it (StopRanks to its nodes); it is
+  // PREEMPTED once its ranks are gone. False when it was told already or
+  // does not run.
+  bool StopGracefullyLocked(JobRecord& record, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Every job with ranks on the node stops gracefully; returns how many.
+  int DrainNodeLocked(const std::string& node_id, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
 
   // Cancels a job; done runs once the change is stored (on the persister's
   // thread), or with UNAVAILABLE when it could not be (then nothing changed).
@@ -206,6 +218,27 @@ class JobLifecycle {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // A failure was declared: the policy decides, this carries it out.
   void HandleFailureLocked(JobRecord& record, const Failure& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // An exit that is part of a graceful stop (kExitStopped; any other while
+  // one is under way): counted, and the job PREEMPTED once all are gone.
+  // False when the exit is none of this.
+  bool StoppedExitLocked(JobRecord& record, const std::string& node_id,
+                         const loom::v1::RankExited& exit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A failure while the job stops ends the stop (the ranks are killed); true
+  // when the job was stopping.
+  bool StopInsteadOfRecoveringLocked(JobRecord& record, const Failure& failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  void FinishStopIfDoneLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A job's StopRanks, for each of its nodes.
+  static loom::v1::CoordinatorMessage StopMessage(const loom::v1::Job& job);
+  // A node (re)registered: the stops its old session may have lost, again.
+  void ResendStopsLocked(const std::string& node_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Once per stop: why, in the history, and the ranks still running killed.
+  void EndStopEarlyLocked(JobRecord& record, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // Ranks that did not stop by the deadline are killed.
+  void CheckStopDeadlineLocked(JobRecord& record, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // The whole-job path: restart counted, incident opened, RESTARTING, kills.
   void RestartWholeJobLocked(JobRecord& record, const Failure& failure,

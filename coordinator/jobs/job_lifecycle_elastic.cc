@@ -63,10 +63,10 @@ int64_t JobLifecycle::RequestedRanks(const JobRecord& record) {
 bool JobLifecycle::CheckGrowLocked(JobRecord& record, absl::Time now) {
   const spec::JobSpec& current = record.spec;
   Job& job = record.job;
-  // Growing back restarts the job from its newest checkpoint: without
+  // Growing back resumes from the step the job saves as it stops: without
   // checkpoints it would start over, so it keeps its reduced size.
-  if (job.state() != JobState::RUNNING || current.fault_tolerance.min_ranks <= 0 ||
-      current.checkpoint.dir.empty()) {
+  if (job.state() != JobState::RUNNING || job.has_stop() ||
+      current.fault_tolerance.min_ranks <= 0 || current.checkpoint.dir.empty()) {
     return false;
   }
   const absl::Time last = LastResize(job);
@@ -92,13 +92,15 @@ bool JobLifecycle::CheckGrowLocked(JobRecord& record, absl::Time now) {
   }
   const ElasticDecision grow = DecideGrow(*requested, current, available, now, last);
   if (grow.action != ElasticAction::kResize) return false;
-  job.set_not_before_unix_ms(absl::ToUnixMillis(now));
-  TransitionLocked(record, JobState::RESTARTING,
-                   absl::StrCat(kStopsToGrowBack, grow.ranks, " ranks (",
-                                available - current.resources.world_size(),
-                                " more devices free); placed again from its newest checkpoint"));
-  KillRanksLocked(record);
-  if (record.ranks_exited == record.ranks.size()) FinishAttemptLocked(record);
+  // At a step boundary: the ranks save their next step (a graceful stop),
+  // and the job, PREEMPTED, is placed again at the larger size from it
+  // (job_scheduler_elastic.cc).
+  if (!StopGracefullyLocked(record, absl::StrCat(kStopsToGrowBack, grow.ranks, " ranks (",
+                                                 available - current.resources.world_size(),
+                                                 " more devices free)"))) {
+    return false;
+  }
+  job.mutable_stop()->set_resize(true);
   return true;
 }
 

@@ -69,7 +69,7 @@ std::vector<RelaunchNode> JobLifecycle::RelaunchNodesLocked(const JobRecord& rec
   }
   std::vector<RelaunchNode> nodes;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
-    if (node.device_kind != kind || !node.connected) continue;
+    if (node.device_kind != kind || !node.connected || node.draining) continue;
     RelaunchNode& r = nodes.emplace_back();
     r.node_id = node.node_id;
     r.cordoned = node.cordoned;

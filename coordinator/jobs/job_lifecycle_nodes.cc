@@ -159,6 +159,7 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
   // recovery told its old session may not have arrived.
   ResumePausedLocked(node_id, registration.running());
   ResendInPlaceLocked(node_id, registration.running());
+  ResendStopsLocked(node_id);
   // An attempt being stopped needs no exit's details: a rank the node no
   // longer runs has exited, one it runs is killed (again: the coordinator
   // that sent the kill may have stopped before it left, and the count of

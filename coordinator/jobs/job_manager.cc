@@ -58,6 +58,7 @@ JobManager::JobManager(JobManagerOptions options, std::unique_ptr<JobStore> stor
                   .recovery_grace = options_.recovery_grace,
                   .hang_policy = options_.hang_policy,
                   .node_timeout = options_.node_timeout,
+                  .stop_grace = options_.stop_grace,
                   .job_metrics_grace = options_.job_metrics_grace},
                  &table_, &hub_, &metrics_, nodes, kv),
       scheduler_({.collective_timeout_s = options_.collective_timeout_s,
@@ -377,6 +378,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
     node.set_address(info.address);
     node.set_live(info.live);
     node.set_cordoned(info.cordoned);
+    node.set_draining(info.draining);
     node.set_spare(info.spare);
     node.set_cordon_reason(info.cordon_reason);
     node.set_device_kind(info.device_kind);
@@ -385,6 +387,24 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
     node.set_peak_flops_per_device(info.peak_flops_per_device);
   }
   return nodes;
+}
+
+absl::StatusOr<loom::v1::Node> JobManager::Drain(const std::string& node_id,
+                                                  const std::string& reason) {
+  if (absl::Status s = nodes_->Drain(node_id, reason); !s.ok()) return s;
+  int stopping = 0;
+  {
+    absl::MutexLock lock(&table_.mu());
+    if (!table_.ActingLocked()) return table_.NotActingLocked();
+    stopping = lifecycle_.DrainNodeLocked(node_id, reason);
+    table_.RequestScheduleLocked();
+  }
+  std::fprintf(stderr, "node %s: drained (%s); %d jobs stop gracefully\n", node_id.c_str(),
+               reason.c_str(), stopping);
+  for (loom::v1::Node& node : ListNodes()) {
+    if (node.node_id() == node_id) return node;
+  }
+  return absl::NotFoundError(absl::StrCat("node ", node_id, " is not known"));
 }
 
 absl::StatusOr<loom::v1::Node> JobManager::Uncordon(const std::string& node_id) {

@@ -58,6 +58,8 @@ struct JobManagerOptions {
   // node's commit fence waits out (docs/fault_tolerance.md, "Fencing").
   absl::Duration node_timeout = absl::Seconds(5);
   HangPolicy hang_policy;  // fixed_timeout comes from each job's spec
+  // A graceful stop (preemption, drain) kills what has not stopped by then.
+  absl::Duration stop_grace = absl::Seconds(120);
   // Issues each rank's bearer token (RankAssignment.rank_token) from its
   // assignment; empty: ranks get none (--insecure, tests).
   std::function<std::string(const loom::v1::RankAssignment&)> rank_token_issuer;
@@ -180,6 +182,9 @@ class JobManager {
   std::vector<loom::v1::Node> ListNodes() const;
   // Lifts a node's cordon (NOT_FOUND, FAILED_PRECONDITION) and reschedules.
   absl::StatusOr<loom::v1::Node> Uncordon(const std::string& node_id);
+  // Drains a node (loomctl drain, or its agent shutting down): cordoned, no
+  // new work, and its jobs stopped gracefully to go on elsewhere.
+  absl::StatusOr<loom::v1::Node> Drain(const std::string& node_id, const std::string& reason);
 
   // Whether it still acts on events (false once stopping or fenced).
   bool Acting() const;

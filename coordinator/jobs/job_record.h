@@ -39,6 +39,7 @@ struct RankState {
   bool ready = false;
   bool exited = false;
   bool exit_ok = false;  // exited with code 0 (finished its steps)
+  bool stopped = false;  // exited after a graceful stop, its step saved
   bool resumed = false;  // reported that its checkpoint load finished
   // When the rank sent its first report and its "resumed" (its own clock):
   // a recovery's rendezvous and checkpoint load end at the latest of them.

@@ -128,7 +128,7 @@ JobScheduler::Devices JobScheduler::ReadDevices() const {
   Devices devices;
   devices.capacity = nodes_->Counts().all_devices;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
-    if (!node.connected) continue;
+    if (!node.connected || node.draining) continue;
     devices.nodes[node.node_id] = {node.device_kind, node.device_count};
   }
   return devices;
@@ -216,16 +216,23 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
           .devices = static_cast<int64_t>(record.placement->size()),
           .started_s = started_s,
           .runtime_s = RuntimeOf(record, started_s, view.now_s),
-          .work_lost = WorkLost(record)});
+          .work_lost = WorkLost(record),
+          .stopping = record.job.has_stop(),
+          // A job without checkpoints cannot save its step: never a victim.
+          .preemptible = !record.spec.checkpoint.dir.empty() &&
+                         (state == JobState::RUNNING || state == JobState::STARTING)});
       continue;
     }
-    if (state != JobState::PENDING && !restart_ready) continue;
+    // A preempted job waits in line like a new one.
+    if (state != JobState::PENDING && state != JobState::PREEMPTED && !restart_ready) continue;
     waiting.push_back(&record);
-    // An elastic job's restart may start on fewer devices than its size (down
-    // to fault_tolerance.min_ranks, or wait saying why): whether it can is
-    // PlaceElastic's to say, so the policy lets it try on any free device.
+    // An elastic job placed again (a restart, or after a graceful stop) may
+    // start on fewer devices than its size (down to fault_tolerance.min_ranks,
+    // or wait saying why): whether it can is PlaceElastic's to say, so the
+    // policy lets it try on any free device.
     const bool elastic_restart =
-        state == JobState::RESTARTING && record.spec.fault_tolerance.min_ranks > 0;
+        (state == JobState::RESTARTING || state == JobState::PREEMPTED) &&
+        record.spec.fault_tolerance.min_ranks > 0;
     view.waiting.push_back(sched::WaitingJob{
         .id = id,
         .user = record.job.owner(),
@@ -252,6 +259,15 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
   queue.reserve(decisions.size());
   for (const sched::Decision& d : decisions) {
     const JobRecord& record = *by_id.at(d.job_id);
+    // Preemption: the victims stop gracefully (saving their next step); the
+    // job starts when their devices are free, at a later pass.
+    for (const std::string& victim : d.victims) {
+      JobRecord* v = table_->FindLocked(victim);
+      if (v == nullptr) continue;
+      lifecycle_->StopGracefullyLocked(
+          *v, absl::StrCat("preempted by ", d.job_id, " (priority ",
+                           record.spec.scheduling.priority, ")"));
+    }
     const bool starts = d.action == sched::Action::kStart || d.action == sched::Action::kBackfill;
     if (starts && next == nullptr) {
       next = &record;
@@ -318,8 +334,9 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
   request.shape = spec::LayoutOf(spec);
   request.avoid = snapshot.avoid;
   for (const NodeInfo& node : nodes_->LiveNodes()) {
-    // A node whose session ended takes nothing new until it is back.
-    if (node.device_kind != kind || !node.connected) continue;
+    // A node whose session ended takes nothing new until it is back; a
+    // drained one nothing until it is uncordoned.
+    if (node.device_kind != kind || !node.connected || node.draining) continue;
     // A cordoned node is used only when nothing else can hold the job, so a
     // small cluster still runs (and a job that fails everywhere still reaches
     // its budget) while healthy nodes are preferred.

@@ -21,7 +21,10 @@ using loom::v1::JobState;
 std::optional<JobScheduler::Result> JobScheduler::PlaceElastic(
     const Snapshot& snapshot, const topology::PlacementRequest& request) const {
   const spec::JobSpec& current = snapshot.spec;
-  if (snapshot.state != JobState::RESTARTING || current.fault_tolerance.min_ranks <= 0) {
+  // Placed again after a failure, or after it stopped (to grow back, or
+  // preempted): at the largest size the free devices allow.
+  if ((snapshot.state != JobState::RESTARTING && snapshot.state != JobState::PREEMPTED) ||
+      current.fault_tolerance.min_ranks <= 0) {
     return std::nullopt;
   }
   absl::StatusOr<spec::JobSpec> requested = RequestedSpec(snapshot.spec_yaml, current);

@@ -20,14 +20,16 @@ bool CanTransition(JobState from, JobState to) {
   if (to == JobState::CANCELLED || to == JobState::FAILED) return true;
   switch (from) {
     case JobState::PENDING:
+    case JobState::PREEMPTED:  // placed again, to resume from its saved step
       return to == JobState::STARTING;
     case JobState::STARTING:
       // A very short job can finish before every rank has said it is ready.
       return to == JobState::RUNNING || to == JobState::RESTARTING ||
-             to == JobState::RECOVERING || to == JobState::SUCCEEDED;
+             to == JobState::RECOVERING || to == JobState::SUCCEEDED ||
+             to == JobState::PREEMPTED;
     case JobState::RUNNING:
       return to == JobState::SUCCEEDED || to == JobState::RESTARTING ||
-             to == JobState::RECOVERING;
+             to == JobState::RECOVERING || to == JobState::PREEMPTED;
     case JobState::RECOVERING:
       // Repaired in place, or the whole job restarts after all (fallback).
       return to == JobState::RUNNING || to == JobState::RESTARTING;

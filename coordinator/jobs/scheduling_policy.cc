@@ -200,7 +200,7 @@ class Walk {
   std::vector<const RunningJob*> Victims(const WaitingJob& job, int64_t available) const {
     std::vector<const RunningJob*> candidates;
     for (const RunningJob& r : view_.running) {
-      if (r.kind != job.kind || r.stopping || chosen_.count(r.id) != 0) continue;
+      if (r.kind != job.kind || r.stopping || !r.preemptible || chosen_.count(r.id) != 0) continue;
       // The owner of a quota reclaims what others borrowed, whatever their priority.
       const bool reclaim = r.borrowed && r.user != job.user;
       if (r.priority < job.priority || reclaim) candidates.push_back(&r);

@@ -74,6 +74,8 @@ struct RunningJob {
   int64_t work_lost = 0;  // device-steps a stop now would lose (since its newest save)
   bool borrowed = false;  // started over its owner's quota
   bool stopping = false;  // told to stop: its devices come free soon; never a victim again
+  // It can stop without losing work (it saves checkpoints and is running).
+  bool preemptible = true;
 };
 
 struct ClusterView {

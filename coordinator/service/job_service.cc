@@ -295,6 +295,23 @@ grpc::ServerUnaryReactor* JobServiceImpl::UncordonNode(
   return Reply(context, jobs_->Uncordon(request->node_id()), response);
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::DrainNode(grpc::CallbackServerContext* context,
+                                                    const loom::v1::DrainNodeRequest* request,
+                                                    loom::v1::Node* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "DrainNode"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  if (request->reason().size() > 512) {
+    return Refuse(context, absl::InvalidArgumentError(absl::StrCat(
+                               "reason: ", request->reason().size(),
+                               " bytes; at most 512 (a line for the history)")));
+  }
+  const std::string reason = request->reason().empty()
+                                 ? absl::StrCat("by ", caller->name)
+                                 : absl::StrCat(request->reason(), " (by ", caller->name, ")");
+  return Reply(context, jobs_->Drain(request->node_id(), reason), response);
+}
+
 grpc::Status JobServiceImpl::ListNodes(grpc::ServerContext* context,
                                        const loom::v1::ListNodesRequest* request,
                                        loom::v1::ListNodesResponse* response) {

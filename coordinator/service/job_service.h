@@ -35,9 +35,10 @@ using JobServiceBase = loom::v1::JobService::WithCallbackMethod_SubmitJob<
         loom::v1::JobService::WithCallbackMethod_CancelJob<
             loom::v1::JobService::WithCallbackMethod_DeleteJob<
                 loom::v1::JobService::WithCallbackMethod_UncordonNode<
-                    loom::v1::JobService::WithCallbackMethod_WatchJob<
-                        loom::v1::JobService::WithCallbackMethod_StreamLogs<
-                            loom::v1::JobService::Service>>>>>>>;
+                    loom::v1::JobService::WithCallbackMethod_DrainNode<
+                        loom::v1::JobService::WithCallbackMethod_WatchJob<
+                            loom::v1::JobService::WithCallbackMethod_StreamLogs<
+                                loom::v1::JobService::Service>>>>>>>>;
 
 struct JobServiceOptions {
   // Planner searches at once, and waiting beyond them (PlanJob).
@@ -86,6 +87,9 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context,
                                       const loom::v1::DeleteJobRequest* request,
                                       loom::v1::DeleteJobResponse* response) override;
+  grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* context,
+                                      const loom::v1::DrainNodeRequest* request,
+                                      loom::v1::Node* response) override;
   grpc::ServerUnaryReactor* UncordonNode(grpc::CallbackServerContext* context,
                                          const loom::v1::UncordonNodeRequest* request,
                                          loom::v1::Node* response) override;

@@ -212,6 +212,19 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       case NodeMessage::kRankExited:
         if (!node_id_.empty()) jobs_->OnRankExited(node_id_, message.rank_exited());
         return absl::OkStatus();
+      case NodeMessage::kDraining:
+        // The agent is shutting down: its jobs stop gracefully and go on
+        // elsewhere (a lock on the job table, no wait).
+        if (!node_id_.empty()) {
+          const std::string reason = SafeText(message.draining().reason().substr(0, 256));
+          if (absl::StatusOr<loom::v1::Node> drained =
+                  jobs_->Drain(node_id_, absl::StrCat("its agent is shutting down: ", reason));
+              !drained.ok()) {
+            std::fprintf(stderr, "node %s: could not drain: %s\n", node_id_.c_str(),
+                         std::string(drained.status().message()).c_str());
+          }
+        }
+        return absl::OkStatus();
       case NodeMessage::kLogChunk:
         // Queued for the relay's thread; it checks that this node was asked.
         if (!node_id_.empty() && service_->log_relay() != nullptr) {

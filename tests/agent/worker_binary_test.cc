@@ -47,7 +47,9 @@ class WorkerBinaryTest : public ::testing::Test {
     ProcessSpec spec;
     spec.argv = {LOOM_WORKER_BINARY, "--coordinator=" + server_->address(), "--devices=cpu:2",
                  "--work_dir=" + dir_.path() + "/work", "--node_id=test-node",
-                 "--trainer=" + trainer_, "--kill_grace_s=30",
+                 // The fake trainer has no control channel to stop on:
+                 // SIGTERM stops its ranks at once, as before draining.
+                 "--trainer=" + trainer_, "--kill_grace_s=30", "--drain_grace_s=0",
                  "--insecure"};  // the fake coordinator speaks plaintext
     spec.argv.insert(spec.argv.end(), extra.begin(), extra.end());
     spec.log_path = dir_.path() + "/agent.log";

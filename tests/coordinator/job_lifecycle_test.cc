@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/exit_codes.h"
 #include "coordinator/jobs/job_states.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -129,6 +130,100 @@ TEST_F(JobLifecycleTest, ACrashRestartsTheWholeJobAndItsKillsLeaveOnceThatIsStor
   EXPECT_EQ(kv_.Set(ns, "k", "v").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table_.Get(id)->state(), JobState::RESTARTING);  // placed later, by the scheduler
   EXPECT_TRUE(table_.CheckInvariants().ok()) << table_.CheckInvariants();
+}
+
+TEST_F(JobLifecycleTest, AGracefulStopTellsTheNodesAndTheStoppedExitsMakeItPreempted) {
+  const std::string id = Add(JobState::RUNNING);
+  {
+    absl::MutexLock lock(&table_.mu());
+    JobRecord& record = table_.AtLocked(id);
+    record.job.mutable_last_progress()->set_step(37);
+    EXPECT_TRUE(lifecycle_.StopGracefullyLocked(record, "preempted by job-9 (priority 5)"));
+    EXPECT_FALSE(lifecycle_.StopGracefullyLocked(record, "again"));  // told once
+  }
+  persister_.WaitIdle();
+  const auto sent = Sent();
+  ASSERT_EQ(sent.size(), 1u);  // one message for the node's two ranks
+  EXPECT_EQ(sent[0].stop().job_id(), id);
+  EXPECT_EQ(sent[0].stop().attempt(), 1);
+  EXPECT_EQ(sent[0].stop().reason(), "preempted by job-9 (priority 5)");
+  lifecycle_.OnRankExited("node-a", Exit(id, 0, kExitStopped));
+  EXPECT_EQ(table_.Get(id)->state(), JobState::RUNNING);  // rank 1 still saves
+  lifecycle_.OnRankExited("node-a", Exit(id, 1, kExitStopped));
+  persister_.WaitIdle();
+  const loom::v1::Job job = *table_.Get(id);
+  EXPECT_EQ(job.state(), JobState::PREEMPTED);
+  EXPECT_EQ(Stored(id), JobState::PREEMPTED);
+  EXPECT_THAT(job.history(job.history_size() - 1).message(),
+              HasSubstr("stopped after step 37 with a checkpoint of it (preempted by job-9 "
+                        "(priority 5)); waits to resume from step 37"));
+  EXPECT_EQ(job.restarts(), 0);  // not a failure
+  EXPECT_EQ(job.preemptions(), 1);
+  EXPECT_FALSE(job.has_stop());
+  EXPECT_TRUE(job.store_namespace().empty());
+  EXPECT_TRUE(Sent().empty());  // nothing killed
+  EXPECT_TRUE(CanTransition(JobState::PREEMPTED, JobState::STARTING));
+  EXPECT_FALSE(HoldsDevices(JobState::PREEMPTED));
+  EXPECT_TRUE(table_.CheckInvariants().ok()) << table_.CheckInvariants();
+}
+
+TEST_F(JobLifecycleTest, RanksThatStopOnASignalFromOutsideMakeTheJobPreemptedToo) {
+  const std::string id = Add(JobState::RUNNING);
+  lifecycle_.OnRankExited("node-a", Exit(id, 1, kExitStopped));
+  lifecycle_.OnRankExited("node-a", Exit(id, 0, kExitStopped));
+  persister_.WaitIdle();
+  const loom::v1::Job job = *table_.Get(id);
+  EXPECT_EQ(job.state(), JobState::PREEMPTED);
+  EXPECT_THAT(job.history(job.history_size() - 1).message(),
+              HasSubstr("rank 1 on node node-a was asked to stop (a signal from outside)"));
+  EXPECT_EQ(job.restarts(), 0);
+}
+
+TEST_F(JobLifecycleTest, AFailureWhileStoppingKillsTheOthersAndTheJobResumesFromItsNewestCheckpoint) {
+  const std::string id = Add(JobState::RUNNING);
+  {
+    absl::MutexLock lock(&table_.mu());
+    lifecycle_.StopGracefullyLocked(table_.AtLocked(id), "node node-a drained: repairs");
+  }
+  persister_.WaitIdle();
+  ASSERT_EQ(Sent().size(), 1u);
+  lifecycle_.OnRankExited("node-a", Exit(id, 0, kExitCrash));
+  persister_.WaitIdle();
+  const auto kills = Sent();
+  ASSERT_EQ(kills.size(), 1u);
+  EXPECT_EQ(kills[0].kill().job_id(), id);
+  lifecycle_.OnRankExited("node-a", Exit(id, 1, 143));
+  persister_.WaitIdle();
+  const loom::v1::Job job = *table_.Get(id);
+  EXPECT_EQ(job.state(), JobState::PREEMPTED);
+  EXPECT_THAT(job.history(job.history_size() - 1).message(),
+              HasSubstr("0 of 2 ranks after saving; waits to resume from its newest checkpoint"));
+  EXPECT_EQ(job.restarts(), 0);
+}
+
+TEST_F(JobLifecycleTest, RanksThatHaveNotStoppedByTheDeadlineAreKilled) {
+  const std::string id = Add(JobState::RUNNING);
+  {
+    absl::MutexLock lock(&table_.mu());
+    lifecycle_.StopGracefullyLocked(table_.AtLocked(id), "preempted by job-9 (priority 5)");
+  }
+  persister_.WaitIdle();
+  ASSERT_EQ(Sent().size(), 1u);
+  lifecycle_.CheckHealth(absl::Now() + absl::Seconds(10));  // within the grace (120 s)
+  persister_.WaitIdle();
+  EXPECT_TRUE(Sent().empty());
+  lifecycle_.CheckHealth(absl::Now() + absl::Seconds(121));
+  lifecycle_.CheckHealth(absl::Now() + absl::Seconds(122));  // killed once
+  persister_.WaitIdle();
+  const auto kills = Sent();
+  ASSERT_EQ(kills.size(), 1u);
+  EXPECT_TRUE(kills[0].has_kill());
+  EXPECT_THAT(table_.Get(id)->history(table_.Get(id)->history_size() - 1).message(),
+              HasSubstr("did not stop within 2m"));
+  lifecycle_.OnRankExited("node-a", Exit(id, 0, 143));
+  lifecycle_.OnRankExited("node-a", Exit(id, 1, 143));
+  persister_.WaitIdle();
+  EXPECT_EQ(table_.Get(id)->state(), JobState::PREEMPTED);
 }
 
 TEST_F(JobLifecycleTest, PastItsBudgetTheJobFailsNamingTheRankAndTheBudget) {

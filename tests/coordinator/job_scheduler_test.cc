@@ -7,8 +7,10 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "common/spec/job_spec_yaml.h"
 #include "gtest/gtest.h"
 #include "planner/job_planner.h"
@@ -172,6 +174,68 @@ TEST_F(JobSchedulerTest, ARestartIsPlacedOnlyOnceItsRanksAreOutAndItsBackoffIsOv
   record.job.set_not_before_unix_ms(0);
   ASSERT_TRUE(scheduler_.SnapshotNextLocked(devices, {}, snapshot));
   EXPECT_EQ(snapshot.attempt, 1);
+}
+
+TEST_F(JobSchedulerTest, AHigherPriorityJobStopsALowerOneGracefullyAndStartsOnItsDevices) {
+  // A scheduler of its own with preemption on; no node is registered, so the
+  // fixture's running scheduler places nothing meanwhile.
+  JobScheduler preempting({.roots = {.data_roots = {"/data"}, .checkpoint_root = "/checkpoints"},
+                           .policy = {.preemption = true}},
+                          &table_, &lifecycle_, &nodes_);
+  const std::string low = Pending(4);
+  const std::string unsaved = Pending(2);
+  const std::string urgent = Pending(4, 5);
+  const JobScheduler::Devices devices = {.capacity = {{"cpu", 6}},
+                                         .nodes = {{"node-a", {"cpu", 6}}}};
+  {
+    absl::MutexLock lock(&table_.mu());
+    // low (4 ranks, checkpoints on) and unsaved (2 ranks, no checkpoint.dir)
+    // run on node-a's six devices.
+    int device = 0;
+    for (const auto& [id, ranks, saves] :
+         {std::tuple{low, 4, true}, std::tuple{unsaved, 2, false}}) {
+      JobRecord& record = table_.AtLocked(id);
+      record.job.set_state(JobState::RUNNING);
+      record.job.set_attempt(1);
+      if (saves) record.spec.checkpoint.dir = "ckpt";
+      auto placement = std::make_shared<Placement>();
+      for (int r = 0; r < ranks; ++r) {
+        loom::v1::RankPlacement* p = placement->Add();
+        p->set_rank(r);
+        p->set_node_id("node-a");
+        p->set_local_device(device++);
+      }
+      record.placement = placement;
+      record.ranks.assign(static_cast<size_t>(ranks), RankState{});
+    }
+    JobScheduler::Snapshot snapshot;
+    EXPECT_FALSE(preempting.SnapshotNextLocked(devices, {}, snapshot));
+    ASSERT_TRUE(table_.AtLocked(low).job.has_stop());
+    EXPECT_EQ(table_.AtLocked(low).job.stop().reason(),
+              "preempted by " + urgent + " (priority 5)");
+    EXPECT_FALSE(table_.AtLocked(unsaved).job.has_stop());  // it could not save its step
+    ASSERT_EQ(preempting.Queue().size(), 1u);
+    EXPECT_EQ(preempting.Queue()[0].reason, "preempts 1 job(s) of lower priority for 4 cpu");
+    // The next pass stops no one else: it waits for low's devices.
+    EXPECT_FALSE(preempting.SnapshotNextLocked(devices, {}, snapshot));
+    EXPECT_EQ(preempting.Queue()[0].reason, "waits for 4 cpu of preempted jobs to come free");
+  }
+  for (int r = 0; r < 4; ++r) {
+    loom::v1::RankExited exit;
+    exit.set_job_id(low);
+    exit.set_attempt(1);
+    exit.set_rank(r);
+    exit.set_exit_code(kExitStopped);
+    lifecycle_.OnRankExited("node-a", exit);
+  }
+  absl::MutexLock lock(&table_.mu());
+  EXPECT_EQ(table_.AtLocked(low).job.state(), JobState::PREEMPTED);
+  JobScheduler::Snapshot snapshot;
+  ASSERT_TRUE(preempting.SnapshotNextLocked(devices, {}, snapshot));
+  EXPECT_EQ(snapshot.job_id, urgent);
+  // low waits in line again, behind urgent's devices.
+  ASSERT_EQ(preempting.Queue().size(), 1u);
+  EXPECT_EQ(preempting.Queue()[0].job_id, low);
 }
 
 TEST_F(JobSchedulerTest, LaunchesLeaveOnlyOnceTheirAttemptIsStored) {

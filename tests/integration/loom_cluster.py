@@ -231,10 +231,14 @@ class Cluster:
             proc.wait(timeout=10)
 
     def stop(self):
+        agents = {proc.pid for proc in self.agents.values()}
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 try:
-                    os.kill(proc.pid, signal.SIGTERM)
+                    # SIGINT stops an agent at once; its SIGTERM would drain
+                    # (each job saving its next step), which a teardown does
+                    # not need.
+                    os.kill(proc.pid, signal.SIGINT if proc.pid in agents else signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 10

@@ -265,6 +265,15 @@ class EpochCluster {
     for (int r : ranks) mailboxes_[static_cast<size_t>(r)]->Post(control);
   }
 
+  // A graceful stop (StopRanks) as the agent relays it to `rank`.
+  void Stop(int rank, const std::string& reason) {
+    loom::v1::RankControl control;
+    control.mutable_stop()->set_job_id("job-test");
+    control.mutable_stop()->set_attempt(1);
+    control.mutable_stop()->set_reason(reason);
+    mailboxes_[static_cast<size_t>(rank)]->Post(control);
+  }
+
   void Join(int rank) {
     auto& t = threads_[static_cast<size_t>(rank)];
     if (t.joinable()) t.join();

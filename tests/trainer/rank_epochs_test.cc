@@ -201,6 +201,58 @@ TEST_F(RankEpochsTest, AnAbortOrderFreesRanksBlockedOnAHungPeer) {
   ExpectRecoveredExactly(c, reference, kHung, restore);
 }
 
+TEST_F(RankEpochsTest, AStopToldToOneRankStopsTheWholeJobAfterOneStepSavedAndItResumesExactly) {
+  const std::map<int64_t, double> reference = Reference();
+  constexpr int64_t kStopAfter = 3;
+  {
+    EpochCluster c(Job(), Dp4(), kFourNodes, 30, (dir_ / "recovered"));
+    for (int r = 0; r < kRanks; ++r) {
+      // Rank 2 alone hears of the stop, as its step 3 ends: every rank's vote
+      // after that step sees it.
+      c.Launch(c.FirstAssignment(r), [r, &c](int, int64_t step) {
+        if (r == 2 && step == kStopAfter) c.Stop(2, "preempted by job-9 (priority 5)");
+        return absl::OkStatus();
+      });
+    }
+    c.JoinAll();
+    for (int r = 0; r < kRanks; ++r) {
+      const absl::Status s = c.result(r);
+      EXPECT_EQ(ExitCodeFor(s), kExitStopped) << "rank " << r << ": " << s;
+      const auto stopped = c.reports(r).Of("stopped", 1);
+      ASSERT_EQ(stopped.size(), 1u) << "rank " << r;
+      EXPECT_EQ(stopped[0].step(), kStopAfter);
+      EXPECT_TRUE(c.reports(r).Of("finished").empty());
+    }
+    EXPECT_NE(c.result(2).message().find("preempted by job-9"), std::string::npos) << c.result(2);
+    EXPECT_NE(c.result(0).message().find("another rank of the job was asked to stop"),
+              std::string::npos)
+        << c.result(0);
+    EXPECT_TRUE(fs::exists(fs::path(dir_ / "recovered") / "step_00000003"));
+    // Trained once each, with the reference's losses.
+    const auto first = StepLosses(c.reports(0));
+    ASSERT_EQ(first.size(), static_cast<size_t>(kStopAfter));
+    for (const auto& [step, loss] : first) EXPECT_EQ(loss, reference.at(step)) << step;
+  }
+  // Placed again: the job resumes from the saved step, and ends exactly as the
+  // uninterrupted run did.
+  EpochCluster again(Job(), Dp4(), kFourNodes, 30, (dir_ / "recovered"));
+  for (int r = 0; r < kRanks; ++r) again.Launch(again.FirstAssignment(r));
+  again.JoinAll();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(again.result(r).ok()) << "rank " << r << ": " << again.result(r);
+    const auto resumed = again.reports(r).Of("resumed");
+    ASSERT_EQ(resumed.size(), 1u);
+    EXPECT_EQ(resumed[0].resumed_step(), kStopAfter);
+  }
+  const auto rest = StepLosses(again.reports(0));
+  ASSERT_EQ(rest.size(), static_cast<size_t>(kSteps - kStopAfter));
+  for (const auto& [step, loss] : rest) {
+    EXPECT_GT(step, kStopAfter);  // no step recomputed
+    EXPECT_EQ(loss, reference.at(step)) << "step " << step;
+  }
+  ExpectSameCheckpoint((dir_ / "reference"), (dir_ / "recovered"));
+}
+
 TEST_F(RankEpochsTest, NoNextAttemptInTimeEndsTheRankWithExitCode4) {
   spec::JobSpec job = Job();
   job.parallelism.dp = 2;

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, node_id, "", "node id (default: host name and a hash of w
 ABSL_FLAG(std::string, address, "127.0.0.1", "address this node's ranks listen on");
 ABSL_FLAG(std::string, trainer, "", "loom-trainer executable (default: next to loom-worker)");
 ABSL_FLAG(double, kill_grace_s, 5, "seconds between SIGTERM and SIGKILL when killing ranks");
+ABSL_FLAG(double, drain_grace_s, 120,
+          "on SIGTERM, how long the agent waits for its jobs to stop gracefully (each saves "
+          "its next step and goes on elsewhere) before it kills what is left; 0: kill at once. "
+          "A second SIGTERM, or SIGINT, stops at once");
 ABSL_FLAG(std::string, data_roots, "",
           "comma-separated directories ranks may read data from (default: <work_dir>/data)");
 ABSL_FLAG(std::string, checkpoint_root, "",
@@ -46,7 +50,7 @@ constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir", 
                                       "address",      "trainer",    "kill_grace_s",    "tls_dir",
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
                                       "data_roots",   "checkpoint_root", "run_as_user",
-                                      "progress_batch_ms", "spare"};
+                                      "progress_batch_ms", "spare", "drain_grace_s"};
 
 }  // namespace
 
@@ -146,6 +150,11 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
         "--kill_grace_s=", config.kill_grace_s, " must be between 0 and 3600 seconds"));
   }
   config.spare = absl::GetFlag(FLAGS_spare);
+  config.drain_grace_s = absl::GetFlag(FLAGS_drain_grace_s);
+  if (!(config.drain_grace_s >= 0) || config.drain_grace_s > 86400) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drain_grace_s=", config.drain_grace_s, " must be between 0 and 86400 seconds"));
+  }
   config.progress_batch_ms = absl::GetFlag(FLAGS_progress_batch_ms);
   if (config.progress_batch_ms < 0 || config.progress_batch_ms > 10000) {
     return absl::InvalidArgumentError(absl::StrCat(

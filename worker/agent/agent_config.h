@@ -16,7 +16,7 @@ inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare]";
+    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare] [--drain_grace_s=SECONDS]";
 
 // The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
 std::vector<std::string> AgentFlagNames();
@@ -33,6 +33,9 @@ struct AgentConfig {
   std::string address;
   std::string trainer;   // absolute; empty: next to this executable
   double kill_grace_s = 5;
+  // SIGTERM drains: the node's jobs stop gracefully and go on elsewhere; the
+  // agent waits this long for its ranks to exit before it kills them.
+  double drain_grace_s = 120;
   // Confinement (docs/agent.md, "Files and confinement"): ranks read data
   // only beneath data_roots (default <work_dir>/data) and keep checkpoints in
   // <checkpoint_root>/<owner>/<job_id> (default root <work_dir>/checkpoints).

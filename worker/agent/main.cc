@@ -1,10 +1,12 @@
 // loom-worker: the node agent. Registers this node's devices with the
 // coordinator, keeps its session, and runs one loom-trainer per assigned rank.
 #include <fcntl.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -32,6 +34,21 @@ int g_stop_pipe[2] = {-1, -1};
 void OnStopSignal(int sig) {
   unsigned char byte = static_cast<unsigned char>(sig);
   (void)!write(g_stop_pipe[1], &byte, 1);
+}
+
+// Waits until `ranks` runs nothing, `grace` has passed or another stop
+// signal arrives on stop_fd; true in the first case.
+bool WaitForRanksToExit(const loom::agent::RankManager& ranks, absl::Duration grace, int stop_fd) {
+  const absl::Time deadline = absl::Now() + grace;
+  while (!ranks.Running().empty()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd fd = {.fd = stop_fd, .events = POLLIN, .revents = 0};
+    const int wait_ms =
+        static_cast<int>(std::min<int64_t>(200, absl::ToInt64Milliseconds(left) + 1));
+    if (poll(&fd, 1, wait_ms) > 0) return false;  // a second signal: stop now
+  }
+  return true;
 }
 
 std::string DescribeDevice(const loom::agent::DeviceInfo& d) {
@@ -226,6 +243,22 @@ int Main(int argc, char** argv) {
   std::thread signal_thread([&] {
     unsigned char sig = 0;
     while (read(g_stop_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    // SIGTERM (a Kubernetes eviction, a shutdown, Slurm's end of the agent's
+    // job) drains: the jobs here stop after their next step, saved, and go
+    // on elsewhere (docs/agent.md, "Stopping an agent").
+    if (sig == SIGTERM && config.drain_grace_s > 0) {
+      const std::string reason =
+          absl::StrCat("the agent of node ", config.node_id, " received SIGTERM");
+      const int told = ranks.StopAll(reason);
+      session.Drain(reason);
+      fprintf(stderr,
+              "loom-worker: SIGTERM received; draining: %d ranks stop after their next step "
+              "(up to %.0f s; SIGTERM again to stop at once)\n",
+              told, config.drain_grace_s);
+      if (WaitForRanksToExit(ranks, absl::Seconds(config.drain_grace_s), g_stop_pipe[0])) {
+        fprintf(stderr, "loom-worker: every rank stopped\n");
+      }
     }
     fprintf(stderr, "loom-worker: %s received; stopping every rank\n", sigabbrev_np(sig));
     ranks.Shutdown(absl::Seconds(config.kill_grace_s));

@@ -165,6 +165,12 @@ void NodeSession::Run() {
   cv_.notify_all();
 }
 
+void NodeSession::Drain(const std::string& reason) {
+  loom::v1::NodeMessage message;
+  message.mutable_draining()->set_reason(reason);
+  Send(std::move(message));
+}
+
 void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
   switch (message.kind_case()) {
     case loom::v1::CoordinatorMessage::kRegistered: {
@@ -207,6 +213,9 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
       return;
     case loom::v1::CoordinatorMessage::kResume:
       ranks_->Resume(message.resume());
+      return;
+    case loom::v1::CoordinatorMessage::kStop:
+      ranks_->Stop(message.stop());
       return;
     case loom::v1::CoordinatorMessage::kReadLog:
       if (log_reads_ != nullptr) {

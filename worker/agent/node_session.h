@@ -95,6 +95,9 @@ class NodeSession {
   // resend window are sent again on the next stream (the coordinator ignores
   // reports older than what it holds).
   void ReportProgress(loom::v1::RankProgress progress);
+  // Tells the coordinator this agent is shutting down (NodeMessage.Draining):
+  // it drains the node, so the jobs stopping here go on elsewhere.
+  void Drain(const std::string& reason);
   // Progress reports dropped because too many waited for a session.
   int64_t progress_dropped() const;
 

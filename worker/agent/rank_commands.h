@@ -19,6 +19,9 @@ class RankCommands {
   // In-place recovery: tells the job's ranks of that attempt to abort their
   // communicators (on their control streams); returns how many were told.
   virtual int Abort(const loom::v1::AbortRanks& abort) = 0;
+  // A graceful stop: tells the job's ranks of that attempt (every attempt
+  // when 0) to stop after their next step, saving it; returns how many were told.
+  virtual int Stop(const loom::v1::StopRanks& stop) = 0;
   // Moves the named survivors to the new attempt (token, namespace, what
   // they report) and tells each its own entry; returns how many moved.
   virtual int EnterEpoch(const loom::v1::EnterEpoch& epoch) = 0;

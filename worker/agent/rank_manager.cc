@@ -342,6 +342,45 @@ int RankManager::Abort(const loom::v1::AbortRanks& abort) {
   return static_cast<int>(ids.size());
 }
 
+int RankManager::Stop(const loom::v1::StopRanks& stop) {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, rank] : ranks_) {
+      if (std::get<0>(key) == stop.job_id() &&
+          (stop.attempt() == 0 || std::get<1>(key) == stop.attempt())) {
+        ids.push_back(rank.id);
+      }
+    }
+  }
+  fprintf(stderr, "loom-worker: graceful stop of job %s attempt %d (%s): telling %zu ranks\n",
+          stop.job_id().c_str(), stop.attempt(), stop.reason().c_str(), ids.size());
+  if (options_.control != nullptr) {
+    loom::v1::RankControl message;
+    *message.mutable_stop() = stop;
+    for (uint64_t id : ids) options_.control->Push(id, message);
+  }
+  return static_cast<int>(ids.size());
+}
+
+int RankManager::StopAll(const std::string& reason) {
+  std::vector<std::pair<uint64_t, loom::v1::RankControl>> pushes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, rank] : ranks_) {
+      loom::v1::RankControl message;
+      message.mutable_stop()->set_job_id(std::get<0>(key));
+      message.mutable_stop()->set_attempt(std::get<1>(key));
+      message.mutable_stop()->set_reason(reason);
+      pushes.emplace_back(rank.id, std::move(message));
+    }
+  }
+  if (options_.control != nullptr) {
+    for (auto& [id, message] : pushes) options_.control->Push(id, std::move(message));
+  }
+  return static_cast<int>(pushes.size());
+}
+
 int RankManager::EnterEpoch(const loom::v1::EnterEpoch& epoch) {
   if (epoch.attempt() <= epoch.from_attempt()) {
     fprintf(stderr,

@@ -93,6 +93,10 @@ class RankManager : public RankCommands, public RankTokens {
 
   // Pushes the AbortRanks to each rank of that job and attempt.
   int Abort(const loom::v1::AbortRanks& abort) override;
+  int Stop(const loom::v1::StopRanks& stop) override;
+  // Every rank of every job on this node stops gracefully (the agent drains
+  // on SIGTERM): each job agrees to stop after its next step and saves it.
+  int StopAll(const std::string& reason);
 
   // For each listed rank of (job, from_attempt): moves it to `attempt`, with
   // the entry's token and the epoch's store namespace, at once (its old token

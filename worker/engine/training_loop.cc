@@ -360,6 +360,14 @@ absl::StatusOr<double> TrainingLoop::Evaluate() {
   return sum / static_cast<double>(windows);
 }
 
+absl::StatusOr<bool> TrainingLoop::AnyRank(bool mine) {
+  float flag = mine ? 1.0f : 0.0f;
+  for (comm::Communicator* group : {ctx_.dp, ctx_.ep, ctx_.tp, ctx_.cp, ctx_.pp}) {
+    if (absl::Status s = AllReduceHostFloats(*ops_, group, &flag, 1); !s.ok()) return s;
+  }
+  return flag > 0.0f;
+}
+
 absl::StatusOr<double> TrainingLoop::EvaluateBatch() {
   if (ctx_.pp != nullptr) return pipeline_->ForwardLoss(batch_);  // [pp] stage by stage
   LlamaModel& model = stage_->model(0);

@@ -115,6 +115,11 @@ class TrainingLoop {
   // Steps counted but not applied so far (non-finite or skipped): the step
   // counter less the optimizer's, so snapshots and checkpoints carry it.
   int64_t skipped_steps() const { return step_ - optimizer_step(); }
+  // Whether any rank of the job passes true: every rank gets the same answer.
+  // A flag's sum crosses each group of the mesh in turn (DP, EP, TP, CP, PP),
+  // which together reach every rank. Collective: every rank calls it at the
+  // same point (the graceful stop's vote at a step boundary, training_run.cc).
+  absl::StatusOr<bool> AnyRank(bool mine);
   // Mean cross-entropy over the validation windows (see docs/engine.md);
   // collective over the DP group. FAILED_PRECONDITION without validation data.
   absl::StatusOr<double> Evaluate();

@@ -67,6 +67,28 @@ absl::Status RunTraining(TrainingLoop& loop, const RunOptions& options) {
       saved_step = p->step;
       if (!dir->empty()) event(absl::StrCat("checkpoint saved: ", *dir));
     }
+    if (options.stop_requested && !loop.done()) {
+      const std::optional<std::string> mine = options.stop_requested();
+      absl::StatusOr<bool> stop = loop.AnyRank(mine.has_value());
+      if (!stop.ok()) return stop.status();
+      if (*stop) {
+        // Every rank saves this step (a rank not asked itself learns only
+        // that another was), so the job resumes from exactly here.
+        const std::string why = mine.value_or("another rank of the job was asked to stop");
+        if (root.empty()) {
+          event(absl::StrCat("stopping after step ", p->step, " (", why,
+                             "): no checkpoint.dir, so nothing is saved"));
+        } else if (saved_step != p->step) {
+          absl::StatusOr<std::string> dir = loop.SaveCheckpoint(root);
+          if (!dir.ok()) return dir.status();
+          saved_step = p->step;
+          if (!dir->empty()) event(absl::StrCat("checkpoint saved: ", *dir));
+        }
+        if (options.snapshots != nullptr) options.snapshots->WaitForCopies();
+        if (options.on_stopped) options.on_stopped(p->step, why);
+        return absl::OkStatus();
+      }
+    }
     if (options.stop_after_step > 0 && p->step >= options.stop_after_step) {
       event(absl::StrCat("stopping after step ", p->step, " as asked"));
       break;

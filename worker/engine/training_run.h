@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,6 +27,13 @@ struct RunOptions {
   // Stop after this step as a preempted rank would (0: run to train.steps).
   // Checkpoints due by then are written; nothing else is.
   int64_t stop_after_step = 0;
+  // A graceful stop (preemption, a drain, SIGUSR1): asked after every step,
+  // the job votes (TrainingLoop::AnyRank) and, when any rank was asked, every
+  // rank saves a checkpoint of that step and the run ends: on_stopped is
+  // told the step and why, and RunTraining returns OK. Null: no vote (a
+  // standalone run).
+  std::function<std::optional<std::string>()> stop_requested;
+  std::function<void(int64_t step, const std::string& why)> on_stopped;
   // Called after every step; an error stops the run and is returned.
   std::function<absl::Status(const StepProgress&)> on_step;
   // Human-readable events: resumed, refused checkpoints, checkpoints saved.

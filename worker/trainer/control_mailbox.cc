@@ -1,6 +1,7 @@
 #include "worker/trainer/control_mailbox.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/trainer/stop_signal.h"
 
 namespace loom::trainer {
 namespace {
@@ -21,6 +22,10 @@ void ControlMailbox::Post(const loom::v1::RankControl& message) {
   {
     absl::MutexLock lock(&mu_);
     int attempt = -1;
+    if (message.has_stop()) {
+      if (!stop_.has_value()) stop_ = message.stop().reason();
+      return;
+    }
     if (message.has_abort()) {
       attempt = message.abort().attempt();
       reason = absl::StrCat("attempt ", attempt,
@@ -69,6 +74,15 @@ std::optional<std::string> ControlMailbox::AbortOf(int attempt) const {
   auto it = aborted_.find(attempt);
   if (it == aborted_.end()) return std::nullopt;
   return it->second;
+}
+
+std::optional<std::string> ControlMailbox::StopRequested() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_.has_value()) return stop_;
+  }
+  if (StopSignalled()) return std::string("SIGUSR1 received");
+  return std::nullopt;
 }
 
 absl::StatusOr<loom::v1::EnterEpoch> ControlMailbox::WaitForEpoch(int from_attempt,

@@ -5,7 +5,9 @@
 // once, on the posting thread (a blocked collective returns ABORTED), or as
 // soon as they are armed if it came first; an EnterEpoch waits for the loop
 // to take it, and aborts its from_attempt too (an abort that never arrived
-// is implied). Messages of other attempts are ignored. Thread-safe.
+// is implied). Messages of other attempts are ignored. A StopRanks (a graceful
+// stop, of whichever attempt) is kept until the rank ends: the training loop
+// asks StopRequested() at every step boundary. Thread-safe.
 #pragma once
 
 #include <deque>
@@ -34,6 +36,10 @@ class ControlMailbox {
   // The reason of an abort of `attempt` posted so far, if any.
   std::optional<std::string> AbortOf(int attempt) const;
 
+  // Why the rank was asked to stop gracefully (StopRanks posted, or SIGUSR1
+  // caught: stop_signal.h); nullopt when it was not.
+  std::optional<std::string> StopRequested() const;
+
   // The EnterEpoch that moves this rank on from `from_attempt`, as soon as
   // it has been posted; DEADLINE_EXCEEDED naming the wait when none comes
   // within `timeout`.
@@ -45,6 +51,7 @@ class ControlMailbox {
   mutable absl::Mutex mu_;
   std::map<int, std::string> aborted_ ABSL_GUARDED_BY(mu_);  // attempt -> reason (recent ones)
   std::deque<loom::v1::EnterEpoch> epochs_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> stop_ ABSL_GUARDED_BY(mu_);
   int armed_attempt_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<comm::CommunicatorSet> armed_ ABSL_GUARDED_BY(mu_);
 };

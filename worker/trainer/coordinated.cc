@@ -15,6 +15,7 @@
 #include "worker/trainer/grpc_store.h"
 #include "worker/trainer/progress_reporter.h"
 #include "worker/trainer/rank_epochs.h"
+#include "worker/trainer/stop_signal.h"
 
 namespace loom::trainer {
 namespace {
@@ -72,6 +73,7 @@ absl::Status RunCoordinated(const loom::v1::RankAssignment& a, const std::string
   // it relays to the coordinator), and the control stream it pushes aborts
   // and new attempts on. The rank token says which rank calls.
   ControlMailbox mailbox;
+  InstallStopSignal();  // SIGUSR1: stop gracefully at the next step boundary
   AgentControlStream control(agent_socket, a.rank_token(), &mailbox, event);
 
   RankWorld world;

@@ -15,6 +15,7 @@
 #include "worker/trainer/commit_gate.h"
 #include "worker/trainer/rank_monitor.h"
 #include "worker/trainer/rank_reports.h"
+#include "worker/trainer/stopped_status.h"
 
 namespace loom::trainer {
 namespace {
@@ -116,6 +117,8 @@ struct Attempt {
   PhaseBoard board;
   std::unique_ptr<RankMonitor> monitor;
   std::atomic<int64_t> last_step{0};
+  // The graceful stop the job agreed on: after which step, and why.
+  std::optional<std::pair<int64_t, std::string>> stopped;
 };
 
 absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSpec& job,
@@ -244,8 +247,19 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
     g.clock->BeginStep(absl::Now());
     return absl::OkStatus();
   };
+  if (world.control != nullptr) {
+    run.stop_requested = [&world] { return world.control->StopRequested(); };
+    run.on_stopped = [&at](int64_t step, const std::string& why) {
+      at.stopped.emplace(step, why);
+    };
+  }
   g.clock->BeginStep(absl::Now());
   if (absl::Status s = engine::RunTraining(l, run); !s.ok()) return s;
+  if (at.stopped.has_value()) {
+    event(absl::StrCat("stopped after step ", at.stopped->first, ": ", at.stopped->second));
+    progress.Report(PhaseReport("stopped", at.stopped->first));
+    return StoppedStatus(at.stopped->first, at.stopped->second);
+  }
   loom::v1::RankProgress finished = PhaseReport("finished", l.step());
   if (keeper != nullptr) SetHoldings(keeper->Holdings(), finished.mutable_snapshots());
   progress.Report(std::move(finished));
@@ -314,10 +328,10 @@ absl::Status RunRankEpochs(const loom::v1::RankAssignment& first, const spec::Jo
         aborted ? at.set->abort_reason()
                 : absl::StrCat("attempt ", plan.attempt, " failed: ", status.message());
     const int64_t last_step = at.last_step;
-    TearDown(at, failed, reason, world, keeper.get());
-    if (status.ok()) {
+    TearDown(at, failed && !IsStopped(status), reason, world, keeper.get());
+    if (status.ok() || IsStopped(status)) {
       progress->Flush(absl::Seconds(10));
-      return absl::OkStatus();
+      return status;
     }
     if (!in_place || world.control == nullptr || (!aborted && !IsAttemptFailure(status))) {
       if (!progress->Flush(absl::Seconds(2))) progress->Abandon();

@@ -10,6 +10,7 @@
 #include "worker/engine/ops_selection.h"
 #include "worker/engine/training_loop.h"
 #include "worker/engine/training_run.h"
+#include "worker/trainer/stopped_status.h"
 
 namespace loom::trainer {
 namespace {
@@ -94,6 +95,7 @@ absl::Status RunStandalone(const std::string& spec_path, const std::string& work
 
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return kExitOk;
+  if (IsStopped(status)) return kExitStopped;
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kNotFound:

@@ -175,7 +175,8 @@ class Job:
 
     @property
     def state(self) -> str:
-        """PENDING, STARTING, RUNNING, RECOVERING, RESTARTING, SUCCEEDED, FAILED or CANCELLED."""
+        """PENDING, STARTING, RUNNING, RECOVERING, RESTARTING, PREEMPTED, SUCCEEDED, FAILED or
+        CANCELLED."""
         return _state_name(self.info().state)
 
     def _watch(self, timeout: Optional[float]) -> Iterator["job_pb2.WatchJobResponse"]:
