@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/cli/parse_flags.h"
 #include "common/confine/path_rules.h"
+#include "common/confine/uid_range.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
 #include "coordinator/auth/crypto.h"
@@ -74,6 +75,9 @@ ABSL_FLAG(std::string, data_roots, "",
 ABSL_FLAG(std::string, checkpoint_root, "",
           "directory holding every job's checkpoints as <root>/<owner>/<job_id>/ "
           "(default: <state_dir>/checkpoints)");
+ABSL_FLAG(std::string, job_uid_range, "",
+          "FIRST-LAST: give each job its own uid (and gid) from this range, the same on every "
+          "node; agents run its ranks as it with the same --run_as_uid_range (docs/security.md)");
 ABSL_FLAG(double, heartbeat_interval_s, 1.0, "how often agents send heartbeats");
 ABSL_FLAG(double, node_timeout_s, 5.0,
           "a node silent this long, plus how late heartbeats are being read, is lost");
@@ -218,7 +222,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "loom-coordinator --listen=HOST:PORT --metrics_listen=HOST:PORT --state_dir=DIR "
       "(--tls_dir=DIR | --insecure) [--reflection] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-      "[--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX (--etcd_tls_dir=DIR | --etcd_insecure) "
+      "[--job_uid_range=FIRST-LAST] [--state=etcd://HOST:PORT[,HOST:PORT...]/PREFIX (--etcd_tls_dir=DIR | --etcd_insecure) "
       "[--advertise=HOST:PORT] [--leader_lease_s=S]]");
   if (!args.empty()) loom::cli::UsageError("unexpected argument '" + args.front() + "'");
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
@@ -273,6 +277,12 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::string> parsed = loom::confine::NormalizeRoot(flag, cwd, "checkpoint_root");
     if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
     roots.checkpoint_root = *parsed;
+  }
+  if (const std::string flag = absl::GetFlag(FLAGS_job_uid_range); !flag.empty()) {
+    absl::StatusOr<loom::confine::UidRange> parsed =
+        loom::confine::ParseUidRange(flag, "job_uid_range");
+    if (!parsed.ok()) loom::cli::UsageError(std::string(parsed.status().message()));
+    roots.job_uids = *parsed;
   }
 
   absl::Notification shutdown;

@@ -71,7 +71,8 @@ absl::StatusOr<std::string> ResolveBeneath(const std::string& path,
 
 absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,
                                             const std::vector<std::string>& components,
-                                            bool fresh_last, FileOwner owner) {
+                                            bool fresh_last, FileOwner owner,
+                                            mode_t last_mode) {
   Fd dir(open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) {
     return absl::FailedPreconditionError(
@@ -93,6 +94,11 @@ absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,
         return absl::PermissionDeniedError(
             absl::StrCat("cannot hand directory '", path, "' to the rank user: ", strerror(errno)));
       }
+      // Exactly last_mode, whatever the umask took from mkdir's.
+      if (last && last_mode != 0700 && fchmodat(dir.get(), name.c_str(), last_mode, 0) != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot set the mode of '", path, "': ", strerror(errno)));
+      }
     } else if (errno != EEXIST) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot create directory '", path, "': ", strerror(errno)));
@@ -108,6 +114,12 @@ absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,
       return absl::FailedPreconditionError(absl::StrCat("cannot enter '", path, "': ", why));
     }
     dir.reset(next);
+    struct stat info = {};
+    if (last && handed && (fstat(dir.get(), &info) != 0 || info.st_uid != owner.uid)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "directory '", path, "' belongs to uid ", info.st_uid, ", not to uid ", owner.uid,
+          " that the rank runs as (it is another user's; refused)"));
+    }
   }
   return path;
 }

@@ -31,12 +31,16 @@ struct FileOwner {
 // O_NOFOLLOW (a symlink anywhere on the way is refused), creating missing
 // directories with mode 0700. The last one is handed to `owner` when one is
 // given; the ones above it then get 0711, so that owner can reach it without
-// listing or writing them. With fresh_last the last
-// component must not exist yet (ALREADY_EXISTS otherwise). Each component
-// must be a safe name (IsSafeName). Returns base/components....
+// listing or writing them, and the last gets last_mode (0750 lets the
+// owner's group read it). With fresh_last the last component must not exist
+// yet (ALREADY_EXISTS otherwise); without it, an existing last directory must
+// already belong to `owner` when one is given (FAILED_PRECONDITION naming
+// both uids otherwise: it is another user's). Each component must be a safe
+// name (IsSafeName). Returns base/components....
 absl::StatusOr<std::string> MakeDirsBeneath(const std::string& base,
                                             const std::vector<std::string>& components,
-                                            bool fresh_last, FileOwner owner = {});
+                                            bool fresh_last, FileOwner owner = {},
+                                            mode_t last_mode = 0700);
 
 // Opens a new file for writing: O_CREAT | O_EXCL | O_NOFOLLOW, so an existing
 // file or a planted symlink is refused, never truncated or followed.

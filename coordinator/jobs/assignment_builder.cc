@@ -145,6 +145,8 @@ absl::StatusOr<std::vector<loom::v1::RankAssignment>> BuildAssignments(
     a.set_owner(context.owner);
     a.set_resume_from_job(context.resume_from_job);
     a.set_resume_from_dir(context.resume_from_dir);
+    a.set_run_uid(context.run_uid);
+    a.set_resume_from_uid(context.resume_from_uid);
     a.set_collective_timeout_s(context.collective_timeout_s);
     auto address = node_addresses.find(a.node_id());
     a.set_node_address(address == node_addresses.end() || address->second.empty() ? "127.0.0.1"

@@ -27,6 +27,9 @@ struct AttemptContext {
   std::string owner;
   std::string resume_from_job;  // checkpoint.resume_from, and its directory
   std::string resume_from_dir;
+  // The job's uid and the resume_from job's (Job.run_uid); 0: none.
+  uint32_t run_uid = 0;
+  uint32_t resume_from_uid = 0;
 };
 
 // The readable part of an attempt's rendezvous namespace: "job-000007/attempt-3".

@@ -126,6 +126,8 @@ absl::Status JobAdmission::AssignCheckpointDirLocked(const spec::JobSpec& spec, 
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint.resume_from='", from, "' is not one of your jobs"));
     }
+    // Its ranks get that job's group, to read its checkpoints (0750).
+    job.set_resume_from_uid(source->job.run_uid());
   }
   return absl::OkStatus();
 }
@@ -183,6 +185,15 @@ void JobAdmission::AdmitBatch(std::vector<Request>& batch) {
       *job.mutable_layout() = LayoutToProto(spec::LayoutOf(spec));
       job.set_base_dir(options_.roots.data_roots.front());
       absl::Status paths = AssignCheckpointDirLocked(spec, job);
+      if (paths.ok() && options_.roots.job_uids.has_value()) {
+        // From the sequence number, which no other job ever gets.
+        absl::StatusOr<uid_t> uid = confine::JobUid(*options_.roots.job_uids, record.sequence);
+        if (uid.ok()) {
+          job.set_run_uid(*uid);
+        } else {
+          paths = uid.status();
+        }
+      }
       if (!paths.ok()) {
         const std::string source =
             batch[i].source_name.empty() ? "job spec" : batch[i].source_name;

@@ -5,11 +5,13 @@
 // The node agent checks all of it again at launch with symlinks resolved.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/confine/uid_range.h"
 #include "common/spec/job_spec.h"
 
 namespace loom::coordinator {
@@ -17,6 +19,10 @@ namespace loom::coordinator {
 struct FileRoots {
   std::vector<std::string> data_roots;  // absolute, normalised; at least one
   std::string checkpoint_root;          // absolute, normalised
+  // --job_uid_range: each job gets its own uid from it, so that the files of
+  // its ranks (and its checkpoint directory) are no other job's
+  // (common/confine/uid_range.h); none: jobs get no uid.
+  std::optional<confine::UidRange> job_uids;
 };
 
 // Rewrites data.train_path and data.val_path to absolute paths beneath the

@@ -307,6 +307,8 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
   snapshot.spec_yaml = next->job.spec_yaml();
   snapshot.owner = next->job.owner();
   snapshot.checkpoint_dir = next->job.checkpoint_dir();
+  snapshot.run_uid = next->job.run_uid();
+  snapshot.resume_from_uid = next->job.resume_from_uid();
   for (const auto& [node, failures] : next->node_failures) snapshot.avoid.insert(node);
   // A restart's own old devices are free for it.
   for (const auto& p : *next->placement) {
@@ -384,8 +386,10 @@ void JobScheduler::BuildAttempt(const Snapshot& snapshot, const topology::Placem
     if (from.ok()) {
       context.resume_from_job = spec.checkpoint.resume_from;
       context.resume_from_dir = *from;
+      context.resume_from_uid = snapshot.resume_from_uid;
     }
   }
+  context.run_uid = snapshot.run_uid;
   context.collective_timeout_s = options_.collective_timeout_s;
   context.store_namespace = NewStoreNamespace(snapshot.job_id, attempt);
   std::map<std::string, std::string> addresses;

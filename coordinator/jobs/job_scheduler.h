@@ -103,6 +103,8 @@ class JobScheduler {
     std::string spec_yaml;  // as submitted: an elastic job's requested size
     std::string owner;
     std::string checkpoint_dir;  // Job.checkpoint_dir: <checkpoint_root>/<owner>/<id>
+    uint32_t run_uid = 0;          // Job.run_uid and Job.resume_from_uid
+    uint32_t resume_from_uid = 0;
     std::set<std::string> avoid;                     // nodes that failed this job
     std::map<std::string, std::set<int32_t>> taken;  // devices other jobs hold, by node
     // An in-place recovery to decide (the job is RECOVERING): the survivors'

@@ -26,6 +26,8 @@ bool JobScheduler::SnapshotRelaunchLocked(Snapshot& snapshot) {
     snapshot.resolved_spec_yaml = record.job.resolved_spec_yaml();
     snapshot.owner = record.job.owner();
     snapshot.checkpoint_dir = record.job.checkpoint_dir();
+    snapshot.run_uid = record.job.run_uid();
+    snapshot.resume_from_uid = record.job.resume_from_uid();
     snapshot.relaunch = std::move(request);
     return true;
   }

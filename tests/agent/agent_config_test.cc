@@ -43,6 +43,29 @@ TEST(AgentConfigTest, ConfinementRootsDefaultUnderTheWorkDir) {
   EXPECT_NE(config.status().message().find("--data_roots"), absl::string_view::npos);
 }
 
+TEST(AgentConfigTest, PerJobUidRange) {
+  absl::StatusOr<AgentConfig> config =
+      ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                             "--run_as_uid_range=200000-299999", "--insecure"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(config->run_as_uids.has_value());
+  EXPECT_EQ(config->run_as_uids->first, 200000u);
+  EXPECT_EQ(config->run_as_uids->last, 299999u);
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                                  "--run_as_uid_range=0-10", "--insecure"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("--run_as_uid_range"), absl::string_view::npos);
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                                  "--run_as_uid_range=5-10", "--run_as_user=loom", "--insecure"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("exclude each other"), absl::string_view::npos);
+  // Not carried into the next parse.
+  config = ParseAgentCommandLine(
+      {"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->run_as_uids.has_value());
+}
+
 TEST(AgentConfigTest, OptionalFlags) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
       {"--coordinator=coord:1", "--devices=gpu", "--work_dir=/w", "--node_id=n7",

@@ -83,6 +83,24 @@ TEST_F(ProcessSupervisorTest, ChildRunsAsTheGivenUser) {
       << ReadFile(log);
 }
 
+TEST_F(ProcessSupervisorTest, ChildGetsExactlyTheGivenSupplementaryGroups) {
+  if (geteuid() != 0) GTEST_SKIP() << "switching users needs root";
+  ProcessSupervisor supervisor;
+  const std::string log = dir_.path() + "/log.txt";
+  ProcessSpec spec = Shell("echo \"uid=$(id -u) gid=$(id -g) groups=$(id -G)\"", log);
+  spec.uid = 3100007;  // a per-job uid: no passwd entry needed
+  spec.gid = 3100007;
+  spec.groups = {3100002};
+  absl::StatusOr<pid_t> pid = supervisor.Launch(spec, exits_.Callback());
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  std::optional<ProcessExit> exit = exits_.Wait(*pid);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_EQ(exit->exit_code, 0);
+  EXPECT_NE(ReadFile(log).find("uid=3100007 gid=3100007 groups=3100007 3100002\n"),
+            std::string::npos)
+      << ReadFile(log);
+}
+
 TEST_F(ProcessSupervisorTest, ReportsTheSignalThatEndedTheChild) {
   ProcessSupervisor supervisor;
   absl::StatusOr<pid_t> pid = supervisor.Launch(Shell("kill -SEGV $$"), exits_.Callback());

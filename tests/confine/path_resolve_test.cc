@@ -74,6 +74,31 @@ TEST_F(PathResolveTest, DirsAreMadeFresh0700AndNeverThroughSymlinks) {
   EXPECT_FALSE(MakeDirsBeneath(root_, {"..", "x"}, false).ok());
 }
 
+TEST_F(PathResolveTest, AHandedDirHasItsModeAndAnExistingOneMustBeTheOwners) {
+  if (geteuid() != 0) GTEST_SKIP() << "handing directories to another uid needs root";
+  const FileOwner job{3100004, 3100004};
+  absl::StatusOr<std::string> made =
+      MakeDirsBeneath(root_, {"alice", "job-4"}, /*fresh_last=*/false, job, 0750);
+  ASSERT_TRUE(made.ok()) << made.status();
+  struct stat st;
+  ASSERT_EQ(stat(made->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0750u);
+  EXPECT_EQ(st.st_uid, 3100004u);
+  EXPECT_EQ(st.st_gid, 3100004u);
+  ASSERT_EQ(stat((root_ + "/alice").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0711u);  // passable, not listable
+  EXPECT_EQ(st.st_uid, 0u);
+  // Found again by its own uid (another node, a later attempt): fine.
+  EXPECT_TRUE(MakeDirsBeneath(root_, {"alice", "job-4"}, false, job, 0750).ok());
+  // Found by another uid: it is another job's, refused naming both.
+  absl::StatusOr<std::string> other =
+      MakeDirsBeneath(root_, {"alice", "job-4"}, false, FileOwner{3100005, 3100005}, 0750);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("belongs to uid 3100004, not to uid 3100005"),
+            std::string::npos)
+      << other.status();
+}
+
 TEST_F(PathResolveTest, NewFilesNeverFollowOrTruncate) {
   fs::create_symlink(outside_ + "/secret.txt", root_ + "/log.txt");
   EXPECT_FALSE(CreateNewFile(root_ + "/log.txt").ok());

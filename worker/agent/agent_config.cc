@@ -42,6 +42,10 @@ ABSL_FLAG(bool, spare, false,
           "moves to it (docs/fault_tolerance.md, \"Elastic jobs\")");
 ABSL_FLAG(std::string, run_as_user, "",
           "run every rank as this unprivileged user (the agent must run as root)");
+ABSL_FLAG(std::string, run_as_uid_range, "",
+          "FIRST-LAST: run each job's ranks as the job's own uid and gid from this range, as the "
+          "coordinator's --job_uid_range chose it (the same range; the agent must run as root; "
+          "not with --run_as_user)");
 
 namespace loom::agent {
 namespace {
@@ -50,7 +54,8 @@ constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir", 
                                       "address",      "trainer",    "kill_grace_s",    "tls_dir",
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
                                       "data_roots",   "checkpoint_root", "run_as_user",
-                                      "progress_batch_ms", "spare", "drain_grace_s"};
+                                      "progress_batch_ms", "spare", "drain_grace_s",
+                                      "run_as_uid_range"};
 
 }  // namespace
 
@@ -180,6 +185,16 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
   if (!root.ok()) return root.status();
   config.checkpoint_root = *root;
   config.run_as_user = absl::GetFlag(FLAGS_run_as_user);
+  if (const std::string range = absl::GetFlag(FLAGS_run_as_uid_range); !range.empty()) {
+    if (!config.run_as_user.empty()) {
+      return absl::InvalidArgumentError(
+          "--run_as_user and --run_as_uid_range exclude each other: ranks run either as one "
+          "user or as their job's own uid");
+    }
+    absl::StatusOr<confine::UidRange> uids = confine::ParseUidRange(range, "run_as_uid_range");
+    if (!uids.ok()) return uids.status();
+    config.run_as_uids = *uids;
+  }
   config.node_id = absl::GetFlag(FLAGS_node_id);
   if (!config.tls.insecure) {
     absl::StatusOr<std::string> name = rpc::CertificateCommonName(config.tls.cert_path);

@@ -3,10 +3,12 @@
 // the values derived from them (node id, trainer path).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/confine/uid_range.h"
 #include "common/rpc/tls.h"
 #include "worker/agent/device_probe.h"
 
@@ -16,7 +18,8 @@ inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare] [--drain_grace_s=SECONDS]";
+    "[--run_as_user=USER | --run_as_uid_range=FIRST-LAST] [--progress_batch_ms=MS] [--spare] "
+    "[--drain_grace_s=SECONDS]";
 
 // The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
 std::vector<std::string> AgentFlagNames();
@@ -42,6 +45,10 @@ struct AgentConfig {
   std::vector<std::string> data_roots;  // absolute, normalised
   std::string checkpoint_root;          // absolute, normalised
   std::string run_as_user;              // empty: ranks run as the agent's user
+  // --run_as_uid_range: each job's ranks run as the job's own uid (and gid)
+  // from this range, as the coordinator chose it (worker/agent/rank_user.h).
+  // Not with run_as_user.
+  std::optional<confine::UidRange> run_as_uids;
   // How long a rank's progress report may wait for the node's other ranks'
   // before the agent forwards them in one message.
   int32_t progress_batch_ms = 100;

@@ -44,7 +44,7 @@ absl::Status ConfineAssignment(loom::v1::RankAssignment& a, const LaunchRoots& r
     std::filesystem::create_directories(roots.checkpoint_root, error);
     absl::StatusOr<std::string> made = confine::MakeDirsBeneath(
         roots.checkpoint_root, {confine::OwnerDirName(a.owner()), a.job_id()},
-        /*fresh_last=*/false, roots.rank_owner);
+        /*fresh_last=*/false, roots.rank_owner, roots.checkpoint_mode);
     if (!made.ok()) {
       return absl::Status(made.status().code(),
                           absl::StrCat("checkpoint directory: ", made.status().message()));

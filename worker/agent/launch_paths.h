@@ -6,6 +6,8 @@
 // The assignment is rewritten with the results before the trainer sees it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@ struct LaunchRoots {
   std::vector<std::string> data_roots;  // absolute, normalised; at least one
   std::string checkpoint_root;          // absolute, normalised
   confine::FileOwner rank_owner;        // who the job's checkpoint directory belongs to
+  mode_t checkpoint_mode = 0700;        // of the job's checkpoint directory when made
 };
 
 // Any error means the job cannot run as sent (the rank is reported with the

@@ -155,6 +155,13 @@ int Main(int argc, char** argv) {
       run_as.gid = found->pw_gid;
     }
   }
+  // --run_as_uid_range: only root can give each job its own uid; without
+  // root the isolation asked for cannot be had, so the agent does not start.
+  if (config.run_as_uids.has_value() && geteuid() != 0) {
+    fprintf(stderr, "loom-worker: --run_as_uid_range=%s needs an agent running as root; %s\n",
+            loom::confine::FormatUidRange(*config.run_as_uids).c_str(), kAgentUsage);
+    return 2;
+  }
   for (const std::string& root : config.data_roots) {
     std::filesystem::create_directories(root, error);
   }
@@ -165,6 +172,7 @@ int Main(int argc, char** argv) {
   rank_options.roots.checkpoint_root = config.checkpoint_root;
   rank_options.roots.rank_owner = run_as;
   rank_options.run_as = run_as;
+  rank_options.job_uids = config.run_as_uids;
   rank_options.work_dir = config.work_dir;
   rank_options.trainer_path = trainer;
   rank_options.threads_per_rank = ThreadsPerRank(UsableCores(), device_count);
@@ -234,7 +242,9 @@ int Main(int argc, char** argv) {
       [&session](loom::v1::RankProgress progress) { session.ReportProgress(std::move(progress)); },
       &store_relay, &control);
   absl::StatusOr<std::unique_ptr<grpc::Server>> agent_server =
-      StartAgentServer(*agent_socket, !config.run_as_user.empty(), &agent_service);
+      StartAgentServer(*agent_socket,
+                       !config.run_as_user.empty() || config.run_as_uids.has_value(),
+                       &agent_service);
   if (!agent_server.ok()) {
     fprintf(stderr, "loom-worker: %s\n", std::string(agent_server.status().message()).c_str());
     return 1;
@@ -270,8 +280,14 @@ int Main(int argc, char** argv) {
           "checkpoint root %s%s%s\n",
           config.node_id.c_str(), config.coordinator.c_str(), config.work_dir.c_str(),
           trainer.c_str(), absl::StrJoin(config.data_roots, ",").c_str(),
-          config.checkpoint_root.c_str(), run_as.uid != static_cast<uid_t>(-1) ? ", ranks as " : "",
-          run_as.uid != static_cast<uid_t>(-1) ? config.run_as_user.c_str() : "");
+          config.checkpoint_root.c_str(),
+          run_as.uid != static_cast<uid_t>(-1) ? ", ranks as "
+          : config.run_as_uids.has_value()    ? ", ranks as their job's uid from "
+                                              : "",
+          run_as.uid != static_cast<uid_t>(-1) ? config.run_as_user.c_str()
+          : config.run_as_uids.has_value()
+              ? loom::confine::FormatUidRange(*config.run_as_uids).c_str()
+              : "");
   session.Run();
   signal_thread.join();
   store_relay.Shutdown();  // answers the calls it holds, so the server can stop

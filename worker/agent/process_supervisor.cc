@@ -80,7 +80,8 @@ const char* ErrnoName(int error) {
 
 // Runs in the child between fork and exec.
 [[noreturn]] void RunChild(pid_t parent, int log_fd, char* const* argv, char* const* envp,
-                           const char* working_dir, uid_t uid, gid_t gid) {
+                           const char* working_dir, uid_t uid, gid_t gid,
+                           const std::vector<gid_t>& groups) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The parent may have died before prctl took effect; then nobody would
@@ -109,7 +110,9 @@ const char* ErrnoName(int error) {
   // Privileges go before anything of the job's is touched; a failure to drop
   // them is a failed launch, never a rank run as the agent's user.
   if (uid != static_cast<uid_t>(-1)) {
-    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+    // groups was built before fork: reading it allocates nothing.
+    if (setgroups(groups.size(), groups.empty() ? nullptr : groups.data()) != 0 ||
+        setgid(gid) != 0 || setuid(uid) != 0) {
       ChildFail("cannot switch to the rank user of", argv[0], errno);
     }
   }
@@ -358,7 +361,7 @@ absl::StatusOr<pid_t> ProcessSupervisor::Spawn(const ProcessSpec& spec, ExitCall
   }
   if (pid == 0) {
     RunChild(parent, log_fd, argv.data(), envp.data(), spec.working_dir.c_str(), spec.uid,
-             spec.gid);
+             spec.gid, spec.groups);
   }
 
   close(log_fd);

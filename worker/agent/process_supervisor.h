@@ -51,6 +51,8 @@ struct ProcessSpec {
   // exec); -1: as this process.
   uid_t uid = static_cast<uid_t>(-1);
   gid_t gid = static_cast<gid_t>(-1);
+  // With uid set: its only supplementary groups (none when empty).
+  std::vector<gid_t> groups;
 };
 
 struct ProcessExit {

@@ -196,10 +196,16 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
     return absl::FailedPreconditionError(reason);
   };
 
+  // Who it runs as: a job whose uid this node may not use cannot run here.
+  absl::StatusOr<RankUser> user = RankUserFor(assignment, options_.job_uids, options_.run_as);
+  if (!user.ok()) return fail(std::string(user.status().message()), kExitJobBroken);
+  LaunchRoots roots = options_.roots;
+  roots.rank_owner = user->owner;
+  roots.checkpoint_mode = user->checkpoint_mode;
   // This node's own confinement: a job that names files outside its roots
   // cannot run anywhere here, so it is not worth a restart.
   loom::v1::RankAssignment confined = assignment;
-  if (absl::Status s = ConfineAssignment(confined, options_.roots); !s.ok()) {
+  if (absl::Status s = ConfineAssignment(confined, roots); !s.ok()) {
     return fail(std::string(s.message()), kExitJobBroken);
   }
 
@@ -209,14 +215,14 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
       options_.work_dir,
       {"jobs", assignment.job_id(), absl::StrCat("attempt_", assignment.attempt()),
        absl::StrCat("rank_", assignment.rank())},
-      /*fresh_last=*/true, options_.run_as);
+      /*fresh_last=*/true, user->owner);
   if (!made.ok()) return fail(std::string(made.status().message()));
   dir_made = true;
   const std::string assignment_path = dir + "/assignment.pb";
   {
     // Written whole, then renamed, so a trainer never reads half a file.
     const std::string temp_path = assignment_path + ".tmp";
-    if (absl::Status s = WriteRankFile(temp_path, confined.SerializeAsString(), options_.run_as);
+    if (absl::Status s = WriteRankFile(temp_path, confined.SerializeAsString(), user->owner);
         !s.ok()) {
       return fail(std::string(s.message()));
     }
@@ -243,8 +249,9 @@ absl::Status RankManager::Launch(const loom::v1::RankAssignment& assignment) {
   }
   spec.log_path = log_path;
   spec.working_dir = dir;
-  spec.uid = options_.run_as.uid;
-  spec.gid = options_.run_as.gid;
+  spec.uid = user->owner.uid;
+  spec.gid = user->owner.gid;
+  spec.groups = user->groups;
 
   auto on_exit = [this, id, log_path, log_relative](const ProcessExit& exit) {
     loom::v1::RankExited exited;

@@ -12,7 +12,9 @@
 // whose directory exists is refused) through O_NOFOLLOW opens, and its files
 // are created with O_EXCL | O_NOFOLLOW, so nothing planted there is followed
 // or truncated. Before a rank starts, its assignment is confined to this
-// node's roots (launch_paths.h).
+// node's roots (launch_paths.h); the rank directory, its assignment and the
+// job's checkpoint directory belong to the user the rank runs as
+// (rank_user.h: under --run_as_uid_range, the job's own uid).
 //
 // A survivor that EnterEpoch moves from attempt n to m keeps its process, its
 // directory (still named attempt_<n>, where it was launched) and its log;
@@ -24,6 +26,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -38,6 +41,7 @@
 #include "worker/agent/rank_commands.h"
 #include "worker/agent/rank_control_sink.h"
 #include "worker/agent/rank_tokens.h"
+#include "worker/agent/rank_user.h"
 
 namespace loom::agent {
 
@@ -59,6 +63,9 @@ struct RankManagerOptions {
   // --run_as_user: ranks run as this user and own their rank and checkpoint
   // directories; -1: as this process.
   confine::FileOwner run_as;
+  // --run_as_uid_range: each job's ranks run as the job's own uid from this
+  // range (rank_user.h), in place of run_as; a job without one is refused.
+  std::optional<confine::UidRange> job_uids;
   // The agent's lease (none: ranks are never fenced) and the ranks' control
   // streams (none: aborts and epochs are applied but told to no one). Both
   // outlive the manager.
