@@ -105,6 +105,9 @@ ABSL_FLAG(bool, backfill, true,
 ABSL_FLAG(bool, preemption, true,
           "scheduling: a job that cannot be placed stops running jobs of lower priority "
           "gracefully (each saves its next step and resumes from it later; docs/scheduling.md)");
+ABSL_FLAG(bool, borrowing, false,
+          "scheduling: a job over its owner's quota may start on devices nobody waits for; it "
+          "is the first preempted when a quota owner needs them (docs/scheduling.md)");
 ABSL_FLAG(double, stop_grace_s, 120.0,
           "a graceful stop (preemption, loomctl drain, an agent's SIGTERM) kills the ranks that "
           "have not stopped after this long; the job then resumes from its newest checkpoint");
@@ -431,6 +434,7 @@ int main(int argc, char** argv) {
   options.max_job_ranks = absl::GetFlag(FLAGS_max_job_ranks);
   options.scheduling.backfill = absl::GetFlag(FLAGS_backfill);
   options.scheduling.preemption = absl::GetFlag(FLAGS_preemption);
+  options.scheduling.borrowing = absl::GetFlag(FLAGS_borrowing);
   if (!(absl::GetFlag(FLAGS_stop_grace_s) > 0)) loom::cli::UsageError("--stop_grace_s must be positive");
   options.stop_grace = absl::Seconds(absl::GetFlag(FLAGS_stop_grace_s));
   options.fair_share_half_life_s = absl::GetFlag(FLAGS_fair_share_half_life_s);

@@ -1,6 +1,8 @@
 // Resolving a job's layout at submission and planning a spec for loomctl.
 #include "planner/job_planner.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -135,6 +137,17 @@ absl::Status ResolveLayout(spec::JobSpec& spec) {
     spec::ApplyLayout(result->ranked.front().layout, &spec);
   }
   return spec::ValidateEngineRuns(spec, spec::LayoutOf(spec));
+}
+
+absl::StatusOr<double> PredictStepSeconds(const spec::JobSpec& resolved) {
+  absl::StatusOr<PlanRequest> request = PlanRequestFromJob(resolved);
+  if (!request.ok()) return request.status();
+  const StepTime time = EstimateStepTime(request->workload, spec::LayoutOf(resolved),
+                                         request->cluster, request->constants);
+  if (!(time.total > 0) || !std::isfinite(time.total)) {
+    return absl::FailedPreconditionError("the time model predicts no time for this layout");
+  }
+  return time.total;
 }
 
 absl::StatusOr<spec::JobSpec> ReplanOnRanks(const spec::JobSpec& job, int64_t ranks) {

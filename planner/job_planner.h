@@ -37,6 +37,13 @@ absl::Status ResolveLayout(spec::JobSpec& spec);
 // RESOURCE_EXHAUSTED when no layout of that size fits (with the reason).
 absl::StatusOr<spec::JobSpec> ReplanOnRanks(const spec::JobSpec& job, int64_t ranks);
 
+// The time model's prediction of one training step of `resolved` (its
+// layout given in full, as admission leaves it), in seconds: what the
+// scheduler multiplies by the steps left to estimate how long a job that
+// promised no runtime will run (EASY backfill, docs/scheduling.md). Errors as
+// the plan request's; FAILED_PRECONDITION when the model predicts no time.
+absl::StatusOr<double> PredictStepSeconds(const spec::JobSpec& resolved);
+
 struct PlanOptions {
   // Whose implementation constants the estimates use: "" or "loom" (Loom's
   // engine), "nanotron" or "megatron" (GPU jobs only).

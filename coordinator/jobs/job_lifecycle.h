@@ -129,6 +129,9 @@ class JobLifecycle {
   // does not run.
   bool StopGracefullyLocked(JobRecord& record, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A job that came back to RUNNING in place with ranks on a drained node
+  // (drained while it recovered) stops gracefully too.
+  void StopIfOnDrainedNodeLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // Every job with ranks on the node stops gracefully; returns how many.
   int DrainNodeLocked(const std::string& node_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());

@@ -7,8 +7,10 @@
 // counted. A rank that fails while the job stops, a lost node or a hang ends
 // the stop early (the rest are killed) and the job resumes from its newest
 // checkpoint; so does a job whose ranks have not stopped by the deadline.
-#include <cstdio>
 #include <limits>
+#include <optional>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
@@ -60,6 +62,19 @@ void JobLifecycle::ResendStopsLocked(const std::string& node_id) {
       if (p.node_id() != node_id) continue;
       table_->SendAfterStoredLocked(record, node_id, StopMessage(record.job));
       break;
+    }
+  }
+}
+
+void JobLifecycle::StopIfOnDrainedNodeLocked(JobRecord& record) {
+  std::set<std::string> nodes;
+  for (const auto& p : *record.placement) nodes.insert(p.node_id());
+  for (const std::string& node : nodes) {
+    std::optional<NodeInfo> info = nodes_->Get(node);
+    if (info && info->draining) {
+      StopGracefullyLocked(record,
+                           absl::StrCat("node ", node, " drained: ", info->cordon_reason));
+      return;
     }
   }
 }

@@ -94,6 +94,8 @@ void JobLifecycle::ApplyProgressLocked(JobRecord& record, const loom::v1::RankPr
     TransitionLocked(record, JobState::RUNNING,
                      absl::StrCat("all ", record.ranks.size(), " ranks joined attempt ",
                                   job.attempt(), in_place ? " in place" : ""));
+    // Survivors of an in-place recovery may run on a node drained meanwhile.
+    if (in_place) StopIfOnDrainedNodeLocked(record);
   }
   if (progress.phase() == "resumed" && !rank.resumed) {
     rank.resumed = true;

@@ -123,6 +123,10 @@ struct JobRecord {
   absl::Time placed_at = absl::InfinitePast();
   int64_t sequence = 0;  // the number in the job's id: ListJobs pages by it
   double peak_flops = 0;  // sum over the current placement (for MFU)
+  // The planner's prediction of one step (planner::PredictStepSeconds), taken
+  // once by the scheduler for jobs that promise no runtime; 0: none; -1: not
+  // taken yet.
+  double predicted_step_s = -1;
   absl::Time drop_metrics_at = absl::InfiniteFuture();  // set when the job ends
   absl::Time last_persist = absl::InfinitePast();
   GoodputTracker goodput;  // the steps that counted

@@ -10,6 +10,7 @@
 #include "coordinator/jobs/in_place_messages.h"
 #include "coordinator/jobs/job_states.h"
 #include "coordinator/jobs/rank_peak.h"
+#include "planner/job_planner.h"
 
 namespace loom::coordinator {
 
@@ -150,12 +151,26 @@ void JobScheduler::ChargeUsageLocked(absl::Time now) {
 
 namespace {
 
-// When a running job is expected to end, for backfill: its promise, or the
-// trainer's own estimate of the time left; 0: not known.
-double RuntimeOf(const JobRecord& record, double started_s, double now_s) {
+// The planner's prediction of the steps the job has left, in seconds (taken
+// once per job); 0 when it has none.
+double PredictedSecondsLeft(JobRecord& record) {
+  if (record.predicted_step_s < 0) {
+    absl::StatusOr<double> step = planner::PredictStepSeconds(record.spec);
+    record.predicted_step_s = step.ok() ? *step : 0;
+  }
+  const int64_t left = record.spec.train.steps - record.job.last_progress().step();
+  return left > 0 ? record.predicted_step_s * static_cast<double>(left) : 0;
+}
+
+// When a running job is expected to end, for backfill: its promise, the
+// trainer's own estimate of the time left, or the planner's; 0: not known.
+double RuntimeOf(JobRecord& record, double started_s, double now_s) {
   if (record.spec.scheduling.max_runtime_s > 0) return record.spec.scheduling.max_runtime_s;
+  const double elapsed = std::max(now_s - started_s, 0.0);
   const double eta = record.job.last_progress().eta_seconds();
-  return eta > 0 ? std::max(now_s - started_s, 0.0) + eta : 0;
+  if (eta > 0) return elapsed + eta;
+  const double predicted = PredictedSecondsLeft(record);
+  return predicted > 0 ? elapsed + predicted : 0;
 }
 
 // Device-steps a stop now would lose: the steps since the newest checkpoint.
@@ -188,7 +203,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
   std::map<std::string, std::set<int32_t>> busy;
   std::vector<const JobRecord*> waiting;  // as view.waiting
   for (const std::string& id : table_->OrderLocked()) {
-    const JobRecord& record = table_->AtLocked(id);
+    JobRecord& record = table_->AtLocked(id);  // the planner's prediction is kept in it
     const JobState state = record.job.state();
     const std::string kind = spec::DeviceKindName(record.spec.resources.device);
     const bool restart_ready = state == JobState::RESTARTING &&
@@ -217,6 +232,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
           .started_s = started_s,
           .runtime_s = RuntimeOf(record, started_s, view.now_s),
           .work_lost = WorkLost(record),
+          .borrowed = record.job.borrowed(),
           .stopping = record.job.has_stop(),
           // A job without checkpoints cannot save its step: never a victim.
           .preemptible = !record.spec.checkpoint.dir.empty() &&
@@ -233,6 +249,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
     const bool elastic_restart =
         (state == JobState::RESTARTING || state == JobState::PREEMPTED) &&
         record.spec.fault_tolerance.min_ranks > 0;
+    const double promised = record.spec.scheduling.max_runtime_s;
     view.waiting.push_back(sched::WaitingJob{
         .id = id,
         .user = record.job.owner(),
@@ -240,7 +257,9 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
         .kind = kind,
         .devices = elastic_restart ? 1 : record.spec.resources.world_size(),
         .order = record.sequence,
-        .runtime_s = record.spec.scheduling.max_runtime_s,
+        // Its promise, or else the planner's prediction of its steps left.
+        .runtime_s = promised > 0 ? promised : PredictedSecondsLeft(record),
+        .runtime_predicted = promised <= 0,
         .unplaceable = unplaceable.count(id) != 0});
   }
   for (const auto& [node, info] : devices.nodes) {
@@ -255,6 +274,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
   std::map<std::string, const JobRecord*> by_id;
   for (const JobRecord* r : waiting) by_id[r->job.id()] = r;
   const JobRecord* next = nullptr;
+  bool next_borrowed = false;
   std::vector<QueueEntry> queue;
   queue.reserve(decisions.size());
   for (const sched::Decision& d : decisions) {
@@ -271,6 +291,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
     const bool starts = d.action == sched::Action::kStart || d.action == sched::Action::kBackfill;
     if (starts && next == nullptr) {
       next = &record;
+      next_borrowed = d.borrowed;
       continue;
     }
     queue.push_back(QueueEntry{.job_id = d.job_id,
@@ -302,6 +323,7 @@ bool JobScheduler::SnapshotNextLocked(const Devices& devices,
   snapshot.job_id = next->job.id();
   snapshot.state = next->job.state();
   snapshot.attempt = next->job.attempt();
+  snapshot.borrowed = next_borrowed;
   snapshot.spec = next->spec;
   snapshot.resolved_spec_yaml = next->job.resolved_spec_yaml();
   snapshot.spec_yaml = next->job.spec_yaml();
@@ -470,6 +492,7 @@ bool JobScheduler::CommitLocked(const Snapshot& snapshot, Result& result) {
     if (!info || !info->live || !info->connected) return false;
   }
   if (result.resize) lifecycle_->ResizeLocked(*record, *result.resize);
+  record->job.set_borrowed(snapshot.borrowed);
   lifecycle_->StartAttemptLocked(*record, std::move(result.attempt));
   return true;
 }

@@ -98,6 +98,7 @@ class JobScheduler {
     std::string job_id;
     loom::v1::JobState state = loom::v1::PENDING;
     int32_t attempt = 0;  // before this placement
+    bool borrowed = false;  // the policy lets it start over its owner's quota
     spec::JobSpec spec;
     std::string resolved_spec_yaml;
     std::string spec_yaml;  // as submitted: an elastic job's requested size

@@ -238,6 +238,9 @@ class Walk {
       d.action = Action::kBackfill;
       d.reason = ends_first ? absl::StrCat("backfills: ends before ", head.id, "'s reserved start")
                             : absl::StrCat("backfills: uses devices ", head.id, " does not need");
+      if (ends_first && job.runtime_predicted) {
+        absl::StrAppend(&d.reason, " (the planner predicts ", Seconds(job.runtime_s), ")");
+      }
       if (!ends_first) reservation.extra -= job.devices;
       Take(job);
       return d;
@@ -255,6 +258,9 @@ class Walk {
       absl::StrAppend(&d.reason, "; needs ", job.devices, " ", job.kind, ", ", free, " free");
     } else if (job.runtime_s <= 0) {
       absl::StrAppend(&d.reason, "; no scheduling.max_runtime_s to backfill with");
+    } else if (job.runtime_predicted) {
+      absl::StrAppend(&d.reason, "; the planner predicts it runs ", Seconds(job.runtime_s),
+                      ", past ", head.id, "'s reserved start");
     } else {
       absl::StrAppend(&d.reason, "; would still run at ", head.id, "'s reserved start");
     }

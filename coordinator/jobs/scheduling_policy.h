@@ -57,6 +57,7 @@ struct WaitingJob {
   int64_t devices = 0;
   int64_t order = 0;     // submission order: lower was submitted first
   double runtime_s = 0;  // promised (or estimated) seconds it runs; 0: unknown
+  bool runtime_predicted = false;  // runtime_s is the planner's estimate, not a promise
   // The scheduler found no nodes to hold its layout although enough devices
   // are free (a TP group must stay inside a node): it waits like a job that
   // does not fit.

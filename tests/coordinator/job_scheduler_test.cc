@@ -56,6 +56,9 @@ class JobSchedulerTest : public ::testing::Test {
     record.job.set_id(table_.NewIdLocked(&record.sequence));
     record.job.set_state(JobState::PENDING);
     record.job.set_resolved_spec_yaml(spec::ToYaml(*spec));
+    // No planner's prediction: a job promises nothing unless a test says so
+    // (predictions are scheduling_policy_test's).
+    record.predicted_step_s = 0;
     return table_.InsertLocked(std::move(record)).job.id();
   }
   std::shared_ptr<testing::RecordingChannel> Node(const std::string& id, int devices) {

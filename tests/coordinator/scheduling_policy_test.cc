@@ -160,6 +160,27 @@ TEST(Decide, EasyBackfillDoesNotDelayTheReservedJob) {
   EXPECT_EQ(ById(Decide(view, {.backfill = false}))["job-2"].action, Action::kWait);
 }
 
+TEST(Decide, ThePlannersPredictionBackfillsLikeAPromiseAndSaysSo) {
+  // As above: job-1 reserved at t=1600. job-2 promised nothing, but the
+  // planner predicts 300 s: it ends first and backfills; job-3's prediction
+  // runs past the reserved start: it waits, saying so.
+  ClusterView view = Cluster(8, 2);
+  view.running = {Running("job-0", "dave", 6, 0, 400, 1200)};
+  WaitingJob short_job = Waiting("job-2", "bob", 2, 0, 3, 300);
+  short_job.runtime_predicted = true;
+  WaitingJob long_job = Waiting("job-3", "bob", 2, 0, 2, 7200);
+  long_job.runtime_predicted = true;
+  view.waiting = {Waiting("job-1", "alice", 8, 0, 1), long_job, short_job};
+  auto d = ById(Decide(view, {}));
+  EXPECT_EQ(d["job-3"].action, Action::kWait);
+  EXPECT_EQ(d["job-3"].reason,
+            "behind job-1 (priority 0, waiting for 8 gpu); the planner predicts it runs 2.0 h, "
+            "past job-1's reserved start");
+  EXPECT_EQ(d["job-2"].action, Action::kBackfill);
+  EXPECT_EQ(d["job-2"].reason,
+            "backfills: ends before job-1's reserved start (the planner predicts 5 min)");
+}
+
 TEST(Decide, BackfillMayUseDevicesTheReservedJobDoesNotNeed) {
   // 8 gpu, 4 free; job-0 (4) ends at 1500. job-1 needs 6: at 1500 there are
   // 8, 2 extra. A job without a promise may take those 2, not 3.
@@ -255,6 +276,17 @@ TEST(Victims, AQuotaOwnerReclaimsBorrowedDevicesWhateverTheirPriority) {
   Decision d = Decide(view, {.preemption = true}).front();
   EXPECT_EQ(d.action, Action::kPreempt);
   EXPECT_EQ(d.victims, (std::vector<std::string>{"borrowed"}));
+}
+
+TEST(Victims, AJobThatCannotSaveItsStepIsNeverAVictim) {
+  ClusterView view = Cluster(8, 0);
+  view.running = {Running("unsaved", "a", 4, 0, 900), Running("saves", "b", 4, 0, 100)};
+  view.running[0].preemptible = false;  // no checkpoint.dir
+  view.waiting = {Waiting("urgent", "e", 4, 5, 1)};
+  Decision d = Decide(view, {.preemption = true}).front();
+  EXPECT_EQ(d.victims, (std::vector<std::string>{"saves"}));  // though the newer is "unsaved"
+  view.waiting = {Waiting("urgent", "e", 8, 5, 1)};
+  EXPECT_EQ(Decide(view, {.preemption = true}).front().action, Action::kWait);
 }
 
 TEST(Decide, TheWorkedExampleOfDocsScheduling) {

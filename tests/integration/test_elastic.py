@@ -92,7 +92,10 @@ class HotSpare(unittest.TestCase):
         self.assertNotIn(spare, set(placement(status).values()), status)
         # Every other device is taken: a second job waits, the spare is not given to it.
         other = c.submit(spec("waits", ranks=2, steps=2), "waits")
-        time.sleep(2)
+        # Once the scheduler has passed over it (it is in the queue with a
+        # reason), while the reference still runs: a fast machine ends the
+        # reference's 200 steps in a few seconds.
+        wait_until(lambda: other in c.loomctl("queue").stdout, 30, "the second job in the queue")
         self.assertEqual(c.state(other), "PENDING", c.status(other))
         self.assertEqual(c.state(reference), "RUNNING", "the reference ended before the check")
         self.assertEqual(watch.wait(), 0, c.status(reference))

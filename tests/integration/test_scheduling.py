@@ -2,7 +2,9 @@
 (docs/scheduling.md): the higher priority goes first and `loomctl queue` says
 why the other waits; a user over quota waits, saying so, and starts when
 their other job ends; a priority above the owner's cap is refused; a short
-job backfills a gap without starting before a waiting larger job could."""
+job backfills a gap without starting before a waiting larger job could, and a
+job the planner predicts to run past that job's start does not. Preemption is
+off here: tests/integration/test_preemption.py has it."""
 
 import unittest
 
@@ -33,7 +35,9 @@ def queue_lines(cluster, identity="admin"):
 class Scheduling(unittest.TestCase):
     def setUp(self):
         self.cluster = Cluster(self._testMethodName)
-        self.cluster.start_coordinator()
+        # The queue's order, quotas and backfill; preemption (which would stop
+        # the running jobs these tests wait behind) is test_preemption.py's.
+        self.cluster.start_coordinator(["--preemption=false"])
 
     def tearDown(self):
         self.cluster.stop()
@@ -88,7 +92,7 @@ class Scheduling(unittest.TestCase):
         self.assertEqual(c.wait_state(second, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
         # The quota survives a coordinator restart (stored before it took effect).
         c.kill(c.coordinator)
-        c.start_coordinator()
+        c.start_coordinator(["--preemption=false"])
         self.assertIn("user alice", c.loomctl("quota", "get", "--user=alice").stdout)
 
     def test_a_priority_above_the_owners_cap_is_refused(self):
@@ -111,11 +115,12 @@ class Scheduling(unittest.TestCase):
         c.wait_state(long, {"STARTING", "RUNNING"}, timeout=60)
         head = c.submit(with_scheduling(tiny_job(name="head", ranks=4)), name="head")
         wait_until(lambda: head in queue_lines(c), 30, "the 4-rank job to wait")
-        # No promise: it could still run when head may start, so it waits
-        # although 2 devices are free.
-        unbounded = c.submit(tiny_job(name="unbounded", ranks=2), name="unbounded")
-        wait_until(lambda: "no scheduling.max_runtime_s to backfill with" in
-                   queue_lines(c).get(unbounded, ""), 30, "the unpromised job to wait")
+        # No promise, and the planner predicts a run far past head's reserved
+        # start: it waits although 2 devices are free.
+        unbounded = c.submit(tiny_job(name="unbounded", steps=100000000, ranks=2,
+                                      eval_interval=0, ckpt_interval=0), name="unbounded")
+        wait_until(lambda: "the planner predicts it runs" in
+                   queue_lines(c).get(unbounded, ""), 30, "the long unpromised job to wait")
         self.assertEqual(c.state(unbounded), "PENDING")
         # Promises to end long before long's promised end: it backfills.
         short = c.submit(with_scheduling(tiny_job(name="short", ranks=2), max_runtime_s=120),
@@ -131,8 +136,9 @@ class Scheduling(unittest.TestCase):
         if state != "SUCCEEDED":
             self.assertEqual(c.state(unbounded), "PENDING")
         self.assertEqual(c.wait_state(head, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
-        self.assertEqual(c.wait_state(unbounded, {"SUCCEEDED", "FAILED"}, timeout=300),
-                         "SUCCEEDED")
+        # Then the long one starts (it would run for hours: cancelled here).
+        c.wait_state(unbounded, {"STARTING", "RUNNING"}, timeout=60)
+        c.loomctl("cancel", unbounded)
 
 
 if __name__ == "__main__":

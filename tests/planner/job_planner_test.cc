@@ -48,6 +48,22 @@ TEST(ResolveLayout, FillsAutoWithALayoutTheEngineRuns) {
   EXPECT_TRUE(spec::ValidateEngineRuns(job, l).ok()) << spec::ValidateEngineRuns(job, l);
 }
 
+// The scheduler's duration estimate: one step of the resolved layout, more
+// for more work per step (a larger global batch on the same ranks).
+TEST(PredictStepSeconds, PredictsTheResolvedLayoutsStepAndScalesWithTheWork) {
+  spec::JobSpec job = CpuAutoJob();
+  ASSERT_TRUE(ResolveLayout(job).ok());
+  absl::StatusOr<double> step = PredictStepSeconds(job);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_GT(*step, 0);
+  EXPECT_LT(*step, 3600);
+  spec::JobSpec bigger = job;
+  bigger.train.global_batch_size *= 4;
+  absl::StatusOr<double> more = PredictStepSeconds(bigger);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_GT(*more, 2 * *step);
+}
+
 // A layout given in full is not searched: it stays, and must fit and run.
 TEST(ResolveLayout, KeepsAGivenLayoutAndChecksIt) {
   spec::JobSpec job = CpuAutoJob();

@@ -242,6 +242,13 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
     // Every rank: each has its own log, which `loomctl logs --rank=N` shows.
     if (world.on_step_line) world.on_step_line(engine::FormatProgressLine(p));
     loom::v1::RankProgress report = StepReport(p);
+    // Waiting for the previous snapshot copy is waiting on a peer (the buddy
+    // still receiving it), not this rank's compute: a stopped buddy must not
+    // make its ward look like the straggler.
+    if (p.snapshot.has_value() && p.snapshot->wait_seconds > 0) {
+      const absl::Duration waited = absl::Seconds(p.snapshot->wait_seconds);
+      g.clock->Record("snapshot", "wait_copy", absl::Now() - waited, waited);
+    }
     SetTiming(g.clock->Summary(), report.mutable_timing());
     progress.Report(std::move(report));
     g.clock->BeginStep(absl::Now());
