@@ -94,6 +94,10 @@ class RankManager : public RankCommands, public RankTokens {
   // Pushes the AbortRanks to each rank of that job and attempt.
   int Abort(const loom::v1::AbortRanks& abort) override;
 
+  // Pushes the TraceStep to each listed rank (every one when none are) of
+  // that job and attempt.
+  int Trace(const loom::v1::TraceStep& trace) override;
+
   // For each listed rank of (job, from_attempt): moves it to `attempt`, with
   // the entry's token and the epoch's store namespace, at once (its old token
   // is refused from now on), then pushes it the EnterEpoch with its own entry

@@ -5,13 +5,15 @@
 // once, on the posting thread (a blocked collective returns ABORTED), or as
 // soon as they are armed if it came first; an EnterEpoch waits for the loop
 // to take it, and aborts its from_attempt too (an abort that never arrived
-// is implied). Messages of other attempts are ignored. Thread-safe.
+// is implied). Messages of other attempts are ignored. A TraceStep only
+// notes the step to record (TraceWanted). Thread-safe.
 #pragma once
 
 #include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,10 @@ class ControlMailbox {
   // The reason of an abort of `attempt` posted so far, if any.
   std::optional<std::string> AbortOf(int attempt) const;
 
+  // Whether step `step` was asked to be recorded (TraceStep; the most
+  // recent 16 requests are kept).
+  bool TraceWanted(int64_t step) const;
+
   // The EnterEpoch that moves this rank on from `from_attempt`, as soon as
   // it has been posted; DEADLINE_EXCEEDED naming the wait when none comes
   // within `timeout`.
@@ -45,6 +51,7 @@ class ControlMailbox {
   mutable absl::Mutex mu_;
   std::map<int, std::string> aborted_ ABSL_GUARDED_BY(mu_);  // attempt -> reason (recent ones)
   std::deque<loom::v1::EnterEpoch> epochs_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> trace_steps_ ABSL_GUARDED_BY(mu_);
   int armed_attempt_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<comm::CommunicatorSet> armed_ ABSL_GUARDED_BY(mu_);
 };
