@@ -1,9 +1,10 @@
 """`loomctl trace` through the real binaries (docs/observability.md, "Traces"):
 a coordinator, two agents and four CPU trainers of a tp2·pp2 job on loopback.
 
-* One rank is slowed from outside: stopped for 3 ms whenever it is found
-  computing (SIGSTOP/SIGCONT, Throttle below; why not on a fixed period as
-  test_stragglers.py does is said there). `loomctl trace`
+* One rank is slowed from outside: stopped (SIGSTOP/SIGCONT) for three times
+  the CPU time its training loop uses, at moments it is found computing
+  (Throttle below; why not on a fixed period as test_stragglers.py does is
+  said there). `loomctl trace`
   of a coming step writes one file that parses as the Chrome trace-event
   format, with a process per rank named with its place and node, a compute
   track and one per communicator; each rank's trace holds every collective
@@ -45,22 +46,28 @@ SLOWED = 1  # the rank the test slows
 
 
 class Throttle:
-    """Slows a process's own work from outside, as a throttled device would:
-    a thread polls the state of the process's main thread (the training
-    loop's) and, whenever it finds it running, stops the process for
-    `stopped` seconds (SIGSTOP, SIGCONT), like cpulimit. Its waits in
+    """Slows a process's own work from outside, as a throttled device would,
+    like cpulimit: a thread reads how much CPU time the process's main thread
+    (the training loop's) used, and for each millisecond of it stops the
+    process for `factor` milliseconds (SIGSTOP, SIGCONT), at moments it finds
+    that thread running, so the stops land in its compute and its waits in
     collectives (asleep in the kernel) are left alone. (A stop on a fixed
     period, as test_stragglers.py uses for a dp4 job, landed mostly in those
-    waits here: a tp2·pp2 step on this machine is a long chain of exchanges in
+    waits here: a tp2·pp2 step on this machine is a chain of exchanges in
     which each rank computes for a fifth of the time or less.) stop() always
     leaves the process continued."""
 
-    def __init__(self, pid, stopped=0.003, poll=0.0005):
-        self.pid, self.stopped, self.poll = pid, stopped, poll
+    def __init__(self, pid, factor=3.0, poll=0.001, shortest=0.002, longest=0.03):
+        self.pid, self.factor, self.poll = pid, factor, poll
+        self.shortest, self.longest = shortest, longest
         self.done = threading.Event()
-        self.stops = 0
+        self.stopped_s = 0.0
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def _cpu_s(self):
+        with open(f"/proc/{self.pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
 
     def _running(self):
         with open(f"/proc/{self.pid}/stat") as f:
@@ -68,12 +75,19 @@ class Throttle:
 
     def _run(self):
         try:
+            used = self._cpu_s()
+            owed = 0.0
             while not self.done.is_set():
-                if self._running():
+                now = self._cpu_s()
+                owed += (now - used) * self.factor
+                used = now
+                if owed >= self.shortest and self._running():
+                    pause = min(owed, self.longest)
                     os.kill(self.pid, signal.SIGSTOP)
-                    time.sleep(self.stopped)
+                    time.sleep(pause)
                     os.kill(self.pid, signal.SIGCONT)
-                    self.stops += 1
+                    owed -= pause
+                    self.stopped_s += pause
                 time.sleep(self.poll)
         except (FileNotFoundError, ProcessLookupError):  # the rank ended
             pass
@@ -147,7 +161,7 @@ class Trace(unittest.TestCase):
                            identity="user-alice", timeout=180)
         print(f"\n{result.stdout.strip()} ({time.monotonic() - started:.1f} s)")
         slower.stop()
-        print(f"rank {SLOWED} stopped {slower.stops} times")
+        print(f"rank {SLOWED} stopped for {slower.stopped_s:.2f} s in all")
         path = os.path.join(c.dir, "step.json")
         with open(path) as f:
             doc = json.load(f)

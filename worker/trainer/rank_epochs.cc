@@ -220,11 +220,11 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   std::shared_ptr<StepTraceRecorder> trace = at.trace;
   l.set_phase_listener([&at, trace](const char* phase, int64_t micro_batch, int64_t chunk) {
     at.board.Set(phase, static_cast<int>(micro_batch), static_cast<int>(chunk));
-    trace->Phase(phase, micro_batch, chunk, absl::Now());
+    if (trace->recording()) trace->Phase(phase, micro_batch, chunk, absl::Now());
   });
   g.clock->set_observer([trace](const std::string& group, const char* op, absl::Time entered,
                                 absl::Duration blocked, int64_t bytes) {
-    trace->Collective(group, op, entered, blocked, bytes, absl::Now());
+    if (trace->recording()) trace->Collective(group, op, entered, blocked, bytes, absl::Now());
   });
   // Step `step` begins now: recorded if `loomctl trace` asked for it.
   ControlMailbox* control = world.control;

@@ -41,6 +41,9 @@ class StepTraceRecorder {
   // blocked for `blocked` of that.
   void Collective(const std::string& group, const char* op, absl::Time entered,
                   absl::Duration blocked, int64_t bytes, absl::Time now);
+  // Whether a step is being recorded: callers check it before reading the
+  // clock for the calls above (a clock read costs more than this load).
+  bool recording() const { return recording_.load(std::memory_order_acquire); }
   // The trace of `step` if it was recorded (its last phase ends at `now`);
   // recording stops either way.
   std::optional<loom::v1::StepTrace> Finish(int64_t step, absl::Time now);

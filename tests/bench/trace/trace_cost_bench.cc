@@ -58,7 +58,8 @@ int main(int argc, char** argv) {
   comm::CollectiveClock clock;
   clock.set_observer([recorder](const std::string& g, const char* op, absl::Time entered,
                                 absl::Duration blocked, int64_t bytes) {
-    recorder->Collective(g, op, entered, blocked, bytes, absl::Now());
+    // As the trainer's observer does (worker/trainer/rank_epochs.cc).
+    if (recorder->recording()) recorder->Collective(g, op, entered, blocked, bytes, absl::Now());
   });
   clock.BeginStep(now);
   recorder->BeginStep(1, false, now);
