@@ -1,6 +1,7 @@
 #include "coordinator/service/trace_relay.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
@@ -21,7 +22,12 @@ absl::StatusOr<TraceSpec> TraceSpecFor(const loom::v1::Job& job,
   const int64_t newest = job.last_progress().step();
   const int64_t total = job.last_progress().total_steps();
   // The step after the newest reported one may have begun on some rank.
-  spec.step = request.step() > 0 ? request.step() : newest + kTraceStepsAhead;
+  int64_t ahead = kTraceStepsAhead;
+  if (const double seconds = job.last_progress().step_seconds(); seconds > 0) {
+    ahead = std::max<int64_t>(ahead, static_cast<int64_t>(std::ceil(kTraceLeadSeconds / seconds)));
+  }
+  spec.step = request.step() > 0 ? request.step() : newest + ahead;
+  if (request.step() <= 0 && total > 0) spec.step = std::min(spec.step, total);
   if (spec.step <= newest + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", spec.step, " may have begun already (the newest step reported is ",

@@ -33,7 +33,10 @@ namespace loom::coordinator {
 inline constexpr int kMaxTraceRanks = 64;  // per request: the file stays under 16 MiB
 inline constexpr int kDefaultTraceWaitSeconds = 60;
 inline constexpr int kMaxTraceWaitSeconds = 600;
-inline constexpr int64_t kTraceStepsAhead = 3;  // the default step: newest reported + this
+// The default step: the newest reported + kTraceStepsAhead, or more for short
+// steps, so that the request reaches the ranks (about kTraceLeadSeconds) first.
+inline constexpr int64_t kTraceStepsAhead = 3;
+inline constexpr double kTraceLeadSeconds = 1.0;
 
 // One rank to trace and where it runs.
 struct TraceTarget {

@@ -55,6 +55,19 @@ TEST(TraceSpecFor, DefaultsToAFewStepsAheadAndEveryRank) {
   EXPECT_EQ(spec->wait, absl::Seconds(kDefaultTraceWaitSeconds));
 }
 
+TEST(TraceSpecFor, ShortStepsAreAskedForFurtherAhead) {
+  loom::v1::Job job = RunningJob();
+  job.mutable_last_progress()->set_step_seconds(0.01);  // 100 steps a second
+  job.mutable_last_progress()->set_total_steps(1000);
+  absl::StatusOr<TraceSpec> spec = TraceSpecFor(job, Request());
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->step, 10 + 100);  // kTraceLeadSeconds ahead, and within train.steps
+  job.mutable_last_progress()->set_total_steps(50);
+  EXPECT_EQ(TraceSpecFor(job, Request())->step, 50);
+  job.mutable_last_progress()->set_step_seconds(2.0);  // slow steps: still a few ahead
+  EXPECT_EQ(TraceSpecFor(job, Request())->step, 10 + kTraceStepsAhead);
+}
+
 TEST(TraceSpecFor, RefusesABegunStepAnUnknownRankAndAJobNotRunning) {
   EXPECT_THAT(TraceSpecFor(RunningJob(), Request(11)).status().message(),
               HasSubstr("step 11 may have begun already"));
