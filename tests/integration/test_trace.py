@@ -4,9 +4,8 @@ a coordinator, two agents and four CPU trainers of a tp2·pp2 job on loopback.
 * One rank is slowed from outside: stopped (SIGSTOP/SIGCONT) for three times
   the CPU time its training loop uses, at moments it is found computing
   (Throttle below; why not on a fixed period as test_stragglers.py does is
-  said there). `loomctl trace`
-  of a coming step writes one file that parses as the Chrome trace-event
-  format, with a process per rank named with its place and node, a compute
+  said there). `loomctl trace` of a coming step writes one file that parses
+  as the Chrome trace-event format, with a process per rank named with its place and node, a compute
   track and one per communicator; each rank's trace holds every collective
   its communicators counted for that step (the step's own timing summary,
   from the same report), each with its group, operation and bytes; the
