@@ -23,6 +23,7 @@ int RunWhoAmI(const Args& args);    // auth_verbs.cc
 int RunToken(const Args& args);
 int RunExport(const Args& args);    // export_verb.cc
 int RunLogs(const Args& args);      // logs_verb.cc
+int RunTrace(const Args& args);     // trace_verb.cc
 int RunQueue(const Args& args);     // scheduling_verbs.cc
 int RunQuota(const Args& args);
 

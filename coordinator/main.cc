@@ -482,6 +482,12 @@ int main(int argc, char** argv) {
 
   JobServiceImpl job_service(&jobs, PlanJob, &caller_auth, {.token_streams = &token_streams});
   job_service.SetLogRelay(&log_relay);
+  // `loomctl trace`: TraceStep to the agents, the ranks' traces back through
+  // the node service (coordinator/service/trace_relay.h).
+  TraceRelay trace_relay([&nodes](const std::string& node, const loom::v1::CoordinatorMessage& message) {
+    return nodes.Send(node, message);
+  });
+  job_service.SetTraceRelay(&trace_relay);
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth, &token_streams);
@@ -490,6 +496,7 @@ int main(int argc, char** argv) {
   node_service.SetAgentLease(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetNodeTimeout(absl::Seconds(absl::GetFlag(FLAGS_node_timeout_s)));
   node_service.SetLogRelay(&log_relay);
+  node_service.SetTraceRelay(&trace_relay);
   node_service.UpdateNodeGauges();
 
   grpc::EnableDefaultHealthCheckService(true);

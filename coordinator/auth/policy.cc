@@ -27,6 +27,7 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.JobService/WatchJob", {.admin = true, .user = true}},
       {"/loom.v1.JobService/DeleteJob", {.admin = true, .user = true}},
       {"/loom.v1.JobService/StreamLogs", {.admin = true, .user = true}},
+      {"/loom.v1.JobService/TraceJob", {.admin = true, .user = true}},
       {"/loom.v1.JobService/ListNodes", {.admin = true}},
       {"/loom.v1.JobService/ListQueue", {.admin = true, .user = true}},
       {"/loom.v1.JobService/UncordonNode", {.admin = true}},

@@ -82,7 +82,8 @@ HangReport HangDetector::Diagnose(absl::Time now) const {
     if (!view.seen) return std::string("never reported");
     const auto& p = view.last;
     std::string phase = p.phase().empty() ? "unknown phase" : p.phase();
-    if (p.phase() == "forward_backward" && p.micro_batch() >= 0) {
+    if ((p.phase() == "forward_backward" || p.phase() == "forward" || p.phase() == "backward") &&
+        p.micro_batch() >= 0) {
       absl::StrAppend(&phase, " of micro-batch ", p.micro_batch());
       if (p.chunk() > 0) absl::StrAppend(&phase, " (chunk ", p.chunk(), ")");
     }

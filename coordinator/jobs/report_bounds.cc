@@ -66,6 +66,55 @@ absl::Status CheckSnapshots(int64_t world, const loom::v1::SnapshotHoldings& s) 
 
 }  // namespace
 
+absl::Status CheckReportTrace(const loom::v1::RankProgress& report) {
+  const loom::v1::StepTrace& t = report.trace();
+  if (t.step() != report.step()) {
+    return Beyond("trace.step", t.step(), absl::StrCat("must be the report's step ", report.step()));
+  }
+  if (t.tracks_size() > kMaxReportTraceTracks) {
+    return Beyond("trace.tracks (entries)", t.tracks_size(),
+                  absl::StrCat("at most ", kMaxReportTraceTracks));
+  }
+  if (t.names_size() > kMaxReportTraceNames) {
+    return Beyond("trace.names (entries)", t.names_size(),
+                  absl::StrCat("at most ", kMaxReportTraceNames));
+  }
+  if (t.events_size() > kMaxReportTraceEvents) {
+    return Beyond("trace.events (entries)", t.events_size(),
+                  absl::StrCat("at most ", kMaxReportTraceEvents));
+  }
+  for (const std::string& track : t.tracks()) {
+    if (absl::Status s = CheckString("trace.tracks", track, kMaxReportGroupNameBytes); !s.ok()) {
+      return s;
+    }
+  }
+  for (const std::string& name : t.names()) {
+    if (absl::Status s = CheckString("trace.names", name, kMaxReportOpBytes); !s.ok()) return s;
+  }
+  if (t.start_unix_us() < 0 || t.end_us() < 0 || t.dropped_events() < 0) {
+    return absl::InvalidArgumentError(
+        "RankProgress.trace start_unix_us, end_us and dropped_events must not be negative");
+  }
+  for (const loom::v1::TraceEvent& e : t.events()) {
+    if (absl::Status s = CheckRange("trace.events.track", e.track(), 0, t.tracks_size() - 1,
+                                    "an index into trace.tracks");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckRange("trace.events.name", e.name(), 0, t.names_size() - 1,
+                                    "an index into trace.names");
+        !s.ok()) {
+      return s;
+    }
+    if (e.start_us() < 0 || e.duration_us() < 0 || e.bytes() < 0 || e.blocked_us() < 0) {
+      return absl::InvalidArgumentError(
+          "RankProgress.trace.events start_us, duration_us, bytes and blocked_us must not be "
+          "negative");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckReportBounds(const spec::JobSpec& spec, int64_t world,
                                const loom::v1::RankProgress& report) {
   // The size first: nothing below walks more than this many bytes.
@@ -118,6 +167,9 @@ absl::Status CheckReportBounds(const spec::JobSpec& spec, int64_t world,
   }
   if (report.has_snapshots()) {
     if (absl::Status s = CheckSnapshots(world, report.snapshots()); !s.ok()) return s;
+  }
+  if (report.has_trace()) {
+    if (absl::Status s = CheckReportTrace(report); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -24,10 +24,19 @@ inline constexpr int kMaxReportGroups = 16;              // one per axis and com
 inline constexpr int kMaxReportGroupNameBytes = 256;     // group_factory lists 4 members at most
 inline constexpr int kMaxReportOpBytes = 64;             // "allreduce", "send" ...
 inline constexpr int kMaxReportSnapshotSteps = 16;       // two generations are kept
+// `loomctl trace`'s step (RankProgress.trace): the trainer's own caps
+// (worker/trainer/step_trace.h); the report's byte bound holds it as a whole.
+inline constexpr int kMaxReportTraceEvents = 1024;
+inline constexpr int kMaxReportTraceTracks = 16;
+inline constexpr int kMaxReportTraceNames = 64;
 
 // OK, or INVALID_ARGUMENT naming the first field beyond its bound and the
 // bound (never quoting the value). `world` is the job's placed rank count.
 absl::Status CheckReportBounds(const spec::JobSpec& spec, int64_t world,
                                const loom::v1::RankProgress& report);
+
+// The part of it for report.trace (OK without one), for the trace relay,
+// which reads the traces off the progress path (no spec needed).
+absl::Status CheckReportTrace(const loom::v1::RankProgress& report);
 
 }  // namespace loom::coordinator

@@ -417,4 +417,35 @@ grpc::ServerWriteReactor<loom::v1::StreamLogsResponse>* JobServiceImpl::StreamLo
   return StartLogStream(logs_, std::move(spec));
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::TraceJob(grpc::CallbackServerContext* context,
+                                                   const loom::v1::TraceJobRequest* request,
+                                                   loom::v1::TraceJobResponse* response) {
+  absl::StatusOr<auth::Identity> caller =
+      auth_->Admit(*context, absl::StrCat(kMethodPrefix, "TraceJob"));
+  if (!caller.ok()) return Refuse(context, caller.status());
+  absl::StatusOr<loom::v1::Job> job = jobs_->Get(request->id(), loom::v1::JOB_VIEW_FULL);
+  if (!job.ok()) return Refuse(context, job.status());
+  // A foreign job reads as one that does not exist.
+  if (absl::Status s = auth::AuthorizeJob(*caller, job->id(), job->owner()); !s.ok()) {
+    return Refuse(context, s);
+  }
+  if (traces_ == nullptr) {
+    return Refuse(context, absl::UnimplementedError("this coordinator does not record traces"));
+  }
+  absl::StatusOr<TraceSpec> spec = TraceSpecFor(*job, *request);
+  if (!spec.ok()) return Refuse(context, spec.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status started = traces_->Start(
+      *std::move(spec), [reactor, response](absl::StatusOr<loom::v1::TraceJobResponse> answer) {
+        if (answer.ok()) {
+          *response = *std::move(answer);
+          reactor->Finish(grpc::Status::OK);
+        } else {
+          reactor->Finish(ToGrpc(answer.status()));
+        }
+      });
+  if (!started.ok()) reactor->Finish(ToGrpc(started));
+  return reactor;
+}
+
 }  // namespace loom::coordinator

@@ -22,6 +22,7 @@
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/log_relay.h"
 #include "coordinator/service/token_streams.h"
+#include "coordinator/service/trace_relay.h"
 #include "coordinator/service/work_pool.h"
 #include "loom/v1/job.grpc.pb.h"
 
@@ -38,7 +39,8 @@ using JobServiceBase = loom::v1::JobService::WithCallbackMethod_SubmitJob<
                     loom::v1::JobService::WithCallbackMethod_DrainNode<
                         loom::v1::JobService::WithCallbackMethod_WatchJob<
                             loom::v1::JobService::WithCallbackMethod_StreamLogs<
-                                loom::v1::JobService::Service>>>>>>>>;
+                                loom::v1::JobService::WithCallbackMethod_TraceJob<
+                                    loom::v1::JobService::Service>>>>>>>>>;
 
 struct JobServiceOptions {
   // Planner searches at once, and waiting beyond them (PlanJob).
@@ -100,8 +102,16 @@ class JobServiceImpl final : public JobServiceBase {
   grpc::ServerWriteReactor<loom::v1::StreamLogsResponse>* StreamLogs(
       grpc::CallbackServerContext* context, const loom::v1::StreamLogsRequest* request) override;
 
+  // One step recorded on the job's ranks, as a Chrome trace-event JSON,
+  // answered by the TraceRelay's thread once every trace is in or the wait
+  // ends (trace_relay.h); UNIMPLEMENTED without one.
+  grpc::ServerUnaryReactor* TraceJob(grpc::CallbackServerContext* context,
+                                     const loom::v1::TraceJobRequest* request,
+                                     loom::v1::TraceJobResponse* response) override;
+
   // Set before serving; outlives the service.
   void SetLogRelay(LogRelay* relay) { logs_ = relay; }
+  void SetTraceRelay(TraceRelay* relay) { traces_ = relay; }
 
  private:
   // The caller may act on job id: it exists and is theirs (or they are admin).
@@ -111,6 +121,7 @@ class JobServiceImpl final : public JobServiceBase {
   PlanFunction plan_;
   const CallerAuth* auth_;
   LogRelay* logs_ = nullptr;
+  TraceRelay* traces_ = nullptr;
   TokenStreams* const token_streams_;
   WorkPool plans_;  // last: its threads stop before the members they use go
 };

@@ -207,6 +207,12 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
           }
           const ProgressBatchResult result = jobs_->OnRankProgressBatch(node_id_, message.progress());
           if (result.refused > 0) RefusedProgress(result);
+          // `loomctl trace`: the relay checks that it asked this node for the rank.
+          if (TraceRelay* traces = service_->trace_relay(); traces != nullptr) {
+            for (const loom::v1::RankProgress& report : message.progress().reports()) {
+              if (report.has_trace()) traces->Deliver(node_id_, report);
+            }
+          }
         }
         return absl::OkStatus();
       case NodeMessage::kRankExited:

@@ -13,6 +13,7 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/log_relay.h"
+#include "coordinator/service/trace_relay.h"
 #include "loom/v1/node.grpc.pb.h"
 
 namespace loom::coordinator {
@@ -53,6 +54,10 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   // are dropped. Set before serving.
   void SetLogRelay(LogRelay* relay) { log_relay_ = relay; }
   LogRelay* log_relay() const { return log_relay_; }
+  // Where the ranks' recorded steps go (`loomctl trace`); null: dropped.
+  // Set before serving.
+  void SetTraceRelay(TraceRelay* relay) { trace_relay_ = relay; }
+  TraceRelay* trace_relay() const { return trace_relay_; }
 
  private:
   NodeRegistry* nodes_;
@@ -64,6 +69,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   absl::Duration agent_lease_ = absl::ZeroDuration();
   absl::Duration node_timeout_ = absl::Seconds(5);
   LogRelay* log_relay_ = nullptr;
+  TraceRelay* trace_relay_ = nullptr;
 };
 
 }  // namespace loom::coordinator

@@ -41,6 +41,7 @@ class RecordingRanks : public RankCommands {
   int Abort(const loom::v1::AbortRanks&) override { return 0; }
   int Stop(const loom::v1::StopRanks&) override { return 0; }
   int EnterEpoch(const loom::v1::EnterEpoch&) override { return 0; }
+  int Trace(const loom::v1::TraceStep&) override { return 0; }
   int Resume(const loom::v1::ResumeRanks&) override { return 0; }
   std::vector<loom::v1::RunningRank> Running() const override {
     loom::v1::RunningRank rank;

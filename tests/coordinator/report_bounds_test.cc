@@ -86,6 +86,55 @@ TEST(ReportBounds, GroupsStringsAndSnapshotsAreBounded) {
   EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("snapshots.own_steps"));
 }
 
+loom::v1::RankProgress TracedReport() {
+  loom::v1::RankProgress p = Report();
+  loom::v1::StepTrace* t = p.mutable_trace();
+  t->set_step(p.step());
+  t->add_tracks("compute");
+  t->add_names("forward");
+  loom::v1::TraceEvent* e = t->add_events();
+  e->set_track(0);
+  e->set_name(0);
+  e->set_duration_us(10);
+  return p;
+}
+
+TEST(ReportBounds, ATraceIsBoundedAndItsIndicesPointIntoItsTables) {
+  EXPECT_TRUE(CheckReportBounds(MoeSpec(0), 4, TracedReport()).ok());
+  EXPECT_TRUE(CheckReportTrace(TracedReport()).ok());
+
+  loom::v1::RankProgress p = TracedReport();
+  p.mutable_trace()->set_step(99);
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.step is 99"));
+
+  p = TracedReport();
+  p.mutable_trace()->mutable_events(0)->set_track(1);
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.events.track is 1"));
+  p = TracedReport();
+  p.mutable_trace()->mutable_events(0)->set_name(-1);
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.events.name is -1"));
+  p = TracedReport();
+  p.mutable_trace()->mutable_events(0)->set_duration_us(-5);
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("must not be negative"));
+
+  p = TracedReport();
+  for (int i = 1; i <= kMaxReportTraceTracks; ++i) p.mutable_trace()->add_tracks("t");
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.tracks (entries)"));
+  p = TracedReport();
+  for (int i = 1; i <= kMaxReportTraceNames; ++i) p.mutable_trace()->add_names("n");
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.names (entries)"));
+  p = TracedReport();
+  for (int i = 1; i <= kMaxReportTraceEvents; ++i) {
+    *p.mutable_trace()->add_events() = p.trace().events(0);
+  }
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.events (entries)"));
+
+  p = TracedReport();
+  p.mutable_trace()->set_tracks(0, "tp[0,1]\n[fake]");
+  EXPECT_THAT(Refusal(MoeSpec(0), p), HasSubstr("trace.tracks must be printable ASCII"));
+  EXPECT_THAT(Refusal(MoeSpec(0), p), Not(HasSubstr("[fake]")));
+}
+
 TEST(ReportBounds, AReportIsBoundedInBytesBeforeAnythingIsWalked) {
   loom::v1::RankProgress p = Report();
   p.set_job_id(std::string(kMaxReportBytes, 'j'));

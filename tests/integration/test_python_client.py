@@ -37,6 +37,15 @@ DRIVER = textwrap.dedent("""
     spec["name"] = "from-a-dict"
     spec["train"]["steps"] = 100000
     long = client.submit(spec)
+    # A step of it traced on both ranks (docs/observability.md, "Traces").
+    for step in long.steps(timeout=240):
+        if step["step"] >= 3:
+            break
+    # Well ahead: this small job's steps take milliseconds.
+    trace = long.trace(step=step["step"] + 100, wait_seconds=60)
+    out["trace_processes"] = sorted(e["args"]["name"].split()[1] for e in trace["traceEvents"]
+                                    if e["name"] == "process_name")
+    out["trace_missing"] = trace["otherData"]["missing_ranks"]
     out["cancelled"] = long.cancel()
     out["cancelled_wait"] = long.wait(timeout=120)
     # Errors keep the gRPC status code.
@@ -111,6 +120,8 @@ class PythonClient(unittest.TestCase):
         self.assertTrue(any(line.startswith("step 6/6 loss") for line in out["logs"]), out["logs"][-3:])
         self.assertEqual(sorted(l.split("]")[0] for l in out["all"]), ["[rank 0", "[rank 1"])
         self.assertIn(out["id"], out["listed"])
+        self.assertEqual(out["trace_processes"], ["0", "1"])
+        self.assertEqual(out["trace_missing"], [])
         self.assertIn(out["cancelled"], ("CANCELLED",))
         self.assertEqual(out["cancelled_wait"], "CANCELLED")
         self.assertEqual(out["missing_code"], "NOT_FOUND")

@@ -211,6 +211,9 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
     case loom::v1::CoordinatorMessage::kEnterEpoch:
       ranks_->EnterEpoch(message.enter_epoch());
       return;
+    case loom::v1::CoordinatorMessage::kTrace:
+      ranks_->Trace(message.trace());
+      return;
     case loom::v1::CoordinatorMessage::kResume:
       ranks_->Resume(message.resume());
       return;

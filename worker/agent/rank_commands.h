@@ -25,6 +25,9 @@ class RankCommands {
   // Moves the named survivors to the new attempt (token, namespace, what
   // they report) and tells each its own entry; returns how many moved.
   virtual int EnterEpoch(const loom::v1::EnterEpoch& epoch) = 0;
+  // `loomctl trace`: tells the listed ranks (all when none are listed) of
+  // that job and attempt to record the step; returns how many were told.
+  virtual int Trace(const loom::v1::TraceStep& trace) = 0;
   // Continues paused ranks the coordinator still counts; returns how many.
   virtual int Resume(const loom::v1::ResumeRanks& resume) = 0;
   // The ranks alive now (launched and not yet reaped).

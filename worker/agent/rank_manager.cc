@@ -388,6 +388,26 @@ int RankManager::StopAll(const std::string& reason) {
   return static_cast<int>(pushes.size());
 }
 
+int RankManager::Trace(const loom::v1::TraceStep& trace) {
+  const std::set<int> listed(trace.ranks().begin(), trace.ranks().end());
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, rank] : ranks_) {
+      if (std::get<0>(key) == trace.job_id() && std::get<1>(key) == trace.attempt() &&
+          (listed.empty() || listed.contains(std::get<2>(key)))) {
+        ids.push_back(rank.id);
+      }
+    }
+  }
+  if (options_.control != nullptr) {
+    loom::v1::RankControl message;
+    *message.mutable_trace() = trace;
+    for (uint64_t id : ids) options_.control->Push(id, message);
+  }
+  return static_cast<int>(ids.size());
+}
+
 int RankManager::EnterEpoch(const loom::v1::EnterEpoch& epoch) {
   if (epoch.attempt() <= epoch.from_attempt()) {
     fprintf(stderr,

@@ -105,6 +105,10 @@ class RankManager : public RankCommands, public RankTokens {
   // on SIGTERM): each job agrees to stop after its next step and saves it.
   int StopAll(const std::string& reason);
 
+  // Pushes the TraceStep to each listed rank (every one when none are) of
+  // that job and attempt.
+  int Trace(const loom::v1::TraceStep& trace) override;
+
   // For each listed rank of (job, from_attempt): moves it to `attempt`, with
   // the entry's token and the epoch's store namespace, at once (its old token
   // is refused from now on), then pushes it the EnterEpoch with its own entry

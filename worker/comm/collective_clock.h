@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,16 +39,30 @@ class CollectiveClock {
   // Starts a step at `now`: later arrivals are measured from it, and what was
   // recorded before is dropped.
   void BeginStep(absl::Time now);
-  // One call: entered at `entered`, blocked its caller for `blocked`.
-  // Thread-safe (an asynchronous call's Wait may run on another thread).
-  void Record(const std::string& group, const char* op, absl::Time entered, absl::Duration blocked);
+  // One call: entered at `entered`, blocked its caller for `blocked`, moving
+  // `bytes` of this rank's payload. Thread-safe (an asynchronous call's Wait
+  // may run on another thread).
+  void Record(const std::string& group, const char* op, absl::Time entered, absl::Duration blocked,
+              int64_t bytes = 0);
+  // Told of every call as it is recorded (`loomctl trace`'s recorder,
+  // worker/trainer/step_trace.h), outside the clock's lock; set before the
+  // groups are used, or null.
+  using CallObserver = std::function<void(const std::string& group, const char* op,
+                                          absl::Time entered, absl::Duration blocked,
+                                          int64_t bytes)>;
+  void set_observer(CallObserver observer);
   // What was recorded since BeginStep, as of `now`.
   StepCollectives Summary(absl::Time now = absl::Now()) const;
 
  private:
+  // False when the call belongs to no step.
+  bool RecordLocked(const std::string& group, const char* op, absl::Time entered,
+                    absl::Duration blocked);
+
   mutable std::mutex mu_;
   absl::Time step_start_ = absl::InfinitePast();
   std::map<std::pair<std::string, std::string>, CollectiveSummary> ops_;
+  CallObserver observer_;
 };
 
 }  // namespace loom::comm

@@ -43,8 +43,9 @@ class TimedCommunicator final : public Communicator {
 
  private:
   template <typename Fn>
-  absl::Status Timed(const char* op, Fn&& fn);
-  std::unique_ptr<Work> TimedAsync(const char* op, std::unique_ptr<Work> work, absl::Time entered);
+  absl::Status Timed(const char* op, int64_t bytes, Fn&& fn);
+  std::unique_ptr<Work> TimedAsync(const char* op, int64_t bytes, std::unique_ptr<Work> work,
+                                   absl::Time entered);
 
   const std::unique_ptr<Communicator> inner_;
   const std::shared_ptr<CollectiveClock> clock_;

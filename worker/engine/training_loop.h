@@ -158,9 +158,14 @@ class TrainingLoop {
   // is rebuilt by a new loop, not restored).
   absl::Status RestoreSnapshot(const Snapshot& from, int rank = -1);
 
-  // Told where the loop is (phase name, micro-batch or -1) at each phase
-  // change, for the rank's health reports. Cheap; called on the loop's thread.
-  using PhaseListener = std::function<void(const char* phase, int64_t micro_batch)>;
+  // Told where the loop is (phase name, micro-batch or -1, pipeline chunk)
+  // at each phase change, for the rank's health reports and `loomctl trace`
+  // (a phase lasts until the next one). Cheap; called on the loop's thread.
+  // Phases: load_data, forward_backward (a micro-batch begins), forward and
+  // backward (of a chunk), reduce_gradients, optimizer, snapshot,
+  // checkpoint, eval, running (between steps).
+  using PhaseListener =
+      std::function<void(const char* phase, int64_t micro_batch, int64_t chunk)>;
   void set_phase_listener(PhaseListener listener) { phase_listener_ = std::move(listener); }
 
   int64_t step() const { return step_; }
@@ -262,8 +267,8 @@ class TrainingLoop {
   MemoryTracker memory_;
   // With a DP group: one per model part (the model, or each pipeline chunk).
   std::vector<std::unique_ptr<DataParallelEngine>> dp_engines_;
-  void Phase(const char* phase, int64_t micro_batch = -1) const {
-    if (phase_listener_) phase_listener_(phase, micro_batch);
+  void Phase(const char* phase, int64_t micro_batch = -1, int64_t chunk = 0) const {
+    if (phase_listener_) phase_listener_(phase, micro_batch, chunk);
   }
   PhaseListener phase_listener_;
   int64_t step_ = 0;

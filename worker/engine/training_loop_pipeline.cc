@@ -84,9 +84,11 @@ absl::StatusOr<StepProgress> TrainingLoop::RunScheduledStep() {
   float loss = 0.0f;
   PipelineStepHooks hooks;
   hooks.fill = [&](int64_t mb, Batch* out) {
-    Phase("forward_backward", mb);
+    Phase("load_data", mb);
     FillTrainMicroBatch(step, mb, out);
+    Phase("forward_backward", mb);
   };
+  hooks.before_pass = [this](const char* pass, int64_t mb, int64_t chunk) { Phase(pass, mb, chunk); };
   // The nan_grad drill: one NaN in this rank's own gradient before the
   // reduction spreads to every replica (a gradient ZeRO 0-1 replicates over
   // DP is not summed into the norm there); ZeRO-2/3 shards have no replica

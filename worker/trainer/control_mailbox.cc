@@ -26,6 +26,11 @@ void ControlMailbox::Post(const loom::v1::RankControl& message) {
       if (!stop_.has_value()) stop_ = message.stop().reason();
       return;
     }
+    if (message.has_trace()) {  // `loomctl trace`: recorded when the step begins
+      trace_steps_.insert(message.trace().step());
+      while (trace_steps_.size() > kRemembered) trace_steps_.erase(trace_steps_.begin());
+      return;
+    }
     if (message.has_abort()) {
       attempt = message.abort().attempt();
       reason = absl::StrCat("attempt ", attempt,
@@ -67,6 +72,11 @@ void ControlMailbox::Disarm() {
     armed_attempt_ = -1;
     released = std::move(armed_);
   }
+}
+
+bool ControlMailbox::TraceWanted(int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  return trace_steps_.contains(step);
 }
 
 std::optional<std::string> ControlMailbox::AbortOf(int attempt) const {

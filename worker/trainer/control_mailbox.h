@@ -7,13 +7,15 @@
 // to take it, and aborts its from_attempt too (an abort that never arrived
 // is implied). Messages of other attempts are ignored. A StopRanks (a graceful
 // stop, of whichever attempt) is kept until the rank ends: the training loop
-// asks StopRequested() at every step boundary. Thread-safe.
+// asks StopRequested() at every step boundary. A TraceStep only notes the
+// step to record (TraceWanted). Thread-safe.
 #pragma once
 
 #include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -39,6 +41,9 @@ class ControlMailbox {
   // Why the rank was asked to stop gracefully (StopRanks posted, or SIGUSR1
   // caught: stop_signal.h); nullopt when it was not.
   std::optional<std::string> StopRequested() const;
+  // Whether step `step` was asked to be recorded (TraceStep; the most
+  // recent 16 requests are kept).
+  bool TraceWanted(int64_t step) const;
 
   // The EnterEpoch that moves this rank on from `from_attempt`, as soon as
   // it has been posted; DEADLINE_EXCEEDED naming the wait when none comes
@@ -52,6 +57,7 @@ class ControlMailbox {
   std::map<int, std::string> aborted_ ABSL_GUARDED_BY(mu_);  // attempt -> reason (recent ones)
   std::deque<loom::v1::EnterEpoch> epochs_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> stop_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> trace_steps_ ABSL_GUARDED_BY(mu_);
   int armed_attempt_ ABSL_GUARDED_BY(mu_) = -1;
   std::shared_ptr<comm::CommunicatorSet> armed_ ABSL_GUARDED_BY(mu_);
 };

@@ -16,6 +16,7 @@
 #include "worker/trainer/rank_monitor.h"
 #include "worker/trainer/rank_reports.h"
 #include "worker/trainer/stopped_status.h"
+#include "worker/trainer/step_trace.h"
 
 namespace loom::trainer {
 namespace {
@@ -119,6 +120,9 @@ struct Attempt {
   std::atomic<int64_t> last_step{0};
   // The graceful stop the job agreed on: after which step, and why.
   std::optional<std::pair<int64_t, std::string>> stopped;
+  // `loomctl trace`: shared with the clock's observer, which the groups may
+  // outlive the attempt with.
+  std::shared_ptr<StepTraceRecorder> trace = std::make_shared<StepTraceRecorder>();
 };
 
 absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSpec& job,
@@ -216,8 +220,22 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   }
 
   at.board.Set("running");
-  l.set_phase_listener(
-      [&at](const char* phase, int64_t micro_batch) { at.board.Set(phase, micro_batch); });
+  std::shared_ptr<StepTraceRecorder> trace = at.trace;
+  l.set_phase_listener([&at, trace](const char* phase, int64_t micro_batch, int64_t chunk) {
+    at.board.Set(phase, static_cast<int>(micro_batch), static_cast<int>(chunk));
+    if (trace->recording()) trace->Phase(phase, micro_batch, chunk, absl::Now());
+  });
+  g.clock->set_observer([trace](const std::string& group, const char* op, absl::Time entered,
+                                absl::Duration blocked, int64_t bytes) {
+    if (trace->recording()) trace->Collective(group, op, entered, blocked, bytes, absl::Now());
+  });
+  // Step `step` begins now: recorded if `loomctl trace` asked for it.
+  ControlMailbox* control = world.control;
+  auto begin_step = [&g, trace, control](int64_t step) {
+    const absl::Time now = absl::Now();
+    g.clock->BeginStep(now);
+    trace->BeginStep(step, control != nullptr && control->TraceWanted(step), now);
+  };
   if (world.monitor) {
     at.monitor = std::make_unique<RankMonitor>(RankMonitorOptions{.collective_timeout = timeout},
                                                &progress, &at.board, g.training());
@@ -229,8 +247,11 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
   run.on_event = event;
   run.snapshots = keeper;
   // The coordinator times a recovery's state load by these reports.
-  run.on_resumed = [&progress, &at](int64_t step) {
+  run.on_resumed = [&progress, &at, trace, control](int64_t step) {
     at.last_step = step;
+    // The step after the restored one is the first (the clock's step runs on
+    // from before the load, as the straggler timing counts it).
+    trace->BeginStep(step + 1, control != nullptr && control->TraceWanted(step + 1), absl::Now());
     progress.Report(PhaseReport("resumed", step));
   };
   run.on_step = [&](const engine::StepProgress& p) -> absl::Status {
@@ -250,8 +271,11 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
       g.clock->Record("snapshot", "wait_copy", absl::Now() - waited, waited);
     }
     SetTiming(g.clock->Summary(), report.mutable_timing());
+    if (std::optional<loom::v1::StepTrace> t = trace->Finish(p.step, absl::Now())) {
+      *report.mutable_trace() = *std::move(t);
+    }
     progress.Report(std::move(report));
-    g.clock->BeginStep(absl::Now());
+    begin_step(p.step + 1);
     return absl::OkStatus();
   };
   if (world.control != nullptr) {
@@ -260,7 +284,7 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
       at.stopped.emplace(step, why);
     };
   }
-  g.clock->BeginStep(absl::Now());
+  begin_step(l.step() + 1);
   if (absl::Status s = engine::RunTraining(l, run); !s.ok()) return s;
   if (at.stopped.has_value()) {
     event(absl::StrCat("stopped after step ", at.stopped->first, ": ", at.stopped->second));

@@ -230,6 +230,18 @@ class Job:
         except grpc.RpcError as error:
             raise LoomError.from_rpc(error) from None
 
+    def trace(self, step: int = 0, ranks: Optional[List[int]] = None,
+              wait_seconds: int = 60) -> Dict[str, Any]:
+        """Records one step (0: a few after the newest reported) on every rank
+        (or `ranks`) of the running job and returns the Chrome trace-event
+        document, as `loomctl trace` writes it (json.dump it to a file for
+        ui.perfetto.dev); ranks whose trace did not come within wait_seconds
+        are in its ["otherData"]["missing_ranks"]."""
+        request = job_pb2.TraceJobRequest(id=self.id, step=step, ranks=ranks or [],
+                                          wait_seconds=wait_seconds)
+        response = self._client()._call("TraceJob", request, timeout=wait_seconds + 30)
+        return json.loads(response.trace_json)
+
     def cancel(self) -> str:
         """Cancels the job; returns its state after the cancel was stored."""
         return _state_name(self._client()._call("CancelJob", job_pb2.CancelJobRequest(id=self.id)).state)

@@ -122,6 +122,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
         if (ch.head) break;  // computed with the backward
         const Batch& b = batch_of(in.microbatch);
         Tensor y = Acquire(model.PartActivationFloats(b.batch, b.seq));
+        if (hooks.before_pass) hooks.before_pass("forward", in.microbatch, in.chunk);
         const float* x = nullptr;
         if (!ch.embedding) {
           auto it = act_in.find(key);
@@ -156,6 +157,7 @@ absl::Status PipelineExecutor::RunStep(float loss_scale, const PipelineStepHooks
         if (!ch.embedding) dx = Acquire(model.PartActivationFloats(b.batch, b.seq));
         const bool last = ++backwards[in.chunk] == plan.microbatches;
         if (hooks.before_backward) hooks.before_backward(last);
+        if (hooks.before_pass) hooks.before_pass("backward", in.microbatch, in.chunk);
         const float loss = model.PartForwardBackward(
             b.inputs.data(), ch.embedding ? nullptr : x.data(), b.targets.data(),
             ch.head ? nullptr : dy.data(), b.batch, b.seq, loss_scale,

@@ -53,6 +53,9 @@ struct PipelineStepHooks {
   // `last`: the chunk's last micro-batch of the step.
   std::function<void(bool last)> before_backward;
   std::function<absl::Status()> after_backward;
+  // Optional: a forward ("forward") or backward ("backward") pass of
+  // micro-batch `mb` on `chunk` begins (its inputs are at hand).
+  std::function<void(const char* pass, int64_t mb, int64_t chunk)> before_pass;
 };
 
 class PipelineExecutor {
