@@ -46,6 +46,9 @@ struct NodeInfo {
   // A cluster spare (RegisterNode.spare): the scheduler places no job on it;
   // in-place recovery relaunches failed ranks on it.
   bool spare = false;
+  // RegisterNode.labels (loom-worker --labels): placement reads rack and
+  // nvlink_domain (common/topology/node_labels.h).
+  std::map<std::string, std::string> labels;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;

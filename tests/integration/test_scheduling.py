@@ -2,11 +2,15 @@
 (docs/scheduling.md): the higher priority goes first and `loomctl queue` says
 why the other waits; a user over quota waits, saying so, and starts when
 their other job ends; a priority above the owner's cap is refused; a short
-job backfills a gap without starting before a waiting larger job could."""
+job backfills a gap without starting before a waiting larger job could; node
+labels (loom-worker --labels) are checked, shown by `loomctl nodes`, and let a
+TP group span the two nodes of one NVLink domain."""
 
+import os
+import subprocess
 import unittest
 
-from loom_cluster import Cluster, tiny_job, wait_until
+from loom_cluster import BIN, Cluster, tiny_job, wait_until
 
 
 def with_scheduling(spec, priority=0, max_runtime_s=0):
@@ -133,6 +137,33 @@ class Scheduling(unittest.TestCase):
         self.assertEqual(c.wait_state(head, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
         self.assertEqual(c.wait_state(unbounded, {"SUCCEEDED", "FAILED"}, timeout=300),
                          "SUCCEEDED")
+
+    def test_node_labels_let_a_tp_group_span_an_nvlink_domain(self):
+        c = self.cluster
+        # A malformed label is refused at start, naming the flag and the rule.
+        bad = subprocess.run(
+            [os.path.join(BIN, "loom-worker"), f"--coordinator={c.address}", "--devices=cpu:1",
+             f"--work_dir={os.path.join(c.dir, 'bad')}", "--insecure", "--labels=Rack=r1"],
+            capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--labels: key 'Rack'", bad.stderr)
+        labels = "--labels=rack=r1,nvlink_domain=d0"
+        c.start_agent("node-a", devices="cpu:1", extra=[labels])
+        c.start_agent("node-b", devices="cpu:1", extra=[labels])
+
+        def both_labelled():
+            out = c.loomctl("nodes").stdout
+            return len([l for l in out.splitlines() if "nvlink_domain=d0,rack=r1" in l]) == 2
+        wait_until(both_labelled, 30, "both nodes to register with their labels")
+        # tp=2 on nodes of one device each: only the NVLink domain can hold it.
+        spec = tiny_job(name="tp2", ranks=2).replace("dp: 2, tp: 1", "dp: 1, tp: 2").replace(
+            "num_kv_heads: 1", "num_kv_heads: 2")
+        job = c.submit(spec, name="tp2")
+        self.assertEqual(c.wait_state(job, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED",
+                         c.loomctl("status", job).stdout)
+        status = c.loomctl("status", job).stdout
+        self.assertIn("node-a", status)
+        self.assertIn("node-b", status)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 // the values derived from them (node id, trainer path).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,7 @@ inline constexpr char kAgentUsage[] =
     "usage: loom-worker --coordinator=HOST:PORT[,HOST:PORT...] --devices=cpu:N|gpu --work_dir=DIR "
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
-    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare]";
+    "[--run_as_user=USER] [--progress_batch_ms=MS] [--spare] [--labels=KEY=VALUE,...]";
 
 // The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
 std::vector<std::string> AgentFlagNames();
@@ -44,6 +45,8 @@ struct AgentConfig {
   int32_t progress_batch_ms = 100;
   // --spare: the node is a cluster spare (RegisterNode.spare).
   bool spare = false;
+  // --labels: rack, nvlink_domain, ... (RegisterNode.labels).
+  std::map<std::string, std::string> labels;
 };
 
 // args excludes the program name. Every flag not given takes its default.
