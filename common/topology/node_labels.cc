@@ -37,8 +37,8 @@ constexpr char kValueRule[] =
     "a label value is 1-63 characters of letters, digits, '_', '-' and '.'";
 
 absl::Status TooMany(absl::string_view what, size_t count) {
-  return absl::InvalidArgumentError(absl::StrCat(what, " has ", count, " labels; at most ",
-                                                 kMaxNodeLabels, " are accepted"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " has ", count, " labels; at most ", kMaxNodeLabels, " are accepted"));
 }
 
 }  // namespace

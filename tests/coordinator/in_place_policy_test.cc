@@ -28,7 +28,7 @@ std::vector<DeviceSlot> Blocks(const std::vector<std::pair<std::string, int>>& b
 }
 
 RelaunchNode Node(const std::string& id, int devices, bool cordoned = false) {
-  RelaunchNode node{.node_id = id, .free_devices = {}, .cordoned = cordoned};
+  RelaunchNode node{.node_id = id, .free_devices = {}, .cordoned = cordoned, .nvlink_domain = ""};
   for (int d = 0; d < devices; ++d) node.free_devices.push_back(d);
   return node;
 }

@@ -161,9 +161,13 @@ class Scheduling(unittest.TestCase):
         job = c.submit(spec, name="tp2")
         self.assertEqual(c.wait_state(job, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED",
                          c.loomctl("status", job).stdout)
+        # Its two ranks are one TP group (TP(0) and TP(1)), one on each node.
         status = c.loomctl("status", job).stdout
-        self.assertIn("node-a", status)
-        self.assertIn("node-b", status)
+        placed = [l for l in status.splitlines() if l.strip().startswith("rank ")]
+        self.assertEqual(len(placed), 2, status)
+        self.assertEqual({"TP(0)" in placed[0], "TP(1)" in placed[1]}, {True}, status)
+        self.assertEqual({l.split(" node ")[1].split()[0] for l in placed}, {"node-a", "node-b"},
+                         status)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 // The scheduling run's workload and its rule checks (tools/loadgen/
 // sched_workload.h, sched_checks.h): every spec the run submits is valid, no
 // job is larger than its owner's quota, and each rule catches what breaks it.
+#include "tools/loadgen/sched_checks.h"
+
 #include <string>
 
 #include "common/spec/job_spec_yaml.h"
 #include "gtest/gtest.h"
-#include "tools/loadgen/sched_checks.h"
 #include "tools/loadgen/sched_workload.h"
 
 namespace loom::loadgen {
@@ -27,7 +28,9 @@ TEST(SchedWorkload, SpecsAreValidAndNoJobExceedsItsOwnersQuota) {
     EXPECT_EQ(spec->scheduling.priority, j.priority);
     EXPECT_EQ(spec->parallelism.dp, j.devices);
     EXPECT_LE(j.devices, 64);
-    if (auto q = w.gpu_quota.find(j.user); q != w.gpu_quota.end()) EXPECT_LE(j.devices, q->second);
+    if (auto q = w.gpu_quota.find(j.user); q != w.gpu_quota.end()) {
+      EXPECT_LE(j.devices, q->second);
+    }
     ++priorities[j.priority];
   }
   EXPECT_EQ(priorities.size(), 3u);
@@ -37,8 +40,15 @@ TEST(SchedWorkload, SpecsAreValidAndNoJobExceedsItsOwnersQuota) {
 
 SchedJobOutcome Job(std::string id, std::string user, int64_t priority, int64_t devices,
                     double submit, double start, double end) {
-  return {.id = std::move(id), .user = std::move(user), .priority = priority, .devices = devices,
-          .submit_s = submit, .start_s = start, .end_s = end, .succeeded = true, .attempts = 1};
+  return {.id = std::move(id),
+          .user = std::move(user),
+          .priority = priority,
+          .devices = devices,
+          .submit_s = submit,
+          .start_s = start,
+          .end_s = end,
+          .succeeded = true,
+          .attempts = 1};
 }
 
 // Two jobs one after the other on an 8-GPU cluster, with the nodes' events.

@@ -7,7 +7,8 @@ namespace loom::topology {
 namespace {
 
 TEST(NodeLabelsTest, ParsesPairs) {
-  absl::StatusOr<NodeLabels> labels = ParseNodeLabels("rack=r1,nvlink_domain=d0,zone=eu-1.a", "--labels");
+  absl::StatusOr<NodeLabels> labels =
+      ParseNodeLabels("rack=r1,nvlink_domain=d0,zone=eu-1.a", "--labels");
   ASSERT_TRUE(labels.ok()) << labels.status();
   EXPECT_EQ(*labels, (NodeLabels{{"rack", "r1"}, {"nvlink_domain", "d0"}, {"zone", "eu-1.a"}}));
   EXPECT_EQ(FormatNodeLabels(*labels), "nvlink_domain=d0,rack=r1,zone=eu-1.a");
@@ -30,7 +31,8 @@ TEST(NodeLabelsTest, RefusesBadInputNamingTheFlagAndRule) {
       {"rack=", "rack='': a label value is 1-63 characters"},
       {"rack=r 1", "a label value"},
       {"rack=r1,rack=r2", "key 'rack' is given twice"},
-      {"a=1,b=1,c=1,d=1,e=1,f=1,g=1,h=1,i=1,j=1,k=1,l=1,m=1,n=1,o=1,p=1,q=1", "has 17 labels; at most 16"},
+      {"a=1,b=1,c=1,d=1,e=1,f=1,g=1,h=1,i=1,j=1,k=1,l=1,m=1,n=1,o=1,p=1,q=1",
+       "has 17 labels; at most 16"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<NodeLabels> labels = ParseNodeLabels(c.text, "--labels");

@@ -43,18 +43,21 @@ void CheckCapacityAndQuotas(const SchedCheckInput& in, SchedCheckResult& out) {
       }
     }
     if (held > in.capacity) {
-      out.violations.push_back(absl::StrFormat("%s started at %.3f s with %d of %d GPUs held",
-                                               s.id, s.start_s, held, in.capacity));
+      out.violations.push_back(absl::StrFormat("%s started at %.3f s with %d of %d GPUs held", s.id,
+                                               s.start_s, held, in.capacity));
     }
-    if (auto q = in.gpu_quota.find(s.user); q != in.gpu_quota.end() && by_user[s.user] > q->second) {
+    if (auto q = in.gpu_quota.find(s.user);
+        q != in.gpu_quota.end() && by_user[s.user] > q->second) {
       out.violations.push_back(absl::StrFormat("%s started at %.3f s: %s holds %d GPUs, quota %d",
-                                               s.id, s.start_s, s.user, by_user[s.user], q->second));
+                                               s.id, s.start_s, s.user, by_user[s.user],
+                                               q->second));
     }
   }
 }
 
 // Rule 2 on the nodes' record: no device doubly given, no user above quota.
-void CheckDevices(const SchedCheckInput& in, const std::map<std::string, const SchedJobOutcome*>& by_id,
+void CheckDevices(const SchedCheckInput& in,
+                  const std::map<std::string, const SchedJobOutcome*>& by_id,
                   SchedCheckResult& out) {
   std::vector<DeviceEvent> events = in.events;
   std::stable_sort(events.begin(), events.end(), [](const DeviceEvent& a, const DeviceEvent& b) {
@@ -186,7 +189,8 @@ void Measure(const SchedCheckInput& in, SchedCheckResult& out) {
   }
   if (starts.empty()) return;
   out.makespan_s = last_end - first_submit;
-  if (out.makespan_s > 0) out.utilization = work / (static_cast<double>(in.capacity) * out.makespan_s);
+  if (out.makespan_s > 0)
+    out.utilization = work / (static_cast<double>(in.capacity) * out.makespan_s);
   double last_wave_start = first_start;
   for (double s : starts) {
     if (s < first_end) {
@@ -195,7 +199,8 @@ void Measure(const SchedCheckInput& in, SchedCheckResult& out) {
     }
   }
   if (out.first_wave_starts > 1 && last_wave_start > first_start) {
-    out.first_wave_rate = static_cast<double>(out.first_wave_starts - 1) / (last_wave_start - first_start);
+    out.first_wave_rate =
+        static_cast<double>(out.first_wave_starts - 1) / (last_wave_start - first_start);
   }
   std::sort(starts.begin(), starts.end());
   std::vector<double> reactions;
@@ -228,9 +233,9 @@ SchedCheckResult CheckSchedulingRun(const SchedCheckInput& input) {
   for (const SchedJobOutcome& j : input.jobs) {
     by_id[j.id] = &j;
     if (!j.succeeded || j.attempts != 1) {
-      out.violations.push_back(absl::StrFormat("%s did not succeed in one attempt (%s, %d attempts)",
-                                               j.id, j.succeeded ? "succeeded" : "not succeeded",
-                                               j.attempts));
+      out.violations.push_back(
+          absl::StrFormat("%s did not succeed in one attempt (%s, %d attempts)", j.id,
+                          j.succeeded ? "succeeded" : "not succeeded", j.attempts));
     }
   }
   CheckCapacityAndQuotas(input, out);

@@ -71,14 +71,14 @@ struct Percentiles {
 struct SchedCheckResult {
   std::vector<std::string> violations;  // one line each; empty: every rule held
   // Measured.
-  double makespan_s = 0;        // first submission to last end
-  double utilization = 0;       // device-seconds run / (capacity x makespan)
-  double first_wave_rate = 0;   // starts per second before the first job ended
+  double makespan_s = 0;       // first submission to last end
+  double utilization = 0;      // device-seconds run / (capacity x makespan)
+  double first_wave_rate = 0;  // starts per second before the first job ended
   int64_t first_wave_starts = 0;
-  Percentiles device_idle_s;    // a device's exit to its next launch, while jobs waited
-  Percentiles reaction_s;       // a job's end to the next start anywhere, while jobs waited
-  Percentiles wait_s;           // submission to start
-  double worst_bound_ratio = 0; // the largest wait / fair-share bound
+  Percentiles device_idle_s;     // a device's exit to its next launch, while jobs waited
+  Percentiles reaction_s;        // a job's end to the next start anywhere, while jobs waited
+  Percentiles wait_s;            // submission to start
+  double worst_bound_ratio = 0;  // the largest wait / fair-share bound
   std::map<int64_t, double> mean_wait_by_priority;
 };
 

@@ -24,9 +24,9 @@ namespace {
 using loom::v1::JobState;
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelAs(const std::string& address,
-                                                          NodeCertFactory& certs,
-                                                          const std::string& name,
-                                                          const std::string& role) {
+                                                         NodeCertFactory& certs,
+                                                         const std::string& name,
+                                                         const std::string& role) {
   absl::StatusOr<PemIdentity> identity = certs.Issue(name, role);
   if (!identity.ok()) return identity.status();
   grpc::SslCredentialsOptions ssl;
@@ -52,7 +52,8 @@ absl::StatusOr<int> CountEnded(loom::v1::JobService::Stub& stub,
     loom::v1::ListJobsResponse response;
     auto context = rpc::UnaryContext(std::chrono::seconds(30));
     grpc::Status status = stub.ListJobs(context.get(), request, &response);
-    if (!status.ok()) return absl::UnavailableError(absl::StrCat("ListJobs: ", status.error_message()));
+    if (!status.ok())
+      return absl::UnavailableError(absl::StrCat("ListJobs: ", status.error_message()));
     for (const loom::v1::Job& job : response.jobs()) {
       if (ids.count(job.id()) > 0 && Ended(job.state())) ++ended;
     }
@@ -138,7 +139,8 @@ int RunScheduling(SchedRunOptions options, NodeCertFactory& certs,
     constexpr int kSlices = 20;
     absl::Time next = absl::Now();
     for (int slice = 0; running; slice = (slice + 1) % kSlices) {
-      for (size_t i = static_cast<size_t>(slice); i < nodes.size(); i += kSlices) nodes[i]->Heartbeat();
+      for (size_t i = static_cast<size_t>(slice); i < nodes.size(); i += kSlices)
+        nodes[i]->Heartbeat();
       next += absl::Milliseconds(1000 / kSlices);
       absl::SleepFor(next - absl::Now());
     }
@@ -174,7 +176,8 @@ int RunScheduling(SchedRunOptions options, NodeCertFactory& certs,
     loom::v1::Quota quota;
     auto context = rpc::UnaryContext(std::chrono::seconds(30));
     if (grpc::Status s = quotas->SetQuota(context.get(), request, &quota); !s.ok()) {
-      std::fprintf(stderr, "loom-loadgen: SetQuota %s: %s\n", user.c_str(), s.error_message().c_str());
+      std::fprintf(stderr, "loom-loadgen: SetQuota %s: %s\n", user.c_str(),
+                   s.error_message().c_str());
       return finish(2);
     }
     std::printf("quota: %s may hold %lld gpu\n", user.c_str(), static_cast<long long>(devices));

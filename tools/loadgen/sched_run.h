@@ -23,10 +23,10 @@ struct SchedRunOptions {
   std::string coordinator;  // HOST:PORT
   int nodes = 256;
   int gpus_per_node = 8;
-  int nodes_per_rack = 16;         // labels rack=r<i / nodes_per_rack>
-  int nodes_per_nvlink_domain = 2; // labels nvlink_domain=d<i / nodes_per_nvlink_domain>
+  int nodes_per_rack = 16;          // labels rack=r<i / nodes_per_rack>
+  int nodes_per_nvlink_domain = 2;  // labels nvlink_domain=d<i / nodes_per_nvlink_domain>
   std::string node_prefix = "lg";
-  SchedWorkloadOptions workload;   // devices is set from the nodes
+  SchedWorkloadOptions workload;               // devices is set from the nodes
   absl::Duration timeout = absl::Minutes(10);  // for every job to end
 };
 

@@ -28,7 +28,8 @@ SchedWorkload MakeSchedWorkload(const SchedWorkloadOptions& options) {
     }
     if (j.devices > 8) j.devices -= j.devices % 8;  // whole nodes of 8 in the spec
     j.steps = options.min_steps +
-              static_cast<int64_t>(rng() % static_cast<uint32_t>(options.max_steps - options.min_steps + 1));
+              static_cast<int64_t>(
+                  rng() % static_cast<uint32_t>(options.max_steps - options.min_steps + 1));
     // Promised with room for launch and exit latency; a fifth promise nothing
     // (they never backfill, and reservations behind them are unknown).
     const double runtime = static_cast<double>(j.steps) * options.step_s;
