@@ -148,8 +148,8 @@ std::vector<Candidate> RackLocal(const std::vector<Candidate>& preferred,
   return local;
 }
 
-// The chosen domains in rank order: rack by rack (racks in order of first
-// appearance), so consecutive ranks share a rack wherever they can.
+// The chosen domains in rank order: rack by rack (each rack where its first
+// domain was chosen), so consecutive ranks share a rack wherever they can.
 void OrderByRack(std::vector<Candidate>& chosen, const std::vector<Domain>& domains) {
   std::map<std::string, size_t> rank_of_rack;
   for (const Candidate& c : chosen) rank_of_rack.emplace(domains[c.index].rack, rank_of_rack.size());
