@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rank_list.h"
+#include "common/topology/node_labels.h"
 #include "nlohmann/json.hpp"
 
 namespace loom::client {
@@ -189,14 +190,16 @@ std::string NodeNote(const loom::v1::Node& n) {
 }  // namespace
 
 std::string FormatNodeTable(const std::vector<loom::v1::Node>& nodes) {
-  std::string out = absl::StrFormat("%-20s %-16s %-5s %-8s %9s %12s  %s\n", "NODE", "ADDRESS", "LIVE",
-                                    "DEVICES", "IN USE", "PEAK/DEV", "SPARE/CORDON");
+  std::string out = absl::StrFormat("%-20s %-16s %-5s %-8s %9s %12s  %-24s %s\n", "NODE", "ADDRESS",
+                                    "LIVE", "DEVICES", "IN USE", "PEAK/DEV", "LABELS",
+                                    "SPARE/CORDON");
   for (const auto& n : nodes) {
-    absl::StrAppend(&out, absl::StrFormat("%-20s %-16s %-5s %-8s %9d %9.1f TF  %s\n", n.node_id(),
-                                          n.address(), n.live() ? "yes" : "LOST",
+    const std::string labels = topology::FormatNodeLabels({n.labels().begin(), n.labels().end()});
+    absl::StrAppend(&out, absl::StrFormat("%-20s %-16s %-5s %-8s %9d %9.1f TF  %-24s %s\n",
+                                          n.node_id(), n.address(), n.live() ? "yes" : "LOST",
                                           absl::StrCat(n.device_count(), "x", n.device_kind()),
                                           n.devices_in_use(), n.peak_flops_per_device() / 1e12,
-                                          NodeNote(n)));
+                                          labels.empty() ? "-" : labels, NodeNote(n)));
   }
   return out;
 }

@@ -352,9 +352,13 @@ std::vector<std::string> CheckJobSpec(const JobSpec& s) {
     c.Require(!r.gpu.empty(), "resources.gpu", "''",
               "is required for device=gpu (h100-sxm, h200 or a100-80gb)");
     if (p.tp && *p.tp >= 1 && r.gpus_per_node >= 1) {
-      c.Require(r.gpus_per_node % *p.tp == 0, "parallelism.tp", *p.tp,
+      // A TP group larger than a node spans whole nodes of one NVLink domain
+      // (loom-worker --labels; the placement keeps it there).
+      c.Require(r.gpus_per_node % *p.tp == 0 || *p.tp % r.gpus_per_node == 0, "parallelism.tp",
+                *p.tp,
                 absl::StrCat("must divide resources.gpus_per_node=", r.gpus_per_node,
-                             " (a TP group never crosses a node)"));
+                             " (a TP group stays inside a node) or be a multiple of it (whole "
+                             "nodes of one NVLink domain, loom-worker --labels)"));
     }
   }
   if (!p.auto_all && p.dp && p.tp && p.pp && p.cp && p.ep) {

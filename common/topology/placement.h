@@ -1,9 +1,15 @@
 // Placement: which node and local device runs each global rank of a mesh.
 //
 // Ranks are packed contiguously, node after node, in whole TP groups (a TP
-// group is tp consecutive ranks), so a TP group never spans two nodes. The
-// nodes are chosen to be as few as possible, skipping nodes in the `avoid`
-// set (e.g. one that just failed a job) unless the others cannot hold the job.
+// group is tp consecutive ranks), so a TP group never spans two NVLink
+// domains: without an nvlink_domain label a node is a domain of its own (a TP
+// group stays inside one node); nodes sharing the label may together hold a
+// TP group (node_labels.h). The domains are chosen to be as few as possible,
+// skipping nodes in the `avoid` set (e.g. one that just failed a job) unless
+// the others cannot hold the job; when one rack can hold the job it is placed
+// in the smallest such rack, and the ranks run rack by rack in rank order, so
+// pipeline neighbours and data-parallel replicas cross as few rack uplinks as
+// the free devices allow (docs/topology.md, "Placement").
 // Pure logic, no I/O.
 #pragma once
 
@@ -23,6 +29,9 @@ struct NodeDevices {
   // Local indices of the free devices, used in this order. Empty means
   // 0..free_devices-1; otherwise its size must equal free_devices.
   std::vector<int64_t> device_ids;
+  // Its labels (node_labels.h); empty: none.
+  std::string nvlink_domain;
+  std::string rack;
 };
 
 struct PlacementRequest {
@@ -49,10 +58,15 @@ struct Placement {
   int64_t avoided_nodes_used = 0; // nodes from `avoid` that could not be spared
 };
 
-// A node can host floor(free_devices / tp) whole TP groups; devices left over
-// by that rounding are not used. Fails (RESOURCE_EXHAUSTED, naming the shortfall
-// and how tp rounded each node down) when the nodes cannot hold the world, and
-// (INVALID_ARGUMENT) on a malformed node list.
+// A domain can host floor(its free devices / tp) whole TP groups (one node
+// without a domain label: floor(free_devices / tp)); devices left over by that
+// rounding are not used. A domain's nodes in `avoid` form a domain of their
+// own (used last), so a TP group never mixes avoided and preferred nodes.
+// All or nothing: every rank is placed, or none. Fails (RESOURCE_EXHAUSTED,
+// naming the shortfall and how tp rounded each node or domain down) when the
+// nodes cannot hold the world, and (INVALID_ARGUMENT) on a malformed node
+// list. Within a domain its nodes are used fewest first (largest first, best fit
+// for the rest), each for a contiguous run of ranks.
 absl::StatusOr<Placement> PlaceRanks(const PlacementRequest& request);
 
 }  // namespace loom::topology

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/topology/node_labels.h"
 
 namespace loom::coordinator {
 namespace {
@@ -74,6 +75,17 @@ absl::Status CheckRegistration(const loom::v1::RegisterNode& r, const NodeLimits
     return absl::InvalidArgumentError(absl::StrCat(
         "register.devices claims ", total, " devices; a node may have at most ",
         limits.max_devices, " (coordinator flag --max_node_devices)"));
+  }
+  // Bounded before copying: the map came from the network.
+  if (r.labels_size() > topology::kMaxNodeLabels) {
+    return absl::InvalidArgumentError(absl::StrCat("register.labels has ", r.labels_size(),
+                                                   " labels; at most ", topology::kMaxNodeLabels,
+                                                   " are accepted (loom-worker --labels)"));
+  }
+  if (absl::Status s = topology::CheckNodeLabels({r.labels().begin(), r.labels().end()},
+                                                 "register.labels (loom-worker --labels)");
+      !s.ok()) {
+    return s;
   }
   if (r.running_size() > limits.max_running) {
     return absl::InvalidArgumentError(absl::StrCat("register.running lists ", r.running_size(),

@@ -25,6 +25,7 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
   info.node_id = registration.node_id();
   info.hostname = registration.hostname();
   info.spare = registration.spare();
+  info.labels = {registration.labels().begin(), registration.labels().end()};
   info.address = registration.address();
   info.device_count = 0;
   for (const auto& device : registration.devices()) {

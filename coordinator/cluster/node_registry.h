@@ -50,6 +50,9 @@ struct NodeInfo {
   // new ranks at all (a cordon alone only makes it a last resort), and the
   // cordon does not expire; until uncordoned.
   bool draining = false;
+  // RegisterNode.labels (loom-worker --labels): placement reads rack and
+  // nvlink_domain (common/topology/node_labels.h).
+  std::map<std::string, std::string> labels;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
   absl::Time last_seen;

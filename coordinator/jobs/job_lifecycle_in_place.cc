@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/rank_list.h"
+#include "common/topology/node_labels.h"
 #include "coordinator/jobs/in_place_messages.h"
 #include "coordinator/jobs/job_lifecycle.h"
 #include "coordinator/jobs/job_states.h"
@@ -73,6 +74,9 @@ std::vector<RelaunchNode> JobLifecycle::RelaunchNodesLocked(const JobRecord& rec
     RelaunchNode& r = nodes.emplace_back();
     r.node_id = node.node_id;
     r.cordoned = node.cordoned;
+    if (auto d = node.labels.find(topology::kNvlinkDomainLabel); d != node.labels.end()) {
+      r.nvlink_domain = d->second;
+    }
     const auto held = taken.find(node.node_id);
     for (int32_t d = 0; d < node.device_count; ++d) {
       if (held == taken.end() || held->second.count(d) == 0) r.free_devices.push_back(d);

@@ -380,6 +380,7 @@ std::vector<loom::v1::Node> JobManager::ListNodes() const {
     node.set_cordoned(info.cordoned);
     node.set_draining(info.draining);
     node.set_spare(info.spare);
+    node.mutable_labels()->insert(info.labels.begin(), info.labels.end());
     node.set_cordon_reason(info.cordon_reason);
     node.set_device_kind(info.device_kind);
     node.set_device_count(info.device_count);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/confine/path_rules.h"
+#include "common/topology/node_labels.h"
 #include "common/topology/placement.h"
 #include "common/topology/snapshot_ring.h"
 #include "coordinator/jobs/assignment_builder.h"
@@ -371,7 +372,8 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     if (node.spare && snapshot.attempt == 0) continue;
     if (node.spare) request.avoid.insert(node.node_id);
     auto taken = snapshot.taken.find(node.node_id);
-    topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {}};
+    topology::NodeDevices devices{.node_id = node.node_id, .free_devices = 0, .device_ids = {},
+                                  .nvlink_domain = "", .rack = ""};
     for (int32_t d = 0; d < node.device_count; ++d) {
       if (taken == snapshot.taken.end() || taken->second.count(d) == 0) {
         devices.device_ids.push_back(d);
@@ -379,6 +381,14 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
     }
     devices.free_devices = static_cast<int64_t>(devices.device_ids.size());
     if (devices.free_devices == 0) continue;
+    // Its place in the network (loom-worker --labels): TP groups inside an
+    // NVLink domain, the job in one rack when one holds it (topology/placement.h).
+    if (auto d = node.labels.find(topology::kNvlinkDomainLabel); d != node.labels.end()) {
+      devices.nvlink_domain = d->second;
+    }
+    if (auto r = node.labels.find(topology::kRackLabel); r != node.labels.end()) {
+      devices.rack = r->second;
+    }
     request.nodes.push_back(devices);
   }
   if (std::optional<Result> resized = PlaceElastic(snapshot, request)) return *std::move(resized);

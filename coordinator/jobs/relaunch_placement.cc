@@ -18,6 +18,7 @@ struct Room {
   bool avoided = false;  // failed the job
   bool spare = true;     // runs no rank of the job (besides relaunched ones)
   bool used = false;     // this relaunch put a rank here
+  std::string nvlink_domain;
   int tier() const { return avoided ? 2 : spare ? 0 : 1; }
 };
 
@@ -30,7 +31,9 @@ bool Take(std::vector<int64_t>& free, int64_t device) {
 
 // The room to move a unit of `need` ranks to, or nullptr: the best tier, then
 // a node already used, then the best fit for all `remaining`, then the largest.
-Room* Choose(std::vector<Room>& rooms, int64_t need, int64_t remaining) {
+// With a domain: only that NVLink domain's nodes.
+Room* Choose(std::vector<Room>& rooms, int64_t need, int64_t remaining,
+             const std::string& domain = "") {
   Room* best = nullptr;
   auto better = [&](const Room& a, const Room& b) {
     if (a.tier() != b.tier()) return a.tier() < b.tier();
@@ -45,6 +48,7 @@ Room* Choose(std::vector<Room>& rooms, int64_t need, int64_t remaining) {
   };
   for (Room& room : rooms) {
     if (room.cordoned || static_cast<int64_t>(room.free.size()) < need) continue;
+    if (!domain.empty() && room.nvlink_domain != domain) continue;
     if (best == nullptr || better(room, *best)) best = &room;  // ties: the first given
   }
   return best;
@@ -72,7 +76,8 @@ RelaunchPlacement PlaceRelaunchedRanks(const RelaunchPlacementRequest& request) 
     rooms.push_back(Room{.node_id = node.node_id,
                          .free = node.free_devices,
                          .cordoned = node.cordoned,
-                         .avoided = request.avoid.count(node.node_id) > 0});
+                         .avoided = request.avoid.count(node.node_id) > 0,
+                         .nvlink_domain = node.nvlink_domain});
   }
   auto room_of = [&](const std::string& node) -> Room* {
     auto it = index.find(node);
@@ -124,6 +129,11 @@ RelaunchPlacement PlaceRelaunchedRanks(const RelaunchPlacementRequest& request) 
       // The rest of its TP group lives on: the group stays on one node.
       const std::string& node = out.slots[*peer].node_id;
       room = room_of(node);
+      if (room != nullptr && !room->nvlink_domain.empty() &&
+          (room->cordoned || static_cast<int64_t>(room->free.size()) < need)) {
+        // Its NVLink domain's other nodes may hold the group's moving part.
+        if (Room* other = Choose(rooms, need, need, room->nvlink_domain)) room = other;
+      }
       if (room == nullptr || room->cordoned || static_cast<int64_t>(room->free.size()) < need) {
         out.error = absl::StrCat(
             "no place to relaunch ", which, " (", why_not_in_place[ranks.front()],
@@ -131,7 +141,7 @@ RelaunchPlacement PlaceRelaunchedRanks(const RelaunchPlacementRequest& request) 
             room == nullptr  ? "is not live"
             : room->cordoned ? "is cordoned"
                              : absl::StrCat("has ", room->free.size(), " free device(s)"),
-            ", and a TP group stays on one node");
+            ", and a TP group stays on one node (or one nvlink_domain)");
         return out;
       }
     } else {

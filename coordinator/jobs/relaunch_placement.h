@@ -5,7 +5,9 @@
 //  1. A failed rank goes back to its own node and device when that node is
 //     live, not cordoned, and the device free (a crash, a hung culprit).
 //  2. The others move, a TP group's moving ranks together on one node: to the
-//     node of the rest of their TP group when part of it lives on, else to a
+//     node of the rest of their TP group when part of it lives on (or, when
+//     that node has no room, to another node of its NVLink domain: node
+//     labels, docs/scheduling.md), else to a
 //     node of the job's kind with room for them, preferring in turn a spare
 //     node (no rank of the job), a node of the job, and last a node that
 //     failed the job; within those, a node this relaunch already uses, then
@@ -32,6 +34,9 @@ struct RelaunchNode {
   // gone).
   std::vector<int64_t> free_devices;
   bool cordoned = false;  // takes no relaunched rank, not even in its old place
+  // Its nvlink_domain label (empty: none): a TP group may span the nodes of
+  // one domain.
+  std::string nvlink_domain;
 };
 
 struct RelaunchPlacementRequest {

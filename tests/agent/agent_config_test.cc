@@ -66,6 +66,23 @@ TEST(AgentConfigTest, PerJobUidRange) {
   EXPECT_FALSE(config->run_as_uids.has_value());
 }
 
+TEST(AgentConfigTest, LabelsAreParsedAndCheckedNamingTheFlag) {
+  absl::StatusOr<AgentConfig> config =
+      ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure",
+                             "--labels=rack=r1,nvlink_domain=d0"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->labels,
+            (std::map<std::string, std::string>{{"rack", "r1"}, {"nvlink_domain", "d0"}}));
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w",
+                                  "--insecure", "--labels=rack=r1,rack=r2"});
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().message(), "--labels: key 'rack' is given twice; a key may appear once");
+  // Not carried into the next parse.
+  config = ParseAgentCommandLine({"--coordinator=c:1", "--devices=cpu:1", "--work_dir=/w", "--insecure"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->labels.empty());
+}
+
 TEST(AgentConfigTest, OptionalFlags) {
   absl::StatusOr<AgentConfig> config = ParseAgentCommandLine(
       {"--coordinator=coord:1", "--devices=gpu", "--work_dir=/w", "--node_id=n7",

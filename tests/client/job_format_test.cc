@@ -140,5 +140,23 @@ TEST(JobFormatTest, AnIncidentKeptFromBeforePathsKeepsItsLine) {
                                      "short)"});
 }
 
+TEST(JobFormatTest, TheNodeTableShowsLabelsInKeyOrder) {
+  loom::v1::Node labeled;
+  labeled.set_node_id("node-a");
+  labeled.set_live(true);
+  (*labeled.mutable_labels())["rack"] = "r1";
+  (*labeled.mutable_labels())["nvlink_domain"] = "d0";
+  loom::v1::Node plain;
+  plain.set_node_id("node-b");
+  plain.set_spare(true);
+  const std::string table = FormatNodeTable({labeled, plain});
+  EXPECT_NE(table.find("LABELS"), std::string::npos) << table;
+  const size_t a = table.find("node-a"), b = table.find("node-b");
+  ASSERT_NE(b, std::string::npos);
+  EXPECT_NE(table.substr(a, b - a).find("nvlink_domain=d0,rack=r1"), std::string::npos) << table;
+  EXPECT_NE(table.substr(b).find(" -  "), std::string::npos) << table;
+  EXPECT_NE(table.substr(b).find("spare"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace loom::client

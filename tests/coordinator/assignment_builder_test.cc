@@ -34,8 +34,10 @@ const loom::v1::GroupMembers& Group(const loom::v1::RankAssignment& a, const std
 TEST(AssignmentBuilder, Dp2Tp2Pp2OnTwoNodes) {
   spec::JobSpec s = Spec(2, 2, 2);
   topology::PlacementRequest request{.shape = spec::LayoutOf(s),
-                                     .nodes = {{.node_id = "a", .free_devices = 4, .device_ids = {}},
-                                               {.node_id = "b", .free_devices = 4, .device_ids = {}}},
+                                     .nodes = {{.node_id = "a", .free_devices = 4, .device_ids = {},
+                                                .nvlink_domain = "", .rack = ""},
+                                               {.node_id = "b", .free_devices = 4, .device_ids = {},
+                                                .nvlink_domain = "", .rack = ""}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
   ASSERT_TRUE(placement.ok()) << placement.status();
@@ -73,7 +75,8 @@ TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
   s.train.global_batch_size = 8;
   s.train.micro_batch_size = 2;  // 4 micro-batches
   topology::PlacementRequest request{.shape = spec::LayoutOf(s),
-                                     .nodes = {{.node_id = "a", .free_devices = 2, .device_ids = {}}},
+                                     .nodes = {{.node_id = "a", .free_devices = 2, .device_ids = {},
+                                                .nvlink_domain = "", .rack = ""}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
   ASSERT_TRUE(placement.ok());
@@ -98,7 +101,8 @@ TEST(AssignmentBuilder, PipelineStagesGetTheirLayersAndInstructions) {
 TEST(AssignmentBuilder, LargeGroupsAreRuns) {
   spec::JobSpec s = Spec(64, 2, 1);
   topology::PlacementRequest request{.shape = spec::LayoutOf(s),
-                                     .nodes = {{.node_id = "a", .free_devices = 128, .device_ids = {}}},
+                                     .nodes = {{.node_id = "a", .free_devices = 128, .device_ids = {},
+                                                .nvlink_domain = "", .rack = ""}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
   ASSERT_TRUE(placement.ok());
@@ -125,7 +129,8 @@ TEST(AssignmentBuilder, SharedGroupsMatchTheMesh) {
   s.train.micro_batch_size = 1;
   s.train.global_batch_size = 48;
   topology::PlacementRequest request{.shape = spec::LayoutOf(s),
-                                     .nodes = {{.node_id = "a", .free_devices = 48, .device_ids = {}}},
+                                     .nodes = {{.node_id = "a", .free_devices = 48, .device_ids = {},
+                                                .nvlink_domain = "", .rack = ""}},
                                      .avoid = {}};
   auto placement = topology::PlaceRanks(request);
   ASSERT_TRUE(placement.ok());

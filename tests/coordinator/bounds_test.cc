@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/cluster/node_limits.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/service/indexed_job_series.h"
@@ -185,6 +186,17 @@ TEST(NodeLimits, RegistrationsAreRefusedNamingTheField) {
   loom::v1::RegisterNode gpu = Registration("node-a", 1);
   gpu.mutable_devices(0)->set_kind("tpu");
   EXPECT_THAT(std::string(CheckRegistration(gpu).message()), HasSubstr("kind"));
+  loom::v1::RegisterNode labeled = Registration("node-a", 1);
+  (*labeled.mutable_labels())["rack"] = "r1";
+  EXPECT_TRUE(CheckRegistration(labeled).ok());
+  (*labeled.mutable_labels())["nvlink_domain"] = "d0\nnode node-b: registered";
+  const absl::Status label = CheckRegistration(labeled);
+  EXPECT_THAT(std::string(label.message()), HasSubstr("register.labels"));
+  EXPECT_THAT(std::string(label.message()), ::testing::Not(HasSubstr("node-b")));
+  loom::v1::RegisterNode crowded = Registration("node-a", 1);
+  for (int i = 0; i < 17; ++i) (*crowded.mutable_labels())[absl::StrCat("k", i)] = "v";
+  EXPECT_THAT(std::string(CheckRegistration(crowded).message()),
+              HasSubstr("register.labels has 17 labels; at most 16"));
 }
 
 TEST(RpcMetrics, TheMethodLabelIsLoomsMethodsOrOther) {

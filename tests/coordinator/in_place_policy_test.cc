@@ -28,7 +28,7 @@ std::vector<DeviceSlot> Blocks(const std::vector<std::pair<std::string, int>>& b
 }
 
 RelaunchNode Node(const std::string& id, int devices, bool cordoned = false) {
-  RelaunchNode node{.node_id = id, .free_devices = {}, .cordoned = cordoned};
+  RelaunchNode node{.node_id = id, .free_devices = {}, .cordoned = cordoned, .nvlink_domain = ""};
   for (int d = 0; d < devices; ++d) node.free_devices.push_back(d);
   return node;
 }
@@ -261,6 +261,30 @@ TEST(InPlacePolicyTest, ATpGroupStaysOnOneNode) {
   d = Decide(request);
   EXPECT_FALSE(d.in_place);
   EXPECT_TRUE(Contains(d.fallback_reason, "TP group runs on node a, which is cordoned"))
+      << d.fallback_reason;
+}
+
+TEST(InPlacePolicyTest, ATpGroupsMovingPartMayJoinItInItsNvlinkDomain) {
+  // tp=4 across a and b (one NVLink domain, 2 devices each): TP group {0,1,2,3}.
+  InPlaceRequest request;
+  request.tp = 4;
+  request.placement = Blocks({{"a", 2}, {"b", 2}});
+  request.newest_step = 8;
+  request.failed_ranks = {3};
+  RelaunchNode a = Node("a", 2), b = Node("b", 2, /*cordoned=*/true), c = Node("c", 2),
+               e = Node("e", 4);
+  a.nvlink_domain = b.nvlink_domain = c.nvlink_domain = "d0";
+  request.nodes = {a, b, c, e};  // e has more room but is outside the domain
+  AllHold(request, 8, {7, 8});
+  InPlaceDecision d = Decide(request);
+  ASSERT_TRUE(d.in_place) << d.fallback_reason;
+  EXPECT_EQ(d.placement[3].node_id, "c");
+
+  // No node of the domain has room: the whole job restarts, saying why.
+  request.nodes = {a, b, e};
+  d = Decide(request);
+  EXPECT_FALSE(d.in_place);
+  EXPECT_TRUE(Contains(d.fallback_reason, "a TP group stays on one node (or one nvlink_domain)"))
       << d.fallback_reason;
 }
 

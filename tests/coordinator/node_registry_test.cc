@@ -50,6 +50,21 @@ loom::v1::Heartbeat Beat(int64_t sent_us) {
   return beat;
 }
 
+TEST(NodeRegistryTest, KeepsTheLabelsOfTheLatestRegistration) {
+  NodeRegistry nodes;
+  auto channel = std::make_shared<NullChannel>();
+  loom::v1::RegisterNode r = Node("n1");
+  (*r.mutable_labels())["rack"] = "r1";
+  (*r.mutable_labels())["nvlink_domain"] = "d0";
+  nodes.Register(r, channel, absl::FromUnixSeconds(1000));
+  std::optional<NodeInfo> info = nodes.Get("n1");
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->labels, (std::map<std::string, std::string>{{"rack", "r1"}, {"nvlink_domain", "d0"}}));
+  // An agent restarted without --labels drops them.
+  nodes.Register(Node("n1"), channel, absl::FromUnixSeconds(1001));
+  EXPECT_TRUE(nodes.Get("n1")->labels.empty());
+}
+
 TEST(HeartbeatLagTest, ASessionsLagIsMeasuredFromItsFastestHeartbeat) {
   SessionLag session;
   const absl::Time t0 = absl::FromUnixSeconds(1000);

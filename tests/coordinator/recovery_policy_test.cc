@@ -127,9 +127,12 @@ TEST(RecoveryPolicy, ANodeIsCordonedAfterFailingTheJobCordonAfterTimes) {
 InPlaceRequest Request() {
   InPlaceRequest request;
   request.placement = {{"node-a", 0}, {"node-a", 1}, {"node-b", 0}, {"node-b", 1}};
-  request.nodes = {{.node_id = "node-a", .free_devices = {0, 1}, .cordoned = false},
-                   {.node_id = "node-b", .free_devices = {0, 1}, .cordoned = false},
-                   {.node_id = "node-c", .free_devices = {0}, .cordoned = false}};
+  request.nodes = {{.node_id = "node-a", .free_devices = {0, 1}, .cordoned = false,
+                    .nvlink_domain = ""},
+                   {.node_id = "node-b", .free_devices = {0, 1}, .cordoned = false,
+                    .nvlink_domain = ""},
+                   {.node_id = "node-c", .free_devices = {0}, .cordoned = false,
+                    .nvlink_domain = ""}};
   request.failed_ranks = {1};
   return request;
 }

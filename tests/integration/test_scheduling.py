@@ -3,12 +3,16 @@
 why the other waits; a user over quota waits, saying so, and starts when
 their other job ends; a priority above the owner's cap is refused; a short
 job backfills a gap without starting before a waiting larger job could, and a
-job the planner predicts to run past that job's start does not. Preemption is
-off here: tests/integration/test_preemption.py has it."""
+job the planner predicts to run past that job's start does not; node labels
+(loom-worker --labels) are checked, shown by `loomctl nodes`, and let a TP
+group span the two nodes of one NVLink domain. Preemption is off here:
+tests/integration/test_preemption.py has it."""
 
+import os
+import subprocess
 import unittest
 
-from loom_cluster import Cluster, tiny_job, wait_until
+from loom_cluster import BIN, Cluster, tiny_job, wait_until
 
 
 def with_scheduling(spec, priority=0, max_runtime_s=0):
@@ -139,6 +143,37 @@ class Scheduling(unittest.TestCase):
         # Then the long one starts (it would run for hours: cancelled here).
         c.wait_state(unbounded, {"STARTING", "RUNNING"}, timeout=60)
         c.loomctl("cancel", unbounded)
+
+    def test_node_labels_let_a_tp_group_span_an_nvlink_domain(self):
+        c = self.cluster
+        # A malformed label is refused at start, naming the flag and the rule.
+        bad = subprocess.run(
+            [os.path.join(BIN, "loom-worker"), f"--coordinator={c.address}", "--devices=cpu:1",
+             f"--work_dir={os.path.join(c.dir, 'bad')}", "--insecure", "--labels=Rack=r1"],
+            capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--labels: key 'Rack'", bad.stderr)
+        labels = "--labels=rack=r1,nvlink_domain=d0"
+        c.start_agent("node-a", devices="cpu:1", extra=[labels])
+        c.start_agent("node-b", devices="cpu:1", extra=[labels])
+
+        def both_labelled():
+            out = c.loomctl("nodes").stdout
+            return len([l for l in out.splitlines() if "nvlink_domain=d0,rack=r1" in l]) == 2
+        wait_until(both_labelled, 30, "both nodes to register with their labels")
+        # tp=2 on nodes of one device each: only the NVLink domain can hold it.
+        spec = tiny_job(name="tp2", ranks=2).replace("dp: 2, tp: 1", "dp: 1, tp: 2").replace(
+            "num_kv_heads: 1", "num_kv_heads: 2")
+        job = c.submit(spec, name="tp2")
+        self.assertEqual(c.wait_state(job, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED",
+                         c.loomctl("status", job).stdout)
+        # Its two ranks are one TP group (TP(0) and TP(1)), one on each node.
+        status = c.loomctl("status", job).stdout
+        placed = [l for l in status.splitlines() if l.strip().startswith("rank ")]
+        self.assertEqual(len(placed), 2, status)
+        self.assertEqual({"TP(0)" in placed[0], "TP(1)" in placed[1]}, {True}, status)
+        self.assertEqual({l.split(" node ")[1].split()[0] for l in placed}, {"node-a", "node-b"},
+                         status)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ class TestJob {
     request.lost_nodes = lost_nodes;
     for (const std::string& node : all_nodes_) {
       if (lost_nodes.count(node) > 0) continue;
-      coordinator::RelaunchNode live{node, {}, false};
+      coordinator::RelaunchNode live{node, {}, false, ""};
       for (int d = 0; d < gpus_; ++d) live.free_devices.push_back(d);
       request.nodes.push_back(live);
     }

@@ -590,6 +590,28 @@ INSTANTIATE_TEST_SUITE_P(
                  "parallelism.tp=4 must divide resources.gpus_per_node=6"}),
     [](const ::testing::TestParamInfo<RuleCase>& info) { return info.param.name; });
 
+// A TP group may span whole nodes of one NVLink domain (docs/scheduling.md,
+// "Node labels"): tp a multiple of gpus_per_node is allowed, a part of a node not.
+TEST(JobSpecRules, TpSpansWholeNodesOrStaysInOne) {
+  JobSpec s = Parse(kValid);
+  s.resources.device = DeviceKind::kGpu;
+  s.resources.gpu = "h100-sxm";
+  s.resources.nodes = 2;
+  s.resources.gpus_per_node = 2;
+  s.parallelism.tp = 4;
+  s.parallelism.dp = 1;
+  s.parallelism.pp = 1;
+  EXPECT_THAT(Errors(s), ::testing::Not(HasSubstr("parallelism.tp=4 must divide")));
+  s.resources.gpus_per_node = 3;
+  s.resources.nodes = 1;
+  s.parallelism.tp = 3;
+  EXPECT_THAT(Errors(s), ::testing::Not(HasSubstr("parallelism.tp=3 must divide")));
+  s.resources.gpus_per_node = 6;
+  s.parallelism.tp = 4;
+  EXPECT_THAT(Errors(s), HasSubstr("parallelism.tp=4 must divide resources.gpus_per_node=6 (a TP "
+                                   "group stays inside a node) or be a multiple of it"));
+}
+
 TEST(JobSpecRules, EveryPrecisionIsValidOnCpu) {
   // bf16 and fp8 are emulated on the CPU (docs/gpu.md), so no precision is
   // refused there.

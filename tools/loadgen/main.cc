@@ -6,6 +6,9 @@
 // with --stop_rank, how soon the hang of a silent rank is declared and
 // whether the rank named is the right one; with --fail_rank, how the job
 // recovers from a crashed rank or a lost node (fault_run.h).
+// With --jobs=N it instead runs the scheduling policies at scale: N jobs of
+// mixed sizes and priorities from --users users, under quotas, on --nodes
+// labelled fake nodes, every decision checked (sched_run.h).
 // docs/scale.md has the measurements.
 //
 // Exit code: 0 when the run was correct (RUNNING reached, no false hang, node
@@ -34,6 +37,7 @@
 #include "tools/loadgen/fault_run.h"
 #include "tools/loadgen/node_certs.h"
 #include "tools/loadgen/run_report.h"
+#include "tools/loadgen/sched_run.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "HOST:PORT of loom-coordinator");
 ABSL_FLAG(std::string, ca_dir, "",
@@ -76,6 +80,14 @@ ABSL_FLAG(std::string, poll_job, "",
           "internal: only poll this job with GetJob every 250 ms and print each latency in ms "
           "(or 'fail') on stdout until stdin closes; loadgen runs itself so to time GetJob from "
           "a process of its own");
+ABSL_FLAG(int32_t, jobs, 0,
+          "N > 0: the scheduling run (sched_run.h): N jobs of mixed sizes and priorities from "
+          "--users users (two under GPU quotas) on --nodes fake nodes, each running 10-40 fake "
+          "steps of --job_step_s; every decision is checked. 0: the one-job run");
+ABSL_FLAG(int32_t, users, 10, "the scheduling run's users (each submits with its own certificate)");
+ABSL_FLAG(double, job_step_s, 0.1, "the scheduling run's fake step time in seconds");
+ABSL_FLAG(int32_t, seed, 7, "the scheduling run's workload seed");
+ABSL_FLAG(double, schedule_timeout_s, 600, "how long the scheduling run waits for every job to end");
 ABSL_FLAG(std::string, loomctl, "", "loomctl to time `loomctl list` with (default: next to this binary)");
 
 namespace loom::loadgen {
@@ -193,6 +205,27 @@ int Run() {
       return 2;
     }
     certs = std::make_unique<NodeCertFactory>(*std::move(loaded));
+  }
+  if (const int jobs = absl::GetFlag(FLAGS_jobs); jobs > 0) {
+    const int users = absl::GetFlag(FLAGS_users);
+    const double step_s = absl::GetFlag(FLAGS_job_step_s);
+    if (insecure || users <= 0 || !(step_s > 0) || gpus != 8) {
+      std::fprintf(stderr, "loom-loadgen: --jobs needs TLS (--ca_dir: each user submits with its "
+                           "own certificate), --users > 0, --job_step_s > 0 and --gpus_per_node=8 "
+                           "(job specs ask for whole nodes of 8)\n");
+      return 2;
+    }
+    SchedRunOptions options;
+    options.coordinator = address;
+    options.nodes = nodes;
+    options.gpus_per_node = gpus;
+    options.node_prefix = absl::GetFlag(FLAGS_node_prefix);
+    options.workload.jobs = jobs;
+    options.workload.users = users;
+    options.workload.seed = static_cast<uint32_t>(absl::GetFlag(FLAGS_seed));
+    options.workload.step_s = step_s;
+    options.timeout = absl::Seconds(absl::GetFlag(FLAGS_schedule_timeout_s));
+    return RunScheduling(options, *certs, admin);
   }
 
   ProbeOptions probe_options;

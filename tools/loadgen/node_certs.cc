@@ -80,7 +80,8 @@ NodeCertFactory::~NodeCertFactory() {
   EVP_PKEY_free(static_cast<EVP_PKEY*>(ca_key_));
 }
 
-absl::StatusOr<PemIdentity> NodeCertFactory::Issue(const std::string& node_id) {
+absl::StatusOr<PemIdentity> NodeCertFactory::Issue(const std::string& common_name,
+                                                   const std::string& role) {
   auto* issuer = static_cast<X509*>(ca_cert_);
   EVP_PKEY* key = EVP_EC_gen("P-256");
   X509* cert = X509_new();
@@ -106,8 +107,8 @@ absl::StatusOr<PemIdentity> NodeCertFactory::Issue(const std::string& node_id) {
                                reinterpret_cast<const unsigned char*>(value.c_str()), -1, -1, 0);
   };
   add("O", "loom");
-  add("OU", "node");
-  add("CN", node_id);
+  add("OU", role);
+  add("CN", common_name);
   X509_set_issuer_name(cert, X509_get_subject_name(issuer));
   const bool ok = AddExtension(cert, issuer, NID_basic_constraints, "critical,CA:FALSE") &&
                   AddExtension(cert, issuer, NID_key_usage, "critical,digitalSignature,keyEncipherment") &&
@@ -126,7 +127,7 @@ absl::StatusOr<PemIdentity> NodeCertFactory::Issue(const std::string& node_id) {
   }
   X509_free(cert);
   EVP_PKEY_free(key);
-  if (!ok) return absl::InternalError(absl::StrCat("signing the certificate of ", node_id, " failed"));
+  if (!ok) return absl::InternalError(absl::StrCat("signing the certificate of ", common_name, " failed"));
   return out;
 }
 

@@ -25,8 +25,10 @@ class NodeCertFactory {
   NodeCertFactory& operator=(NodeCertFactory&&) = delete;
   ~NodeCertFactory();
 
-  // A fresh key and a certificate /O=loom/OU=node/CN=node_id valid for a day.
-  absl::StatusOr<PemIdentity> Issue(const std::string& node_id);
+  // A fresh key and a certificate /O=loom/OU=<role>/CN=common_name valid for a day:
+  // a node's (role "node"), or a user's (role "user": the scheduling run's
+  // job owners, sched_run.h).
+  absl::StatusOr<PemIdentity> Issue(const std::string& common_name, const std::string& role = "node");
 
  private:
   NodeCertFactory(std::string ca_pem, void* ca_cert, void* ca_key)

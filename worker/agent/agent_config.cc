@@ -15,6 +15,7 @@
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/tls_flags.h"
 #include "common/confine/path_rules.h"
+#include "common/topology/node_labels.h"
 
 ABSL_FLAG(std::string, coordinator, "",
           "HOST:PORT of the coordinator's gRPC endpoint; several comma-separated for a highly "
@@ -40,6 +41,10 @@ ABSL_FLAG(int32_t, progress_batch_ms, 100,
 ABSL_FLAG(bool, spare, false,
           "offer this node as a cluster spare: no job is placed on it, a rank of a failed node "
           "moves to it (docs/fault_tolerance.md, \"Elastic jobs\")");
+ABSL_FLAG(std::string, labels, "",
+          "where this node sits in the network, KEY=VALUE,...: rack=R groups a rack's nodes, "
+          "nvlink_domain=D the nodes joined by NVLink/NVSwitch (they may hold one TP group "
+          "together); placement reads these two (docs/scheduling.md, \"Node labels\")");
 ABSL_FLAG(std::string, run_as_user, "",
           "run every rank as this unprivileged user (the agent must run as root)");
 ABSL_FLAG(std::string, run_as_uid_range, "",
@@ -55,7 +60,7 @@ constexpr const char* kFlagNames[] = {"coordinator",  "devices",    "work_dir", 
                                       "tls_ca",       "tls_cert",   "tls_key",         "insecure",
                                       "data_roots",   "checkpoint_root", "run_as_user",
                                       "progress_batch_ms", "spare", "drain_grace_s",
-                                      "run_as_uid_range"};
+                                      "run_as_uid_range", "labels"};
 
 }  // namespace
 
@@ -160,6 +165,10 @@ absl::StatusOr<AgentConfig> ParseAgentCommandLine(const std::vector<std::string>
     return absl::InvalidArgumentError(absl::StrCat(
         "--drain_grace_s=", config.drain_grace_s, " must be between 0 and 86400 seconds"));
   }
+  absl::StatusOr<topology::NodeLabels> labels =
+      topology::ParseNodeLabels(absl::GetFlag(FLAGS_labels), "--labels");
+  if (!labels.ok()) return labels.status();
+  config.labels = *std::move(labels);
   config.progress_batch_ms = absl::GetFlag(FLAGS_progress_batch_ms);
   if (config.progress_batch_ms < 0 || config.progress_batch_ms > 10000) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -3,6 +3,7 @@
 // the values derived from them (node id, trainer path).
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ inline constexpr char kAgentUsage[] =
     "(--tls_dir=DIR | --insecure) [--node_id=ID] [--address=IP] [--trainer=PATH] "
     "[--kill_grace_s=SECONDS] [--data_roots=DIR[,DIR...]] [--checkpoint_root=DIR] "
     "[--run_as_user=USER | --run_as_uid_range=FIRST-LAST] [--progress_batch_ms=MS] [--spare] "
-    "[--drain_grace_s=SECONDS]";
+    "[--labels=KEY=VALUE,...] [--drain_grace_s=SECONDS]";
 
 // The flags loom-worker accepts (its --help lists them, common/cli/flag_help.h).
 std::vector<std::string> AgentFlagNames();
@@ -54,6 +55,8 @@ struct AgentConfig {
   int32_t progress_batch_ms = 100;
   // --spare: the node is a cluster spare (RegisterNode.spare).
   bool spare = false;
+  // --labels: rack, nvlink_domain, ... (RegisterNode.labels).
+  std::map<std::string, std::string> labels;
 };
 
 // args excludes the program name. Every flag not given takes its default.

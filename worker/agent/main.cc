@@ -115,6 +115,7 @@ int Main(int argc, char** argv) {
   registration.set_hostname(HostName());
   registration.set_address(config.address);
   registration.set_spare(config.spare);
+  registration.mutable_labels()->insert(config.labels.begin(), config.labels.end());
   for (const DeviceInfo& d : *devices) {
     device_count += d.count;
     loom::v1::Device* device = registration.add_devices();
