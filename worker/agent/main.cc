@@ -86,6 +86,9 @@ int Main(int argc, char** argv) {
   on_stop.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &on_stop, nullptr);
   sigaction(SIGINT, &on_stop, nullptr);
+  // A batch system's warning before its time limit (Slurm's --signal=USR1@N
+  // reaches every process of the step: the agent and its ranks) drains too.
+  sigaction(SIGUSR1, &on_stop, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   std::error_code error;
@@ -258,15 +261,15 @@ int Main(int argc, char** argv) {
     // SIGTERM (a Kubernetes eviction, a shutdown, Slurm's end of the agent's
     // job) drains: the jobs here stop after their next step, saved, and go
     // on elsewhere (docs/agent.md, "Stopping an agent").
-    if (sig == SIGTERM && config.drain_grace_s > 0) {
+    if ((sig == SIGTERM || sig == SIGUSR1) && config.drain_grace_s > 0) {
       const std::string reason =
-          absl::StrCat("the agent of node ", config.node_id, " received SIGTERM");
+          absl::StrCat("the agent of node ", config.node_id, " received ", sigabbrev_np(sig));
       const int told = ranks.StopAll(reason);
       session.Drain(reason);
       fprintf(stderr,
-              "loom-worker: SIGTERM received; draining: %d ranks stop after their next step "
+              "loom-worker: SIG%s received; draining: %d ranks stop after their next step "
               "(up to %.0f s; SIGTERM again to stop at once)\n",
-              told, config.drain_grace_s);
+              sigabbrev_np(sig), told, config.drain_grace_s);
       if (WaitForRanksToExit(ranks, absl::Seconds(config.drain_grace_s), g_stop_pipe[0])) {
         fprintf(stderr, "loom-worker: every rank stopped\n");
       }
