@@ -169,7 +169,7 @@ ELASTIC_SPEC = """
 name: {name}
 model: {{vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2,
         ffn_hidden_size: 64, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
-train: {{steps: {steps}, global_batch_size: 8, micro_batch_size: 1, seq_len: 32,
+train: {{steps: {steps}, global_batch_size: {batch}, micro_batch_size: 1, seq_len: 32,
         lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 1234, precision: fp32, eval_interval: 0}}
 data: {{train_path: data/train.txt, format: text}}
@@ -180,13 +180,20 @@ fault_tolerance: {{max_restarts: 3, hang_timeout_s: 4, abort_timeout_s: 20, min_
                   min_resize_interval_s: 2, restart_backoff_s: 0}}
 """
 ELASTIC_STEPS = 200
+# The job that grows back must still run when its node returns and the
+# resize interval has passed: on two ranks of a quiet machine a step of 8
+# sequences takes 3-6 ms, and 200 of them end first; 64 sequences a step
+# make the run last (more steps would let fp32's reduction order drift past
+# the 1e-5 tolerance: 1.5e-5 at step 1214).
+GROW_BATCH = 64
 
 
 DP4 = "dp: 4, tp: 1, pp: 1, zero_stage: 1"
 
 
-def elastic_spec(name, min_ranks, layout=DP4):
-    return ELASTIC_SPEC.format(name=name, steps=ELASTIC_STEPS, min_ranks=min_ranks, layout=layout)
+def elastic_spec(name, min_ranks, layout=DP4, batch=8):
+    return ELASTIC_SPEC.format(name=name, steps=ELASTIC_STEPS, min_ranks=min_ranks, layout=layout,
+                               batch=batch)
 
 
 def history(status):
@@ -221,13 +228,14 @@ class ShrinkAndGrow(unittest.TestCase):
 
     def test_dp4_shrinks_to_two_ranks_and_grows_back(self):
         c = self.cluster
-        reference = c.submit(elastic_spec("elastic-reference", 2), "elastic-reference")
+        reference = c.submit(elastic_spec("elastic-reference", 2, batch=GROW_BATCH),
+                             "elastic-reference")
         watch = Watch(c, reference)
         self.assertEqual(watch.wait(), 0, c.status(reference))
         expected = watch.losses(1)
         self.assertEqual(sorted(expected), list(range(1, ELASTIC_STEPS + 1)))
 
-        job = c.submit(elastic_spec("elastic", 2), "elastic")
+        job = c.submit(elastic_spec("elastic", 2, batch=GROW_BATCH), "elastic")
         watch = Watch(c, job)
         lost, lost_at = self.lose_second_node(job, watch)
         wait_until(lambda: any(s["attempt"] >= 2 for s in watch.steps), 120, "a step shrunk")
