@@ -178,15 +178,28 @@ bool NodeRegistry::Cordon(const std::string& node_id, const std::string& reason,
   return true;
 }
 
-absl::Status NodeRegistry::Drain(const std::string& node_id, const std::string& reason,
-                                 absl::Time now) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<NodeInfo*> NodeRegistry::KnownLocked(const std::string& node_id) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
     return absl::NotFoundError(
         absl::StrCat("node ", node_id, " is not known (loomctl nodes lists them)"));
   }
-  NodeInfo& info = it->second.info;
+  return &it->second.info;
+}
+
+void NodeRegistry::ClearCordon(NodeInfo& info) {
+  info.cordoned = false;
+  info.draining = false;
+  info.cordon_reason.clear();
+  info.cordoned_at = absl::InfinitePast();
+}
+
+absl::Status NodeRegistry::Drain(const std::string& node_id, const std::string& reason,
+                                 absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<NodeInfo*> known = KnownLocked(node_id);
+  if (!known.ok()) return known.status();
+  NodeInfo& info = **known;
   info.draining = true;
   info.cordoned = true;
   info.cordon_reason = reason;
@@ -196,19 +209,12 @@ absl::Status NodeRegistry::Drain(const std::string& node_id, const std::string& 
 
 absl::Status NodeRegistry::Uncordon(const std::string& node_id) {
   absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("node ", node_id, " is not known (loomctl nodes lists them)"));
-  }
-  NodeInfo& info = it->second.info;
-  if (!info.cordoned) {
+  absl::StatusOr<NodeInfo*> known = KnownLocked(node_id);
+  if (!known.ok()) return known.status();
+  if (!(*known)->cordoned) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node_id, " is not cordoned"));
   }
-  info.cordoned = false;
-  info.draining = false;
-  info.cordon_reason.clear();
-  info.cordoned_at = absl::InfinitePast();
+  ClearCordon(**known);
   return absl::OkStatus();
 }
 
@@ -218,9 +224,7 @@ std::vector<std::string> NodeRegistry::ExpireCordons(absl::Time now, absl::Durat
   for (auto& [id, entry] : nodes_) {
     NodeInfo& info = entry.info;
     if (info.cordoned && !info.draining && now - info.cordoned_at >= ttl) {
-      info.cordoned = false;
-      info.cordon_reason.clear();
-      info.cordoned_at = absl::InfinitePast();
+      ClearCordon(info);
       lifted.push_back(id);
     }
   }

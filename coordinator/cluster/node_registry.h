@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/cluster/heartbeat_lag.h"
@@ -130,6 +131,11 @@ class NodeRegistry {
   std::vector<std::string> ExpireCordons(absl::Time now, absl::Duration ttl);
 
  private:
+  // The node's entry; NOT_FOUND naming it for a node never seen.
+  absl::StatusOr<NodeInfo*> KnownLocked(const std::string& node_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Not cordoned, not drained, no reason.
+  static void ClearCordon(NodeInfo& info);
   void RegisterLocked(const loom::v1::RegisterNode& registration,
                       std::shared_ptr<NodeChannel> channel, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
