@@ -34,7 +34,10 @@ class Logs(unittest.TestCase):
         # Running, with a few steps in rank 1's log.
         wait_until(lambda: len([l for l in self.logs(job, "--rank=1", check=False).stdout.splitlines()
                                 if STEP_LINE.match(l)]) >= 2, 120, "rank 1's step lines")
-        self.assertIn(c.state(job, identity="user-alice"), ("RUNNING", "SUCCEEDED"))
+        # Live or done: a rank's step lines can be read before the coordinator
+        # has the other rank's ready report (batched by its agent), so the
+        # job may still say STARTING.
+        self.assertIn(c.state(job, identity="user-alice"), ("STARTING", "RUNNING", "SUCCEEDED"))
         rank1 = self.logs(job, "--rank=1").stdout.splitlines()
         self.assertTrue(any(STEP_LINE.match(l) for l in rank1), rank1)
         tail = self.logs(job, "--rank=1", "--tail=2").stdout.splitlines()
