@@ -556,7 +556,7 @@ int main(int argc, char** argv) {
         const absl::Duration late = absl::Trunc(backlog, absl::Milliseconds(10));
         const std::string silent = absl::StrCat(
             session_ended ? "its agent's session ended and it did not register again within "
-                          : "no heartbeat for ",
+                          : "nothing heard from its agent for ",
             absl::FormatDuration(node_timeout),
             late > absl::ZeroDuration()
                 ? absl::StrCat(" and the ", absl::FormatDuration(late),

@@ -45,6 +45,8 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
   if (entry.channel != channel) {  // a new session, a new clock
     entry.lag = SessionLag();
     entry.last_lag = absl::ZeroDuration();
+    entry.handling_since = absl::InfinitePast();
+    entry.listening_since = absl::InfinitePast();
   }
   entry.channel = std::move(channel);
 }
@@ -97,13 +99,36 @@ bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* 
   return true;
 }
 
+void NodeRegistry::MessageRead(const std::string& node_id, const NodeChannel* channel,
+                               absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel.get() != channel) return;
+  it->second.info.last_seen = std::max(it->second.info.last_seen, now);
+  it->second.handling_since = now;
+}
+
+void NodeRegistry::MessageHandled(const std::string& node_id, const NodeChannel* channel,
+                                  absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.channel.get() != channel) return;
+  it->second.handling_since = absl::InfinitePast();
+  it->second.listening_since = now;
+}
+
 std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const absl::Duration backlog = backlog_.Backlog(now);
   std::vector<std::string> lost;
   for (auto& [id, entry] : nodes_) {
     const absl::Duration credit = std::min(std::max(backlog, entry.last_lag), kMaxLagCredit);
-    if (entry.info.live && now - entry.info.last_seen > timeout + credit) {
+    if (entry.handling_since != absl::InfinitePast() &&
+        now - entry.handling_since <= kMaxLagCredit) {
+      continue;  // the coordinator is busy with its message, not waiting for one
+    }
+    const absl::Time quiet_since = std::max(entry.info.last_seen, entry.listening_since);
+    if (entry.info.live && now - quiet_since > timeout + credit) {
       // An open session's channel stays: a heartbeat on it revives the node.
       entry.info.live = false;
       lost.push_back(id);

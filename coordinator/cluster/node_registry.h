@@ -56,6 +56,8 @@ struct NodeInfo {
   std::map<std::string, std::string> labels;
   std::string cordon_reason;
   absl::Time cordoned_at = absl::InfinitePast();
+  // When the coordinator last read a message from it (any message: each one
+  // proves its agent alive).
   absl::Time last_seen;
   std::vector<loom::v1::RunningRank> running;
 };
@@ -98,13 +100,25 @@ class NodeRegistry {
   // reconnect changes nothing. Returns true when the node's current session
   // ended.
   bool SessionClosed(const std::string& node_id, const NodeChannel* channel);
+  // The coordinator read a message on the node's current session and is
+  // handling it: the node was heard from now, and while the message is
+  // handled (the session reads nothing else) its silence does not count.
+  // MessageHandled: the session listens again; silence counts from now.
+  // Messages on a session that is not the node's current one change nothing.
+  void MessageRead(const std::string& node_id, const NodeChannel* channel, absl::Time now);
+  void MessageHandled(const std::string& node_id, const NodeChannel* channel, absl::Time now);
   // Nodes silent for longer than timeout plus the heartbeat backlog (or plus
   // their own last heartbeat's lag, if larger; at most a minute more) are
   // marked lost, whether their session is still open or ended; returns their
   // ids. The backlog (heartbeat_lag.h) is how late
   // heartbeats are being read: a node's newer heartbeats may wait unread
   // behind the coordinator's own work (a launch burst), and it is not lost
-  // for that.
+  // for that. Silence is the time the coordinator spent listening to the
+  // node and hearing nothing: it starts at the node's last message or when
+  // the session last finished handling one, whichever is later, and a node
+  // whose message is being handled is not silent (for at most a minute: a
+  // handler stuck longer is not the node's fault either, but a coordinator
+  // that far behind cannot vouch for anyone).
   std::vector<std::string> ExpireSilent(absl::Time now, absl::Duration timeout);
   // The 90th percentile of the lags of the heartbeats read in the last 2 s.
   absl::Duration HeartbeatBacklog(absl::Time now);
@@ -145,6 +159,11 @@ class NodeRegistry {
     std::shared_ptr<NodeChannel> channel;
     SessionLag lag;  // of the current session's heartbeats
     absl::Duration last_lag;  // of its last heartbeat
+    // MessageRead/MessageHandled: since when a message of the current
+    // session is being handled (InfinitePast: none), and when the session
+    // last began listening again.
+    absl::Time handling_since = absl::InfinitePast();
+    absl::Time listening_since = absl::InfinitePast();
   };
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);

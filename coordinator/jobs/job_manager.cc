@@ -310,10 +310,16 @@ void JobManager::Schedule() { scheduler_.Schedule(); }
 
 void JobManager::WaitIdle() {
   // A placement is stored, then its launches are sent: until a round in
-  // which the persister wrote nothing new.
+  // which the persister wrote nothing new. A write releases what waited for
+  // it into the outbox before it is counted, so every write counted by the
+  // time `writes` is read has its messages sent by the pass that follows
+  // (the scheduler flushes the outbox at each pass); a write after that read
+  // changes the count and goes round again.
   while (true) {
     scheduler_.WaitHandled();
+    persister_.WaitIdle();
     const int64_t writes = persister_.writes();
+    scheduler_.WaitHandled();
     persister_.WaitIdle();
     if (persister_.writes() == writes) return;
   }

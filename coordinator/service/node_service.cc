@@ -81,9 +81,15 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
       FinishLocked(grpc::Status::OK);
       return;
     }
-    if (absl::Status s = Handle(incoming_); !s.ok()) {
+    // Any message proves the agent alive; while this one is handled (it may
+    // wait for the job table) nothing else is read from the node, and the
+    // registry does not count that time as the node's silence.
+    if (!node_id_.empty()) nodes_->MessageRead(node_id_, channel_.get(), absl::Now());
+    const absl::Status handled = Handle(incoming_);
+    if (!node_id_.empty()) nodes_->MessageHandled(node_id_, channel_.get(), absl::Now());
+    if (!handled.ok()) {
       absl::MutexLock lock(&mu_);
-      FinishLocked(ToGrpc(s));
+      FinishLocked(ToGrpc(handled));
       return;
     }
     StartRead(&incoming_);

@@ -204,5 +204,46 @@ TEST(NodeRegistryTest, ANodeWhoseSessionEndedIsLostOnlyAfterTheTimeout) {
   EXPECT_EQ(second->sent, 1);
 }
 
+// A message the coordinator is still handling (its session reads nothing
+// else meanwhile) is the coordinator's delay, not the node's silence: the
+// node's clock restarts when the session listens again. Any message proves
+// the agent alive, heartbeat or not; a stale session's messages prove nothing.
+TEST(NodeRegistryTest, SilenceCountsOnlyWhileTheCoordinatorListens) {
+  NodeRegistry nodes;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const absl::Duration timeout = absl::Seconds(3);
+  auto session = std::make_shared<NullChannel>();
+  nodes.Register(Node("n1"), session, t0);
+  nodes.MessageRead("n1", session.get(), t0 + absl::Seconds(1));
+  // Handled for 10 s (the job table was busy): never lost meanwhile.
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(10), timeout).empty());
+  nodes.MessageHandled("n1", session.get(), t0 + absl::Seconds(11));
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(14), timeout).empty());
+  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(14100), timeout),
+            std::vector<std::string>{"n1"});
+
+  // A progress batch is as good as a heartbeat.
+  nodes.Register(Node("n2"), session, t0);
+  nodes.MessageRead("n2", session.get(), t0 + absl::Seconds(2));
+  nodes.MessageHandled("n2", session.get(), t0 + absl::Seconds(2));
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(5), timeout).empty());
+  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(5100), timeout),
+            std::vector<std::string>{"n2"});
+
+  // A handler stuck for over a minute no longer vouches for the node.
+  nodes.Register(Node("n3"), session, t0);
+  nodes.MessageRead("n3", session.get(), t0);
+  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(60), timeout).empty());
+  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Seconds(61), timeout),
+            std::vector<std::string>{"n3"});
+
+  // Another session's messages say nothing about the current one.
+  auto stale = std::make_shared<NullChannel>();
+  nodes.Register(Node("n4"), session, t0);
+  nodes.MessageRead("n4", stale.get(), t0 + absl::Seconds(2));
+  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(3100), timeout),
+            std::vector<std::string>{"n4"});
+}
+
 }  // namespace
 }  // namespace loom::coordinator

@@ -203,7 +203,7 @@ class Cluster:
         self.coordinator = self._spawn(
             [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
              f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
-             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
+             "--heartbeat_interval_s=0.5", "--node_timeout_s=5", "--kill_grace_s=2",
              f"--tls_dir={self.tls_dir('coordinator')}", *self.root_flags(), *extra],
             "coordinator.log")
         wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,
@@ -330,6 +330,20 @@ class Cluster:
         """Waits until the job is in one of states and returns that state."""
         wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
         return self.state(job_id)
+
+    def expect_end(self, job_id, states, expected, timeout=120):
+        """Waits as wait_state; a state other than expected fails the test
+        with the job's status and the tails of the coordinator's and agents'
+        logs, so that a failure seen only in CI says why."""
+        state = self.wait_state(job_id, states, timeout)
+        if state != expected:
+            tails = "".join(
+                f"\n--- {name} (last 30 lines) ---\n" +
+                "\n".join(self.log(name).splitlines()[-30:])
+                for name in ["coordinator.log"] + [f"{n}.log" for n in self.agents])
+            raise AssertionError(f"{job_id} reached {state}, not {expected}:\n"
+                                 f"{self.status(job_id)}{tails}")
+        return state
 
     def write_spec(self, name, text):
         path = os.path.join(self.dir, f"{name}.yaml")

@@ -114,7 +114,7 @@ class AdversarialFiles(unittest.TestCase):
             "data/train.txt, val_path: data/val.txt, format: text",
             "data/innocent.bin, format: bin")
         job = c.submit(spec, "bin-thief")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED")
         status = c.status(job)
         self.assertIn("outside the data roots", status)
         self.assertIn("restarts 0", status)  # exit 3: the job is broken, not retried
@@ -127,7 +127,7 @@ class AdversarialFiles(unittest.TestCase):
         spec = tiny_job(name="bad-bin", steps=2, ranks=1, eval_interval=0).replace(
             "data/train.txt, val_path: data/val.txt, format: text", "data/bad.bin, format: bin")
         job = c.submit(spec, "bad-bin")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED")
         status = c.status(job)
         self.assertIn("wrong magic number", status)
         self.assert_no_secret(status)
@@ -138,7 +138,7 @@ class AdversarialFiles(unittest.TestCase):
         job = self.submit(spec, base_dir=self.outside).job
         self.assertIn(f"train_path: {c.data_root}/secret.bin", job.resolved_spec_yaml)
         self.assertNotIn(self.outside, job.resolved_spec_yaml)
-        self.assertEqual(c.wait_state(job.id, ("FAILED", "SUCCEEDED")), "FAILED")
+        c.expect_end(job.id, ("FAILED", "SUCCEEDED"), "FAILED")
         self.assert_no_secret(c.status(job.id))
 
     # -- checkpoints -----------------------------------------------------------
@@ -157,7 +157,7 @@ class AdversarialFiles(unittest.TestCase):
         # The victim's spec said `dir: checkpoints` too.
         job = c.submit(tiny_job(name="neighbour", steps=2, ranks=1, eval_interval=0,
                                 ckpt_interval=1), "neighbour")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED"), timeout=180), "SUCCEEDED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "SUCCEEDED", timeout=180)
         self.assertNotEqual(c.checkpoint_dir(job), self.victim_dir)
         self.assertTrue(os.listdir(c.checkpoint_dir(job)))
 
@@ -197,7 +197,7 @@ class AdversarialFiles(unittest.TestCase):
         os.symlink(victim_file, os.path.join(rank_dir, "log.txt"))
         job = c.submit(tiny_job(name="planted", steps=2, ranks=1), "planted")
         self.assertEqual(job, upcoming)
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED")
         self.assertIn("never reused", c.status(job))
         with open(victim_file) as f:
             self.assertEqual(f.read(), "precious")
@@ -308,7 +308,7 @@ class AdversarialFiles(unittest.TestCase):
             "data/train.txt, val_path: data/val.txt, format: text",
             "data/a-directory, format: bin")
         job = c.submit(spec, "dir-data")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED"), timeout=180), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED", timeout=180)
         status = c.status(job)
         self.assertIn("not a regular file", status)
         self.assertIn("restarts 0", status)
@@ -321,7 +321,7 @@ class AdversarialFiles(unittest.TestCase):
         c = self.cluster
         source = c.submit(tiny_job(name="to-corrupt", steps=2, ranks=1, eval_interval=0,
                                    ckpt_interval=1), "to-corrupt")
-        self.assertEqual(c.wait_state(source, ("FAILED", "SUCCEEDED"), timeout=180), "SUCCEEDED")
+        c.expect_end(source, ("FAILED", "SUCCEEDED"), "SUCCEEDED", timeout=180)
         ckpt = c.checkpoint_dir(source)
         for step in os.listdir(ckpt):
             path = os.path.join(ckpt, step, "metadata.json")
@@ -333,7 +333,7 @@ class AdversarialFiles(unittest.TestCase):
         spec = tiny_job(name="resumer", steps=4, ranks=1, max_restarts=2).replace(
             "keep: 2", f"keep: 2, resume_from: {source}")
         job = c.submit(spec, "resumer")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED"), timeout=180), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED", timeout=180)
         status = c.status(job)
         self.assertIn("model.num_heads=0", status)
         self.assertIn("restarts 0", status)
@@ -360,7 +360,7 @@ class RanksAsAnUnprivilegedUser(unittest.TestCase):
                 "data/train.txt, val_path: data/val.txt, format: text",
                 "data/root-only.bin, format: bin")
             job = c.submit(spec, "peek")
-            self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED")), "FAILED")
+            c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED")
             status = c.status(job)
             self.assertIn("no permission", status)
             self.assertNotIn("SECRET", status)

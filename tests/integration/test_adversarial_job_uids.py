@@ -192,7 +192,7 @@ class JobsRunAsTheirOwnUids(unittest.TestCase):
         runs it as root nor as any fallback user; the job cannot run (exit 3)."""
         c = self.cluster
         job = c.submit(tiny_job(name="no-uid", steps=2, ranks=1, eval_interval=0), "no-uid")
-        self.assertEqual(c.wait_state(job, ("FAILED", "SUCCEEDED"), timeout=120), "FAILED")
+        c.expect_end(job, ("FAILED", "SUCCEEDED"), "FAILED", timeout=120)
         status = c.status(job)
         self.assertIn("assignment.run_uid=0 is outside this node's --run_as_uid_range", status)
         self.assertIn("restarts 0", status)

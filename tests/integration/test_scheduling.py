@@ -69,8 +69,8 @@ class Scheduling(unittest.TestCase):
         self.assertIn(state, {"STARTING", "RUNNING", "SUCCEEDED"})
         if state != "SUCCEEDED":
             self.assertEqual(c.state(low), "PENDING")  # 2 devices: one job at a time
-        self.assertEqual(c.wait_state(high, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
-        self.assertEqual(c.wait_state(low, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
+        c.expect_end(high, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
+        c.expect_end(low, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
 
     def test_a_user_over_quota_waits_and_starts_when_their_other_job_ends(self):
         c = self.cluster
@@ -90,10 +90,10 @@ class Scheduling(unittest.TestCase):
         self.assertIn("quota: alice holds 2 of 2 cpu", queue_lines(c, "user-alice")[second])
         # Bob is not held up by alice's quota: he gets the 2 free devices.
         bob = c.submit(tiny_job(name="b1", ranks=2), name="b1", identity="user-bob")
-        self.assertEqual(c.wait_state(bob, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
+        c.expect_end(bob, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
         self.assertEqual(c.state(second), "PENDING")
         c.loomctl("cancel", first, identity="user-alice")
-        self.assertEqual(c.wait_state(second, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
+        c.expect_end(second, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
         # The quota survives a coordinator restart (stored before it took effect).
         c.kill(c.coordinator)
         c.start_coordinator(["--preemption=false"])
@@ -132,14 +132,14 @@ class Scheduling(unittest.TestCase):
         self.assertIn(c.wait_state(short, {"STARTING", "RUNNING", "SUCCEEDED"}, timeout=60),
                       {"STARTING", "RUNNING", "SUCCEEDED"})
         self.assertEqual(c.state(head), "PENDING")
-        self.assertEqual(c.wait_state(short, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
+        c.expect_end(short, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
         self.assertEqual(c.state(head), "PENDING")  # 2 free of the 4 it needs
         c.loomctl("cancel", long)
         # The head goes next, before the job without a promise submitted ahead of short.
         state = c.wait_state(head, {"STARTING", "RUNNING", "SUCCEEDED"}, timeout=60)
         if state != "SUCCEEDED":
             self.assertEqual(c.state(unbounded), "PENDING")
-        self.assertEqual(c.wait_state(head, {"SUCCEEDED", "FAILED"}, timeout=300), "SUCCEEDED")
+        c.expect_end(head, {"SUCCEEDED", "FAILED"}, "SUCCEEDED", timeout=300)
         # Then the long one starts (it would run for hours: cancelled here).
         c.wait_state(unbounded, {"STARTING", "RUNNING"}, timeout=60)
         c.loomctl("cancel", unbounded)
