@@ -203,7 +203,7 @@ class Cluster:
         self.coordinator = self._spawn(
             [os.path.join(BIN, "loom-coordinator"), f"--listen={self.address}",
              f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--state_dir={self.state_dir}",
-             "--heartbeat_interval_s=0.5", "--node_timeout_s=5", "--kill_grace_s=2",
+             "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
              f"--tls_dir={self.tls_dir('coordinator')}", *self.root_flags(), *extra],
             "coordinator.log")
         wait_until(lambda: self.loomctl("list", check=False).returncode == 0, 20,

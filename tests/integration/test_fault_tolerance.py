@@ -226,9 +226,9 @@ class FaultTolerance(unittest.TestCase):
 
     def test_ranks_that_died_while_the_coordinator_was_down_restart_from_checkpoint(self):
         c = self.cluster
-        # The grace is never shorter than the node timeout (5 s here): the
+        # The grace is never shorter than the node timeout (3 s here): the
         # node's lease must have run out before it is lost.
-        c.start_coordinator(["--recovery_grace_s=5"])
+        c.start_coordinator(["--recovery_grace_s=3"])
         agent = c.start_agent("node-a", "cpu:2")
         job = c.submit(job_spec("orphan", 2, steps=400, ckpt=4), "orphan")
         watch = Watch(c, job)
@@ -237,7 +237,7 @@ class FaultTolerance(unittest.TestCase):
         ranks = c.trainer_pids()
         c.kill(agent, signal.SIGKILL)  # its ranks die with it
         wait_until(lambda: not any(pid_alive(p) for p in ranks), 10, "the ranks to die")
-        c.start_coordinator(["--recovery_grace_s=5"])
+        c.start_coordinator(["--recovery_grace_s=3"])
         # node-a never comes back: after the grace it is lost and the job restarts elsewhere.
         wait_until(lambda: "lost node 1" in c.status(job), 30, "the lost node to be noticed")
         c.start_agent("node-b", "cpu:2")
