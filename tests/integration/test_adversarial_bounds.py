@@ -323,10 +323,12 @@ class AdversarialBounds(unittest.TestCase):
         peak = max(self.sampler.rss)
         print(f"loomctl list: {len(self.sampler.list_seconds)} samples, worst {worst:.2f} s; "
               f"coordinator RSS peak {peak / MiB:.0f} MiB")
-        # Liveness, not speed: a coordinator stalled by an attack takes the
-        # sampler's whole timeout; on a loaded 2-core CI machine a healthy one
-        # has taken 1.17 s (the measured figure is printed above and in the note).
-        self.assertLess(worst, 5.0)
+        # Liveness, not speed: every sample answered within the sampler's 30 s
+        # timeout (failures above); a coordinator stalled by an attack (the
+        # five minutes of issue 29) fails that. How fast is measured and
+        # printed, not asserted: on the 2-core CI machine under parallel
+        # tests a healthy coordinator's worst sample took 1.17-7.8 s (the
+        # loomctl process and its TLS handshake included).
         self.assertLess(peak, 512 * MiB)
 
 

@@ -170,7 +170,7 @@ name: {name}
 model: {{vocab_size: 256, hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2,
         ffn_hidden_size: 64, max_seq_len: 64, rope_theta: 10000, tie_embeddings: false}}
 train: {{steps: {steps}, global_batch_size: {batch}, micro_batch_size: 1, seq_len: 32,
-        lr: 3.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
+        lr: 1.0e-3, warmup_steps: 1, lr_schedule: cosine, weight_decay: 0.1, grad_clip: 1.0,
         seed: 1234, precision: fp32, eval_interval: 0}}
 data: {{train_path: data/train.txt, format: text}}
 parallelism: {{{layout}, cp: 1, ep: 1, schedule: 1f1b}}
@@ -184,7 +184,9 @@ ELASTIC_STEPS = 200
 # resize interval has passed: on two ranks of a quiet machine a step of 8
 # sequences takes 3-6 ms, and 200 of them end first; 64 sequences a step
 # make the run last (more steps would let fp32's reduction order drift past
-# the 1e-5 tolerance: 1.5e-5 at step 1214).
+# the 1e-5 tolerance: 1.5e-5 at step 1214). The learning rate is 1e-3, not
+# 3e-3: at 3e-3 the tiny model amplified the changed summation order to
+# 1.009e-5 by step 121 once in CI, when more steps ran on two ranks.
 GROW_BATCH = 64
 
 
@@ -265,10 +267,13 @@ class ShrinkAndGrow(unittest.TestCase):
         for a in sorted({s["attempt"] for s in watch.steps}):
             losses.update(watch.losses(a))  # a later attempt's recomputed steps replace
         self.assertEqual(sorted(losses), list(range(1, ELASTIC_STEPS + 1)))
+        worst = max(abs(loss - expected[step]) / abs(expected[step])
+                    for step, loss in losses.items())
         for step, loss in losses.items():
             self.assertLessEqual(abs(loss - expected[step]), 1e-5 * abs(expected[step]),
                                  f"step {step}: {loss} against {expected[step]}")
-        print(f"\nnode lost -> first step on 2 ranks: {shrunk_at - lost_at:.2f} s;"
+        print(f"\nlargest relative loss difference to the dp4 run: {worst:.2e}"
+              f"\nnode lost -> first step on 2 ranks: {shrunk_at - lost_at:.2f} s;"
               f" node back -> first step on 4 ranks: {grown_at - shrunk_at:.2f} s after the shrink"
               f"\n  {shrinks[0].strip()}\n  {grows[0].strip()}")
 
