@@ -101,6 +101,25 @@ LogStreamSpec OneRank(int rank, const std::string& node, bool follow = false) {
   return spec;
 }
 
+// Answers the relay's requests with `answer` until the sink finishes. The
+// relay finishes a stream on its own thread some time after the last answer,
+// so each wait is for "a request or the end", never for a request alone.
+// Returns false when neither came within 5 s.
+template <typename Answer>
+bool AnswerUntilFinished(FakeNodes& nodes, RecordingSink& sink, Answer answer) {
+  auto quiet_since = std::chrono::steady_clock::now();
+  while (!sink.Wait(milliseconds(0)).has_value()) {
+    auto request = nodes.Next(milliseconds(20));
+    if (!request.has_value()) {
+      if (std::chrono::steady_clock::now() - quiet_since > milliseconds(5000)) return false;
+      continue;
+    }
+    answer(*request);
+    quiet_since = std::chrono::steady_clock::now();
+  }
+  return true;
+}
+
 class LogRelayTest : public ::testing::Test {
  protected:
   explicit LogRelayTest(LogRelayOptions options = Fast()) {
@@ -127,15 +146,13 @@ TEST_F(LogRelayTest, ReadsAWholeLogInBoundedChunks) {
   ASSERT_TRUE(relay_->Open(OneRank(1, "n1"), sink).ok());
   const std::string file = "step 1 loss 5.0\nstep 2 loss 4.0\nno newline";
   int requests = 0;
-  while (!sink->Wait(milliseconds(1)).has_value()) {
-    auto request = nodes_.Next();
-    ASSERT_TRUE(request.has_value());
-    EXPECT_EQ(request->first, "n1");
-    EXPECT_EQ(request->second.rank(), 1);
-    EXPECT_LE(request->second.max_bytes(), 8);
+  ASSERT_TRUE(AnswerUntilFinished(nodes_, *sink, [&](const auto& request) {
+    EXPECT_EQ(request.first, "n1");
+    EXPECT_EQ(request.second.rank(), 1);
+    EXPECT_LE(request.second.max_bytes(), 8);
     ++requests;
-    relay_->Deliver("n1", Chunk(request->second, file, /*running=*/true));
-  }
+    relay_->Deliver("n1", Chunk(request.second, file, /*running=*/true));
+  }));
   EXPECT_TRUE(sink->Wait()->ok()) << *sink->Wait();
   EXPECT_GE(requests, 5);
   EXPECT_EQ(sink->lines(),
@@ -147,14 +164,12 @@ TEST_F(LogRelayTest, FollowsUntilTheRankEnds) {
   ASSERT_TRUE(relay_->Open(OneRank(0, "n1", /*follow=*/true), sink).ok());
   std::string file = "a\n";
   int polls = 0;
-  while (!sink->Wait(milliseconds(1)).has_value()) {
-    auto request = nodes_.Next();
-    ASSERT_TRUE(request.has_value());
+  ASSERT_TRUE(AnswerUntilFinished(nodes_, *sink, [&](const auto& request) {
     ++polls;
     if (polls == 5) file += "b\n";
     const bool running = polls < 8;
-    relay_->Deliver("n1", Chunk(request->second, file, running));
-  }
+    relay_->Deliver("n1", Chunk(request.second, file, running));
+  }));
   EXPECT_TRUE(sink->Wait()->ok());
   EXPECT_EQ(sink->lines(), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(polls, 8);  // kept asking while the rank ran, stopped when it ended
@@ -170,12 +185,10 @@ TEST_F(LogRelayTest, PrefixesEveryRankAndTailsEach) {
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(relay_->Open(spec, sink).ok());
   const std::map<std::string, std::string> files = {{"n1", "zero-a\nzero-b\n"}, {"n2", "one\n"}};
-  while (!sink->Wait(milliseconds(1)).has_value()) {
-    auto request = nodes_.Next();
-    ASSERT_TRUE(request.has_value());
-    EXPECT_EQ(request->second.attempt(), 2);
-    relay_->Deliver(request->first, Chunk(request->second, files.at(request->first), false));
-  }
+  ASSERT_TRUE(AnswerUntilFinished(nodes_, *sink, [&](const auto& request) {
+    EXPECT_EQ(request.second.attempt(), 2);
+    relay_->Deliver(request.first, Chunk(request.second, files.at(request.first), false));
+  }));
   EXPECT_TRUE(sink->Wait()->ok());
   std::vector<std::string> lines = sink->lines();
   std::sort(lines.begin(), lines.end());
