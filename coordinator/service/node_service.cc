@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -23,14 +25,17 @@ class SessionReactor;
 // the session while it lasts and drops them after.
 class SessionChannel final : public NodeChannel {
  public:
-  explicit SessionChannel(SessionReactor* reactor) : reactor_(reactor) {}
+  SessionChannel(SessionReactor* reactor, std::string peer)
+      : peer_(std::move(peer)), reactor_(reactor) {}
   void Send(const CoordinatorMessage& message) override;
+  std::string peer() const override { return peer_; }
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
+  const std::string peer_;
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
@@ -38,12 +43,13 @@ class SessionChannel final : public NodeChannel {
 class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage> {
  public:
   SessionReactor(NodeServiceImpl* service, NodeRegistry* nodes, JobManager* jobs,
-                 absl::Duration heartbeat_interval, absl::StatusOr<auth::Identity> caller)
+                 absl::Duration heartbeat_interval, absl::StatusOr<auth::Identity> caller,
+                 std::string peer)
       : service_(service),
         nodes_(nodes),
         jobs_(jobs),
         heartbeat_interval_(heartbeat_interval),
-        channel_(std::make_shared<SessionChannel>(this)),
+        channel_(std::make_shared<SessionChannel>(this, std::move(peer))),
         caller_(std::move(caller)) {
     if (!caller_.ok()) {
       absl::MutexLock lock(&mu_);
@@ -313,7 +319,8 @@ void SessionChannel::Send(const CoordinatorMessage& message) {
 grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_,
-                            auth_->Admit(*context, "/loom.v1.NodeService/Session"));
+                            auth_->Admit(*context, "/loom.v1.NodeService/Session"),
+                            context->peer());
 }
 
 void NodeServiceImpl::CountProgressRefused(int64_t reports) {
