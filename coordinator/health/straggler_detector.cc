@@ -65,6 +65,15 @@ bool StragglerDetector::Observe(int32_t rank, int64_t step, double compute_secon
   return true;
 }
 
+double StragglerDetector::WindowLargest(const RankTrack& t, int64_t step) const {
+  double largest = 0;
+  for (auto it = t.recent.lower_bound(step - policy_.window + 1);
+       it != t.recent.end() && it->first <= step; ++it) {
+    largest = std::max(largest, it->second.compute);
+  }
+  return largest;
+}
+
 double StragglerDetector::WindowSum(const RankTrack& t, int64_t step, double Sample::*field) const {
   double sum = 0;
   for (auto it = t.recent.lower_bound(step - policy_.window + 1);
@@ -76,6 +85,8 @@ double StragglerDetector::WindowSum(const RankTrack& t, int64_t step, double Sam
 
 void StragglerDetector::Evaluate(int cls, int64_t step) {
   const std::vector<int32_t>& members = members_[cls];
+  // A job of one rank slows no one: nothing to name.
+  if (tracks_.size() == 1) return;
   // Every member needs a full window of this class's steps.
   for (int32_t r : members) {
     const RankTrack& t = tracks_[r];
@@ -83,14 +94,18 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
     if (std::distance(first, t.recent.upper_bound(step)) < policy_.window) return;
   }
   std::vector<double> sums;
+  std::vector<double> trimmed;  // each without its largest step
   std::vector<double> step_sums;
   for (int32_t r : members) {
     sums.push_back(WindowSum(tracks_[r], step, &Sample::compute));
+    trimmed.push_back(sums.back() - WindowLargest(tracks_[r], step));
     step_sums.push_back(WindowSum(tracks_[r], step, &Sample::step));
   }
   const bool by_peers = static_cast<int>(members.size()) >= policy_.min_peers;
   const double peer_median = Median(sums);
   const double peer_scale = RobustScale(sums, peer_median, policy_.noise_floor);
+  const double trimmed_median = Median(trimmed);
+  const double trimmed_scale = RobustScale(trimmed, trimmed_median, policy_.noise_floor);
   const double window_seconds = Median(step_sums);
   for (size_t i = 0; i < members.size(); ++i) {
     RankTrack& t = tracks_[members[i]];
@@ -115,7 +130,17 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
       s.job_slowdown = 0;
     }
     const double ratio = by_peers ? s.peer_ratio : s.self_ratio;
-    const bool over = s.score > policy_.threshold && ratio > policy_.min_ratio;
+    // Among peers, the excess must also stand without the window's largest
+    // step (at half the bars): one hiccup, however long, is never enough.
+    // Against its own past, the window without its largest step against
+    // the same share of its earlier windows.
+    const double half_ratio = 1 + (policy_.min_ratio - 1) / 2;
+    const double own_trimmed = own_median * (policy_.window - 1) / policy_.window;
+    const bool recurring =
+        by_peers ? (trimmed[i] - trimmed_median) / trimmed_scale > policy_.threshold / 2 &&
+                       trimmed_median > 0 && trimmed[i] / trimmed_median > half_ratio
+                 : own_trimmed > 0 && trimmed[i] / own_trimmed > half_ratio;
+    const bool over = s.score > policy_.threshold && ratio > policy_.min_ratio && recurring;
     t.over.push_back(over);
     t.over_count += over ? 1 : 0;
     while (static_cast<int>(t.over.size()) > policy_.judge) {

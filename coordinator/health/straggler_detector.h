@@ -4,6 +4,8 @@
 // the same pipeline stage, which do the same work) and against its own
 // history, and names the ranks that stay slower beyond a threshold.
 //
+// A job of a single rank is never scored: no one waits for it.
+//
 // Step time cannot show a straggler: under collectives every rank's step
 // takes the same wall time, the fast ones waiting for the slow one. Compute
 // time can: the slow rank's grows, its peers' waits absorb it.
@@ -13,11 +15,14 @@
 // deviation (with a floor of a fraction of the median, so a few percent of
 // noise between identical ranks never scores high). A periodic slowdown (a
 // throttling GPU, a process stopped now and then) hits some steps and not
-// others; the window's sum still carries it. A rank is flagged once its
-// score and its ratio to the median were over the thresholds in `sustain`
-// of the last `judge` steps: more than a window's worth, so one hiccup (a
-// rank descheduled once, which stays in the window for `window` steps) never
-// flags it. It is cleared once fewer than half of that remain.
+// others; the window's sum still carries it. A step is over when the score
+// and the ratio to the median are over the thresholds and, among peers, the
+// excess still stands (at half the bars) with each rank's largest step of the
+// window left out (against its own past: at half the ratio): one hiccup (a
+// rank descheduled once, for however long)
+// stays in `window` sums but is never enough alone, so a rank need not stay
+// over for longer than a window. It is flagged once `sustain` of its last
+// `judge` steps were over, and cleared once fewer than half of that remain.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +34,8 @@ namespace loom::coordinator {
 
 struct StragglerPolicy {
   int window = 8;             // steps summed per score
-  int judge = 12;             // of the last this many scores...
-  int sustain = 9;            // ...this many over the thresholds flag a rank (more than window)
+  int judge = 8;              // of the last this many scores...
+  int sustain = 6;            // ...this many over the thresholds flag a rank
   double threshold = 3.0;     // robust z-score over the peers' median
   double min_ratio = 1.15;    // and compute at least this multiple of the peers' median
   double noise_floor = 0.05;  // the deviation's floor, as a fraction of the median
@@ -79,6 +84,7 @@ class StragglerDetector {
   };
   void Evaluate(int cls, int64_t step);
   double WindowSum(const RankTrack& t, int64_t step, double Sample::*field) const;
+  double WindowLargest(const RankTrack& t, int64_t step) const;  // of compute
 
   StragglerPolicy policy_;
   std::vector<int> peer_class_;

@@ -106,11 +106,45 @@ TEST(StragglerDetectorTest, TwoRankStageIsJudgedByEachRanksOwnHistory) {
 }
 
 TEST(StragglerDetectorTest, OneHiccupIsNotAStraggler) {
-  // Rank 3 descheduled for 300 ms once: it stays in `window` scores, fewer
-  // than `sustain`.
+  // Rank 3 descheduled once, for 300 ms and then for 5 s: each scores high
+  // while in the window, but without the window's largest step nothing is
+  // left, so neither is ever over.
   StragglerDetector d(StragglerPolicy{}, {0, 0, 0, 0});
-  for (int64_t step = 1; step <= 60; ++step) {
-    for (int r = 0; r < 4; ++r) d.Observe(r, step, r == 3 && step == 30 ? 0.4 : 0.1, 0.2);
+  for (int64_t step = 1; step <= 90; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      double c = 0.1;
+      if (r == 3 && step == 30) c = 0.4;
+      if (r == 3 && step == 60) c = 5.0;
+      d.Observe(r, step, c, 0.2);
+    }
+    ASSERT_TRUE(d.Stragglers().empty()) << "step " << step;
+  }
+}
+
+TEST(StragglerDetectorTest, AHiccupInATwoRankStageIsNotAStraggler) {
+  StragglerDetector d(StragglerPolicy{}, {0, 0});
+  for (int64_t step = 1; step <= 80; ++step) {
+    for (int r = 0; r < 2; ++r) d.Observe(r, step, r == 0 && step == 50 ? 0.6 : 0.1, 0.2);
+    ASSERT_TRUE(d.Stragglers().empty()) << "step " << step;
+  }
+}
+
+TEST(StragglerDetectorTest, AJobOfOneRankIsNeverNamed) {
+  StragglerDetector d(StragglerPolicy{}, {0});
+  Feed(d, 1, 1, 40, [](int, int64_t) { return 0.1; });
+  Feed(d, 1, 41, 40, [](int, int64_t) { return 0.3; });  // slower than its past: no one waits
+  EXPECT_TRUE(d.Stragglers().empty());
+}
+
+TEST(StragglerDetectorTest, HiccupsTwoWindowsApartAreNotAStraggler) {
+  StragglerDetector d(StragglerPolicy{}, {0, 0, 0, 0});
+  Noise noise(5);
+  for (int64_t step = 1; step <= 200; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      double c = noise.Around(0.1, 0.1);
+      if (r == 1 && step % 16 == 0) c += 0.3;  // descheduled every 16 steps
+      d.Observe(r, step, c, 0.2);
+    }
     ASSERT_TRUE(d.Stragglers().empty()) << "step " << step;
   }
 }
