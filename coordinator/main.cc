@@ -42,7 +42,6 @@
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/metrics.h"
-#include "coordinator/service/liveness_service.h"
 #include "coordinator/service/node_service.h"
 #include "coordinator/service/plan_service.h"
 #include "coordinator/service/rank_service.h"
@@ -490,9 +489,6 @@ int main(int argc, char** argv) {
   });
   job_service.SetTraceRelay(&trace_relay);
   NodeServiceImpl node_service(&nodes, &jobs, metrics->get(), heartbeat, &caller_auth);
-  // Beats on threads of their own (liveness_service.h): what tells a live
-  // node from a lost one never waits behind the coordinator's other work.
-  NodeLivenessImpl liveness_service(&nodes, &caller_auth);
   RankServiceImpl rank_service(&kv, &jobs, &caller_auth);
   AuthServiceImpl auth_service(user_tokens.get(), &caller_auth, &token_streams);
   QuotaServiceImpl quota_service(quota_book->get(), &caller_auth);
@@ -515,9 +511,6 @@ int main(int argc, char** argv) {
   loom::rpc::ApplyServerSettings(builder);
   builder.RegisterService(&job_service);
   builder.RegisterService(&node_service);
-  builder.RegisterService(&liveness_service);
-  // The only synchronous service: two threads always wait for beats.
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
   builder.RegisterService(&rank_service);
   builder.RegisterService(&auth_service);
   builder.RegisterService(&quota_service);

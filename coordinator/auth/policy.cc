@@ -38,7 +38,6 @@ const std::map<std::string, Rule>& Rules() {
       {"/loom.v1.AuthService/RevokeTokens", {.admin = true}},
       {"/loom.v1.AuthService/WhoAmI", {.anyone = true}},
       {"/loom.v1.NodeService/Session", {.node = true}},
-      {"/loom.v1.NodeLiveness/Beat", {.node = true}},
       {"/loom.v1.RankService/StoreSet", {.rank = true}},
       {"/loom.v1.RankService/StoreGet", {.rank = true}},
       {"/loom.v1.RankService/StoreAdd", {.rank = true}},
@@ -89,12 +88,11 @@ absl::Status JobNotFound(const std::string& job_id) {
       absl::StrCat("job ", SafeText(job_id, 64), " does not exist (loomctl list shows jobs)"));
 }
 
-absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_id,
-                               const char* field) {
+absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_id) {
   if (caller.role == Role::kInsecure) return absl::OkStatus();
   if (caller.role == Role::kNode && caller.name == node_id) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      field, " must be the name in the node's certificate (", caller.name, ")"));
+      "RegisterNode.node_id must be the name in the node's certificate (", caller.name, ")"));
 }
 
 absl::Status AuthorizeStore(const Identity& caller, const std::string& ns) {

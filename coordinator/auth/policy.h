@@ -30,10 +30,8 @@ absl::Status AuthorizeJob(const Identity& caller, const std::string& job_id,
 // Whether caller sees a job in lists (same rule, as a bool).
 bool MaySeeJob(const Identity& caller, const std::string& owner);
 
-// A node session registers node_id (or a liveness beat speaks for it): only
-// under its own certificate's name. `field` names what carried the id.
-absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_id,
-                               const char* field = "RegisterNode.node_id");
+// A node session registers node_id: only under its own certificate's name.
+absl::Status AuthorizeRegister(const Identity& caller, const std::string& node_id);
 
 // A rendezvous-store call in namespace ns: only the caller's attempt namespace.
 absl::Status AuthorizeStore(const Identity& caller, const std::string& ns);

@@ -88,18 +88,6 @@ NodeRegistry::HeartbeatResult NodeRegistry::Heartbeat(const std::string& node_id
   return HeartbeatResult::kRevived;
 }
 
-NodeRegistry::BeatResult NodeRegistry::Beat(const std::string& node_id, const std::string& peer,
-                                            absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  auto it = nodes_.find(node_id);
-  if (it == nodes_.end()) return BeatResult::kUnknown;
-  if (it->second.channel == nullptr) return BeatResult::kNoSession;
-  if (it->second.channel->peer() != peer) return BeatResult::kElsewhere;
-  if (!it->second.info.live) return BeatResult::kLost;
-  it->second.info.last_seen = std::max(it->second.info.last_seen, now);
-  return BeatResult::kHeard;
-}
-
 bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* channel) {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(node_id);

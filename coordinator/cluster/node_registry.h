@@ -25,9 +25,6 @@ class NodeChannel {
  public:
   virtual ~NodeChannel() = default;
   virtual void Send(const loom::v1::CoordinatorMessage& message) = 0;
-  // The connection the session runs on (gRPC's peer, "ipv4:10.0.0.7:40112"):
-  // a liveness beat speaks for the node only when it comes on the same one.
-  virtual std::string peer() const { return ""; }
 };
 
 struct NodeInfo {
@@ -96,22 +93,6 @@ class NodeRegistry {
   // again at the first heartbeat on that session.
   HeartbeatResult Heartbeat(const std::string& node_id, const NodeChannel* channel,
                             const loom::v1::Heartbeat& heartbeat, absl::Time now);
-  enum class BeatResult {
-    kHeard,      // a live node with an open session: heard now
-    kUnknown,    // never registered here
-    kNoSession,  // its session ended: a beat alone does not keep it
-    kElsewhere,  // not on its session's connection: another (superseded?) agent
-    kLost,       // declared lost: only its session brings it back
-  };
-  // A beat on the liveness path (proto/loom/v1/liveness.proto), read at
-  // `now`: it proves the agent alive as a session message does, so the node
-  // is not silent, but it changes nothing else (no revival, no running
-  // ranks), and it counts only while the node is live and its session open,
-  // so an acknowledged beat never extends an agent's lease past the moment
-  // this coordinator may declare its node lost; and only when it came on
-  // the connection that carries that session (`peer`, NodeChannel::peer), so
-  // an agent whose session was replaced keeps no lease by beating.
-  BeatResult Beat(const std::string& node_id, const std::string& peer, absl::Time now);
   // The session ended. The node is not lost for it: it stays live, without a
   // channel (commands to it are dropped), until ExpireSilent finds it silent
   // for the node timeout, unless its agent registers again first. Only the

@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
-#include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -25,17 +23,14 @@ class SessionReactor;
 // the session while it lasts and drops them after.
 class SessionChannel final : public NodeChannel {
  public:
-  SessionChannel(SessionReactor* reactor, std::string peer)
-      : peer_(std::move(peer)), reactor_(reactor) {}
+  explicit SessionChannel(SessionReactor* reactor) : reactor_(reactor) {}
   void Send(const CoordinatorMessage& message) override;
-  std::string peer() const override { return peer_; }
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
-  const std::string peer_;
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
@@ -43,13 +38,12 @@ class SessionChannel final : public NodeChannel {
 class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage> {
  public:
   SessionReactor(NodeServiceImpl* service, NodeRegistry* nodes, JobManager* jobs,
-                 absl::Duration heartbeat_interval, absl::StatusOr<auth::Identity> caller,
-                 std::string peer)
+                 absl::Duration heartbeat_interval, absl::StatusOr<auth::Identity> caller)
       : service_(service),
         nodes_(nodes),
         jobs_(jobs),
         heartbeat_interval_(heartbeat_interval),
-        channel_(std::make_shared<SessionChannel>(this, std::move(peer))),
+        channel_(std::make_shared<SessionChannel>(this)),
         caller_(std::move(caller)) {
     if (!caller_.ok()) {
       absl::MutexLock lock(&mu_);
@@ -319,8 +313,7 @@ void SessionChannel::Send(const CoordinatorMessage& message) {
 grpc::ServerBidiReactor<NodeMessage, CoordinatorMessage>* NodeServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   return new SessionReactor(this, nodes_, jobs_, heartbeat_interval_,
-                            auth_->Admit(*context, "/loom.v1.NodeService/Session"),
-                            context->peer());
+                            auth_->Admit(*context, "/loom.v1.NodeService/Session"));
 }
 
 void NodeServiceImpl::CountProgressRefused(int64_t reports) {

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "loom/v1/job.pb.h"
-#include "loom/v1/liveness.pb.h"
 #include "loom/v1/node.pb.h"
 #include "loom/v1/rank.pb.h"
 
@@ -51,9 +50,8 @@ std::string RpcMethodLabel(const std::string& method) {
     const google::protobuf::DescriptorPool* pool =
         google::protobuf::DescriptorPool::generated_pool();
     for (const char* service :
-         {"loom.v1.JobService", "loom.v1.NodeService", "loom.v1.NodeLiveness",
-          "loom.v1.RankService", "grpc.reflection.v1alpha.ServerReflection",
-          "grpc.reflection.v1.ServerReflection"}) {
+         {"loom.v1.JobService", "loom.v1.NodeService", "loom.v1.RankService",
+          "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"}) {
       const google::protobuf::ServiceDescriptor* descriptor = pool->FindServiceByName(service);
       if (descriptor == nullptr) continue;
       for (int i = 0; i < descriptor->method_count(); ++i) {

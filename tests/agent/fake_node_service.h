@@ -1,7 +1,6 @@
 // A tiny in-process NodeService for the agent tests: records what agents
 // send, answers RegisterNode with Registered (with a lease when given one),
-// acknowledges every heartbeat it reads (HeartbeatAck) and every liveness
-// beat (NodeLiveness) until told to stop,
+// acknowledges every heartbeat it reads (HeartbeatAck) until told to stop,
 // and lets a test push commands (LaunchRank, KillRanks, AbortRanks,
 // EnterEpoch, ResumeRanks) down the current session. It can be stopped and
 // started again on the same port, like a coordinator restart.
@@ -21,7 +20,6 @@
 #include "absl/time/time.h"
 #include "common/rpc/rpc_settings.h"
 #include "grpcpp/grpcpp.h"
-#include "loom/v1/liveness.grpc.pb.h"
 #include "loom/v1/node.grpc.pb.h"
 
 namespace loom::agent::testing {
@@ -31,15 +29,9 @@ class FakeNodeService final : public loom::v1::NodeService::Service {
   explicit FakeNodeService(int64_t heartbeat_ms = 50, int64_t lease_ms = 0)
       : heartbeat_ms_(heartbeat_ms), lease_ms_(lease_ms) {}
 
-  // Stops (or resumes) acknowledging heartbeats and liveness beats: a
-  // coordinator that no longer hears the node, as the agent's lease sees it.
+  // Stops (or resumes) acknowledging heartbeats: a coordinator that no
+  // longer reads them, as the agent's lease sees it.
   void set_acking(bool acking) { acking_.store(acking); }
-  // Stops (or resumes) acknowledging the session's heartbeats only: a
-  // coordinator whose session handling is held up while its liveness path
-  // still answers.
-  void set_session_acking(bool acking) { session_acking_.store(acking); }
-  // Liveness beats answered so far.
-  int beats() const { return liveness_.beats.load(); }
 
   // Listens on 127.0.0.1:port (0: any free port); returns the port. `also`
   // is served on the same port (a fake RankService: the agent relays its
@@ -50,7 +42,6 @@ class FakeNodeService final : public loom::v1::NodeService::Service {
     builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
                              &port_);
     builder.RegisterService(this);
-    builder.RegisterService(&liveness_);
     if (also != nullptr) builder.RegisterService(also);
     server_ = builder.BuildAndStart();
     return port_;
@@ -143,7 +134,7 @@ class FakeNodeService final : public loom::v1::NodeService::Service {
         std::lock_guard lock(mu_);
         commands_.push_front(registered);
       }
-      if (message.has_heartbeat() && acking_.load() && session_acking_.load()) {
+      if (message.has_heartbeat() && acking_.load()) {
         loom::v1::CoordinatorMessage ack;
         ack.mutable_heartbeat_ack()->set_seq(message.heartbeat().seq());
         std::lock_guard lock(mu_);
@@ -165,30 +156,9 @@ class FakeNodeService final : public loom::v1::NodeService::Service {
   }
 
  private:
-  // NodeLiveness (proto/loom/v1/liveness.proto): acks every beat while acking.
-  class Liveness final : public loom::v1::NodeLiveness::Service {
-   public:
-    explicit Liveness(const std::atomic<bool>* acking) : acking_(acking) {}
-    grpc::Status Beat(grpc::ServerContext*, const loom::v1::NodeBeat* beat,
-                      loom::v1::NodeBeatAck* ack) override {
-      if (!acking_->load()) {
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not acking");
-      }
-      ++beats;
-      ack->set_seq(beat->seq());
-      return grpc::Status::OK;
-    }
-    std::atomic<int> beats{0};
-
-   private:
-    const std::atomic<bool>* acking_;
-  };
-
   const int64_t heartbeat_ms_;
   const int64_t lease_ms_;
   std::atomic<bool> acking_{true};
-  std::atomic<bool> session_acking_{true};
-  Liveness liveness_{&acking_};
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::mutex mu_;

@@ -201,28 +201,6 @@ TEST_F(LeaseFencingTest, ACoordinatorBackWithinTheLeasePausesNothing) {
   EXPECT_NE(testing::ProcState(pids[0]), 'T');
 }
 
-TEST_F(LeaseFencingTest, LivenessBeatsKeepTheLeaseWhileTheSessionsAcksAreHeldUp) {
-  FakeNodeService server(/*heartbeat_ms=*/50, /*lease_ms=*/500);
-  server.Start(0, &store_);
-  AgentHarness agent(options_, server.address());
-  std::map<int, pid_t> pids = Launch(server, 1);
-  ASSERT_EQ(pids.size(), 1u);
-  // The session's acks stop (its handling is held up) for eight leases;
-  // the beats on the liveness path still answer.
-  server.set_session_acking(false);
-  const int beats_before = server.beats();
-  absl::SleepFor(absl::Seconds(4));
-  EXPECT_GT(server.beats() - beats_before, 20);
-  EXPECT_EQ(agent.lease().generation(), 0u);
-  EXPECT_NE(testing::ProcState(pids[0]), 'T');
-  RankClient client(agent.target());
-  EXPECT_TRUE(client.Set("j-a1-r0", "j/attempt-1", "still-leased").ok());
-  // Without the beats' acks too, the lease runs out: they were what kept it.
-  server.set_acking(false);
-  EXPECT_TRUE(testing::WaitStopped(pids[0], true));
-  EXPECT_EQ(agent.lease().generation(), 1u);
-}
-
 TEST_F(LeaseFencingTest, ALeaseOfZeroPausesNothingWhenAcksStop) {
   FakeNodeService server(/*heartbeat_ms=*/20, /*lease_ms=*/0);
   server.Start(0, &store_);

@@ -124,9 +124,6 @@ TEST(NodeSessionTest, RegistersFirstThenHeartbeatsAndCarriesCommands) {
       ASSERT_EQ(received[i].heartbeat().running_size(), 1);
       EXPECT_EQ(received[i].heartbeat().running(0).job_id(), "old-job");
     }
-    // And liveness beats on their own path, one per heartbeat interval.
-    for (int i = 0; i < 2000 && server.beats() < 3; ++i) absl::SleepFor(absl::Milliseconds(5));
-    EXPECT_GE(server.beats(), 3);
 
     server.Send(LaunchMessage("j", 1, 0));
     server.Send(KillMessage("j", 1, 2.0));

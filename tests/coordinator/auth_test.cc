@@ -180,9 +180,6 @@ TEST(PolicyTest, MethodsByRole) {
   EXPECT_TRUE(allowed(node, "/loom.v1.NodeService/Session"));
   EXPECT_FALSE(allowed(alice, "/loom.v1.NodeService/Session"));
   EXPECT_FALSE(allowed(admin, "/loom.v1.NodeService/Session"));
-  EXPECT_TRUE(allowed(node, "/loom.v1.NodeLiveness/Beat"));
-  EXPECT_FALSE(allowed(alice, "/loom.v1.NodeLiveness/Beat"));
-  EXPECT_FALSE(allowed(admin, "/loom.v1.NodeLiveness/Beat"));
   // The rank service needs a rank token; nodes and ranks submit nothing.
   EXPECT_FALSE(allowed(node, "/loom.v1.RankService/StoreGet"));
   EXPECT_TRUE(allowed(rank, "/loom.v1.RankService/StoreGet"));
@@ -248,11 +245,6 @@ TEST(PolicyTest, NodesRegisterOnlyUnderTheirOwnName) {
   EXPECT_TRUE(AuthorizeRegister(node, "node-a").ok());
   EXPECT_EQ(AuthorizeRegister(node, "node-b").code(), absl::StatusCode::kPermissionDenied);
   EXPECT_FALSE(AuthorizeRegister(admin, "admin").ok());
-  // A liveness beat names its field in the refusal.
-  EXPECT_NE(AuthorizeRegister(node, "node-b", "NodeBeat.node_id")
-                .message()
-                .find("NodeBeat.node_id must be the name in the node's certificate (node-a)"),
-            std::string::npos);
 }
 
 TEST(PolicyTest, RanksReachOnlyTheirNamespace) {

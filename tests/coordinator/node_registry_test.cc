@@ -245,49 +245,5 @@ TEST(NodeRegistryTest, SilenceCountsOnlyWhileTheCoordinatorListens) {
             std::vector<std::string>{"n4"});
 }
 
-// A session on a known connection, as the node service makes one.
-class PeerChannel final : public NodeChannel {
- public:
-  explicit PeerChannel(std::string peer) : peer_(std::move(peer)) {}
-  void Send(const loom::v1::CoordinatorMessage&) override {}
-  std::string peer() const override { return peer_; }
-
- private:
-  std::string peer_;
-};
-
-TEST(NodeRegistryTest, ABeatKeepsALiveNodeOnlyOnItsSessionsConnection) {
-  NodeRegistry nodes;
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
-  const absl::Duration timeout = absl::Seconds(3);
-  const std::string here = "ipv4:10.0.0.7:40112";
-  EXPECT_EQ(nodes.Beat("n1", here, t0), NodeRegistry::BeatResult::kUnknown);
-
-  auto session = std::make_shared<PeerChannel>(here);
-  nodes.Register(Node("n1"), session, t0);
-  // Beats alone keep it: heard at 2 s and 4 s, silent from 4 s on.
-  EXPECT_EQ(nodes.Beat("n1", here, t0 + absl::Seconds(2)), NodeRegistry::BeatResult::kHeard);
-  EXPECT_EQ(nodes.Beat("n1", here, t0 + absl::Seconds(4)), NodeRegistry::BeatResult::kHeard);
-  EXPECT_TRUE(nodes.ExpireSilent(t0 + absl::Seconds(7), timeout).empty());
-  // A beat from another connection (an agent whose session was replaced)
-  // speaks for nobody.
-  EXPECT_EQ(nodes.Beat("n1", "ipv4:10.0.0.7:40999", t0 + absl::Seconds(6)),
-            NodeRegistry::BeatResult::kElsewhere);
-  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(7100), timeout),
-            std::vector<std::string>{"n1"});
-  // Lost: a beat neither revives it nor refreshes it; the session's heartbeat does.
-  EXPECT_EQ(nodes.Beat("n1", here, t0 + absl::Seconds(8)), NodeRegistry::BeatResult::kLost);
-  EXPECT_FALSE(nodes.Get("n1")->live);
-  EXPECT_EQ(nodes.Heartbeat("n1", session.get(), loom::v1::Heartbeat(), t0 + absl::Seconds(9)),
-            NodeRegistry::HeartbeatResult::kRevived);
-  EXPECT_EQ(nodes.Beat("n1", here, t0 + absl::Seconds(10)), NodeRegistry::BeatResult::kHeard);
-
-  // Its session ended: beats do not keep it (nothing could reach it).
-  EXPECT_TRUE(nodes.SessionClosed("n1", session.get()));
-  EXPECT_EQ(nodes.Beat("n1", here, t0 + absl::Seconds(11)), NodeRegistry::BeatResult::kNoSession);
-  EXPECT_EQ(nodes.ExpireSilent(t0 + absl::Milliseconds(13100), timeout),
-            std::vector<std::string>{"n1"});
-}
-
 }  // namespace
 }  // namespace loom::coordinator

@@ -295,7 +295,6 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
     broken_ = true;
     cv_.notify_all();
   });
-  std::thread beater([this, channel = coordinators.channel()] { BeatWhileOpen(channel); });
 
   // Exits written on this stream. A write that succeeded only reached the
   // local buffers: if the stream then fails, the coordinator may never have
@@ -378,13 +377,9 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
     lock.lock();
     cv_.wait(lock, [&] { return broken_; });
   }
-  broken_ = true;  // ends the beats of this stream
-  if (beat_context_ != nullptr) beat_context_->TryCancel();
-  cv_.notify_all();
   lock.unlock();
   context.TryCancel();
   reader.join();
-  beater.join();
   grpc::Status status = stream->Finish();
   coordinators.Failed(status, &context);
   lock.lock();
@@ -399,51 +394,6 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
                             : absl::StrCat(status.error_message(), " [code ",
                                            static_cast<int>(status.error_code()), "]");
   return registrations_ > registrations_before;
-}
-
-void NodeSession::BeatWhileOpen(const std::shared_ptr<grpc::Channel>& channel) {
-  auto stub = loom::v1::NodeLiveness::NewStub(channel);
-  bool told = false;  // a refusal is logged once per stream
-  std::unique_lock lock(mu_);
-  // The first beat as soon as the stream is registered (the interval is the
-  // coordinator's from then on), the next ones an interval apart.
-  cv_.wait(lock, [&] { return broken_ || stopping_ || registered_; });
-  Clock::time_point next = Clock::now();
-  while (true) {
-    cv_.wait_until(lock, next, [&] { return broken_ || stopping_; });
-    if (broken_ || stopping_) return;
-    if (Clock::now() < next) continue;
-    const auto interval = absl::ToChronoNanoseconds(heartbeat_interval_);
-    next = Clock::now() + interval;
-    loom::v1::NodeBeat beat;
-    beat.set_node_id(options_.registration.node_id());
-    beat.set_seq(++heartbeat_seq_);
-    // Noted before the call, so its ack always finds it.
-    if (options_.lease != nullptr) options_.lease->HeartbeatSent(beat.seq(), Clock::now());
-    grpc::ClientContext context;
-    // A beat read late still proves the node alive there and, answered
-    // within the lease, still extends it (from its send time): it may take
-    // as long as the lease (at least an interval) before the next one goes.
-    const int64_t lease_ms = options_.lease != nullptr ? options_.lease->lease_ms() : 0;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::max<std::chrono::nanoseconds>(interval,
-                                                            std::chrono::milliseconds(lease_ms)));
-    beat_context_ = &context;
-    lock.unlock();
-    loom::v1::NodeBeatAck ack;
-    const grpc::Status status = stub->Beat(&context, beat, &ack);
-    if (status.ok() && options_.lease != nullptr) options_.lease->Acked(ack.seq());
-    lock.lock();
-    beat_context_ = nullptr;
-    // An older coordinator without the path (UNIMPLEMENTED) or a declared
-    // loss (FAILED_PRECONDITION): the session's heartbeats still count.
-    if (!status.ok() && !told && status.error_code() != grpc::StatusCode::CANCELLED &&
-        status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
-      told = true;
-      std::fprintf(stderr, "loom-worker: a liveness beat was refused: %s [code %d]\n",
-                   status.error_message().c_str(), static_cast<int>(status.error_code()));
-    }
-  }
 }
 
 }  // namespace loom::agent

@@ -7,8 +7,7 @@
 // ResumeRanks down to the rank commands, answers ReadRankLog from a
 // LogReadQueue (never on the stream's thread), and feeds the agent's lease
 // (lease.h): Registered.lease_ms with the registration's send time, and each
-// HeartbeatAck with its heartbeat's, and each acknowledged liveness beat
-// (BeatWhileOpen) with the beat's. When the stream fails it reconnects with
+// HeartbeatAck with its heartbeat's. When the stream fails it reconnects with
 // exponential backoff and never touches the ranks: a coordinator restart
 // kills nothing (one longer than the lease pauses them, through the lease).
 // Given several coordinator addresses (a highly available cluster), each new
@@ -28,7 +27,6 @@
 #include "grpcpp/security/credentials.h"
 #include "common/rpc/coordinator_channel.h"
 #include "common/rpc/progress_batch.h"
-#include "loom/v1/liveness.grpc.pb.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/lease.h"
 #include "worker/agent/log_read_queue.h"
@@ -115,12 +113,6 @@ class NodeSession {
   // 2 s): a coordinator back within the lease must be reached before it runs
   // out. Returns at once without a lease, once it has run out, or stopping.
   void AwaitChannelWhileLeased(grpc::Channel& channel);
-  // Beats on the coordinator's liveness path (proto/loom/v1/liveness.proto)
-  // every heartbeat interval while the current stream is registered, until it
-  // breaks or Shutdown; each ack feeds the lease as a HeartbeatAck does. On
-  // its own thread: a session busy writing (or a coordinator slow to read
-  // it) delays no beat.
-  void BeatWhileOpen(const std::shared_ptr<grpc::Channel>& channel);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
   // The oldest pending progress reports, at most kMaxProgressBatch and
   // rpc::kMaxProgressBatchBytes, as one message (mu_ held).
@@ -145,10 +137,9 @@ class NodeSession {
   bool registered_ = false;  // on the current stream
   bool broken_ = false;      // the current stream has ended
   grpc::ClientContext* context_ = nullptr;  // of the current stream
-  grpc::ClientContext* beat_context_ = nullptr;  // of the beat in flight
   absl::Duration heartbeat_interval_;
   Clock::time_point next_heartbeat_;
-  int64_t heartbeat_seq_ = 0;  // heartbeats and beats: one sequence
+  int64_t heartbeat_seq_ = 0;
   Clock::time_point register_sent_;  // of the current stream's RegisterNode
   int64_t streams_opened_ = 0;
   int64_t registrations_ = 0;
