@@ -18,10 +18,9 @@
 // others; the window's sum still carries it. A step is over when the score
 // and the ratio to the median are over the thresholds and, among peers, the
 // excess still stands (at half the bars) with each rank's largest step of the
-// window left out (against its own past: at half the ratio): one hiccup (a
-// rank descheduled once, for however long)
-// stays in `window` sums but is never enough alone, so a rank need not stay
-// over for longer than a window. It is flagged once `sustain` of its last
+// window left out (against its own past: at half the ratio). One hiccup (a
+// rank descheduled once, for however long) stays in `window` sums but is
+// never enough alone, so a rank need not stay over for longer than a window. It is flagged once `sustain` of its last
 // `judge` steps were over, and cleared once fewer than half of that remain.
 #pragma once
 
