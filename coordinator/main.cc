@@ -16,17 +16,20 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/cli/parse_flags.h"
 #include "common/confine/path_rules.h"
 #include "common/confine/uid_range.h"
+#include "common/liveness/udp_socket.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
 #include "coordinator/auth/crypto.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/auth/user_tokens.h"
+#include "coordinator/cluster/liveness_board.h"
 #include "coordinator/cluster/node_registry.h"
 #include "coordinator/ha/etcd_client.h"
 #include "coordinator/ha/etcd_job_store.h"
@@ -42,6 +45,7 @@
 #include "coordinator/service/caller_identity.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/metrics.h"
+#include "coordinator/service/liveness_listener.h"
 #include "coordinator/service/node_service.h"
 #include "coordinator/service/plan_service.h"
 #include "coordinator/service/rank_service.h"
@@ -51,6 +55,10 @@
 #include "planner/job_planner.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070", "host:port of the gRPC API");
+ABSL_FLAG(std::string, liveness_listen, "",
+          "host:port where agents' liveness beats arrive (UDP, beside the gRPC API; "
+          "docs/fault_tolerance.md, \"Lost nodes\"); empty: the host and port of --listen; "
+          "none: no liveness path (nodes are heard on their sessions only)");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port of the Prometheus endpoint (empty: no metrics endpoint)");
 ABSL_FLAG(std::string, state_dir, "",
@@ -410,7 +418,10 @@ int main(int argc, char** argv) {
   const CallerAuth caller_auth(!tls->insecure, user_tokens.get(),
                                rank_tokens.has_value() ? &*rank_tokens : nullptr);
 
+  // Beats on the liveness path, read by a thread of their own (below).
+  LivenessBoard liveness_board;
   NodeRegistry nodes;
+  nodes.SetLivenessBoard(&liveness_board);
   KvStore kv({.max_keys = absl::GetFlag(FLAGS_store_max_keys),
               .max_value_bytes = absl::GetFlag(FLAGS_store_max_value_bytes),
               .max_namespace_bytes = absl::GetFlag(FLAGS_store_max_namespace_bytes)});
@@ -522,6 +533,26 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("cannot listen on --listen=", absl::GetFlag(FLAGS_listen),
                              " (is another coordinator running there?)"));
   }
+  // Liveness on a path nothing else shares (liveness_listener.h). Agents
+  // that registered before this is up beat from their next registration.
+  std::unique_ptr<LivenessListener> liveness_listener;
+  if (const std::string flag = absl::GetFlag(FLAGS_liveness_listen); flag != "none") {
+    const std::string where = flag.empty() ? absl::GetFlag(FLAGS_listen) : flag;
+    absl::StatusOr<std::string> host = loom::liveness::HostOf(where);
+    if (!host.ok()) {
+      return Fail(absl::StrCat("--liveness_listen=", where, " is not HOST:PORT or none"));
+    }
+    int liveness_port = port;  // by default the port gRPC got, as UDP
+    if (!flag.empty()) (void)absl::SimpleAtoi(where.substr(where.rfind(':') + 1), &liveness_port);
+    absl::StatusOr<std::unique_ptr<LivenessListener>> listener =
+        LivenessListener::Start(*host, liveness_port, &liveness_board);
+    if (!listener.ok()) {
+      return Fail(absl::StrCat("--liveness_listen: ", listener.status().message(),
+                               " (set --liveness_listen=HOST:PORT elsewhere, or none)"));
+    }
+    liveness_listener = *std::move(listener);
+    node_service.SetLivenessPort(liveness_listener->port());
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
   std::printf("loom-coordinator: serving on %s (port %d, %s), metrics on %s, state in %s\n",
               absl::GetFlag(FLAGS_listen).c_str(), port,
@@ -539,7 +570,10 @@ int main(int argc, char** argv) {
       jobs.CheckHealth(absl::Now());
       // Cordons are set by the job manager and lifted by loomctl or expiry:
       // the node gauges follow them once a second.
-      if (++tick % 4 == 0) node_service.UpdateNodeGauges();
+      if (++tick % 4 == 0) {
+        node_service.UpdateNodeGauges();
+        metrics->get()->SetLivenessBeats(liveness_board.heard(), liveness_board.refused());
+      }
       // The timeout is extended by how late heartbeats are being read, so a
       // backlog of the coordinator's own (a launch burst) loses no node.
       const absl::Time now = absl::Now();
@@ -562,7 +596,17 @@ int main(int argc, char** argv) {
                 ? absl::StrCat(" and the ", absl::FormatDuration(late),
                                " that heartbeats were being read late")
                 : "");
-        std::fprintf(stderr, "node %s: %s; node lost\n", node.c_str(), silent.c_str());
+        // For the log only (the job's reason stays short): what the
+        // liveness path heard, which tells a silent agent from a blocked path.
+        const absl::Time beat = liveness_board.LastBeat(node);
+        std::fprintf(stderr, "node %s: %s; node lost (%s)\n", node.c_str(), silent.c_str(),
+                     beat == absl::InfinitePast()
+                         ? "no liveness beat heard from this session"
+                         : absl::StrCat("last liveness beat heard ",
+                                        absl::FormatDuration(absl::Trunc(
+                                            absl::Now() - beat, absl::Milliseconds(10))),
+                                        " ago")
+                               .c_str());
         jobs.OnNodeLost(node, silent);
         node_service.UpdateNodeGauges();
       }
@@ -579,6 +623,7 @@ int main(int argc, char** argv) {
   std::printf("loom-coordinator: shutting down\n");
   std::fflush(stdout);
   liveness.join();
+  liveness_listener.reset();
   // First the jobs stop acting: the node sessions that end with the server
   // below are this coordinator's going, not the nodes' failure, and nothing
   // is decided or stored for them (the ranks train on; the agents reconnect

@@ -49,6 +49,18 @@ void NodeRegistry::RegisterLocked(const loom::v1::RegisterNode& registration,
     entry.listening_since = absl::InfinitePast();
   }
   entry.channel = std::move(channel);
+  SyncBoardLocked(registration.node_id(), entry);
+}
+
+void NodeRegistry::SyncBoardLocked(const std::string& node_id, const Entry& entry) {
+  if (board_ == nullptr) return;
+  const liveness::Grant* grant =
+      entry.channel != nullptr ? entry.channel->liveness_grant() : nullptr;
+  if (entry.info.live && grant != nullptr) {
+    board_->Count(node_id, *grant);
+  } else {
+    board_->Stop(node_id);
+  }
 }
 
 bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
@@ -57,7 +69,10 @@ bool NodeRegistry::RegisterIfFree(const loom::v1::RegisterNode& registration,
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(registration.node_id());
   if (it != nodes_.end() && it->second.info.live && it->second.channel != nullptr &&
-      it->second.channel != channel && now - it->second.info.last_seen < alive) {
+      it->second.channel != channel &&
+      now - std::max(it->second.info.last_seen,
+                     board_ != nullptr ? board_->HeardAt(registration.node_id())
+                                       : absl::InfinitePast()) < alive) {
     return false;
   }
   RegisterLocked(registration, std::move(channel), now);
@@ -85,6 +100,7 @@ NodeRegistry::HeartbeatResult NodeRegistry::Heartbeat(const std::string& node_id
   }
   if (info.live) return HeartbeatResult::kAlive;
   info.live = true;
+  SyncBoardLocked(node_id, it->second);
   return HeartbeatResult::kRevived;
 }
 
@@ -96,6 +112,7 @@ bool NodeRegistry::SessionClosed(const std::string& node_id, const NodeChannel* 
   // from its last heartbeat.
   it->second.info.connected = false;
   it->second.channel.reset();
+  SyncBoardLocked(node_id, it->second);
   return true;
 }
 
@@ -127,10 +144,12 @@ std::vector<std::string> NodeRegistry::ExpireSilent(absl::Time now, absl::Durati
         now - entry.handling_since <= kMaxLagCredit) {
       continue;  // the coordinator is busy with its message, not waiting for one
     }
-    const absl::Time quiet_since = std::max(entry.info.last_seen, entry.listening_since);
+    absl::Time quiet_since = std::max(entry.info.last_seen, entry.listening_since);
+    if (board_ != nullptr) quiet_since = std::max(quiet_since, board_->HeardAt(id));
     if (entry.info.live && now - quiet_since > timeout + credit) {
       // An open session's channel stays: a heartbeat on it revives the node.
       entry.info.live = false;
+      SyncBoardLocked(id, entry);
       lost.push_back(id);
     }
   }

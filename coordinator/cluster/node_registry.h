@@ -16,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/cluster/heartbeat_lag.h"
+#include "coordinator/cluster/liveness_board.h"
+#include "common/liveness/beat_datagram.h"
 #include "loom/v1/node.pb.h"
 
 namespace loom::coordinator {
@@ -25,6 +27,9 @@ class NodeChannel {
  public:
   virtual ~NodeChannel() = default;
   virtual void Send(const loom::v1::CoordinatorMessage& message) = 0;
+  // What this session's agent may beat with on the liveness path (sent in
+  // Registered); null: it has none and is heard on the session only.
+  virtual const liveness::Grant* liveness_grant() const { return nullptr; }
 };
 
 struct NodeInfo {
@@ -72,6 +77,12 @@ struct NodeCounts {
 
 class NodeRegistry {
  public:
+  // Where the liveness path records beats (liveness_board.h): the registry
+  // tells it which session of each node counts, and a beat accepted there
+  // makes its node heard as a message on the session does. Set before
+  // serving; without one only the sessions are heard.
+  void SetLivenessBoard(LivenessBoard* board) { board_ = board; }
+
   // A node came (back): replaces any earlier session of the same node.
   // Register, unless another session still holds this node id and has been
   // heard from within `alive` (a second session must not replace a live
@@ -107,6 +118,7 @@ class NodeRegistry {
   // Messages on a session that is not the node's current one change nothing.
   void MessageRead(const std::string& node_id, const NodeChannel* channel, absl::Time now);
   void MessageHandled(const std::string& node_id, const NodeChannel* channel, absl::Time now);
+  // A beat accepted on the liveness path counts as a message read then.
   // Nodes silent for longer than timeout plus the heartbeat backlog (or plus
   // their own last heartbeat's lag, if larger; at most a minute more) are
   // marked lost, whether their session is still open or ended; returns their
@@ -150,6 +162,11 @@ class NodeRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Not cordoned, not drained, no reason.
   static void ClearCordon(NodeInfo& info);
+  struct Entry;
+  // Tells the board whether the entry's session counts its beats: only the
+  // current session of a live node.
+  void SyncBoardLocked(const std::string& node_id, const Entry& entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterLocked(const loom::v1::RegisterNode& registration,
                       std::shared_ptr<NodeChannel> channel, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,6 +182,7 @@ class NodeRegistry {
     absl::Time handling_since = absl::InfinitePast();
     absl::Time listening_since = absl::InfinitePast();
   };
+  LivenessBoard* board_ = nullptr;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> nodes_ ABSL_GUARDED_BY(mu_);
   HeartbeatLag backlog_ ABSL_GUARDED_BY(mu_);

@@ -35,6 +35,13 @@ CoordinatorMetrics::CoordinatorMetrics()
                                   "their jobs' current attempts (ignored)")
                             .Register(*registry_)
                             .Add({})),
+      beats_(BuildCounter()
+                 .Name("loom_node_beats_total")
+                 .Help("Datagrams on the liveness path: result=heard (an agent's beat, "
+                       "acked) or refused (forged, replayed, of no counting session)")
+                 .Register(*registry_)),
+      beats_heard_(beats_.Add({{"result", "heard"}})),
+      beats_refused_(beats_.Add({{"result", "refused"}})),
       job_step_(Gauge(*registry_, "loom_job_step", "Last completed step of a job")),
       job_loss_(Gauge(*registry_, "loom_job_loss", "Training loss of a job (DP-averaged)")),
       job_val_loss_(Gauge(*registry_, "loom_job_val_loss", "Validation loss of a job")),
@@ -130,6 +137,16 @@ void CoordinatorMetrics::CountRpc(const std::string& method, const std::string& 
 
 void CoordinatorMetrics::CountProgressRefused(int64_t reports) {
   progress_refused_.Increment(static_cast<double>(reports));  // atomic: no lock
+}
+
+void CoordinatorMetrics::SetLivenessBeats(int64_t heard, int64_t refused) {
+  // Totals kept by the board; each counter is raised to its total (one caller).
+  auto raise_to = [](prometheus::Counter& counter, int64_t total) {
+    const double delta = static_cast<double>(total) - counter.Value();
+    if (delta > 0) counter.Increment(delta);
+  };
+  raise_to(beats_heard_, heard);
+  raise_to(beats_refused_, refused);
 }
 
 void CoordinatorMetrics::SetRankProgress(const std::string& job_id, const std::string& job_name,

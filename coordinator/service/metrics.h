@@ -42,6 +42,8 @@ class CoordinatorMetrics {
   // loom_node_progress_refused_total: progress reports a node sent for ranks
   // it does not run in their jobs' current attempts.
   void CountProgressRefused(int64_t reports);
+  // The liveness board's totals (beats heard and refused so far).
+  void SetLivenessBeats(int64_t heard, int64_t refused);
   void SetRankProgress(const std::string& job_id, const std::string& job_name, int rank,
                        const ProgressSample& sample);
   // loom_rank_straggler_score (docs/observability.md).
@@ -93,6 +95,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& devices_live_;
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Counter& progress_refused_;
+  prometheus::Family<prometheus::Counter>& beats_;
+  prometheus::Counter& beats_heard_;
+  prometheus::Counter& beats_refused_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
   prometheus::Family<prometheus::Gauge>& job_val_loss_;

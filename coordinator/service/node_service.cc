@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <deque>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -23,14 +24,21 @@ class SessionReactor;
 // the session while it lasts and drops them after.
 class SessionChannel final : public NodeChannel {
  public:
-  explicit SessionChannel(SessionReactor* reactor) : reactor_(reactor) {}
+  // With a liveness port, each session gets a grant of its own.
+  SessionChannel(SessionReactor* reactor, bool liveness) : reactor_(reactor) {
+    if (liveness) grant_ = liveness::NewGrant();
+  }
   void Send(const CoordinatorMessage& message) override;
+  const liveness::Grant* liveness_grant() const override {
+    return grant_.has_value() ? &*grant_ : nullptr;
+  }
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
+  std::optional<liveness::Grant> grant_;
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
@@ -43,7 +51,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
         nodes_(nodes),
         jobs_(jobs),
         heartbeat_interval_(heartbeat_interval),
-        channel_(std::make_shared<SessionChannel>(this)),
+        channel_(std::make_shared<SessionChannel>(this, service->liveness_port() > 0)),
         caller_(std::move(caller)) {
     if (!caller_.ok()) {
       absl::MutexLock lock(&mu_);
@@ -160,6 +168,12 @@ class SessionReactor final : public grpc::ServerBidiReactor<NodeMessage, Coordin
             absl::ToInt64Milliseconds(heartbeat_interval_));
         reply.mutable_registered()->set_lease_ms(
             absl::ToInt64Milliseconds(service_->agent_lease()));
+        if (const liveness::Grant* grant = channel_->liveness_grant(); grant != nullptr) {
+          loom::v1::LivenessGrant* path = reply.mutable_registered()->mutable_liveness();
+          path->set_port(static_cast<uint32_t>(service_->liveness_port()));
+          path->set_session(grant->session);
+          path->set_key(grant->key);
+        }
         Enqueue(reply);
         service_->UpdateNodeGauges();
         jobs_->OnNodeRegistered(message.register_());

@@ -7,6 +7,8 @@
 // the node has been silent for the node timeout.
 #pragma once
 
+#include <atomic>
+
 #include "absl/time/time.h"
 #include "coordinator/cluster/node_limits.h"
 #include "coordinator/cluster/node_registry.h"
@@ -58,6 +60,11 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   // Set before serving.
   void SetTraceRelay(TraceRelay* relay) { trace_relay_ = relay; }
   TraceRelay* trace_relay() const { return trace_relay_; }
+  // The UDP port of the liveness path (liveness_listener.h), told to each
+  // agent with a grant of its session's own; 0 (the default): none. Set
+  // before serving.
+  void SetLivenessPort(int port) { liveness_port_.store(port); }
+  int liveness_port() const { return liveness_port_.load(); }
 
  private:
   NodeRegistry* nodes_;
@@ -70,6 +77,7 @@ class NodeServiceImpl final : public loom::v1::NodeService::CallbackService {
   absl::Duration node_timeout_ = absl::Seconds(5);
   LogRelay* log_relay_ = nullptr;
   TraceRelay* trace_relay_ = nullptr;
+  std::atomic<int> liveness_port_{0};  // set once the listener is bound, while serving
 };
 
 }  // namespace loom::coordinator

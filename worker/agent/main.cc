@@ -232,8 +232,8 @@ int Main(int argc, char** argv) {
   LeaseWatcher lease_watcher(&lease, [&ranks, &lease] {
     const int paused = ranks.PauseAll();
     fprintf(stderr,
-            "loom-worker: lease of %lld ms ran out (no heartbeat acknowledged in time): paused "
-            "%d ranks; they stay paused until a coordinator resumes them\n",
+            "loom-worker: lease of %lld ms ran out (no heartbeat or liveness beat acknowledged "
+            "in time): paused %d ranks; they stay paused until a coordinator resumes them\n",
             static_cast<long long>(lease.lease_ms()), paused);
   });
 

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/liveness/udp_socket.h"
 #include "common/rpc/rpc_settings.h"
 
 namespace loom::agent {
@@ -171,29 +172,34 @@ void NodeSession::Drain(const std::string& reason) {
   Send(std::move(message));
 }
 
+void NodeSession::OnRegistered(const loom::v1::Registered& registered) {
+  std::lock_guard lock(mu_);
+  registered_ = true;
+  ++registrations_;
+  int64_t ms = registered.heartbeat_interval_ms();
+  heartbeat_interval_ = ms > 0 ? absl::Milliseconds(ms) : options_.default_heartbeat;
+  next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
+  // The coordinator read the registration: the lease runs from when it
+  // was sent (Lease has its own lock; it never calls back).
+  if (options_.lease != nullptr) {
+    options_.lease->Registered(registered.lease_ms(), register_sent_);
+  }
+  cv_.notify_all();
+  fprintf(stderr,
+          "loom-worker: registered with coordinator %s as %s (heartbeat %s, lease %s)\n",
+          address_.c_str(), registered.node_id().c_str(),
+          absl::FormatDuration(heartbeat_interval_).c_str(),
+          registered.lease_ms() > 0
+              ? absl::FormatDuration(absl::Milliseconds(registered.lease_ms())).c_str()
+              : "none");
+}
+
 void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
   switch (message.kind_case()) {
     case loom::v1::CoordinatorMessage::kRegistered: {
-      std::lock_guard lock(mu_);
-      registered_ = true;
-      ++registrations_;
-      int64_t ms = message.registered().heartbeat_interval_ms();
-      heartbeat_interval_ = ms > 0 ? absl::Milliseconds(ms) : options_.default_heartbeat;
-      next_heartbeat_ = Clock::now() + absl::ToChronoNanoseconds(heartbeat_interval_);
-      // The coordinator read the registration: the lease runs from when it
-      // was sent (Lease has its own lock; it never calls back).
-      if (options_.lease != nullptr) {
-        options_.lease->Registered(message.registered().lease_ms(), register_sent_);
-      }
-      cv_.notify_all();
-      fprintf(stderr,
-              "loom-worker: registered with coordinator %s as %s (heartbeat %s, lease %s)\n",
-              address_.c_str(), message.registered().node_id().c_str(),
-              absl::FormatDuration(heartbeat_interval_).c_str(),
-              message.registered().lease_ms() > 0
-                  ? absl::FormatDuration(absl::Milliseconds(message.registered().lease_ms()))
-                        .c_str()
-                  : "none");
+      OnRegistered(message.registered());
+      // It resolves the coordinator's host: not under mu_.
+      StartBeats(message.registered());
       return;
     }
     case loom::v1::CoordinatorMessage::kHeartbeatAck:
@@ -234,6 +240,42 @@ void NodeSession::Dispatch(const loom::v1::CoordinatorMessage& message) {
     case loom::v1::CoordinatorMessage::KIND_NOT_SET:
       return;  // a newer coordinator's message this agent does not know
   }
+}
+
+void NodeSession::StartBeats(const loom::v1::Registered& registered) {
+  std::unique_ptr<LivenessBeater> earlier;
+  std::string address;
+  absl::Duration interval;
+  {
+    std::lock_guard lock(mu_);
+    earlier = std::move(beater_);
+    address = address_;
+    interval = heartbeat_interval_;
+  }
+  earlier.reset();
+  const loom::v1::LivenessGrant& grant = registered.liveness();
+  if (!registered.has_liveness() || grant.port() == 0 || grant.port() > 65535 ||
+      grant.key().size() != liveness::kKeyBytes) {
+    return;  // a coordinator without the path: the session's heartbeats alone
+  }
+  absl::StatusOr<std::string> host = liveness::HostOf(address);
+  absl::StatusOr<std::unique_ptr<LivenessBeater>> beater =
+      host.ok() ? LivenessBeater::Start({.host = *host,
+                                         .port = static_cast<int>(grant.port()),
+                                         .node_id = options_.registration.node_id(),
+                                         .grant = {grant.session(), grant.key()},
+                                         .interval = interval,
+                                         .lease = options_.lease,
+                                         .seq = &heartbeat_seq_})
+                : absl::StatusOr<std::unique_ptr<LivenessBeater>>(host.status());
+  if (!beater.ok()) {
+    fprintf(stderr, "loom-worker: no liveness beats (%s); heartbeats on the session only\n",
+            std::string(beater.status().message()).c_str());
+    return;
+  }
+  fprintf(stderr, "loom-worker: liveness beats to UDP %s:%u\n", host->c_str(), grant.port());
+  std::lock_guard lock(mu_);
+  beater_ = *std::move(beater);
 }
 
 void NodeSession::AwaitChannelWhileLeased(grpc::Channel& channel) {
@@ -380,6 +422,10 @@ bool NodeSession::RunStream(rpc::CoordinatorChannel& coordinators) {
   lock.unlock();
   context.TryCancel();
   reader.join();
+  lock.lock();
+  std::unique_ptr<LivenessBeater> beater = std::move(beater_);  // the grant was this stream's
+  lock.unlock();
+  beater.reset();
   grpc::Status status = stream->Finish();
   coordinators.Failed(status, &context);
   lock.lock();

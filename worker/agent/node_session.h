@@ -7,12 +7,16 @@
 // ResumeRanks down to the rank commands, answers ReadRankLog from a
 // LogReadQueue (never on the stream's thread), and feeds the agent's lease
 // (lease.h): Registered.lease_ms with the registration's send time, and each
-// HeartbeatAck with its heartbeat's. When the stream fails it reconnects with
+// HeartbeatAck with its heartbeat's, and each ack of a liveness beat
+// (liveness_beater.h, when Registered grants the path) with the beat's. When
+// the stream fails it reconnects with
 // exponential backoff and never touches the ranks: a coordinator restart
 // kills nothing (one longer than the lease pauses them, through the lease).
 // Given several coordinator addresses (a highly available cluster), each new
 // stream goes to the one that leads (rpc::CoordinatorChannel).
 #pragma once
+
+#include <atomic>
 
 #include <chrono>
 #include <condition_variable>
@@ -29,6 +33,7 @@
 #include "common/rpc/progress_batch.h"
 #include "loom/v1/node.grpc.pb.h"
 #include "worker/agent/lease.h"
+#include "worker/agent/liveness_beater.h"
 #include "worker/agent/log_read_queue.h"
 #include "worker/agent/rank_commands.h"
 
@@ -113,6 +118,14 @@ class NodeSession {
   // 2 s): a coordinator back within the lease must be reached before it runs
   // out. Returns at once without a lease, once it has run out, or stopping.
   void AwaitChannelWhileLeased(grpc::Channel& channel);
+  // The coordinator read the registration: the heartbeat interval and the
+  // lease start.
+  void OnRegistered(const loom::v1::Registered& registered);
+  // Beats on the liveness path the registration granted (none without a
+  // grant, or when no UDP socket reaches the coordinator's host: said once);
+  // any earlier beater is stopped. On the stream's reader thread, without
+  // mu_ (it resolves the coordinator's host).
+  void StartBeats(const loom::v1::Registered& registered);
   void Dispatch(const loom::v1::CoordinatorMessage& message);
   // The oldest pending progress reports, at most kMaxProgressBatch and
   // rpc::kMaxProgressBatchBytes, as one message (mu_ held).
@@ -139,7 +152,11 @@ class NodeSession {
   grpc::ClientContext* context_ = nullptr;  // of the current stream
   absl::Duration heartbeat_interval_;
   Clock::time_point next_heartbeat_;
-  int64_t heartbeat_seq_ = 0;
+  // Heartbeats and liveness beats: one sequence (the beater takes its
+  // numbers from its own thread).
+  std::atomic<int64_t> heartbeat_seq_{0};
+  // The current stream's liveness beats (Registered.liveness), if any.
+  std::unique_ptr<LivenessBeater> beater_;
   Clock::time_point register_sent_;  // of the current stream's RegisterNode
   int64_t streams_opened_ = 0;
   int64_t registrations_ = 0;
