@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/liveness/thread_priority.h"
 #include "common/liveness/udp_socket.h"
 
 namespace loom::coordinator {
@@ -64,6 +66,12 @@ LivenessListener::~LivenessListener() {
 }
 
 void LivenessListener::Run() {
+  if (!liveness::RaiseThisThread()) {
+    std::fprintf(stderr,
+                 "loom-coordinator: the liveness listener runs at the process's priority (nice %d "
+                 "needs CAP_SYS_NICE): a saturated coordinator may read beats late\n",
+                 liveness::kLivenessNice);
+  }
   std::vector<pollfd> polled;
   for (int fd : sockets_) polled.push_back({fd, POLLIN, 0});
   polled.push_back({wake_read_, POLLIN, 0});

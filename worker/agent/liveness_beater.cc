@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/liveness/thread_priority.h"
 #include "common/liveness/udp_socket.h"
 
 namespace loom::agent {
@@ -43,6 +45,12 @@ LivenessBeater::~LivenessBeater() {
 }
 
 void LivenessBeater::Run() {
+  if (!liveness::RaiseThisThread()) {
+    std::fprintf(stderr,
+                 "loom-worker: liveness beats run at the agent's priority (nice %d needs "
+                 "CAP_SYS_NICE): a saturated node may send them late\n",
+                 liveness::kLivenessNice);
+  }
   using Clock = std::chrono::steady_clock;
   const auto interval = absl::ToChronoNanoseconds(options_.interval);
   Clock::time_point next = Clock::now();
