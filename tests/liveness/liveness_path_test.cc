@@ -62,21 +62,26 @@ TEST(LivenessPathTest, AckedBeatsAloneKeepTheLease) {
   ASSERT_NE(path.listener, nullptr);
   ASSERT_GT(path.listener->port(), 0);
   path.board.Count("node-a", path.grant);
-  // A 1.5 s lease from now; nothing but beats (every 50 ms) extends it, for
-  // 4 s: without them it would have run out halfway.
-  path.lease.Registered(1500, Clock::now());
+  // A 3 s lease from now; nothing but beats (every 50 ms) extends it, for
+  // 7 s: without them it would have run out before half that time.
+  path.lease.Registered(3000, Clock::now());
   auto beater = path.Beater(path.listener->port(), absl::Milliseconds(50));
   ASSERT_NE(beater, nullptr);
-  const Clock::time_point until = Clock::now() + std::chrono::seconds(4);
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(7);
   while (Clock::now() < until) {
     EXPECT_FALSE(path.lease.Observe().expired);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_GT(beater->acked(), 20);
-  EXPECT_GE(beater->sent(), beater->acked());
-  EXPECT_EQ(path.board.heard(), beater->acked());
-  EXPECT_GT(path.board.HeardAt("node-a"), absl::Now() - absl::Seconds(1));
-  EXPECT_EQ(path.seq.load(), beater->sent());
+  // Read in this order while beats still fly: each beat is heard before it
+  // is acked and sent before it is heard.
+  const int64_t acked = beater->acked();
+  const int64_t heard = path.board.heard();
+  const int64_t sent = beater->sent();
+  EXPECT_GT(acked, 20);
+  EXPECT_LE(acked, heard);
+  EXPECT_LE(heard, sent);
+  EXPECT_GE(path.seq.load(), sent);
+  EXPECT_GT(path.board.HeardAt("node-a"), absl::Now() - absl::Seconds(3));
 }
 
 TEST(LivenessPathTest, ALeaseRunsOutOnceTheSessionNoLongerCounts) {
@@ -86,14 +91,14 @@ TEST(LivenessPathTest, ALeaseRunsOutOnceTheSessionNoLongerCounts) {
   path.lease.Registered(300, Clock::now());
   auto beater = path.Beater(path.listener->port(), absl::Milliseconds(50));
   ASSERT_NE(beater, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return beater->acked() >= 3; }, std::chrono::seconds(5)));
-  // Declared lost (or its session ended): the beats go on, nothing acks them.
+  ASSERT_TRUE(WaitFor([&] { return beater->acked() >= 3; }, std::chrono::seconds(20)));
+  // Declared lost (or its session ended): the beats go on, nothing hears
+  // or acks them any more.
   path.board.Stop("node-a");
-  EXPECT_TRUE(WaitFor([&] { return path.lease.Observe().expired; }, std::chrono::seconds(5)));
-  const int64_t acked = beater->acked();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_LE(beater->acked(), acked + 1);  // at most one ack was already on its way
-  EXPECT_GT(path.board.refused(), 0);
+  const int64_t heard = path.board.heard();
+  EXPECT_TRUE(WaitFor([&] { return path.lease.Observe().expired; }, std::chrono::seconds(10)));
+  EXPECT_TRUE(WaitFor([&] { return path.board.refused() > 0; }, std::chrono::seconds(10)));
+  EXPECT_EQ(path.board.heard(), heard);
   EXPECT_TRUE(path.lease.Observe().expired);
 }
 
@@ -104,7 +109,7 @@ TEST(LivenessPathTest, BeatsOfAnotherGrantAreNotAcked) {
   path.lease.Registered(300, Clock::now());
   auto beater = path.Beater(path.listener->port(), absl::Milliseconds(50));
   ASSERT_NE(beater, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return path.board.refused() >= 5; }, std::chrono::seconds(5)));
+  ASSERT_TRUE(WaitFor([&] { return path.board.refused() >= 5; }, std::chrono::seconds(20)));
   EXPECT_EQ(beater->acked(), 0);
   EXPECT_EQ(path.board.HeardAt("node-a"), absl::InfinitePast());
   EXPECT_TRUE(WaitFor([&] { return path.lease.Observe().expired; }, std::chrono::seconds(5)));
