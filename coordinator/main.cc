@@ -28,7 +28,7 @@
 #include "common/liveness/udp_socket.h"
 #include "common/rpc/rpc_settings.h"
 #include "common/rpc/tls_flags.h"
-#include "coordinator/auth/crypto.h"
+#include "common/crypto/crypto.h"
 #include "coordinator/auth/rank_token.h"
 #include "coordinator/auth/user_tokens.h"
 #include "coordinator/cluster/liveness_board.h"
@@ -396,7 +396,8 @@ int main(int argc, char** argv) {
     if (etcd != nullptr) {
       // Every coordinator must verify the rank tokens whichever leader issued.
       absl::StatusOr<std::string> key = ha::LoadOrCreateShared(
-          etcd.get(), etcd_prefix + "/secrets/rank_token_key", [] { return auth::RandomBytes(32); });
+          etcd.get(), etcd_prefix + "/secrets/rank_token_key",
+          [] { return loom::crypto::RandomBytes(32); });
       if (!key.ok()) return Fail(absl::StrCat("rank token key: ", key.status().message()));
       rank_tokens.emplace(*std::move(key));
     } else {
@@ -464,7 +465,7 @@ int main(int argc, char** argv) {
   options.roots = roots;
   absl::StatusOr<std::string> prefix =
       etcd != nullptr ? ha::LoadOrCreateShared(etcd.get(), etcd_prefix + "/meta/job_id_prefix",
-                                               [] { return absl::BytesToHexString(auth::RandomBytes(3)); })
+                                               [] { return absl::BytesToHexString(loom::crypto::RandomBytes(3)); })
                       : LoadOrCreateJobIdPrefix(state_dir);
   if (!prefix.ok()) return Fail(std::string(prefix.status().message()));
   options.job_id_prefix = *prefix;

@@ -1,11 +1,6 @@
 #include "common/liveness/beat_datagram.h"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
-#include <cstdlib>
+#include "common/crypto/crypto.h"
 
 namespace loom::liveness {
 namespace {
@@ -24,23 +19,12 @@ uint64_t GetU64(std::string_view in) {
   return v;
 }
 
-std::string Mac(std::string_view body, std::string_view key) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(body.data()), body.size(), mac, &length);
-  return std::string(reinterpret_cast<const char*>(mac), length);
-}
-
 }  // namespace
 
 Grant NewGrant() {
-  unsigned char bytes[8 + kKeyBytes];
-  // Without entropy no key is safe to hand out: a coordinator cannot run.
-  if (RAND_bytes(bytes, sizeof(bytes)) != 1) std::abort();
   Grant grant;
-  for (int i = 0; i < 8; ++i) grant.session = (grant.session << 8) | bytes[i];
-  grant.key.assign(reinterpret_cast<const char*>(bytes + 8), kKeyBytes);
+  grant.session = GetU64(crypto::RandomBytes(8));
+  grant.key = crypto::RandomBytes(kKeyBytes);
   return grant;
 }
 
@@ -52,7 +36,7 @@ std::string Seal(const Datagram& datagram, std::string_view key) {
   PutU64(out, static_cast<uint64_t>(datagram.seq));
   out.push_back(static_cast<char>(datagram.node_id.size()));
   out += datagram.node_id;
-  out += Mac(out, key);
+  out += crypto::HmacSha256(key, out);
   return out;
 }
 
@@ -78,9 +62,7 @@ std::optional<Datagram> Peek(std::string_view bytes) {
 bool Authentic(std::string_view bytes, std::string_view key) {
   if (bytes.size() < kMacBytes || key.empty()) return false;
   const std::string_view body = bytes.substr(0, bytes.size() - kMacBytes);
-  const std::string expected = Mac(body, key);
-  return expected.size() == kMacBytes &&
-         CRYPTO_memcmp(expected.data(), bytes.data() + body.size(), kMacBytes) == 0;
+  return crypto::ConstantTimeEqual(crypto::HmacSha256(key, body), bytes.substr(body.size()));
 }
 
 }  // namespace loom::liveness

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/auth/crypto.h"
+#include "common/crypto/crypto.h"
 
 namespace loom::coordinator::auth {
 namespace {
@@ -29,7 +29,7 @@ absl::Status Refused(const std::string& why) {
 absl::StatusOr<RankTokenCodec> RankTokenCodec::LoadOrCreate(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    const std::string key = RandomBytes(kKeyBytes);
+    const std::string key = crypto::RandomBytes(kKeyBytes);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return absl::InternalError(absl::StrCat("cannot create the rank token key ", path));
     const bool written = ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size());
@@ -54,7 +54,8 @@ std::string RankTokenCodec::Issue(const RankClaim& claim) const {
       {claim.job_id, absl::StrCat(claim.attempt), absl::StrCat(claim.rank), claim.node_id,
        claim.store_namespace},
       "\n");
-  return absl::StrCat(kPrefix, ToHex(payload), ".", ToHex(HmacSha256(key_, payload)));
+  return absl::StrCat(kPrefix, crypto::ToHex(payload), ".",
+                      crypto::ToHex(crypto::HmacSha256(key_, payload)));
 }
 
 absl::StatusOr<RankClaim> RankTokenCodec::Verify(const std::string& token) const {
@@ -63,11 +64,13 @@ absl::StatusOr<RankClaim> RankTokenCodec::Verify(const std::string& token) const
   const size_t dot = body.find('.');
   std::string payload;
   std::string mac;
-  if (dot == std::string::npos || !FromHex(body.substr(0, dot), &payload) ||
-      !FromHex(body.substr(dot + 1), &mac)) {
+  if (dot == std::string::npos || !crypto::FromHex(body.substr(0, dot), &payload) ||
+      !crypto::FromHex(body.substr(dot + 1), &mac)) {
     return Refused("malformed");
   }
-  if (!ConstantTimeEqual(mac, HmacSha256(key_, payload))) return Refused("bad signature");
+  if (!crypto::ConstantTimeEqual(mac, crypto::HmacSha256(key_, payload))) {
+    return Refused("bad signature");
+  }
   const std::vector<std::string> fields = absl::StrSplit(payload, '\n');
   RankClaim claim;
   if (fields.size() != 5 || !absl::SimpleAtoi(fields[1], &claim.attempt) ||

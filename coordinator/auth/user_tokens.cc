@@ -12,7 +12,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/auth/crypto.h"
+#include "common/crypto/crypto.h"
 #include "coordinator/auth/identity.h"
 
 namespace loom::coordinator::auth {
@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kPrefix[] = "loomu1.";
 
-std::string HashOf(const std::string& token) { return ToHex(Sha256(token)); }
+std::string HashOf(const std::string& token) { return crypto::ToHex(crypto::Sha256(token)); }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -120,7 +120,7 @@ absl::StatusOr<std::string> UserTokenStore::Create(const std::string& user) {
     return absl::InvalidArgumentError(
         absl::StrCat("user: '", user, "' must be 1 to 64 characters of [A-Za-z0-9._-]"));
   }
-  const std::string token = absl::StrCat(kPrefix, ToHex(RandomBytes(32)));
+  const std::string token = absl::StrCat(kPrefix, crypto::ToHex(crypto::RandomBytes(32)));
   absl::MutexLock lock(&write_mu_);
   Hashes next = *Current();
   next[HashOf(token)] = user;

@@ -1,4 +1,4 @@
-#include "coordinator/auth/crypto.h"
+#include "common/crypto/crypto.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -8,7 +8,7 @@
 
 #include <cstdlib>
 
-namespace loom::coordinator::auth {
+namespace loom::crypto {
 
 std::string RandomBytes(size_t n) {
   std::string out(n, '\0');
@@ -64,4 +64,4 @@ bool ConstantTimeEqual(std::string_view a, std::string_view b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-}  // namespace loom::coordinator::auth
+}  // namespace loom::crypto
