@@ -2,6 +2,7 @@
 #include "planner/layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/snapshot_generations.h"
 
 namespace loom::planner {
 
@@ -51,10 +52,9 @@ Workload MakeWorkload(const ModelShape& model, int64_t seq_len, int64_t global_b
 }
 
 int64_t SnapshotCopies(int64_t snapshot_interval) {
-  // Two generations of its own (the newest complete one and the one being
-  // written) and two of its ward's (docs/fault_tolerance.md, "Snapshots").
-  constexpr int64_t kGenerations = 2;
-  return snapshot_interval > 0 ? 2 * kGenerations : 0;
+  // Its own generations and its ward's (common/snapshot_generations.h).
+  constexpr int64_t kCopies = kOwnSnapshotGenerations + kWardSnapshotGenerations;
+  return snapshot_interval > 0 ? kCopies : 0;
 }
 
 }  // namespace loom::planner

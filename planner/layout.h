@@ -33,8 +33,9 @@ struct Workload {
   RecipeKind recipe = RecipeKind::kBf16Fp32Accum;
   double dp_bucket_bytes = 25.0 * (1 << 20);  // DP gradient bucket (parallelism.bucket_mb)
   // [in-place recovery] Copies of its whole state each rank keeps in host
-  // memory (docs/fault_tolerance.md): two generations of its own snapshot and
-  // two of its ward's, 4, when fault_tolerance.snapshot_interval > 0; else 0.
+  // memory (docs/fault_tolerance.md): three generations of its own snapshot
+  // and two of its ward's, 5, when fault_tolerance.snapshot_interval > 0;
+  // else 0 (common/snapshot_generations.h).
   int64_t snapshot_copies = 0;
   // Whether a rank's host memory is its device memory (CPU ranks): its
   // snapshots then count in its memory, else beside it (memory_model.h).
@@ -42,7 +43,7 @@ struct Workload {
 };
 
 // Whole-state copies a rank keeps for in-place recovery at this
-// fault_tolerance.snapshot_interval: 4 when it snapshots at all, else 0.
+// fault_tolerance.snapshot_interval: 5 when it snapshots at all, else 0.
 int64_t SnapshotCopies(int64_t snapshot_interval);
 
 Workload MakeWorkload(const ModelShape& model, int64_t seq_len, int64_t global_batch,

@@ -31,7 +31,7 @@ std::string Seconds(double s) {
 std::string DescribeHostMemory(const Candidate& c, const ClusterSpec& cluster) {
   if (c.host_bytes_per_node <= 0) return "";
   return absl::StrFormat(
-      "  host memory per node: %.1f GiB%s of in-place recovery snapshots (%.1f GiB per rank: two "
+      "  host memory per node: %.1f GiB%s of in-place recovery snapshots (%.1f GiB per rank: three "
       "generations of its state, two of its ward's)\n",
       c.host_bytes_per_node / kGiB,
       cluster.host_memory_bytes > 0 ? absl::StrFormat(" of %.1f", cluster.host_memory_bytes / kGiB)

@@ -97,7 +97,7 @@ std::string Rejection::Reason() const {
       host_bytes_per_node > host_capacity_bytes) {
     return absl::StrFormat(
         "out of host memory: a node's ranks hold %.1f GiB of in-place recovery snapshots (%.1f "
-        "GiB per rank: two generations of its state and two of its ward's) of the node's %.1f "
+        "GiB per rank: three generations of its state and two of its ward's) of the node's %.1f "
         "GiB (resources.host_memory_mb; fault_tolerance.snapshot_interval: 0 keeps none)",
         host_bytes_per_node / kGiB, m.host_bytes() / kGiB, host_capacity_bytes / kGiB);
   }

@@ -23,7 +23,7 @@ inline constexpr int kMaxReportPhaseBytes = 32;          // "checkpoint", "abort
 inline constexpr int kMaxReportGroups = 16;              // one per axis and combination
 inline constexpr int kMaxReportGroupNameBytes = 256;     // group_factory lists 4 members at most
 inline constexpr int kMaxReportOpBytes = 64;             // "allreduce", "send" ...
-inline constexpr int kMaxReportSnapshotSteps = 16;       // two generations are kept
+inline constexpr int kMaxReportSnapshotSteps = 16;       // three generations are kept
 // `loomctl trace`'s step (RankProgress.trace): the trainer's own caps
 // (worker/trainer/step_trace.h); the report's byte bound holds it as a whole.
 inline constexpr int kMaxReportTraceEvents = 1024;

@@ -122,6 +122,22 @@ TEST(InPlacePolicyTest, TheRestoreStepIsTheNewestTheBuddyHoldsACopyOf) {
   EXPECT_EQ(d.steps_recomputed, 1);
 }
 
+// CI saw this with two generations of its own: rank 2 died while its copy
+// of step 20 was on its way to its buddy, which had given up on it and
+// captured step 21, as had the others. The survivors' third generation still
+// holds step 19, the buddy's newest copy.
+TEST(InPlacePolicyTest, ACopyCutShortByTheFailureRestoresTheStepBefore) {
+  InPlaceRequest request = TwoNodes();
+  request.failed_ranks = {2};
+  request.newest_step = 21;
+  AllHold(request, 21, {19, 20, 21});
+  request.aborted[6] = Aborted(21, {19, 20, 21}, 2, {19});
+  const InPlaceDecision d = Decide(request);
+  ASSERT_TRUE(d.in_place) << d.fallback_reason;
+  EXPECT_EQ(d.restore_step, 19);
+  EXPECT_EQ(d.steps_recomputed, 2);
+}
+
 TEST(InPlacePolicyTest, StepsRecomputedCountFromTheNewestStepAnyoneReported) {
   InPlaceRequest request = TwoNodes();
   request.failed_ranks = {2};

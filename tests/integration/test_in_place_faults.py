@@ -279,7 +279,7 @@ class InPlaceFaults(unittest.TestCase):
         stale_ranks = sorted(stale)
         self.assertRegex(incidents[0],
                          rf"^node_lost node {node} .*; in place, relaunched ranks "
-                         rf"{stale_ranks[0]}-{stale_ranks[1]}, [01] steps? recomputed$")
+                         rf"{stale_ranks[0]}-{stale_ranks[1]}, [012] steps? recomputed$")
         now = placement(status)
         for r in stale:
             self.assertEqual(now[r], "node-c", status)
@@ -370,7 +370,7 @@ class InPlaceFaults(unittest.TestCase):
         ranks = sorted(stale)
         self.assertRegex(incidents[0],
                          rf"^node_lost node node-b .*; in place, relaunched ranks "
-                         rf"{ranks[0]}-{ranks[1]}, [01] steps? recomputed$")
+                         rf"{ranks[0]}-{ranks[1]}, [012] steps? recomputed$")
         for r in stale:
             self.assertEqual(placement(status)[r], "node-c", status)
         print(f"\ncut link: cut -> first step of attempt 2: "

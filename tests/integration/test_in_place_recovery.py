@@ -117,10 +117,11 @@ class InPlaceRecovery(unittest.TestCase):
         self.assertEqual(max(second), STEPS)
         for step, loss in list(first.items()) + list(second.items()):
             self.assertEqual(loss, reference[step], f"{name}: step {step} differs")
-        # At most the step in flight is computed again, and no step is
-        # computed more than twice.
+        # At most the step in flight is computed again, or two when the failed
+        # rank's copy of the step before was still on its way to its buddy
+        # (common/snapshot_generations.h); no step is computed more than twice.
         recomputed = max(first) - (min(second) - 1)
-        self.assertLessEqual(recomputed, 1, f"{name}: attempt 1 to {max(first)}, "
+        self.assertLessEqual(recomputed, 2, f"{name}: attempt 1 to {max(first)}, "
                                             f"attempt 2 from {min(second)}")
         self.assertEqual(sorted(set(first) | set(second)), list(range(1, STEPS + 1)))
 
@@ -133,7 +134,7 @@ class InPlaceRecovery(unittest.TestCase):
         kind = {"sigkill": "crash", "sigstop": "hang", "node": "node_lost"}[failure]
         self.assertTrue(incidents[0].startswith(kind), incidents[0])
         self.assertRegex(incidents[0],
-                         rf"; in place, relaunched ranks? {ranks}, [01] steps? recomputed$")
+                         rf"; in place, relaunched ranks? {ranks}, [012] steps? recomputed$")
         self.assertIn("abort", incidents[0])
         print(f"\n{name}: failure -> first step of attempt 2: {recovered - failed_at:.2f} s"
               f"\n  {incidents[0]}")

@@ -153,7 +153,7 @@ class RecoveryAccounting(unittest.TestCase):
                          r"crash rank 2 node node-a \(attempt 1\): detect \d+\.\d\ds abort "
                          r"[\d.]+s relaunch [\d.]+s rendezvous [\d.]+s restore [\d.]+s "
                          r"first-step [\d.]+s total [\d.]+s; in place, relaunched rank 2, "
-                         r"[01] steps? recomputed\n")
+                         r"[012] steps? recomputed\n")
         # The in-place path's own phases are counted once each, with the
         # three it shares with the whole-job path.
         for phase in ("detection", "abort", "relaunch", "rendezvous", "restore", "first_step"):

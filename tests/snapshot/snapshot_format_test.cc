@@ -169,5 +169,22 @@ TEST(SnapshotGenerationsTest, ABufferStillReadIsNotOverwritten) {
   EXPECT_EQ(reader->step(), 1);
 }
 
+// A rank's own snapshots (common/snapshot_generations.h): three, so the step
+// before the one whose copies may still be in flight elsewhere stays.
+TEST(SnapshotGenerationsTest, ThreeGenerationsKeepTheStepBeforeTheNewestTwo) {
+  SnapshotGenerations gens(3);
+  for (int64_t step : {1, 2, 3}) {
+    std::shared_ptr<Snapshot> s = gens.BeginWrite();
+    s->Reset(TwoPieces(step));
+    gens.Commit(s);
+  }
+  EXPECT_EQ(gens.Steps(), (std::vector<int64_t>{1, 2, 3}));
+  std::shared_ptr<Snapshot> next = gens.BeginWrite();  // step 1's buffer
+  EXPECT_EQ(gens.Steps(), (std::vector<int64_t>{2, 3}));
+  next->Reset(TwoPieces(4));
+  gens.Commit(next);
+  EXPECT_EQ(gens.Steps(), (std::vector<int64_t>{2, 3, 4}));
+}
+
 }  // namespace
 }  // namespace loom::engine

@@ -1,6 +1,6 @@
 // A rank's in-memory snapshots across the attempts of a job (in-place
-// recovery, docs/fault_tolerance.md): its own, two generations, and the
-// copies of its ward's, two generations; the snapshot policy (every
+// recovery, docs/fault_tolerance.md): its own and the copies of its
+// ward's, in the generations common/snapshot_generations.h says (and why); the snapshot policy (every
 // fault_tolerance.snapshot_interval steps); the copy of each snapshot to the
 // buddy in the background (snapshot_copier.h); and the rollbacks: to its own
 // snapshot, to one received from a peer, and the copy it sends a relaunched
@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/snapshot_generations.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/progress.h"
 #include "worker/engine/snapshot/snapshot_copier.h"
@@ -84,8 +85,8 @@ class SnapshotKeeper {
   void NoteCopyFailures();
 
   const SnapshotKeeperOptions options_;
-  SnapshotGenerations own_;
-  SnapshotGenerations ward_;
+  SnapshotGenerations own_{kOwnSnapshotGenerations};
+  SnapshotGenerations ward_{kWardSnapshotGenerations};
   mutable std::mutex ward_mu_;
   int ward_rank_ = -1;  // whose copies ward_ holds
   int ring_ward_ = -1;  // this attempt's ward

@@ -4,16 +4,19 @@
 
 namespace loom::engine {
 
+SnapshotGenerations::SnapshotGenerations(size_t generations)
+    : generations_(std::max<size_t>(1, generations)) {}
+
 std::shared_ptr<Snapshot> SnapshotGenerations::BeginWrite() {
   std::lock_guard<std::mutex> lock(mu_);
-  // With two complete, the older is overwritten; with fewer, both stay and a
-  // third buffer exists only while this one is written.
-  if (complete_.size() >= kGenerations && complete_.front().use_count() == 1) {
+  // With all generations complete, the oldest is overwritten; with fewer,
+  // all stay and one more buffer exists only while this one is written.
+  if (complete_.size() >= generations_ && complete_.front().use_count() == 1) {
     std::shared_ptr<Snapshot> reused = std::move(complete_.front());
     complete_.pop_front();
     return reused;
   }
-  if (complete_.size() >= kGenerations) complete_.pop_front();  // a reader keeps it alive
+  if (complete_.size() >= generations_) complete_.pop_front();  // a reader keeps it alive
   return std::make_shared<Snapshot>();
 }
 
@@ -27,7 +30,7 @@ void SnapshotGenerations::Commit(std::shared_ptr<Snapshot> written) {
   complete_.push_back(std::move(written));
   std::sort(complete_.begin(), complete_.end(),
             [](const auto& a, const auto& b) { return a->step() < b->step(); });
-  while (complete_.size() > kGenerations) complete_.pop_front();
+  while (complete_.size() > generations_) complete_.pop_front();
 }
 
 std::vector<int64_t> SnapshotGenerations::Steps() const {

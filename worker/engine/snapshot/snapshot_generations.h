@@ -1,5 +1,5 @@
 // A rank's complete snapshots of one owner (its own state, or the copies of
-// its ward's), at most two generations, thread-safe. A new snapshot is
+// its ward's), a fixed number of generations, thread-safe. A new snapshot is
 // written into the oldest generation's buffer (taken out of the complete ones
 // while it is written) or a new one, and counts only once it is committed: a
 // failure while capturing or copying leaves the newest complete generation
@@ -18,15 +18,16 @@ namespace loom::engine {
 
 class SnapshotGenerations {
  public:
-  static constexpr size_t kGenerations = 2;
+  // Keeps at most `generations` (at least 1) complete snapshots.
+  explicit SnapshotGenerations(size_t generations = 2);
 
   // The buffer to write the next snapshot into: the oldest complete one's
-  // when two are complete and nobody else holds it (it is no longer complete
-  // from now), else a new one.
+  // when all generations are complete and nobody else holds it (it is no
+  // longer complete from now), else a new one.
   std::shared_ptr<Snapshot> BeginWrite();
   // A written snapshot (Reset, or received and adopted) becomes the newest
-  // complete generation; the oldest beyond two is dropped. One of the same
-  // step replaces it.
+  // complete generation; the oldest beyond the limit is dropped. One of the
+  // same step replaces it.
   void Commit(std::shared_ptr<Snapshot> written);
 
   // Complete generations' steps, oldest first.
@@ -40,6 +41,7 @@ class SnapshotGenerations {
   void Clear();
 
  private:
+  const size_t generations_;
   mutable std::mutex mu_;
   std::deque<std::shared_ptr<Snapshot>> complete_;  // oldest first
 };
