@@ -2,7 +2,9 @@
 // and parsed, in many chunks; a sender without the asked snapshot says so; a
 // copy torn by the sender's death mid-way leaves the receiver with its
 // previous complete copy (the copier's background receive, as a buddy runs
-// it); an abort of the pair ends a copy waiting for its peer at once.
+// it); an abort of the pair ends a copy waiting for its peer at once; a buddy
+// copy leaves out the pieces the buddy holds itself, which its own snapshot
+// of the step fills in, and nothing else.
 #include "worker/engine/snapshot/snapshot_transfer.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/comm/rank_harness.h"
 #include "worker/comm/in_process_store.h"
 #include "worker/engine/snapshot/snapshot_copier.h"
@@ -91,6 +94,86 @@ SnapshotTransferOptions SmallChunks() {
   return o;
 }
 
+// Three pieces; `shared` are the same for every rank (a replicated weight),
+// the others this rank's own range of a sharded moment.
+std::shared_ptr<Snapshot> ThreePieces(int64_t step, int dp_rank, float base) {
+  SnapshotManifest m;
+  m.owner = {dp_rank, "dp2 tp1 pp1 cp1 ep1 zero1 v1 -",
+             absl::StrCat("dp ", dp_rank, "/2 tp 0/1 pp 0/1 cp 0/1 ep 0/1")};
+  m.step = step;
+  m.pieces.push_back({"model.embed_tokens.weight", 0, {3000}, {3000}, -1, 0, 0, 3000, 0});
+  m.pieces.push_back({"optimizer.exp_avg.model.embed_tokens.weight", 0, {3000}, {3000}, -1, 0,
+                      dp_rank * 1500, 1500, 0});
+  m.pieces.push_back({"model.norm.weight", 0, {64}, {64}, -1, 0, 0, 64, 0});
+  LayOutSnapshotPieces(&m);
+  auto s = std::make_shared<Snapshot>();
+  s->Reset(m);
+  float* d = s->data();
+  for (int64_t i = 0; i < 3000; ++i) d[i] = static_cast<float>(step) + 0.5f * static_cast<float>(i);
+  for (int64_t i = 0; i < 1500; ++i) d[3000 + i] = base + static_cast<float>(i);
+  for (int64_t i = 0; i < 64; ++i) d[4500 + i] = static_cast<float>(step) - static_cast<float>(i);
+  return s;
+}
+
+std::vector<uint64_t> KeysOf(const Snapshot& s) {
+  std::vector<uint64_t> keys;
+  for (const SnapshotPiece& p : s.manifest().pieces) keys.push_back(SnapshotPieceKey(p));
+  return keys;
+}
+
+TEST(SnapshotTransferTest, ABuddyCopyLeavesOutWhatTheBuddyHoldsAndItsOwnSnapshotFillsItIn) {
+  comm::InProcessStore store;
+  auto pair = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "pair");
+  const std::shared_ptr<Snapshot> ward = ThreePieces(5, 0, 100.0f);
+  const std::shared_ptr<Snapshot> buddy_own = ThreePieces(5, 1, 900.0f);
+  SnapshotTransferOptions options = SmallChunks();
+  options.leave_out_held = true;
+  Snapshot copy;
+  SnapshotTransferStats sent_stats, got_stats;
+  absl::Status sent;
+  std::thread sender([&] { sent = SendSnapshot(*pair[0], 5, ward.get(), options, &sent_stats); });
+  absl::Status got = ReceiveSnapshot(*pair[1], 5, &copy, options, &got_stats, KeysOf(*buddy_own));
+  sender.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(got.ok()) << got;
+  // The weight and the norm are the buddy's too: only the moment's range travelled.
+  EXPECT_EQ(copy.borrowed(), (std::vector<size_t>{0, 2}));
+  const int64_t floats_offset = ward->size_bytes() - 4564 * 4;
+  EXPECT_EQ(sent_stats.bytes, floats_offset + 1500 * 4);
+  EXPECT_EQ(got_stats.bytes, sent_stats.bytes);
+  // A copy with borrowed pieces is not passed on as it is...
+  Snapshot relayed;
+  std::thread refuser([&] { (void)ReceiveSnapshot(*pair[0], 5, &relayed, SmallChunks()); });
+  absl::Status passed = SendSnapshot(*pair[1], 5, &copy, SmallChunks());
+  refuser.join();
+  EXPECT_TRUE(absl::IsNotFound(passed)) << passed;
+  // ...nor filled from another step's snapshot...
+  absl::Status wrong = copy.FillBorrowed(*ThreePieces(4, 1, 900.0f));
+  EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
+  EXPECT_NE(wrong.message().find("step 5"), std::string::npos) << wrong;
+  // ...but from the buddy's own of the same step it is the ward's, byte for byte.
+  ASSERT_TRUE(copy.FillBorrowed(*buddy_own).ok());
+  EXPECT_TRUE(copy.borrowed().empty());
+  EXPECT_TRUE(SameBytes(copy, *ward));
+}
+
+TEST(SnapshotTransferTest, AHolderLackingABorrowedPieceIsRefusedNamingIt) {
+  comm::InProcessStore store;
+  auto pair = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "pair");
+  const std::shared_ptr<Snapshot> ward = ThreePieces(5, 0, 100.0f);
+  SnapshotTransferOptions options = SmallChunks();
+  options.leave_out_held = true;
+  Snapshot copy;
+  // The buddy claims the norm, but the snapshot it later fills from lacks it.
+  const std::vector<uint64_t> claimed = {SnapshotPieceKey(ward->manifest().pieces[2])};
+  std::thread sender([&] { ASSERT_TRUE(SendSnapshot(*pair[0], 5, ward.get(), options).ok()); });
+  ASSERT_TRUE(ReceiveSnapshot(*pair[1], 5, &copy, options, nullptr, claimed).ok());
+  sender.join();
+  absl::Status s = copy.FillBorrowed(*Filled(5, 10, 1.0f));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("model.norm.weight"), std::string::npos) << s;
+}
+
 TEST(SnapshotTransferTest, ACopyArrivesWholeInManyChunks) {
   comm::InProcessStore store;
   auto pair = comm::testing::MakeGroup(store, 2, absl::Seconds(30), "pair");
@@ -143,14 +226,14 @@ TEST(SnapshotTransferTest, ATornCopyLeavesThePreviousCompleteCopy) {
     // The buddy's side: its background receive, committed when acknowledged.
     SnapshotCopier copier({nullptr, pair[1].get()}, SmallChunks());
     auto commit = [&](std::shared_ptr<Snapshot> copy) { ward_copies.Commit(std::move(copy)); };
-    copier.ReceiveFromWard(1, ward_copies.BeginWrite(), commit);
+    copier.ReceiveFromWard(1, ward_copies.BeginWrite(), {}, commit);
     ASSERT_TRUE(SendSnapshot(*pair[0], 1, first.get(), SmallChunks()).ok());
     copier.WaitIdle();
     ASSERT_TRUE(copier.last_receive().ok()) << copier.last_receive();
     ASSERT_EQ(ward_copies.Steps(), (std::vector<int64_t>{1}));
 
     // The ward dies three chunks into its copy of step 2.
-    copier.ReceiveFromWard(2, ward_copies.BeginWrite(), commit);
+    copier.ReceiveFromWard(2, ward_copies.BeginWrite(), {}, commit);
     DyingSender dying(pair[0].get(), 3);
     absl::Status sent = SendSnapshot(dying, 2, second.get(), SmallChunks());
     EXPECT_FALSE(sent.ok());

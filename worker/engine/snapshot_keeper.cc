@@ -26,6 +26,7 @@ void SnapshotKeeper::AttachRing(comm::Communicator* to_buddy, comm::Communicator
   SnapshotTransferOptions transfer;
   transfer.chunk_bytes = options_.chunk_bytes;
   transfer.tag = kBuddyCopyTag;
+  transfer.leave_out_held = true;  // the buddy's own snapshot holds the replicated pieces
   copier_ = std::make_unique<SnapshotCopier>(
       SnapshotCopier::Ring{to_buddy, from_ward != nullptr && ward_rank >= 0 ? from_ward : nullptr},
       transfer, options_.background_copies);
@@ -43,6 +44,21 @@ void SnapshotKeeper::CommitWardCopy(int ward_rank, std::shared_ptr<Snapshot> cop
     ward_rank_ = ward_rank;
   }
   ward_.Commit(std::move(copy));
+}
+
+std::vector<uint64_t> SnapshotKeeper::HeldPieceKeys() const {
+  // The newest own snapshot's pieces: every snapshot of an attempt has the
+  // same, so they are the ones this step's capture is about to take. Before
+  // the first capture there are none and the ward's copy comes whole.
+  std::vector<uint64_t> keys;
+  const std::vector<int64_t> steps = own_.Steps();
+  if (steps.empty()) return keys;
+  std::shared_ptr<const Snapshot> newest = own_.Find(steps.back());
+  if (newest == nullptr) return keys;
+  for (const SnapshotPiece& p : newest->manifest().pieces) {
+    if (p.count > 0) keys.push_back(SnapshotPieceKey(p));
+  }
+  return keys;
 }
 
 void SnapshotKeeper::NoteCopyFailures() {
@@ -79,7 +95,7 @@ absl::Status SnapshotKeeper::AfterStep(TrainingLoop& loop, StepProgress* p) {
     }
     // Posted before this rank's own copy starts: the ward may be sending already.
     copier_->ReceiveFromWard(
-        p->step, ward_.BeginWrite(),
+        p->step, ward_.BeginWrite(), HeldPieceKeys(),
         [this, ward](std::shared_ptr<Snapshot> copy) { CommitWardCopy(ward, std::move(copy)); });
   }
   std::shared_ptr<Snapshot> snapshot = own_.BeginWrite();
@@ -140,12 +156,30 @@ absl::Status SnapshotKeeper::RestoreFromPeer(TrainingLoop& loop, comm::Communica
 }
 
 absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int64_t step) {
-  std::shared_ptr<const Snapshot> copy;
+  std::shared_ptr<Snapshot> copy;
   int held_ward;
   {
     std::lock_guard<std::mutex> lock(ward_mu_);
     held_ward = ward_rank_;
-    if (ward_rank_ == owner) copy = ward_.Find(step);
+    if (ward_rank_ == owner) copy = ward_.FindWritable(step);
+  }
+  // The pieces this rank holds itself were left out of the copy: they come
+  // from its own snapshot of the same step (no copy is in flight now).
+  if (copy != nullptr && !copy->borrowed().empty()) {
+    std::shared_ptr<const Snapshot> own = own_.Find(step);
+    absl::Status filled = own != nullptr
+                              ? copy->FillBorrowed(*own)
+                              : absl::FailedPreconditionError(absl::StrCat(
+                                    "rank ", options_.rank, " holds rank ", owner,
+                                    "'s copy of step ", step,
+                                    " without its own snapshot of that step to complete it"));
+    if (!filled.ok()) {
+      SnapshotTransferOptions transfer;
+      transfer.chunk_bytes = options_.chunk_bytes;
+      transfer.tag = kRestoreCopyTag;
+      (void)SendSnapshot(pair, step, nullptr, transfer);  // tells the peer: none
+      return filled;
+    }
   }
   SnapshotTransferOptions transfer;
   transfer.chunk_bytes = options_.chunk_bytes;
@@ -167,7 +201,14 @@ SnapshotProgress SnapshotKeeper::Holdings() const {
   {
     std::lock_guard<std::mutex> lock(ward_mu_);
     out.ward_rank = ward_rank_;
-    out.ward_steps = ward_.Steps();
+    // A copy with borrowed pieces counts only beside this rank's own
+    // snapshot of its step, which completes it.
+    for (int64_t step : ward_.Steps()) {
+      std::shared_ptr<const Snapshot> copy = ward_.Find(step);
+      if (copy != nullptr && (copy->borrowed().empty() || own_.Find(step) != nullptr)) {
+        out.ward_steps.push_back(step);
+      }
+    }
   }
   if (out.ward_steps.empty()) out.ward_rank = -1;
   if (copier_ != nullptr) {

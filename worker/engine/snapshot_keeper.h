@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,6 +84,7 @@ class SnapshotKeeper {
  private:
   void CommitWardCopy(int ward_rank, std::shared_ptr<Snapshot> copy);
   void NoteCopyFailures();
+  std::vector<uint64_t> HeldPieceKeys() const;
 
   const SnapshotKeeperOptions options_;
   SnapshotGenerations own_{kOwnSnapshotGenerations};

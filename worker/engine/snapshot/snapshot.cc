@@ -94,6 +94,36 @@ absl::Status ManifestFromJson(const std::string& text, SnapshotManifest* out) {
 
 }  // namespace
 
+bool SamePiece(const SnapshotPiece& a, const SnapshotPiece& b) {
+  return a.name == b.name && a.part == b.part && a.shape == b.shape &&
+         a.global_shape == b.global_shape && a.shard_axis == b.shard_axis &&
+         a.shard_offset == b.shard_offset && a.begin == b.begin && a.count == b.count;
+}
+
+uint64_t SnapshotPieceKey(const SnapshotPiece& p) {
+  // FNV-1a over the fields SamePiece compares. A collision could only leave
+  // a piece out that the holder cannot fill: FillBorrowed matches pieces by
+  // SamePiece and refuses, so it is never silent.
+  uint64_t h = 14695981039346656037ULL;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  };
+  auto mix_int = [&mix](int64_t v) { mix(&v, sizeof(v)); };
+  mix(p.name.data(), p.name.size());
+  mix_int(static_cast<int64_t>(p.name.size()));
+  mix_int(p.part);
+  mix_int(static_cast<int64_t>(p.shape.size()));
+  for (int64_t d : p.shape) mix_int(d);
+  mix_int(static_cast<int64_t>(p.global_shape.size()));
+  for (int64_t d : p.global_shape) mix_int(d);
+  mix_int(p.shard_axis);
+  mix_int(p.shard_offset);
+  mix_int(p.begin);
+  mix_int(p.count);
+  return h;
+}
+
 int64_t SnapshotManifest::data_floats() const {
   int64_t end = 0;
   for (const SnapshotPiece& p : pieces) end = std::max(end, p.offset + p.count);
@@ -142,6 +172,7 @@ void Snapshot::Reserve(size_t bytes) {
 
 void Snapshot::Reset(SnapshotManifest manifest) {
   valid_ = false;
+  borrowed_.clear();
   const std::string text = ManifestToJson(manifest).dump();
   const int64_t floats = manifest.data_floats();
   data_offset_ = AlignUp(sizeof(Header) + text.size());
@@ -162,6 +193,7 @@ void Snapshot::Reset(SnapshotManifest manifest) {
 
 std::span<std::byte> Snapshot::PrepareReceive(int64_t bytes) {
   valid_ = false;
+  borrowed_.clear();
   manifest_ = SnapshotManifest{};
   size_ = static_cast<size_t>(std::max<int64_t>(bytes, 0));
   Reserve(std::max<size_t>(size_, 1));
@@ -207,6 +239,31 @@ absl::Status Snapshot::Adopt() {
   data_offset_ = h.data_offset;
   manifest_ = std::move(m);
   valid_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Snapshot::FillBorrowed(const Snapshot& holder) {
+  if (borrowed_.empty()) return absl::OkStatus();
+  if (empty() || holder.empty() || holder.step() != step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot copy of step ", step(), ": its ", borrowed_.size(),
+        " pieces held by the buddy need the buddy's own snapshot of that step, which it does not "
+        "hold", holder.empty() ? "" : absl::StrCat(" (it holds step ", holder.step(), ")")));
+  }
+  const std::vector<SnapshotPiece>& theirs = holder.manifest().pieces;
+  for (size_t i : borrowed_) {
+    const SnapshotPiece& want = manifest_.pieces[i];
+    auto it = std::find_if(theirs.begin(), theirs.end(),
+                           [&](const SnapshotPiece& p) { return SamePiece(p, want); });
+    if (it == theirs.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("snapshot copy of step ", step(), ": piece ", RangeText(want),
+                       " was left out as held by the buddy, whose own snapshot lacks it"));
+    }
+    std::memcpy(data() + want.offset, holder.data() + it->offset,
+                static_cast<size_t>(want.count) * sizeof(float));
+  }
+  borrowed_.clear();
   return absl::OkStatus();
 }
 

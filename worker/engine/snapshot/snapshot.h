@@ -45,6 +45,16 @@ struct SnapshotPiece {
   bool operator==(const SnapshotPiece&) const = default;
 };
 
+// Whether two pieces are the same range of the same global tensor (their
+// place in an image aside). Two ranks' pieces that are the same hold the
+// same floats at the same step: a replicated piece (DP, CP, a TP-replicated
+// norm) is updated alike everywhere, as checkpoints assume when they write
+// it once (ParallelContext::writes_shards).
+bool SamePiece(const SnapshotPiece& a, const SnapshotPiece& b);
+// A 64-bit digest of what SamePiece compares: what a buddy tells its ward it
+// holds, so the ward's copy leaves those pieces out (snapshot_transfer.h).
+uint64_t SnapshotPieceKey(const SnapshotPiece& piece);
+
 // Whose state it is: a restore accepts only its own rank's and layout's.
 struct SnapshotOwner {
   int rank = -1;       // the global rank (-1: not given, not checked)
@@ -90,6 +100,15 @@ class Snapshot {
   absl::Status Adopt();
 
   bool empty() const { return !valid_; }
+  // A buddy's copy whose pieces that the buddy holds itself were left out
+  // (snapshot_transfer.h): their indices, to be filled from the holder's
+  // own snapshot of the same step before the copy is restored or passed on.
+  const std::vector<size_t>& borrowed() const { return borrowed_; }
+  void set_borrowed(std::vector<size_t> pieces) { borrowed_ = std::move(pieces); }
+  // Fills the borrowed pieces from `holder` (a snapshot of the same step
+  // holding the same pieces) and makes the copy whole; FAILED_PRECONDITION
+  // naming the step or the piece that `holder` lacks.
+  absl::Status FillBorrowed(const Snapshot& holder);
   const SnapshotManifest& manifest() const { return manifest_; }
   int64_t step() const { return manifest_.step; }
   // The pieces' floats (piece i at manifest().pieces[i].offset).
@@ -108,6 +127,7 @@ class Snapshot {
   size_t size_ = 0;
   size_t data_offset_ = 0;
   bool valid_ = false;
+  std::vector<size_t> borrowed_;
 };
 
 // Assigns each piece its offset, in order (what Snapshot::Reset expects).

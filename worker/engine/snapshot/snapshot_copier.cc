@@ -85,10 +85,13 @@ void SnapshotCopier::SendToBuddy(std::shared_ptr<const Snapshot> snapshot) {
 }
 
 void SnapshotCopier::ReceiveFromWard(int64_t step, std::shared_ptr<Snapshot> into,
+                                     std::vector<uint64_t> held,
                                      std::function<void(std::shared_ptr<Snapshot>)> done) {
   if (receiver_ == nullptr || into == nullptr) return;
-  receiver_->Post([this, step, into = std::move(into), done = std::move(done)]() mutable {
-    absl::Status status = ReceiveSnapshot(*ring_.from_ward, step, into.get(), options_);
+  receiver_->Post([this, step, into = std::move(into), held = std::move(held),
+                   done = std::move(done)]() mutable {
+    absl::Status status =
+        ReceiveSnapshot(*ring_.from_ward, step, into.get(), options_, nullptr, held);
     if (status.ok() && done) done(std::move(into));
     std::lock_guard<std::mutex> lock(mu_);
     last_receive_ = std::move(status);

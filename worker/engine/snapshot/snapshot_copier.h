@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "worker/comm/communicator.h"
@@ -37,8 +38,10 @@ class SnapshotCopier {
   // Sends the snapshot to the buddy in the background.
   void SendToBuddy(std::shared_ptr<const Snapshot> snapshot);
   // Receives the ward's snapshot of `step` into `into` in the background and
-  // hands it to `done` (on the copier's thread) once acknowledged.
-  void ReceiveFromWard(int64_t step, std::shared_ptr<Snapshot> into,
+  // hands it to `done` (on the copier's thread) once acknowledged. `held`:
+  // the keys of the pieces this rank holds itself, which the ward leaves out
+  // when the options say so (snapshot_transfer.h).
+  void ReceiveFromWard(int64_t step, std::shared_ptr<Snapshot> into, std::vector<uint64_t> held,
                        std::function<void(std::shared_ptr<Snapshot>)> done);
   // Waits until no copy is in flight in either direction.
   void WaitIdle();

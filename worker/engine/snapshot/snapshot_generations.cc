@@ -48,6 +48,14 @@ std::shared_ptr<const Snapshot> SnapshotGenerations::Find(int64_t step) const {
   return nullptr;
 }
 
+std::shared_ptr<Snapshot> SnapshotGenerations::FindWritable(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& s : complete_) {
+    if (s->step() == step) return s;
+  }
+  return nullptr;
+}
+
 int64_t SnapshotGenerations::newest_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return complete_.empty() ? 0 : complete_.back()->size_bytes();

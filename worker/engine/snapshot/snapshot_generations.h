@@ -34,6 +34,8 @@ class SnapshotGenerations {
   std::vector<int64_t> Steps() const;
   // The complete snapshot of `step`, or null.
   std::shared_ptr<const Snapshot> Find(int64_t step) const;
+  // The same, to complete it in place (Snapshot::FillBorrowed).
+  std::shared_ptr<Snapshot> FindWritable(int64_t step);
   // Bytes of the newest complete snapshot (0: none).
   int64_t newest_bytes() const;
   // Forgets the complete snapshots after `step` (a rollback to it).

@@ -8,9 +8,18 @@
 // peer died, the pair group was aborted) fails on both sides; the receiver's
 // buffer is then not a snapshot (Snapshot::empty) and the caller keeps its
 // previous complete one (snapshot_generations.h).
+//
+// A buddy copy leaves out what the buddy already holds: before it, the
+// receiver names the pieces of its own snapshot (SnapshotPieceKey), the
+// sender sends the image's header and manifest and only the other pieces'
+// floats, and the received copy marks the left-out pieces as borrowed, to be
+// filled from the buddy's own snapshot of the same step when the copy is
+// used (Snapshot::FillBorrowed). Under data parallelism the replicated
+// pieces (ZeRO-0's whole state, ZeRO-1's and -2's weights) never travel.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 #include "worker/comm/communicator.h"
@@ -25,6 +34,9 @@ struct SnapshotTransferOptions {
   // chunks, acknowledgement), so a buddy copy and a restore copy never match
   // each other's messages.
   uint32_t tag = 0x5000;
+  // Both ends of a stream set it alike: the receiver names what it holds
+  // and the sender leaves it out (buddy copies).
+  bool leave_out_held = false;
 };
 inline constexpr uint32_t kBuddyCopyTag = 0x5000;
 inline constexpr uint32_t kRestoreCopyTag = 0x5010;
@@ -43,9 +55,12 @@ absl::Status SendSnapshot(comm::Communicator& pair, int64_t step, const Snapshot
 
 // Receives the other member's snapshot of `step` into `into` (its buffer is
 // reused), parses it, checks its step, and acknowledges it. NOT_FOUND when
-// the sender holds none; DATA_LOSS for an image that does not parse.
+// the sender holds none; DATA_LOSS for an image that does not parse. With
+// options.leave_out_held, `held` are the keys (SnapshotPieceKey) of the
+// pieces this rank holds itself, which the sender leaves out.
 absl::Status ReceiveSnapshot(comm::Communicator& pair, int64_t step, Snapshot* into,
                              const SnapshotTransferOptions& options,
-                             SnapshotTransferStats* stats = nullptr);
+                             SnapshotTransferStats* stats = nullptr,
+                             std::span<const uint64_t> held = {});
 
 }  // namespace loom::engine
