@@ -4,7 +4,9 @@
 // counters, progress), the rendezvous timeout, and Abort. With two or more:
 // ranks as threads, one device each, against values computed here, plus a
 // peer that never joins a collective (the watchdog's timeout) and an exchange
-// whose sends and receives are posted before either is waited on.
+// whose sends and receives are posted before either is waited on. With one
+// GPU, too: a collective's time is the device's, not the host's wait, which
+// also holds the kernels queued before it (the straggler detector's input).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@
 
 #include "worker/comm/in_process_store.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/timed_communicator.h"
 
 namespace loom::comm {
 namespace {
@@ -123,6 +126,51 @@ TEST(NcclCommunicator, GroupOfOneRunsEveryOperation) {
   const CommProgress p = comm.Progress();
   EXPECT_EQ(p.issued, p.completed);
   EXPECT_TRUE(p.current_op.empty());
+}
+
+// The compute stream is held for 300 ms by a host function before the
+// collective (as a slow rank's kernels would hold it): the host waits that
+// long, the collective itself runs in well under it on the device, and the
+// collective clock records the device's time.
+TEST(NcclCommunicator, ACollectiveIsTimedOnTheDeviceNotByTheHostsWait) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&compute), cudaSuccess);
+  InProcessStore store;
+  NcclOptions options = Options(0, 1);
+  options.compute_stream = compute;
+  auto made = CreateNcclCommunicator(store, options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto clock = std::make_shared<CollectiveClock>();
+  TimedCommunicator comm(std::move(*made), clock);
+  DeviceFloats a({1, 2, 3});
+  clock->BeginStep(absl::Now());
+  ASSERT_EQ(cudaLaunchHostFunc(
+                compute,
+                [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                nullptr),
+            cudaSuccess);
+  const absl::Time before = absl::Now();
+  ASSERT_TRUE(comm.AllReduce(a.span()).ok());
+  const absl::Duration host = absl::Now() - before;
+  const std::optional<absl::Duration> device = comm.LastDeviceTime();
+  ASSERT_TRUE(device.has_value());
+  EXPECT_GE(host, absl::Milliseconds(250));
+  EXPECT_LT(*device, host / 2) << "the device time held the queued host function";
+  const StepCollectives s = clock->Summary();
+  EXPECT_EQ(s.blocked, *device);
+  // An asynchronous call the same way.
+  ASSERT_EQ(cudaLaunchHostFunc(
+                compute,
+                [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                nullptr),
+            cudaSuccess);
+  std::unique_ptr<Work> w = comm.AllReduceAsync(a.span());
+  ASSERT_TRUE(w->Wait().ok());
+  const StepCollectives t = clock->Summary();
+  EXPECT_LT(t.blocked, absl::Milliseconds(250));
+  cudaStreamSynchronize(compute);
+  cudaStreamDestroy(compute);
 }
 
 TEST(NcclCommunicator, RendezvousTimesOutWhenRankZeroNeverComes) {

@@ -3,7 +3,7 @@ coordinator, agents and four CPU trainers (dp 4) on loopback.
 
 * One rank slowed from outside: the test stops its process for 150 ms of
   every 500 ms (SIGSTOP/SIGCONT). `loomctl status` names it (the issue asks
-  within 20 steps; held here to 150, see the assertion)
+  within 20 steps; held here to 40, see the assertion)
   as the straggler (its place, node and how much it slows the job), the
   history records it, loom_rank_straggler_score is high for it and normal
   for the others.
@@ -144,21 +144,28 @@ class Stragglers(unittest.TestCase):
         self.assertEqual(m.group(3), "node-a")
         self.assertGreater(float(m.group(4)), 1.15)
         self.assertGreater(int(m.group(6)), 0)
-        # Issue 28 asks for 20 steps; the detector's window is counted in steps
-        # while the slowing follows the wall clock, so it is named after 15–35
-        # steps on a quiet machine and once after 108 in CI under parallel
-        # tests (docs/observability.md, the measured runs). Until that is
-        # fixed, the test holds it to 150 of the job's 2,000 steps: named, not
-        # merely eventually.
-        self.assertLessEqual(int(m.group(7)) - before, 150, f"named at step {m.group(7)}")
+        # Issue 28 asks for 20 steps. With the stall watch (a stop that falls
+        # in a collective counts as the rank's own time) it was named 7 to 16
+        # steps after the slowing in 22 of 22 runs here (docs/observability.md);
+        # the test allows twice the goal, since a loaded CI machine stretches
+        # steps unevenly.
+        self.assertLessEqual(int(m.group(7)) - before, 40, f"named at step {m.group(7)}")
         self.assertRegex(history(status), rf"rank {SLOWED} \S+ on node node-a is a straggler")
-        # The test runs alone (RUN_SERIAL): under another test's load the
-        # slowed rank's gauge once read 1.1 a moment after its naming.
-        scores = {r: c.metric_value("loom_rank_straggler_score", job=job, rank=r) for r in range(4)}
-        print(f"scores: {scores}")
-        self.assertGreater(scores[SLOWED], 3)
+        # The gauge follows each step's window, so one reading may catch the
+        # slowed rank between two stops (2.9 once, a moment after its naming)
+        # or a peer in a hiccup: six readings, half a second apart. The slowed
+        # rank goes over 3 and stays the highest; the others stay under it.
+        samples = {r: [] for r in range(4)}
+        for _ in range(6):
+            for r in range(4):
+                samples[r].append(c.metric_value("loom_rank_straggler_score", job=job, rank=r))
+            time.sleep(0.5)
+        print(f"scores: {samples}")
+        median = {r: sorted(v)[len(v) // 2] for r, v in samples.items()}
+        self.assertGreater(max(samples[SLOWED]), 3, samples)
         for r in (0, 1, 3):
-            self.assertLess(scores[r], 3, f"rank {r}")
+            self.assertLess(median[r], 3, f"rank {r}: {samples[r]}")
+            self.assertLess(median[r], median[SLOWED], f"rank {r}: {samples}")
         slower.stop()
         c.loomctl("cancel", job)
         c.wait_state(job, {"CANCELLED"}, timeout=60)

@@ -3,11 +3,25 @@
 #include <algorithm>
 
 namespace loom::comm {
+namespace {
+
+constexpr size_t kMaxBlockedSpans = 4096;
+constexpr size_t kMaxStalls = 256;
+
+}  // namespace
 
 void CollectiveClock::BeginStep(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
   step_start_ = now;
   ops_.clear();
+  blocked_spans_.clear();
+  stalls_.clear();
+}
+
+void CollectiveClock::RecordStall(absl::Time from, absl::Time to) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step_start_ == absl::InfinitePast() || to <= from || stalls_.size() >= kMaxStalls) return;
+  stalls_.emplace_back(std::max(from, step_start_), to);
 }
 
 void CollectiveClock::set_observer(CallObserver observer) {
@@ -44,6 +58,16 @@ bool CollectiveClock::RecordLocked(const std::string& group, const char* op, abs
   s.blocked += blocked;
   s.first_arrival = std::min(s.first_arrival, arrival);
   s.last_arrival = std::max(s.last_arrival, arrival);
+  const Span span{std::max(entered, step_start_), entered + blocked};
+  if (span.second > span.first) {
+    if (!blocked_spans_.empty() && span.first <= blocked_spans_.back().second &&
+        span.second >= blocked_spans_.back().first) {
+      Span& last = blocked_spans_.back();
+      last = {std::min(last.first, span.first), std::max(last.second, span.second)};
+    } else if (blocked_spans_.size() < kMaxBlockedSpans) {
+      blocked_spans_.push_back(span);
+    }
+  }
   return true;
 }
 
@@ -56,6 +80,19 @@ StepCollectives CollectiveClock::Summary(absl::Time now) const {
     out.blocked += s.blocked;
     out.ops.push_back(s);
   }
+  for (const Span& stall : stalls_) {
+    const absl::Time end = std::min(stall.second, now);
+    if (end <= stall.first) continue;
+    out.stalled += end - stall.first;
+    for (const Span& b : blocked_spans_) {
+      const absl::Time from = std::max(stall.first, b.first);
+      const absl::Time to = std::min(end, b.second);
+      if (to > from) out.stalled_while_blocked += to - from;
+    }
+  }
+  // Spans of asynchronous calls may overlap earlier ones: never more than
+  // the time blocked.
+  out.stalled_while_blocked = std::min({out.stalled_while_blocked, out.blocked, out.stalled});
   return out;
 }
 

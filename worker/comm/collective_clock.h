@@ -32,6 +32,12 @@ struct StepCollectives {
   absl::Duration elapsed;  // since BeginStep
   absl::Duration blocked;  // all groups together
   std::vector<CollectiveSummary> ops;  // by group, then operation
+  // Time the process could not run at all (stall_watch.h), and the part of
+  // it that fell while a collective blocked this rank: its peers waited for
+  // a rank that was stopped, not for the network, so that part is the
+  // rank's own time, not time blocked.
+  absl::Duration stalled;
+  absl::Duration stalled_while_blocked;
 };
 
 class CollectiveClock {
@@ -51,6 +57,8 @@ class CollectiveClock {
                                           absl::Time entered, absl::Duration blocked,
                                           int64_t bytes)>;
   void set_observer(CallObserver observer);
+  // The process could not run from `from` to `to` (stall_watch.h).
+  void RecordStall(absl::Time from, absl::Time to);
   // What was recorded since BeginStep, as of `now`.
   StepCollectives Summary(absl::Time now = absl::Now()) const;
 
@@ -62,6 +70,11 @@ class CollectiveClock {
   mutable std::mutex mu_;
   absl::Time step_start_ = absl::InfinitePast();
   std::map<std::pair<std::string, std::string>, CollectiveSummary> ops_;
+  // This step's blocked spans (adjacent or overlapping ones merged) and
+  // stalls, bounded: beyond the bounds a stall's overlap is undercounted.
+  using Span = std::pair<absl::Time, absl::Time>;
+  std::vector<Span> blocked_spans_;
+  std::vector<Span> stalls_;
   CallObserver observer_;
 };
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -41,6 +42,12 @@ class Work {
   virtual ~Work() = default;
   // Blocks until done (or the timeout passes); safe to call more than once.
   virtual absl::Status Wait() = 0;
+  // Where the operation runs on a device (NCCL): once Wait returned OK, how
+  // long it ran there, from when the device reached it (the caller's earlier
+  // kernels done) to its end: the time it waited for its peers and moved
+  // the data, measured with events. Elsewhere nullopt: the host's wait is
+  // the measure.
+  virtual std::optional<absl::Duration> DeviceTime() const { return std::nullopt; }
 };
 
 // A Work that is already finished, for implementations that complete inline.
@@ -127,6 +134,9 @@ class Communicator {
   virtual void Abort(const std::string& reason) {}
 
   virtual CommProgress Progress() const { return {}; }
+  // Work::DeviceTime of the last synchronous call the calling thread made
+  // on this group (nullopt where there is none, or no device).
+  virtual std::optional<absl::Duration> LastDeviceTime() const { return std::nullopt; }
 };
 
 }  // namespace loom::comm

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -39,7 +40,11 @@ struct Pending {
   std::vector<Transfer> transfers;  // point-to-point batches only
   bool launched = false;            // guarded by launch_mu_
   absl::Time start;
+  // Timing events around the operation on the group's stream: started when
+  // the stream reaches it (the caller's earlier kernels done), done at its end.
+  cudaEvent_t started = nullptr;
   cudaEvent_t done = nullptr;
+  std::optional<absl::Duration> device_time;  // guarded by mu_; set when finished OK
   bool finished = false;  // guarded by mu_
   absl::Status status;    // guarded by mu_
 };
@@ -51,11 +56,20 @@ class NcclWork : public Work {
   NcclWork(NcclCommunicator* comm, std::shared_ptr<Pending> p) : comm_(comm), p_(std::move(p)) {}
   ~NcclWork() override { (void)Wait(); }  // the operation still uses the caller's buffer
   absl::Status Wait() override;
+  std::optional<absl::Duration> DeviceTime() const override;
 
  private:
   NcclCommunicator* comm_;
   std::shared_ptr<Pending> p_;
 };
+
+// The device time of the last synchronous call of each thread, and on which
+// group (Communicator::LastDeviceTime).
+struct LastSync {
+  const void* group = nullptr;
+  std::optional<absl::Duration> device_time;
+};
+thread_local LastSync last_sync_;
 
 class NcclCommunicator : public Communicator {
  public:
@@ -93,8 +107,14 @@ class NcclCommunicator : public Communicator {
         ncclCommAbort(comm_);
       }
     }
-    for (auto& p : in_flight_) cudaEventDestroy(p->done);
-    for (auto& p : aborted_in_flight_) cudaEventDestroy(p->done);
+    for (auto& p : in_flight_) {
+      cudaEventDestroy(p->done);
+      if (p->started != nullptr) cudaEventDestroy(p->started);
+    }
+    for (auto& p : aborted_in_flight_) {
+      cudaEventDestroy(p->done);
+      if (p->started != nullptr) cudaEventDestroy(p->started);
+    }
     cudaFree(scratch_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
@@ -105,7 +125,7 @@ class NcclCommunicator : public Communicator {
   const std::string& name() const override { return name_; }
 
   absl::Status AllReduce(std::span<float> data, ReduceOp op) override {
-    return AllReduceAsync(data, op)->Wait();
+    return WaitSync(AllReduceAsync(data, op));
   }
   std::unique_ptr<Work> AllReduceAsync(std::span<float> data, ReduceOp op) override {
     const ncclRedOp_t red = op == ReduceOp::kMax ? ncclMax : ncclSum;
@@ -121,13 +141,13 @@ class NcclCommunicator : public Communicator {
                      absl::StrCat("in.size() (", in.size(), ") must equal out.size() (", out.size(),
                                   ") times the group size (", size_, ")"));
     }
-    return Launch("reduce_scatter", traffic::ReduceScatterBytes(Bytes(in.size()), size_),
+    return WaitSync(Launch("reduce_scatter", traffic::ReduceScatterBytes(Bytes(in.size()), size_),
                   Bytes(in.size()), in.empty(),
                   [&] {
                     return ncclReduceScatter(in.data(), out.data(), out.size(), ncclFloat, ncclSum,
                                              comm_, stream_);
                   })
-        ->Wait();
+        );
   }
   absl::Status AllGather(std::span<const float> in, std::span<float> out) override {
     if (out.size() != in.size() * static_cast<size_t>(size_)) {
@@ -135,32 +155,32 @@ class NcclCommunicator : public Communicator {
                      absl::StrCat("out.size() (", out.size(), ") must equal in.size() (", in.size(),
                                   ") times the group size (", size_, ")"));
     }
-    return Launch("all_gather", traffic::AllGatherBytes(Bytes(in.size()), size_), Bytes(out.size()),
+    return WaitSync(Launch("all_gather", traffic::AllGatherBytes(Bytes(in.size()), size_), Bytes(out.size()),
                   in.empty(),
                   [&] {
                     return ncclAllGather(in.data(), out.data(), in.size(), ncclFloat, comm_,
                                          stream_);
                   })
-        ->Wait();
+        );
   }
   absl::Status Broadcast(std::span<float> data, int root) override {
     if (root < 0 || root >= size_) {
       return Invalid("broadcast",
                      absl::StrCat("root ", root, " is not a rank of the group of ", size_));
     }
-    return Launch("broadcast", traffic::BroadcastBytes(Bytes(data.size()), size_, rank_, root),
+    return WaitSync(Launch("broadcast", traffic::BroadcastBytes(Bytes(data.size()), size_, rank_, root),
                   Bytes(data.size()), data.empty(),
                   [&] {
                     return ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root,
                                          comm_, stream_);
                   })
-        ->Wait();
+        );
   }
   absl::Status Send(std::span<const float> data, int peer, uint32_t tag) override {
-    return SendAsync(data, peer, tag)->Wait();
+    return WaitSync(SendAsync(data, peer, tag));
   }
   absl::Status Recv(std::span<float> data, int peer, uint32_t tag) override {
-    return RecvAsync(data, peer, tag)->Wait();
+    return WaitSync(RecvAsync(data, peer, tag));
   }
   std::unique_ptr<Work> SendAsync(std::span<const float> data, int peer, uint32_t tag) override {
     return Post(true, const_cast<float*>(data.data()), data.size(), peer);
@@ -172,15 +192,22 @@ class NcclCommunicator : public Communicator {
     std::lock_guard<std::mutex> lock(launch_mu_);
     FlushLocked();
   }
+  std::optional<absl::Duration> DeviceTimeOf(const Pending& p) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return p.finished && p.status.ok() ? p.device_time : std::nullopt;
+  }
+  std::optional<absl::Duration> LastDeviceTime() const override {
+    return last_sync_.group == this ? last_sync_.device_time : std::nullopt;
+  }
   absl::Status AllToAll(std::span<const float> in, const std::vector<int64_t>& send_counts,
                         std::span<float> out, const std::vector<int64_t>& recv_counts) override;
   absl::Status AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) override;
   absl::Status Barrier() override {
-    return Launch("barrier", 0, 0, false,
+    return WaitSync(Launch("barrier", 0, 0, false,
                   [&] {
                     return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_);
                   })
-        ->Wait();
+        );
   }
 
   CommStats Stats() const override {
@@ -294,6 +321,8 @@ class NcclCommunicator : public Communicator {
     cudaSetDevice(device_);
     cudaError_t e = cudaEventRecord(ready_, compute_);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, ready_, 0);
+    if (e == cudaSuccess) e = cudaEventCreate(&p->started);
+    if (e == cudaSuccess) e = cudaEventRecord(p->started, stream_);
     if (e != cudaSuccess)
       status = absl::InternalError(absl::StrCat("group ", name_, ": ", p->op, ": ", CudaText(e)));
     if (status.ok()) {
@@ -307,13 +336,17 @@ class NcclCommunicator : public Communicator {
       }
     }
     if (status.ok()) {
-      e = cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming);
+      e = cudaEventCreate(&p->done);  // timed: DeviceTime
       if (e == cudaSuccess) e = cudaEventRecord(p->done, stream_);
       if (e != cudaSuccess)
         status = absl::InternalError(absl::StrCat("group ", name_, ": ", p->op, ": ", CudaText(e)));
     }
     p->start = absl::Now();
     if (!status.ok()) {
+      // Never in flight: its events are this call's to free.
+      if (p->started != nullptr) cudaEventDestroy(p->started);
+      if (p->done != nullptr) cudaEventDestroy(p->done);
+      p->started = p->done = nullptr;
       Fail(status);
       std::lock_guard<std::mutex> lock(mu_);
       p->finished = true;
@@ -323,6 +356,14 @@ class NcclCommunicator : public Communicator {
     }
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.push_back(p);
+  }
+
+  // A synchronous call: waits for its operation and keeps its device time
+  // for LastDeviceTime.
+  absl::Status WaitSync(std::unique_ptr<Work> work) {
+    absl::Status status = work->Wait();
+    last_sync_ = {this, status.ok() ? work->DeviceTime() : std::nullopt};
+    return status;
   }
 
   void Count(const Pending& p) {  // mu_ held
@@ -345,6 +386,10 @@ class NcclCommunicator : public Communicator {
       ++completed_;
       if (e == cudaSuccess) {
         p->status = absl::OkStatus();
+        float ms = 0;
+        if (p->started != nullptr && cudaEventElapsedTime(&ms, p->started, p->done) == cudaSuccess) {
+          p->device_time = absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+        }
         Count(*p);
       } else {
         p->status =
@@ -353,6 +398,8 @@ class NcclCommunicator : public Communicator {
       }
       cudaEventDestroy(p->done);
       p->done = nullptr;
+      if (p->started != nullptr) cudaEventDestroy(p->started);
+      p->started = nullptr;
       in_flight_.pop_front();
     }
   }
@@ -416,6 +463,8 @@ absl::Status NcclWork::Wait() {
   }
   return comm_->WaitFor(p_);
 }
+
+std::optional<absl::Duration> NcclWork::DeviceTime() const { return comm_->DeviceTimeOf(*p_); }
 
 absl::Status NcclCommunicator::WaitFor(const std::shared_ptr<Pending>& p) {
   // The watchdog enforces the timeout; this bound only guards against a
@@ -492,7 +541,7 @@ absl::Status NcclCommunicator::AllToAll(std::span<const float> in,
                                               " non-negative entries summing to in.size() (",
                                               in.size(), ") and out.size() (", out.size(), ")"));
   }
-  return Launch("all_to_all", traffic::AllToAllBytes(send_counts, rank_, kFloatBytes),
+  return WaitSync(Launch("all_to_all", traffic::AllToAllBytes(send_counts, rank_, kFloatBytes),
                 Bytes(in.size()), false,
                 [&] {
                   ncclGroupStart();
@@ -511,7 +560,7 @@ absl::Status NcclCommunicator::AllToAll(std::span<const float> in,
                   }
                   return ncclGroupEnd();
                 })
-      ->Wait();
+      );
 }
 
 absl::Status NcclCommunicator::AllToAllInt64(std::span<const int64_t> in, std::span<int64_t> out) {
@@ -523,7 +572,7 @@ absl::Status NcclCommunicator::AllToAllInt64(std::span<const int64_t> in, std::s
   }
   const size_t chunk = in.size() / n;
   const std::vector<int64_t> counts(n, static_cast<int64_t>(chunk));
-  return Launch("all_to_all_int64",
+  return WaitSync(Launch("all_to_all_int64",
                 traffic::AllToAllBytes(counts, rank_, static_cast<int64_t>(sizeof(int64_t))),
                 static_cast<int64_t>(in.size_bytes()), in.empty(),
                 [&] {
@@ -536,7 +585,7 @@ absl::Status NcclCommunicator::AllToAllInt64(std::span<const int64_t> in, std::s
                   }
                   return ncclGroupEnd();
                 })
-      ->Wait();
+      );
 }
 
 }  // namespace

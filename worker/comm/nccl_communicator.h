@@ -10,8 +10,9 @@
 //
 // Streams: every operation runs on the communicator's own stream, after the
 // work already issued to `compute_stream` (an event recorded there is waited
-// on), and records a completion event; Work::Wait blocks the host until that
-// event, so the caller's later kernels see the result. Computation issued
+// on), between two timing events (the stream reaching it, its completion);
+// Work::Wait blocks the host until the second, so the caller's later kernels
+// see the result, and Work::DeviceTime is the time between them. Computation issued
 // between posting an async operation and waiting for it overlaps with it.
 //
 // Failures: a watchdog thread polls ncclCommGetAsyncError and the oldest

@@ -20,7 +20,10 @@ class TimedWork final : public Work {
     absl::Status status = inner_->Wait();
     if (!recorded_) {
       recorded_ = true;
-      clock_->Record(group_, op_, entered_, absl::Now() - begin, bytes_);
+      // On a device its own measure: the host's wait also holds the
+      // caller's kernels queued before it.
+      const std::optional<absl::Duration> device = status.ok() ? inner_->DeviceTime() : std::nullopt;
+      clock_->Record(group_, op_, entered_, device.value_or(absl::Now() - begin), bytes_);
     }
     return status;
   }
@@ -49,7 +52,10 @@ template <typename Fn>
 absl::Status TimedCommunicator::Timed(const char* op, int64_t bytes, Fn&& fn) {
   const absl::Time entered = absl::Now();
   absl::Status status = fn();
-  clock_->Record(inner_->name(), op, entered, absl::Now() - entered, bytes);
+  const absl::Duration host = absl::Now() - entered;
+  const std::optional<absl::Duration> device =
+      status.ok() ? inner_->LastDeviceTime() : std::nullopt;
+  clock_->Record(inner_->name(), op, entered, device.value_or(host), bytes);
   return status;
 }
 

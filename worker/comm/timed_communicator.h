@@ -3,8 +3,9 @@
 // the caller arrived at it, and otherwise is the group it wraps. The
 // straggler detector reads these times (docs/observability.md): the rank
 // that arrives last at a collective is blocked least, its peers the longest.
-// On a GPU group the time is the host's (enqueue and the communicator's own
-// waits), not the device's.
+// On a GPU group the time is the device's (Work::DeviceTime, NCCL's events
+// around the operation on its stream): the host's wait would also hold the
+// rank's own kernels queued before the collective.
 #pragma once
 
 #include <memory>
@@ -40,6 +41,9 @@ class TimedCommunicator final : public Communicator {
   std::unique_ptr<Work> RecvAsync(std::span<float> data, int peer, uint32_t tag) override;
   void Abort(const std::string& reason) override { inner_->Abort(reason); }
   CommProgress Progress() const override { return inner_->Progress(); }
+  std::optional<absl::Duration> LastDeviceTime() const override {
+    return inner_->LastDeviceTime();
+  }
 
  private:
   template <typename Fn>

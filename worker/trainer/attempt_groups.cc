@@ -34,6 +34,8 @@ absl::Status BuildAttemptGroups(const loom::v1::RankAssignment& a, comm::Store& 
                                 comm::CommunicatorSet& set, AttemptGroups* out) {
   *out = AttemptGroups{};
   out->clock = std::make_shared<comm::CollectiveClock>();
+  out->stall_watch = std::make_shared<comm::StallWatch>(
+      [clock = out->clock](absl::Time from, absl::Time to) { clock->RecordStall(from, to); });
   auto group = [&](const std::string& axis, comm::Communicator** slot) -> absl::Status {
     absl::StatusOr<std::vector<int>> members = AssignmentGroupMembers(a, axis);
     if (!members.ok()) return members.status();

@@ -19,6 +19,7 @@
 #include "worker/comm/collective_clock.h"
 #include "worker/comm/communicator_set.h"
 #include "worker/comm/pair_groups.h"
+#include "worker/comm/stall_watch.h"
 #include "worker/comm/store.h"
 
 namespace loom::trainer {
@@ -35,6 +36,8 @@ struct AttemptGroups {
   // The training groups' collective times (timed_communicator.h); the pair
   // groups' snapshot copies run beside the steps and are not timed.
   std::shared_ptr<comm::CollectiveClock> clock;
+  // Tells the clock when the process could not run (stall_watch.h).
+  std::shared_ptr<comm::StallWatch> stall_watch;
 
   // The training groups, for the rank's health reports.
   std::vector<comm::Communicator*> training() const;

@@ -6,9 +6,11 @@ namespace loom::trainer {
 
 void SetTiming(const comm::StepCollectives& c, loom::v1::StepTiming* out) {
   out->Clear();
-  const double blocked = absl::ToDoubleSeconds(c.blocked);
+  // A stall while blocked held the peers up: the rank's own time.
+  const double blocked = absl::ToDoubleSeconds(c.blocked - c.stalled_while_blocked);
   out->set_compute_seconds(std::max(0.0, absl::ToDoubleSeconds(c.elapsed) - blocked));
-  out->set_wait_seconds(blocked);
+  out->set_wait_seconds(std::max(0.0, blocked));
+  out->set_stalled_seconds(absl::ToDoubleSeconds(c.stalled));
   for (const comm::CollectiveSummary& s : c.ops) {
     loom::v1::CollectiveTiming& t = *out->add_collectives();
     t.set_group(s.group);
