@@ -163,6 +163,9 @@ absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int
     held_ward = ward_rank_;
     if (ward_rank_ == owner) copy = ward_.FindWritable(step);
   }
+  SnapshotTransferOptions transfer;
+  transfer.chunk_bytes = options_.chunk_bytes;
+  transfer.tag = kRestoreCopyTag;
   // The pieces this rank holds itself were left out of the copy: they come
   // from its own snapshot of the same step (no copy is in flight now).
   if (copy != nullptr && !copy->borrowed().empty()) {
@@ -174,16 +177,10 @@ absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int
                                     "'s copy of step ", step,
                                     " without its own snapshot of that step to complete it"));
     if (!filled.ok()) {
-      SnapshotTransferOptions transfer;
-      transfer.chunk_bytes = options_.chunk_bytes;
-      transfer.tag = kRestoreCopyTag;
       (void)SendSnapshot(pair, step, nullptr, transfer);  // tells the peer: none
       return filled;
     }
   }
-  SnapshotTransferOptions transfer;
-  transfer.chunk_bytes = options_.chunk_bytes;
-  transfer.tag = kRestoreCopyTag;
   absl::Status sent = SendSnapshot(pair, step, copy.get(), transfer);
   if (!sent.ok() && copy == nullptr) {
     return absl::FailedPreconditionError(
