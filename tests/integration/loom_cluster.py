@@ -326,23 +326,29 @@ class Cluster:
                                  f"{result.stdout}\n{result.stderr}")
         return result
 
+    def log_tails(self, lines=30):
+        """The last lines of the coordinator's and every agent's log."""
+        return "".join(f"\n--- {name} (last {lines} lines) ---\n" +
+                       "\n".join(self.log(name).splitlines()[-lines:])
+                       for name in ["coordinator.log"] + [f"{n}.log" for n in self.agents])
+
     def wait_state(self, job_id, states, timeout=120):
-        """Waits until the job is in one of states and returns that state."""
-        wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
+        """Waits until the job is in one of states and returns that state; a
+        timeout fails the test with the job's status and the logs' tails, so
+        that a failure seen only in CI says why."""
+        try:
+            wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
+        except AssertionError as timed_out:
+            raise AssertionError(f"{timed_out}:\n{self.status(job_id)}{self.log_tails()}") from None
         return self.state(job_id)
 
     def expect_end(self, job_id, states, expected, timeout=120):
         """Waits as wait_state; a state other than expected fails the test
-        with the job's status and the tails of the coordinator's and agents'
-        logs, so that a failure seen only in CI says why."""
+        with the job's status and the logs' tails."""
         state = self.wait_state(job_id, states, timeout)
         if state != expected:
-            tails = "".join(
-                f"\n--- {name} (last 30 lines) ---\n" +
-                "\n".join(self.log(name).splitlines()[-30:])
-                for name in ["coordinator.log"] + [f"{n}.log" for n in self.agents])
             raise AssertionError(f"{job_id} reached {state}, not {expected}:\n"
-                                 f"{self.status(job_id)}{tails}")
+                                 f"{self.status(job_id)}{self.log_tails()}")
         return state
 
     def write_spec(self, name, text):

@@ -323,8 +323,12 @@ class AdversarialBounds(unittest.TestCase):
                             grpc.StatusCode.PERMISSION_DENIED, "already has a live session")
         nodes = self.jobs.ListNodes(job_pb2.ListNodesRequest(), timeout=10).nodes
         self.assertTrue(all(n.live and n.hostname != "attacker" for n in nodes))
-        job = self.cluster.submit(small_job("after-impostor", ranks=2), name="after")
-        wait_until(lambda: self.cluster.state(job) == "SUCCEEDED", 120, "a job to run on node-a")
+        # Restarts allowed: on the saturated CI machine the 3 s node timeout
+        # can lose node-a for a moment (it comes back live; CI saw the old,
+        # restartless job fail that way once), which is not what this checks.
+        job = self.cluster.submit(tiny_job("after-impostor", ranks=2, steps=4, eval_interval=0,
+                                           ckpt_interval=0, max_restarts=3), name="after")
+        self.cluster.expect_end(job, ("SUCCEEDED", "FAILED", "CANCELLED"), "SUCCEEDED")
 
     def test_99_liveness_throughout(self):
         self.sampler.stop()
