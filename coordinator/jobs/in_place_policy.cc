@@ -138,6 +138,18 @@ absl::StatusOr<InPlaceDecision> PlanRelaunch(const InPlaceRequest& request) {
                                  .nodes = request.nodes,
                                  .avoid = request.avoid};
   RelaunchPlacement placed = PlaceRelaunchedRanks(where);
+  if (!placed.ok() && request.spill_when_no_room) {
+    InPlaceDecision spill = WholeJob(std::move(placed.error));
+    spill.spill = true;
+    spill.newest_step = request.newest_step;
+    for (int64_t rank : failed) {
+      Relaunch& r = spill.relaunched.emplace_back();
+      r.rank = rank;
+      r.from = r.to = request.placement[rank];
+      r.peer = ring.BuddyOf(rank);
+    }
+    return spill;
+  }
   if (!placed.ok()) return WholeJob(std::move(placed.error));
 
   InPlaceDecision decision;
@@ -158,7 +170,7 @@ absl::StatusOr<InPlaceDecision> PlanRelaunch(const InPlaceRequest& request) {
 
 absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
   absl::StatusOr<InPlaceDecision> decision = PlanRelaunch(request);
-  if (!decision.ok() || !decision->in_place) return decision;
+  if (!decision.ok() || (!decision->in_place && !decision->spill)) return decision;
   const int64_t world = static_cast<int64_t>(request.placement.size());
 
   // Every survivor must have left its collectives and said what it holds.

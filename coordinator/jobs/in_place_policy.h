@@ -14,6 +14,9 @@
 //  * DecideInPlace once every survivor reported "aborted" (or the abort
 //    deadline passed): the same checks on the devices of that moment, plus
 //    the restore step from the survivors' SnapshotHoldings.
+// With no room for the failed ranks a job that may shrink is not killed at
+// once either: both calls answer "spill", and the restore step is written as
+// a checkpoint step for the whole job's restart (InPlaceDecision::spill).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +60,12 @@ struct InPlaceRequest {
   std::set<int64_t> not_exited;
   // The newest step the job reported before the failure (Job.last_progress).
   int64_t newest_step = 0;
+  // The job may go on re-planned onto fewer devices (fault_tolerance.min_ranks
+  // and a checkpoint directory): when the failed ranks find no room, the
+  // survivors still abort and report, and write the restore step they and
+  // the failed ranks' buddies hold as a checkpoint step (a spill) for the
+  // smaller layout to start from, instead of being killed at once.
+  bool spill_when_no_room = false;
 };
 
 // One relaunched rank.
@@ -70,6 +79,13 @@ struct Relaunch {
 
 struct InPlaceDecision {
   bool in_place = false;
+  // No room for the failed ranks, and the request allows a spill: the
+  // survivors write their snapshots of restore_step (and the buddies their
+  // failed wards' copies) as a checkpoint step and the whole job restarts
+  // from it. fallback_reason says why it cannot stay in place; placement and
+  // ring stay empty, relaunched names the failed ranks (`to` = `from`) and
+  // their buddies.
+  bool spill = false;
   // Why the whole job restarts instead; empty when in place. One sentence a
   // user can act on (it goes to the job's history and the incident).
   std::string fallback_reason;

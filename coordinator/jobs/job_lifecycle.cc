@@ -48,14 +48,20 @@ bool JobLifecycle::TransitionLocked(JobRecord& record, JobState to, const std::s
   // An in-place recovery ends with the state it held: joined (RUNNING), or
   // given up. Once its next attempt was placed, survivors the EnterEpoch did
   // not reach may still exit in the attempt before (kAbandoned keeps that).
+  // One that found no room restarts the whole job from what its survivors
+  // write (kSpilling): kept until the job leaves RESTARTING.
+  const bool spilling =
+      record.in_place && record.in_place->phase == InPlaceRecovery::Phase::kSpilling;
   if (job.state() == JobState::RECOVERING) {
     const bool placed = job.in_place_from_attempt() > 0;
     job.set_in_place_from_attempt(0);
     if (record.in_place && placed && to != JobState::RUNNING) {
       record.in_place->phase = InPlaceRecovery::Phase::kAbandoned;
-    } else {
+    } else if (!(spilling && to == JobState::RESTARTING)) {
       record.in_place.reset();
     }
+  } else if (spilling && job.state() == JobState::RESTARTING) {
+    record.in_place.reset();
   }
   // An ended job's series leave the scrape after a grace (its history stays
   // in GetJob), so series do not pile up over jobs. Its last incident and
@@ -432,6 +438,8 @@ void JobLifecycle::CheckHealth(absl::Time now) {
       const JobState state = record.job.state();
       // In place, the abort deadline.
       if (state == JobState::RECOVERING) CheckAbortsLocked(record, now);
+      // A spill's deadline.
+      if (state == JobState::RESTARTING) CheckSpillDeadlineLocked(record, now);
       // A graceful stop's deadline.
       if (state == JobState::RUNNING || state == JobState::STARTING) {
         CheckStopDeadlineLocked(record, now);

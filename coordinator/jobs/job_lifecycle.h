@@ -185,6 +185,13 @@ class JobLifecycle {
   // was counted when the recovery began), with why in its incident.
   void FallBackLocked(JobRecord& record, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // No room for the failed ranks of a job that may shrink (the decision's
+  // spill): the whole job restarts as FallBackLocked's does, but the
+  // survivors are first told to write their snapshots of the decision's
+  // restore step as a checkpoint step (StopRanks.spill_step) and to exit;
+  // those still running after --stop_grace_s are killed.
+  void SpillLocked(JobRecord& record, const InPlaceDecision& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // A job loaded from the store at start: its namespace (with its commit
   // fence), its hang watch, the grace its nodes get, and a recovery in place
   // it was in the middle of (finished when its next attempt was stored: the
@@ -268,6 +275,9 @@ class JobLifecycle {
   // Every survivor reported and every killed rank exited, or the deadline
   // passed: the scheduler decides.
   void CheckAbortsLocked(JobRecord& record, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
+  // A spill past its deadline: the survivors still running are killed.
+  void CheckSpillDeadlineLocked(JobRecord& record, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // An exit while an in-place recovery is under way that is part of it (a
   // killed failed rank; a survivor the EnterEpoch had not reached, reported

@@ -99,6 +99,10 @@ InPlaceRequest JobLifecycle::InPlaceRequestLocked(const JobRecord& record,
   request.nodes = RelaunchNodesLocked(record);
   for (const auto& [node, count] : record.node_failures) request.avoid.insert(node);
   request.newest_step = record.job.last_progress().step();
+  // A job that may shrink goes on from the step its snapshots hold, written
+  // as a checkpoint step, rather than from its newest checkpoint.
+  request.spill_when_no_room =
+      record.spec.fault_tolerance.min_ranks > 0 && !record.job.checkpoint_dir().empty();
   return request;
 }
 
@@ -209,6 +213,8 @@ bool JobLifecycle::InPlaceExitLocked(JobRecord& record, const std::string& node_
       ip->request.not_exited.erase(rank);
       CheckAbortsLocked(record, absl::Now());
       return true;
+    case Phase::kSpilling:
+      return false;  // RESTARTING in attempt n: every exit counts as usual
     case Phase::kRelaunched:
     case Phase::kAbandoned:
       // A survivor that EnterEpoch had not reached ends in the attempt before.
@@ -327,6 +333,58 @@ void JobLifecycle::FallBackLocked(JobRecord& record, const std::string& reason) 
   KillRanksLocked(record);
   if (record.ranks_exited == record.ranks.size()) FinishAttemptLocked(record);
   table_->RequestScheduleLocked();
+}
+
+void JobLifecycle::SpillLocked(JobRecord& record, const InPlaceDecision& decision) {
+  Job& job = record.job;
+  if (job.state() != JobState::RECOVERING || record.in_place == nullptr) return;
+  InPlaceRecovery& ip = *record.in_place;
+  const absl::Time now = absl::Now();
+  const int64_t step = decision.restore_step;
+  IncidentCompletedLocked(
+      record, MarkWholeJob(job, absl::StrCat(decision.fallback_reason, "; the survivors write "
+                                             "their snapshots of step ", step,
+                                             " as a checkpoint")));
+  job.set_not_before_unix_ms(absl::ToUnixMillis(ip.declared + ip.backoff));
+  ip.phase = Phase::kSpilling;
+  ip.deadline = now + options_.stop_grace;
+  ip.spill.set_job_id(job.id());
+  ip.spill.set_attempt(job.attempt());
+  ip.spill.set_reason(decision.fallback_reason);
+  ip.spill.set_spill_step(step);
+  for (int64_t r : ip.failed) ip.spill.add_failed_ranks(static_cast<int32_t>(r));
+  std::fprintf(stderr, "job %s: no room in place (%s); the survivors write step %lld\n",
+               job.id().c_str(), decision.fallback_reason.c_str(), static_cast<long long>(step));
+  TransitionLocked(
+      record, JobState::RESTARTING,
+      absl::StrCat("the in-place recovery gave way to restarting the whole job from its "
+                   "in-memory snapshots of step ", step, " (",
+                   decision.steps_recomputed, decision.steps_recomputed == 1 ? " step" : " steps",
+                   " to compute again), which the survivors write as a checkpoint: ",
+                   decision.fallback_reason));
+  std::vector<int64_t> survivors;
+  for (int64_t r = 0; r < static_cast<int64_t>(record.ranks.size()); ++r) {
+    if (ip.failed.count(r) == 0 && !record.ranks[r].exited) survivors.push_back(r);
+  }
+  for (const auto& [node, ranks] : RanksByNode(ip.request.placement, survivors)) {
+    loom::v1::CoordinatorMessage message;
+    *message.mutable_stop() = ip.spill;
+    table_->SendAfterStoredLocked(record, node, std::move(message));
+  }
+  if (record.ranks_exited == record.ranks.size()) FinishAttemptLocked(record);
+  table_->RequestScheduleLocked();
+}
+
+void JobLifecycle::CheckSpillDeadlineLocked(JobRecord& record, absl::Time now) {
+  InPlaceRecovery* ip = record.in_place.get();
+  if (ip == nullptr || ip->phase != Phase::kSpilling || now < ip->deadline) return;
+  ip->deadline = absl::InfiniteFuture();  // once: the kills' exits finish the attempt
+  table_->RecordEventLocked(
+      record, absl::StrCat("the survivors did not write their snapshots of step ",
+                           ip->spill.spill_step(), " within ",
+                           absl::FormatDuration(options_.stop_grace),
+                           "; killed: the job restarts from its newest checkpoint"));
+  KillRanksLocked(record);
 }
 
 }  // namespace loom::coordinator

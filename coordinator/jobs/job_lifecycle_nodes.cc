@@ -116,6 +116,19 @@ void JobLifecycle::ResendInPlaceLocked(
   for (const std::string& id : table_->OrderLocked()) {
     JobRecord& record = table_->AtLocked(id);
     InPlaceRecovery* ip = record.in_place.get();
+    if (ip != nullptr && ip->phase == InPlaceRecovery::Phase::kSpilling &&
+        record.job.state() == JobState::RESTARTING) {
+      // Survivors here that have not written their part and exited yet.
+      const bool waiting = std::any_of(
+          running.begin(), running.end(), [&](const loom::v1::RunningRank& r) {
+            return r.job_id() == id && r.attempt() == record.job.attempt();
+          });
+      if (!waiting) continue;
+      loom::v1::CoordinatorMessage message;
+      *message.mutable_stop() = ip->spill;
+      table_->SendAfterStoredLocked(record, node_id, std::move(message));
+      continue;
+    }
     if (ip == nullptr || record.job.state() != JobState::RECOVERING) continue;
     if (ip->phase == InPlaceRecovery::Phase::kAborting) {
       // Survivors here that have not reported leaving their collectives.
@@ -188,9 +201,12 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
         MarkExitedLocked(record, p.rank(), false);
       }
     }
-    if (runs) {
+    const bool spilling = record.in_place != nullptr &&
+                          record.in_place->phase == InPlaceRecovery::Phase::kSpilling &&
+                          record.in_place->deadline != absl::InfiniteFuture();
+    if (runs && !spilling) {  // a spill's survivors were told again, above
       table_->SendAfterStoredLocked(record, node_id, KillAllMessage(record));
-    } else if (record.ranks_exited == record.ranks.size()) {
+    } else if (!runs && record.ranks_exited == record.ranks.size()) {
       FinishAttemptLocked(record);
     }
   }

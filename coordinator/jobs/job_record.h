@@ -74,6 +74,11 @@ struct InPlaceRecovery {
     // placed: survivors the EnterEpoch had not reached still run, and exit,
     // in from_attempt, and count as attempt n+1's ranks.
     kAbandoned,
+    // RESTARTING, still attempt n: no room was left for the failed ranks
+    // (InPlaceDecision::spill); the survivors write their snapshots of
+    // spill_step as a checkpoint step and exit, or are killed at the
+    // deadline. The whole job is placed again once every rank is gone.
+    kSpilling,
   };
   Phase phase = Phase::kAborting;
   int32_t from_attempt = 0;  // n, the attempt that failed
@@ -90,6 +95,9 @@ struct InPlaceRecovery {
   // still run in from_attempt: the first may have been lost with a session).
   std::set<int64_t> relaunched;
   std::map<std::string, loom::v1::EnterEpoch> epochs;
+  // Spilling: the order each survivor's node was sent (sent again when that
+  // node registers while its survivors still run).
+  loom::v1::StopRanks spill;
 };
 
 // A caller waiting for a change of a job to be stored: done gets OK and the

@@ -41,6 +41,10 @@ JobScheduler::Result JobScheduler::PlaceInPlace(const Snapshot& snapshot) const 
     result.fallback = absl::StrCat("the in-place decision failed: ", decision.status().message());
     return result;
   }
+  if (decision->spill) {  // no room: the survivors write the restore step instead
+    result.in_place = *std::move(decision);
+    return result;
+  }
   if (!decision->in_place) {
     result.fallback = decision->fallback_reason;
     return result;
@@ -68,6 +72,10 @@ bool JobScheduler::CommitInPlaceLocked(const Snapshot& snapshot, Result& result)
   }
   if (!result.in_place) {
     lifecycle_->FallBackLocked(*record, result.fallback);
+    return true;
+  }
+  if (result.in_place->spill) {
+    lifecycle_->SpillLocked(*record, *result.in_place);
     return true;
   }
   // A node chosen for a relaunched rank went away meanwhile: decide again.

@@ -103,10 +103,12 @@ RecoveryDecision DecideRecovery(const RecoveryInput& input) {
     decision.fallback_reason = absl::StrCat("the in-place plan failed: ", plan.status().message());
     return decision;
   }
-  if (!plan->in_place) {
+  if (!plan->in_place && !plan->spill) {
     decision.fallback_reason = plan->fallback_reason;
     return decision;
   }
+  // A spill takes the in-place path's abort and reports too: the survivors
+  // keep their snapshots until they have written the restore step.
   decision.path = RecoveryPath::kInPlace;
   decision.relaunch = *std::move(plan);
   return decision;

@@ -409,6 +409,67 @@ TEST(InPlacePolicyTest, NoDeviceToRelaunchOnFallsBack) {
             "node b was lost)");
 }
 
+TEST(InPlacePolicyTest, NoDeviceForAJobThatMayShrinkSpillsTheRestoreStep) {
+  InPlaceRequest request = TwoNodes();
+  request.lost_nodes = {"b"};
+  request.nodes = {Node("a", 4)};
+  request.spill_when_no_room = true;
+  // At the declaration: no report read, the survivors are to abort.
+  absl::StatusOr<InPlaceDecision> plan = PlanRelaunch(request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->in_place);
+  EXPECT_TRUE(plan->spill);
+  EXPECT_EQ(plan->restore_step, -1);
+  EXPECT_TRUE(Contains(plan->fallback_reason, "no live node of the job's device kind has a free "
+                                              "device to relaunch rank 4"))
+      << plan->fallback_reason;
+  // The failed ranks and the buddies that write their copies (ranks 4-7 of
+  // node b, held by ranks 0-3 of node a).
+  EXPECT_EQ(RanksOf(*plan), (std::vector<int64_t>{4, 5, 6, 7}));
+  for (const Relaunch& r : plan->relaunched) {
+    EXPECT_EQ(r.peer, r.rank - 4);
+    EXPECT_FALSE(r.moved());
+  }
+  EXPECT_TRUE(plan->placement.empty());
+  // Once the survivors reported: the newest step they all hold, with the
+  // buddies' copies.
+  AllHold(request, 9, {7, 8});
+  request.aborted[1] = Aborted(9, {7, 8, 9}, 5, {7, 8});  // its own copy of 9 is no use alone
+  const InPlaceDecision d = Decide(request);
+  EXPECT_FALSE(d.in_place);
+  EXPECT_TRUE(d.spill);
+  EXPECT_EQ(d.restore_step, 8);
+  EXPECT_EQ(d.newest_step, 9);
+  EXPECT_EQ(d.steps_recomputed, 1);
+}
+
+TEST(InPlacePolicyTest, ASpillThatCannotBeWrittenFallsBackToTheWholeJob) {
+  InPlaceRequest request = TwoNodes();
+  request.lost_nodes = {"b"};
+  request.nodes = {Node("a", 4)};
+  request.spill_when_no_room = true;
+  AllHold(request, 8, {7, 8});
+  request.aborted[2] = Aborted(8, {7, 8}, 5, {});  // holds no copy of its ward's
+  InPlaceDecision d = Decide(request);
+  EXPECT_FALSE(d.in_place);
+  EXPECT_FALSE(d.spill);
+  EXPECT_TRUE(Contains(d.fallback_reason, "rank 2 holds copies of rank 6's steps []") ||
+              Contains(d.fallback_reason, "rank 2, the buddy of rank 6"))
+      << d.fallback_reason;
+  // A survivor that never reported: nothing to spill from it.
+  AllHold(request, 8, {7, 8});
+  request.aborted.erase(1);
+  d = Decide(request);
+  EXPECT_FALSE(d.spill);
+  EXPECT_TRUE(Contains(d.fallback_reason, "rank 1 did not report")) << d.fallback_reason;
+  // A job that may not shrink is restarted whole at once, as before.
+  request.spill_when_no_room = false;
+  absl::StatusOr<InPlaceDecision> plan = PlanRelaunch(request);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->spill);
+  EXPECT_FALSE(plan->in_place);
+}
+
 TEST(InPlacePolicyTest, NothingNamedOrEverythingFailedIsAWholeJobRestart) {
   InPlaceRequest request = TwoNodes();
   InPlaceDecision d = Decide(request);  // a hang without a culprit

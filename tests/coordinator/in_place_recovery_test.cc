@@ -12,7 +12,8 @@
 // coordinator finishes a relaunch it finds stored and restarts the whole job
 // when it finds none; paused ranks are resumed
 // when current and killed when not; a survivor whose EnterEpoch was lost with
-// a session gets it again.
+// a session gets it again; with no room left, a job that may shrink has its
+// survivors write their snapshots as a checkpoint before it is re-planned.
 #include <map>
 #include <memory>
 #include <set>
@@ -441,6 +442,101 @@ TEST_F(InPlaceRecoveryTest, SurvivorsMissingAtTheDeadlineFallBackToTheWholeJob) 
     EXPECT_EQ(kill->kill().attempt(), 1);
     EXPECT_TRUE(kill->kill().ranks().empty());
   }
+}
+
+// No room for a lost node's ranks, and the job may shrink (min_ranks, a
+// checkpoint directory): the survivors abort and report as in place, then are
+// told to write their snapshots of the restore step as a checkpoint (not
+// killed); once they exited, the whole job is placed again on the devices
+// left. Survivors that do not finish by the deadline are killed.
+TEST_F(InPlaceRecoveryTest, NoRoomForAShrinkingJobSpillsTheSnapshotsThenReplans) {
+  const std::string spec = absl::StrReplaceAll(
+      kSpec, {{"restart_backoff_s: 0", "restart_backoff_s: 0, min_ranks: 2"},
+              {"resources: {", "checkpoint: {dir: ck, interval: 100}\nresources: {"}});
+  Running(spec);
+  // node-b and node-c fall silent: no free device is left for ranks 2 and 3.
+  const absl::Time later = absl::Now() + absl::Seconds(10);
+  nodes_.Heartbeat("node-a", channels_["node-a"].get(), {}, later);
+  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b", "node-c"));
+  jobs_->OnNodeLost("node-c", "no heartbeat for 5s");
+  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
+  jobs_->WaitIdle();
+  EXPECT_EQ(Get().state(), JobState::RECOVERING);
+  const std::vector<CoordinatorMessage> aborted = Take("node-a");
+  ASSERT_EQ(aborted.size(), 1u);
+  EXPECT_TRUE(aborted[0].has_abort());
+  SurvivorsAbort({2, 3}, 5);
+  jobs_->WaitIdle();
+  loom::v1::Job job = Get();
+  EXPECT_EQ(job.state(), JobState::RESTARTING);
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_THAT(job.history(job.history_size() - 1).message(),
+              HasSubstr("from its in-memory snapshots of step 5"));
+  ASSERT_EQ(job.incidents_size(), 1);
+  EXPECT_THAT(job.incidents(0).fallback_reason(),
+              HasSubstr("the survivors write their snapshots of step 5 as a checkpoint"));
+  // node-a's survivors are told to write, not killed.
+  std::vector<CoordinatorMessage> sent = Take("node-a");
+  ASSERT_EQ(sent.size(), 1u);
+  ASSERT_TRUE(sent[0].has_stop());
+  EXPECT_EQ(sent[0].stop().attempt(), 1);
+  EXPECT_EQ(sent[0].stop().spill_step(), 5);
+  EXPECT_THAT(sent[0].stop().failed_ranks(), ElementsAre(2, 3));
+  // Before the deadline nothing more happens; a re-registration that lists
+  // them tells them again rather than killing them.
+  jobs_->CheckHealth(absl::Now());
+  loom::v1::RegisterNode again = Registration("node-a");
+  AddRunning(again, job.id(), 1, 0);
+  AddRunning(again, job.id(), 1, 1);
+  jobs_->OnNodeRegistered(again);
+  jobs_->WaitIdle();
+  sent = Take("node-a");
+  ASSERT_EQ(sent.size(), 1u) << sent[0].DebugString();
+  EXPECT_EQ(sent[0].stop().spill_step(), 5);
+  // They wrote and exited (kExitStopped): the job is placed again on node-a's
+  // two devices, re-planned.
+  for (int r : {0, 1}) {
+    loom::v1::RankExited exit;
+    exit.set_job_id(job.id());
+    exit.set_attempt(1);
+    exit.set_rank(r);
+    exit.set_exit_code(6);
+    jobs_->OnRankExited("node-a", exit);
+  }
+  jobs_->WaitIdle();
+  job = Get();
+  EXPECT_EQ(job.state(), JobState::STARTING) << job.history(job.history_size() - 1).message();
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(job.placement_size(), 2);
+  bool shrank = false;
+  for (const auto& event : job.history()) shrank |= event.message().find("shrinks from") != std::string::npos;
+  EXPECT_TRUE(shrank) << job.DebugString();
+}
+
+TEST_F(InPlaceRecoveryTest, ASpillPastItsDeadlineKillsTheSurvivors) {
+  const std::string spec = absl::StrReplaceAll(
+      kSpec, {{"restart_backoff_s: 0", "restart_backoff_s: 0, min_ranks: 2"},
+              {"resources: {", "checkpoint: {dir: ck, interval: 100}\nresources: {"}});
+  Running(spec);
+  const absl::Time later = absl::Now() + absl::Seconds(10);
+  nodes_.Heartbeat("node-a", channels_["node-a"].get(), {}, later);
+  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b", "node-c"));
+  jobs_->OnNodeLost("node-c", "no heartbeat for 5s");
+  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
+  jobs_->WaitIdle();
+  SurvivorsAbort({2, 3}, 5);
+  jobs_->WaitIdle();
+  ASSERT_EQ(Get().state(), JobState::RESTARTING);
+  Take("node-a");
+  jobs_->CheckHealth(absl::Now() + absl::Hours(1));
+  jobs_->WaitIdle();
+  const std::vector<CoordinatorMessage> sent = Take("node-a");
+  const CoordinatorMessage* kill = Find(sent, CoordinatorMessage::kKill);
+  ASSERT_NE(kill, nullptr);
+  EXPECT_EQ(kill->kill().attempt(), 1);
+  const loom::v1::Job job = Get();
+  EXPECT_THAT(job.history(job.history_size() - 1).message(),
+              HasSubstr("did not write their snapshots of step 5"));
 }
 
 TEST_F(InPlaceRecoveryTest, ASecondFailureWhileRecoveringRestartsTheWholeJob) {

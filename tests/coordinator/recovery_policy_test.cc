@@ -208,6 +208,22 @@ TEST(RecoveryPolicy, ANodeCordonedNowTakesNoRelaunchedRank) {
   EXPECT_EQ(decision.relaunch.relaunched[0].to.node_id, "node-c");  // the spare
 }
 
+TEST(RecoveryPolicy, NoRoomForAJobThatMayShrinkStillAbortsInPlaceToSpill) {
+  spec::FaultToleranceSpec ft;
+  InPlaceRequest request = Request();
+  request.nodes.clear();  // no live node has a free device
+  RecoveryDecision decision =
+      DecideRecovery({.job = Running(), .fault_tolerance = ft, .failure = Crash(), .in_place = &request});
+  EXPECT_EQ(decision.path, RecoveryPath::kWholeJob);
+  EXPECT_THAT(decision.fallback_reason, HasSubstr("no live node"));
+  request.spill_when_no_room = true;
+  decision =
+      DecideRecovery({.job = Running(), .fault_tolerance = ft, .failure = Crash(), .in_place = &request});
+  EXPECT_EQ(decision.path, RecoveryPath::kInPlace) << decision.fallback_reason;
+  EXPECT_TRUE(decision.relaunch.spill);
+  EXPECT_FALSE(decision.relaunch.in_place);
+}
+
 TEST(JobStates, RecoveringHoldsDevicesAndEndsInOneOfItsFourWays) {
   EXPECT_TRUE(HoldsDevices(JobState::RECOVERING));
   EXPECT_FALSE(IsTerminal(JobState::RECOVERING));

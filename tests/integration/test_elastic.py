@@ -13,9 +13,11 @@ devices held idle for it on the third node, shown by `loomctl status`, given
 to no other job.
 
 Shrink and grow back (two ordinary nodes, no spare, checkpoints every 5
-steps): a dp4 job with `min_ranks: 2` loses its second node, is re-planned
-onto the two ranks left (same global batch, more accumulation) and trains on
-from its newest checkpoint; the node started again, it grows back to four
+steps): a dp4 job with `min_ranks: 2` loses its second node; its survivors
+write the newest step they and the lost ranks' buddies hold in memory as a
+checkpoint step (at most two steps before the newest reported), and the job
+is re-planned onto the two ranks left (same global batch, more accumulation)
+and trains on from that step; the node started again, it grows back to four
 ranks and finishes there. Every step's loss is within 1e-5 (relative) of the
 uninterrupted dp4 run's, and the history names both resizes. tp2·dp2 and
 pp2·dp2 jobs lose the node the same way and finish on two ranks within 1e-5
@@ -203,6 +205,20 @@ def history(status):
     return status.split("history:\n", 1)[1].splitlines() if "history:\n" in status else []
 
 
+def spilled_step(test, status, watch):
+    """The step the survivors wrote from their in-memory snapshots (the
+    history says so) and the shrunk attempt went on from: no more than two
+    steps before the newest the first attempt reported."""
+    lines = [l for l in history(status) if "from its in-memory snapshots of step " in l]
+    test.assertEqual(len(lines), 1, status)
+    step = int(lines[0].split("from its in-memory snapshots of step ", 1)[1].split()[0])
+    first = min(s["step"] for s in watch.steps if s["attempt"] == 2)
+    test.assertEqual(first, step + 1, status)
+    newest = max(s["step"] for s in watch.steps if s["attempt"] == 1)
+    test.assertLessEqual(newest - step, 2, status)
+    return step
+
+
 class ShrinkAndGrow(unittest.TestCase):
     def setUp(self):
         self.cluster = Cluster(self.id().split(".")[-1])
@@ -246,6 +262,7 @@ class ShrinkAndGrow(unittest.TestCase):
         self.assertIn("layout:    dp=2 ", status)  # re-planned onto the two ranks left
         self.assertEqual(sorted(placement(status)), [0, 1], status)
         self.assertNotIn(lost, set(placement(status).values()))
+        spilled = spilled_step(self, status, watch)
         attempt = max(s["attempt"] for s in watch.steps)
         # The node comes back: the job grows back to four ranks before it ends.
         c.start_agent(lost, "cpu:2")
@@ -275,6 +292,7 @@ class ShrinkAndGrow(unittest.TestCase):
         print(f"\nlargest relative loss difference to the dp4 run: {worst:.2e}"
               f"\nnode lost -> first step on 2 ranks: {shrunk_at - lost_at:.2f} s;"
               f" node back -> first step on 4 ranks: {grown_at - shrunk_at:.2f} s after the shrink"
+              f"\n  from the snapshots of step {spilled}, written as a checkpoint"
               f"\n  {shrinks[0].strip()}\n  {grows[0].strip()}")
 
     def test_tp2_dp2_and_pp2_dp2_shrink_to_two_ranks(self):
@@ -295,6 +313,7 @@ class ShrinkAndGrow(unittest.TestCase):
                 status = c.status(job)
                 self.assertEqual(sorted(placement(status)), [0, 1], status)
                 self.assertTrue([l for l in history(status) if "(4 ranks) to " in l], status)
+                spilled_step(self, status, watch)
                 losses = {}
                 for a in sorted({s["attempt"] for s in watch.steps}):
                     losses.update(watch.losses(a))

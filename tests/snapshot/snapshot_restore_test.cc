@@ -6,16 +6,22 @@
 // the survivors roll back to their own snapshot of step k and one
 // "relaunched" rank, which lost its memory, receives its snapshot from its
 // buddy. Every later step's loss and every final parameter equal the
-// uninterrupted run's bit for bit. Also: rolling every rank back inside its
+// uninterrupted run's bit for bit. The same snapshots written as a
+// checkpoint step (a shrink's spill) equal the checkpoint of that step. Also: rolling every rank back inside its
 // own loop, and a snapshot of another rank, layout or rank number refused.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tests/engine/test_util.h"
 #include "tests/snapshot/mesh_attempt.h"
+#include "worker/engine/checkpoint/checkpoint_format.h"
+#include "worker/engine/checkpoint/checkpoint_reader.h"
+#include "worker/engine/checkpoint/resume_state.h"
+#include "worker/engine/snapshot/snapshot_spill.h"
 #include "worker/engine/snapshot_keeper.h"
 #include "worker/engine/training_loop.h"
 
@@ -246,6 +252,109 @@ TEST_P(SnapshotRestoreTest, RollingBackInsideTheSameLoopMatchesTheUninterruptedR
     }
     EXPECT_TRUE(got[r].params == ref[r].params) << "rank " << r;
   }
+}
+
+// No room for the relaunched rank (a shrink): the survivors write their own
+// snapshots of step k and the buddy its copy of the lost rank's as a
+// checkpoint step (snapshot_spill.h). It is the checkpoint the uninterrupted
+// run saves at step k: every tensor bit for bit, and the same state.
+TEST_P(SnapshotRestoreTest, SnapshotsWrittenAsACheckpointEqualTheCheckpointOfThatStep) {
+  const Case& c = GetParam();
+  const spec::JobSpec job = Job();
+  const int n = c.layout.world();
+  const std::string saved_root = dir_ / "saved";
+  const std::string spilled_root = dir_ / "spilled";
+  {
+    MeshAttempt reference(store_, "saved", c.layout, [](int) { return std::vector<int>{}; });
+    RunRanks(n, [&](int r) {
+      auto loop = TrainingLoop::Create(job, reference.Context(r));
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      Train(**loop, nullptr, kRestoreStep, nullptr);
+      absl::StatusOr<std::string> saved = (*loop)->SaveCheckpoint(saved_root);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+    });
+  }
+  std::vector<std::unique_ptr<SnapshotKeeper>> keepers(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) keepers[static_cast<size_t>(r)] = NewKeeper(r);
+  {
+    MeshAttempt attempt(store_, "spill-1", c.layout, [&](int r) { return RingPeers(r); });
+    RunRanks(n, [&](int r) {
+      SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+      const int ward = WardOf(c, r);
+      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                        ward);
+      auto loop = TrainingLoop::Create(job, attempt.Context(r));
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      Train(**loop, &keeper, kRestoreStep + 1, nullptr);
+      keeper.WaitForCopies();
+      keeper.DetachRing();
+    });
+  }
+  // The lost rank's memory is gone; its buddy writes its state.
+  const int lost = c.relaunched;
+  const int helper = c.buddy[static_cast<size_t>(lost)];
+  keepers[static_cast<size_t>(lost)].reset();
+  const std::string dir = SpillDir(spilled_root, kRestoreStep, 1);
+  std::filesystem::create_directories(dir);
+  std::vector<FileDigest> digests(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    if (r == lost) continue;
+    SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+    absl::StatusOr<std::shared_ptr<const Snapshot>> own = keeper.OwnSnapshot(kRestoreStep);
+    ASSERT_TRUE(own.ok()) << own.status();
+    absl::StatusOr<FileDigest> d = WriteSpilledRank(dir, **own);
+    ASSERT_TRUE(d.ok()) << d.status();
+    digests[static_cast<size_t>(r)] = *d;
+    if (r == helper) {
+      absl::StatusOr<std::shared_ptr<const Snapshot>> copy = keeper.WardCopy(lost, kRestoreStep);
+      ASSERT_TRUE(copy.ok()) << copy.status();
+      d = WriteSpilledRank(dir, **copy);
+      ASSERT_TRUE(d.ok()) << d.status();
+      digests[static_cast<size_t>(lost)] = *d;
+    }
+  }
+  std::vector<SpilledRank> ranks;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<SpilledRank> spilled = ReadSpilledRank(dir, r, digests[static_cast<size_t>(r)]);
+    ASSERT_TRUE(spilled.ok()) << spilled.status();
+    ranks.push_back(*std::move(spilled));
+  }
+  // A torn description (a digest that does not match) is refused.
+  FileDigest wrong = digests[0];
+  wrong.crc32 ^= 1;
+  EXPECT_TRUE(absl::IsDataLoss(ReadSpilledRank(dir, 0, wrong).status()));
+  const SnapshotManifest& m = (*keepers[static_cast<size_t>(helper)]->OwnSnapshot(kRestoreStep))->manifest();
+  CheckpointContent content;
+  content.step = kRestoreStep;
+  content.model = job.model;
+  content.state = ResumeState(job,
+                              {.dp = c.layout.dp, .tp = c.layout.tp, .pp = c.layout.pp,
+                               .cp = c.layout.cp, .ep = c.layout.ep, .zero_stage = c.layout.zero},
+                              {.step = m.step, .tokens = m.tokens, .optimizer_step = m.optimizer_step});
+  absl::StatusOr<std::string> committed =
+      CommitSpilledStep(spilled_root, dir, content, ranks, /*keep=*/2, nullptr);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(NewestCommittedStep(spilled_root), kRestoreStep);
+  EXPECT_FALSE(std::filesystem::exists(dir));
+
+  absl::StatusOr<CheckpointReader> saved =
+      CheckpointReader::Open((std::filesystem::path(saved_root) / StepDirName(kRestoreStep)).string());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  absl::StatusOr<CheckpointReader> spilled = CheckpointReader::Open(*committed);
+  ASSERT_TRUE(spilled.ok()) << spilled.status();
+  ASSERT_EQ(spilled->tensors().size(), saved->tensors().size());
+  for (const CheckpointTensorInfo& t : saved->tensors()) {
+    const CheckpointTensorInfo* other = spilled->Find(t.name);
+    ASSERT_NE(other, nullptr) << t.name;
+    EXPECT_EQ(other->shape, t.shape) << t.name;
+    EXPECT_EQ(other->group, t.group) << t.name;
+    absl::StatusOr<std::vector<float>> want = saved->Values(t.name);
+    absl::StatusOr<std::vector<float>> got = spilled->Values(t.name);
+    ASSERT_TRUE(want.ok() && got.ok()) << t.name;
+    EXPECT_TRUE(*want == *got) << t.name << " differs";
+  }
+  EXPECT_EQ(spilled->state(), saved->state());
+  EXPECT_EQ(spilled->step(), kRestoreStep);
 }
 
 std::vector<Case> Cases() {

@@ -69,14 +69,16 @@ TEST(ControlMailboxTest, EnterEpochImpliesTheAbortAndIsHandedToTheWaiter) {
   ControlMailbox mailbox;
   auto set = std::make_shared<comm::CommunicatorSet>();
   mailbox.Arm(1, set);
-  absl::StatusOr<loom::v1::EnterEpoch> got;
-  std::thread waiter([&] { got = mailbox.WaitForEpoch(1, absl::Seconds(60)); });
+  absl::StatusOr<ControlMailbox::NextAttempt> got;
+  std::thread waiter([&] { got = mailbox.WaitForNext(1, absl::Seconds(60)); });
   mailbox.Post(Enter(7, 8));  // another attempt's: not this waiter's
   mailbox.Post(Enter(1, 2));
   waiter.join();
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->attempt(), 2);
-  EXPECT_EQ(got->restore_step(), 5);
+  ASSERT_TRUE(got->epoch.has_value());
+  EXPECT_FALSE(got->spill.has_value());
+  EXPECT_EQ(got->epoch->attempt(), 2);
+  EXPECT_EQ(got->epoch->restore_step(), 5);
   EXPECT_TRUE(set->aborted());  // a survivor that missed the abort stops now
   EXPECT_NE(set->abort_reason().find("superseded by attempt 2"), std::string::npos);
 }
@@ -84,10 +86,32 @@ TEST(ControlMailboxTest, EnterEpochImpliesTheAbortAndIsHandedToTheWaiter) {
 TEST(ControlMailboxTest, NoEnterEpochInTimeIsADeadline) {
   ControlMailbox mailbox;
   mailbox.Post(Enter(2, 3));
-  absl::StatusOr<loom::v1::EnterEpoch> got = mailbox.WaitForEpoch(1, absl::Milliseconds(50));
+  absl::StatusOr<ControlMailbox::NextAttempt> got = mailbox.WaitForNext(1, absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
   EXPECT_NE(got.status().message().find("no EnterEpoch moving on from attempt 1"),
             std::string::npos);
+}
+
+TEST(ControlMailboxTest, ASpillOrderEndsTheWaitAndIsNotAGracefulStop) {
+  ControlMailbox mailbox;
+  loom::v1::RankControl other, spill;
+  other.mutable_stop()->set_attempt(3);  // another attempt's spill: not this waiter's
+  other.mutable_stop()->set_spill_step(9);
+  spill.mutable_stop()->set_job_id("job");
+  spill.mutable_stop()->set_attempt(1);
+  spill.mutable_stop()->set_spill_step(12);
+  spill.mutable_stop()->add_failed_ranks(2);
+  absl::StatusOr<ControlMailbox::NextAttempt> got;
+  std::thread waiter([&] { got = mailbox.WaitForNext(1, absl::Seconds(60)); });
+  mailbox.Post(other);
+  mailbox.Post(spill);
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->epoch.has_value());
+  ASSERT_TRUE(got->spill.has_value());
+  EXPECT_EQ(got->spill->spill_step(), 12);
+  EXPECT_EQ(got->spill->failed_ranks_size(), 1);
+  EXPECT_FALSE(mailbox.StopRequested().has_value());
 }
 
 }  // namespace

@@ -360,8 +360,16 @@ int RankManager::Stop(const loom::v1::StopRanks& stop) {
       }
     }
   }
-  fprintf(stderr, "loom-worker: graceful stop of job %s attempt %d (%s): telling %zu ranks\n",
-          stop.job_id().c_str(), stop.attempt(), stop.reason().c_str(), ids.size());
+  if (stop.spill_step() > 0) {
+    fprintf(stderr,
+            "loom-worker: job %s attempt %d ends (%s): telling %zu ranks to write their "
+            "snapshots of step %lld as a checkpoint\n",
+            stop.job_id().c_str(), stop.attempt(), stop.reason().c_str(), ids.size(),
+            static_cast<long long>(stop.spill_step()));
+  } else {
+    fprintf(stderr, "loom-worker: graceful stop of job %s attempt %d (%s): telling %zu ranks\n",
+            stop.job_id().c_str(), stop.attempt(), stop.reason().c_str(), ids.size());
+  }
   if (options_.control != nullptr) {
     loom::v1::RankControl message;
     *message.mutable_stop() = stop;

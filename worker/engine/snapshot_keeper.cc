@@ -115,13 +115,9 @@ void SnapshotKeeper::WaitForCopies() {
 }
 
 absl::Status SnapshotKeeper::RestoreOwn(TrainingLoop& loop, int64_t step) {
-  std::shared_ptr<const Snapshot> snapshot = own_.Find(step);
-  if (snapshot == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", options_.rank, " holds no snapshot of step ", step,
-                     " of its own (it holds steps [", absl::StrJoin(own_.Steps(), ","), "])"));
-  }
-  if (absl::Status s = loop.RestoreSnapshot(*snapshot, options_.rank); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<const Snapshot>> snapshot = OwnSnapshot(step);
+  if (!snapshot.ok()) return snapshot.status();
+  if (absl::Status s = loop.RestoreSnapshot(**snapshot, options_.rank); !s.ok()) return s;
   own_.DropAfter(step);
   ward_.DropAfter(step);
   return absl::OkStatus();
@@ -155,7 +151,17 @@ absl::Status SnapshotKeeper::RestoreFromPeer(TrainingLoop& loop, comm::Communica
   return absl::OkStatus();
 }
 
-absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int64_t step) {
+absl::StatusOr<std::shared_ptr<const Snapshot>> SnapshotKeeper::OwnSnapshot(int64_t step) const {
+  std::shared_ptr<const Snapshot> snapshot = own_.Find(step);
+  if (snapshot == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", options_.rank, " holds no snapshot of step ", step,
+                     " of its own (it holds steps [", absl::StrJoin(own_.Steps(), ","), "])"));
+  }
+  return snapshot;
+}
+
+absl::StatusOr<std::shared_ptr<const Snapshot>> SnapshotKeeper::WardCopy(int owner, int64_t step) {
   std::shared_ptr<Snapshot> copy;
   int held_ward;
   {
@@ -163,32 +169,36 @@ absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int
     held_ward = ward_rank_;
     if (ward_rank_ == owner) copy = ward_.FindWritable(step);
   }
+  if (copy == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", options_.rank, " holds no copy of rank ", owner,
+                     "'s snapshot of step ", step, " (it holds rank ", held_ward, "'s steps [",
+                     absl::StrJoin(ward_.Steps(), ","), "])"));
+  }
+  // The pieces this rank holds itself were left out of the copy: they come
+  // from its own snapshot of the same step (no copy is in flight now).
+  if (!copy->borrowed().empty()) {
+    std::shared_ptr<const Snapshot> own = own_.Find(step);
+    if (own == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", options_.rank, " holds rank ", owner, "'s copy of step ", step,
+                       " without its own snapshot of that step to complete it"));
+    }
+    if (absl::Status s = copy->FillBorrowed(*own); !s.ok()) return s;
+  }
+  return std::shared_ptr<const Snapshot>(std::move(copy));
+}
+
+absl::Status SnapshotKeeper::SendCopyTo(comm::Communicator& pair, int owner, int64_t step) {
   SnapshotTransferOptions transfer;
   transfer.chunk_bytes = options_.chunk_bytes;
   transfer.tag = kRestoreCopyTag;
-  // The pieces this rank holds itself were left out of the copy: they come
-  // from its own snapshot of the same step (no copy is in flight now).
-  if (copy != nullptr && !copy->borrowed().empty()) {
-    std::shared_ptr<const Snapshot> own = own_.Find(step);
-    absl::Status filled = own != nullptr
-                              ? copy->FillBorrowed(*own)
-                              : absl::FailedPreconditionError(absl::StrCat(
-                                    "rank ", options_.rank, " holds rank ", owner,
-                                    "'s copy of step ", step,
-                                    " without its own snapshot of that step to complete it"));
-    if (!filled.ok()) {
-      (void)SendSnapshot(pair, step, nullptr, transfer);  // tells the peer: none
-      return filled;
-    }
+  absl::StatusOr<std::shared_ptr<const Snapshot>> copy = WardCopy(owner, step);
+  if (!copy.ok()) {
+    (void)SendSnapshot(pair, step, nullptr, transfer);  // tells the peer: none
+    return copy.status();
   }
-  absl::Status sent = SendSnapshot(pair, step, copy.get(), transfer);
-  if (!sent.ok() && copy == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", options_.rank, " holds no copy of rank ", owner,
-                     "'s snapshot of step ", step, " to send it (it holds rank ", held_ward,
-                     "'s steps [", absl::StrJoin(ward_.Steps(), ","), "])"));
-  }
-  return sent;
+  return SendSnapshot(pair, step, copy->get(), transfer);
 }
 
 SnapshotProgress SnapshotKeeper::Holdings() const {

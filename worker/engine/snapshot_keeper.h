@@ -78,6 +78,12 @@ class SnapshotKeeper {
   // the other end of `pair`; without one, tells the peer so and fails.
   absl::Status SendCopyTo(comm::Communicator& pair, int owner, int64_t step);
 
+  // What a spill writes (snapshot_spill.h): this rank's own snapshot of
+  // `step`, and the copy it holds of `owner`'s (its ward's) completed from
+  // its own; FAILED_PRECONDITION naming what it holds when it has none.
+  absl::StatusOr<std::shared_ptr<const Snapshot>> OwnSnapshot(int64_t step) const;
+  absl::StatusOr<std::shared_ptr<const Snapshot>> WardCopy(int owner, int64_t step);
+
   SnapshotProgress Holdings() const;
   const SnapshotKeeperOptions& options() const { return options_; }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "worker/engine/checkpoint/collective_restore.h"
 #include "worker/engine/checkpoint/distributed_save.h"
+#include "worker/engine/checkpoint/resume_state.h"
 #include "worker/engine/device_staging.h"
 #include "worker/engine/expert_parallel/ep_gradients.h"
 #include "worker/engine/model/moe_stats.h"
@@ -20,18 +21,13 @@
 namespace loom::engine {
 namespace {
 
-constexpr char kSamplerName[] = "splitmix64-window-v1";
 constexpr char kExpAvg[] = "optimizer.exp_avg.";
 constexpr char kExpAvgSq[] = "optimizer.exp_avg_sq.";
 
 // The global rectangles of elements [begin, begin + count) of the local
 // tensor `local` (a TP shard or a whole tensor), in local order.
 std::vector<RectSlice> GlobalRects(const TensorView& local, int64_t begin, int64_t count) {
-  std::vector<RectSlice> rects = FlatRangeToSlices(local.shape, begin, count);
-  if (local.sharded()) {
-    for (RectSlice& r : rects) r.offset[static_cast<size_t>(local.shard_axis)] += local.shard_offset;
-  }
-  return rects;
+  return ShardRangeToGlobalSlices(local.shape, local.shard_axis, local.shard_offset, begin, count);
 }
 
 }  // namespace
@@ -97,15 +93,10 @@ absl::StatusOr<std::string> TrainingLoop::SaveCheckpoint(const std::string& root
   CheckpointContent content;
   content.step = step_;
   content.model = spec_.model;
-  content.state = {
-      {"tokens", tokens_},
-      {"optimizer_step", optimizer_step()},
-      {"data", {{"sampler", kSamplerName}, {"seed", spec_.train.seed}, {"next_step", step_ + 1},
-                {"seq_len", spec_.train.seq_len},
-                {"global_batch_size", spec_.train.global_batch_size}}},
-      {"rng", {{"seed", spec_.train.seed}, {"counter", step_}}},
-      {"layout", {{"dp", ctx_.dp_size}, {"tp", ctx_.tp_size()}, {"pp", ctx_.pp_size()},
-                  {"cp", ctx_.cp_size()}, {"ep", ctx_.ep_size()}, {"zero_stage", zero_stage()}}}};
+  content.state = ResumeState(spec_,
+                              {.dp = ctx_.dp_size, .tp = ctx_.tp_size(), .pp = ctx_.pp_size(),
+                               .cp = ctx_.cp_size(), .ep = ctx_.ep_size(), .zero_stage = zero_stage()},
+                              {.step = step_, .tokens = tokens_, .optimizer_step = optimizer_step()});
   if (spec_.model.moe.enabled()) {  // [moe] the selection biases are state, not parameters
     absl::StatusOr<nlohmann::json> biases = ExpertBiasesToJson(Parts(), ctx_.pp);
     if (!biases.ok()) return biases.status();

@@ -42,7 +42,7 @@ SnapshotManifest TrainingLoop::SnapshotLayoutAndSources(int rank,
   sources->clear();
   for (const StatePiece& p : CheckpointPieces()) {
     m.pieces.push_back({p.name, p.part, p.local.shape, p.local.GlobalShape(), p.local.shard_axis,
-                        p.local.shard_offset, p.begin, p.count, 0});
+                        p.local.shard_offset, p.begin, p.count, 0, p.write});
     sources->push_back({p.data, false});
   }
   const std::vector<LlamaModel*> parts = Parts();

@@ -1,5 +1,7 @@
 #include "worker/trainer/control_mailbox.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "worker/trainer/stop_signal.h"
 
@@ -22,6 +24,11 @@ void ControlMailbox::Post(const loom::v1::RankControl& message) {
   {
     absl::MutexLock lock(&mu_);
     int attempt = -1;
+    if (message.has_stop() && message.stop().spill_step() > 0) {
+      spills_.push_back(message.stop());
+      while (spills_.size() > kRemembered) spills_.pop_front();
+      return;
+    }
     if (message.has_stop()) {
       if (!stop_.has_value()) stop_ = message.stop().reason();
       return;
@@ -95,27 +102,37 @@ std::optional<std::string> ControlMailbox::StopRequested() const {
   return std::nullopt;
 }
 
-absl::StatusOr<loom::v1::EnterEpoch> ControlMailbox::WaitForEpoch(int from_attempt,
-                                                                  absl::Duration timeout) {
+absl::StatusOr<ControlMailbox::NextAttempt> ControlMailbox::WaitForNext(
+    int from_attempt, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this, from_attempt]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& e : epochs_) {
-      if (e.from_attempt() == from_attempt) return true;
-    }
-    return false;
+  auto epoch = [this, from_attempt]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::find_if(epochs_.begin(), epochs_.end(), [from_attempt](const auto& e) {
+      return e.from_attempt() == from_attempt;
+    });
+  };
+  auto spill = [this, from_attempt]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::find_if(spills_.begin(), spills_.end(), [from_attempt](const auto& s) {
+      return s.attempt() == from_attempt;
+    });
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return epoch() != epochs_.end() || spill() != spills_.end();
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat("no EnterEpoch moving on from attempt ", from_attempt, " came within ",
                      absl::FormatDuration(timeout), " after it stopped"));
   }
-  for (auto it = epochs_.begin(); it != epochs_.end(); ++it) {
-    if (it->from_attempt() != from_attempt) continue;
-    loom::v1::EnterEpoch epoch = *it;
+  NextAttempt next;
+  if (auto it = epoch(); it != epochs_.end()) {
+    next.epoch = *it;
     epochs_.erase(it);
-    return epoch;
+  } else {
+    auto s = spill();
+    next.spill = *s;
+    spills_.erase(s);
   }
-  return absl::InternalError("control mailbox: the EnterEpoch vanished");
+  return next;
 }
 
 }  // namespace loom::trainer

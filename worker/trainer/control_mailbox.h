@@ -5,7 +5,9 @@
 // once, on the posting thread (a blocked collective returns ABORTED), or as
 // soon as they are armed if it came first; an EnterEpoch waits for the loop
 // to take it, and aborts its from_attempt too (an abort that never arrived
-// is implied). Messages of other attempts are ignored. A StopRanks (a graceful
+// is implied). Messages of other attempts are ignored. A StopRanks with a
+// spill_step (an aborted attempt's end when the failed ranks have no room)
+// waits for the loop like an EnterEpoch. Any other StopRanks (a graceful
 // stop, of whichever attempt) is kept until the rank ends: the training loop
 // asks StopRequested() at every step boundary. A TraceStep only notes the
 // step to record (TraceWanted). Thread-safe.
@@ -45,10 +47,17 @@ class ControlMailbox {
   // recent 16 requests are kept).
   bool TraceWanted(int64_t step) const;
 
-  // The EnterEpoch that moves this rank on from `from_attempt`, as soon as
-  // it has been posted; DEADLINE_EXCEEDED naming the wait when none comes
-  // within `timeout`.
-  absl::StatusOr<loom::v1::EnterEpoch> WaitForEpoch(int from_attempt, absl::Duration timeout);
+  // What ends an aborted attempt for this rank: the EnterEpoch that moves it
+  // on from `from_attempt`, or the StopRanks with a spill_step that tells it
+  // to write its snapshots as a checkpoint and exit (no room was left for
+  // the failed ranks). Exactly one is set.
+  struct NextAttempt {
+    std::optional<loom::v1::EnterEpoch> epoch;
+    std::optional<loom::v1::StopRanks> spill;
+  };
+  // Returns as soon as either has been posted; DEADLINE_EXCEEDED naming the
+  // wait when neither comes within `timeout`.
+  absl::StatusOr<NextAttempt> WaitForNext(int from_attempt, absl::Duration timeout);
 
  private:
   void AbortLocked(int attempt, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -56,6 +65,7 @@ class ControlMailbox {
   mutable absl::Mutex mu_;
   std::map<int, std::string> aborted_ ABSL_GUARDED_BY(mu_);  // attempt -> reason (recent ones)
   std::deque<loom::v1::EnterEpoch> epochs_ ABSL_GUARDED_BY(mu_);
+  std::deque<loom::v1::StopRanks> spills_ ABSL_GUARDED_BY(mu_);
   std::optional<std::string> stop_ ABSL_GUARDED_BY(mu_);
   std::set<int64_t> trace_steps_ ABSL_GUARDED_BY(mu_);
   int armed_attempt_ ABSL_GUARDED_BY(mu_) = -1;

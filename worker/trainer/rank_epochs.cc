@@ -15,6 +15,7 @@
 #include "worker/trainer/commit_gate.h"
 #include "worker/trainer/rank_monitor.h"
 #include "worker/trainer/rank_reports.h"
+#include "worker/trainer/spill_snapshots.h"
 #include "worker/trainer/stopped_status.h"
 #include "worker/trainer/step_trace.h"
 
@@ -108,6 +109,13 @@ absl::Status RestoreFailure(const absl::Status& s, const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", s.message()));
 }
 
+// The commit gate's retries: the other ranks wait in a collective meanwhile.
+CommitGateOptions GateOptions(absl::Duration collective_timeout) {
+  CommitGateOptions gate;
+  gate.retry_for = std::min(absl::Seconds(30), collective_timeout / 2);
+  return gate;
+}
+
 // One attempt's state, torn down in a fixed order whatever happened
 // (TearDown, below).
 struct Attempt {
@@ -173,9 +181,7 @@ absl::Status RunAttemptBody(const loom::v1::RankAssignment& a, const spec::JobSp
                        " holds experts [", ctx->ep_rank() * held, ", ", (ctx->ep_rank() + 1) * held,
                        ")"));
   }
-  CommitGateOptions gate;
-  gate.retry_for = std::min(absl::Seconds(30), timeout / 2);
-  l.set_commit_gate(MakeStoreCommitGate(at.store.get(), gate, event));
+  l.set_commit_gate(MakeStoreCommitGate(at.store.get(), GateOptions(timeout), event));
   progress.Report(PhaseReport("ready", 0));
 
   // The state: the newest checkpoint (RunTraining, below), or a snapshot.
@@ -327,6 +333,31 @@ void TearDown(Attempt& at, bool failed, const std::string& reason, RankWorld& wo
   at.store.reset();
 }
 
+// No room was left for the failed ranks: this survivor writes its part of
+// the restore step as a checkpoint (spill_snapshots.h) in the attempt it
+// aborted, and ends as stopped; the job restarts from that step.
+absl::Status Spill(const loom::v1::StopRanks& order, const loom::v1::RankAssignment& first,
+                   const spec::JobSpec& job, const AttemptPlan& plan, absl::Duration timeout,
+                   RankWorld& world, engine::SnapshotKeeper& keeper) {
+  std::unique_ptr<comm::Store> store = world.open_store(plan.store_namespace, plan.rank_token);
+  SpillContext context;
+  context.assignment = &first;
+  context.job = &job;
+  context.attempt = plan.attempt;
+  context.ward_rank = plan.ring.ward_rank();
+  context.store = store.get();
+  context.gate = MakeStoreCommitGate(store.get(), GateOptions(timeout), world.on_event);
+  context.timeout = timeout;
+  context.on_event = world.on_event;
+  if (absl::Status s = SpillSnapshots(order, keeper, context); !s.ok()) {
+    return absl::InternalError(absl::StrCat("writing the in-memory snapshots of step ",
+                                            order.spill_step(), " as a checkpoint: ", s.message()));
+  }
+  return StoppedStatus(order.spill_step(),
+                       absl::StrCat("its in-memory snapshots of step ", order.spill_step(),
+                                    " written as a checkpoint: ", order.reason()));
+}
+
 }  // namespace
 
 absl::Status RunRankEpochs(const loom::v1::RankAssignment& first, const spec::JobSpec& job,
@@ -376,11 +407,15 @@ absl::Status RunRankEpochs(const loom::v1::RankAssignment& first, const spec::Jo
     progress->Report(std::move(stopped));
     if (!progress->Flush(absl::Seconds(2))) progress->Abandon();
     progress.reset();
-    absl::StatusOr<loom::v1::EnterEpoch> next = world.control->WaitForEpoch(plan.attempt, timeout);
+    absl::StatusOr<ControlMailbox::NextAttempt> next =
+        world.control->WaitForNext(plan.attempt, timeout);
     if (!next.ok()) {
       return absl::DeadlineExceededError(absl::StrCat(next.status().message(), " (", reason, ")"));
     }
-    absl::StatusOr<AttemptPlan> next_plan = NextPlan(*next, first.rank());
+    if (next->spill.has_value()) {
+      return Spill(*next->spill, first, job, plan, timeout, world, *keeper);
+    }
+    absl::StatusOr<AttemptPlan> next_plan = NextPlan(*next->epoch, first.rank());
     if (!next_plan.ok()) return absl::InternalError(next_plan.status().message());
     event(absl::StrCat("entering attempt ", next_plan->attempt, ": rolling back to step ",
                        next_plan->restore.step()));

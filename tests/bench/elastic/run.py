@@ -10,7 +10,9 @@ In one run, the same spec (checkpoints every --ckpt steps):
     job's second node (agent and ranks) is SIGKILLed after step --fail_after:
     the time from the kill to the first step on the spare (in place);
   * shrink and grow back: no spare, fault_tolerance.min_ranks 2; the same
-    loss: the time from the kill to the first step on 2 ranks; then the node
+    loss: the time from the kill to the first step on 2 ranks (the survivors
+    write their in-memory snapshots of the restore step as a checkpoint step
+    first, and the 2 ranks start from it); then the node
     is started again: the time from its start to the first step on 4 ranks
     (min_resize_interval_s 0 here, so the interval does not count), and the
     steps computed again at each resize.

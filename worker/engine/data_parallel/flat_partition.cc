@@ -178,4 +178,14 @@ std::vector<RectSlice> FlatRangeToSlices(const std::vector<int64_t>& shape, int6
   return out;
 }
 
+std::vector<RectSlice> ShardRangeToGlobalSlices(const std::vector<int64_t>& shape, int shard_axis,
+                                                int64_t shard_offset, int64_t begin,
+                                                int64_t count) {
+  std::vector<RectSlice> rects = FlatRangeToSlices(shape, begin, count);
+  if (shard_axis >= 0) {
+    for (RectSlice& r : rects) r.offset[static_cast<size_t>(shard_axis)] += shard_offset;
+  }
+  return rects;
+}
+
 }  // namespace loom::engine

@@ -107,5 +107,12 @@ struct RectSlice {
 };
 std::vector<RectSlice> FlatRangeToSlices(const std::vector<int64_t>& shape, int64_t begin,
                                          int64_t count);
+// The same cut of a local tensor of `shape` that is the slice at
+// shard_offset along shard_axis of a global tensor (-1: the whole tensor),
+// with the offsets moved into the global tensor: a checkpoint's slices of
+// one piece of state.
+std::vector<RectSlice> ShardRangeToGlobalSlices(const std::vector<int64_t>& shape, int shard_axis,
+                                                int64_t shard_offset, int64_t begin,
+                                                int64_t count);
 
 }  // namespace loom::engine

@@ -15,7 +15,7 @@ using json = nlohmann::json;
 // The image: header | manifest JSON | padding to kAlign | floats. Integers in
 // the host's byte order: both ends of a copy are ranks of one job.
 constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'S', 'N', 'A', 'P'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: a piece says whether a checkpoint writes it
 struct Header {
   char magic[8];
   uint32_t version;
@@ -51,7 +51,7 @@ json ManifestToJson(const SnapshotManifest& m) {
   json pieces = json::array();
   for (const SnapshotPiece& p : m.pieces) {
     pieces.push_back({p.name, p.part, p.shape, p.global_shape, p.shard_axis, p.shard_offset,
-                      p.begin, p.count, p.offset});
+                      p.begin, p.count, p.offset, p.write});
   }
   return {{"rank", m.owner.rank},       {"layout", m.owner.layout},
           {"place", m.owner.place},     {"step", m.step},
@@ -70,8 +70,8 @@ absl::Status ManifestFromJson(const std::string& text, SnapshotManifest* out) {
     m.tokens = j.at("tokens").get<int64_t>();
     m.optimizer_step = j.at("optimizer_step").get<int64_t>();
     for (const json& e : j.at("pieces")) {
-      if (!e.is_array() || e.size() != 9) {
-        return absl::DataLossError("snapshot image: manifest: a piece is not 9 fields");
+      if (!e.is_array() || e.size() != 10) {
+        return absl::DataLossError("snapshot image: manifest: a piece is not 10 fields");
       }
       SnapshotPiece p;
       p.name = e[0].get<std::string>();
@@ -83,6 +83,7 @@ absl::Status ManifestFromJson(const std::string& text, SnapshotManifest* out) {
       p.begin = e[6].get<int64_t>();
       p.count = e[7].get<int64_t>();
       p.offset = e[8].get<int64_t>();
+      p.write = e[9].get<bool>();
       m.pieces.push_back(std::move(p));
     }
     *out = std::move(m);

@@ -41,6 +41,10 @@ struct SnapshotPiece {
   int64_t begin = 0;
   int64_t count = 0;
   int64_t offset = 0;  // where its floats start among the snapshot's floats
+  // A checkpoint of its rank writes it (the rank holds its only copy, or is
+  // the one replica that writes it: ParallelContext::writes_shards): what a
+  // snapshot written as a checkpoint step writes (snapshot_spill.h).
+  bool write = false;
 
   bool operator==(const SnapshotPiece&) const = default;
 };
