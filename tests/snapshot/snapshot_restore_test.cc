@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/engine/test_util.h"
 #include "tests/snapshot/mesh_attempt.h"
 #include "worker/engine/checkpoint/checkpoint_format.h"
 #include "worker/engine/checkpoint/checkpoint_reader.h"
+#include "worker/engine/checkpoint/durable_file.h"
 #include "worker/engine/checkpoint/resume_state.h"
 #include "worker/engine/snapshot/snapshot_spill.h"
 #include "worker/engine/snapshot_keeper.h"
@@ -442,6 +444,35 @@ TEST(SnapshotRefusalTest, AnotherPlaceLayoutOrRankIsRefused) {
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("its layout differs"), std::string::npos) << s;
   EXPECT_NE(s.message().find("dp2 tp1 pp1 cp1 ep1 zero1"), std::string::npos) << s;
+}
+
+// A rank's description is input like any file a rank writes: it may name
+// only its own two files, and a digest must say it is the file its writer
+// meant.
+TEST(SnapshotSpillTest, ADescriptionNamingAnotherFileIsRefused) {
+  testing::ScratchDir dir;
+  auto describe = [&](const std::string& name) {
+    const std::string text = absl::StrCat(
+        R"({"rank": 1, "step": 3, "moe_bias": {}, "files": [{"name": ")", name,
+        R"(", "group": "model", "tensors": [], "slices": [], "bytes": 0, "crc32": 0}]})");
+    absl::StatusOr<FileDigest> d = WriteFileDurably(dir / "spilled-r00001.json", text);
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *d : FileDigest{};
+  };
+  FileDigest d = describe("model-r00001.safetensors");
+  absl::StatusOr<SpilledRank> read = ReadSpilledRank(dir.path(), 1, d);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->files.size(), 1u);
+  for (const std::string forged : {"model-r00000.safetensors", "../model-r00001.safetensors",
+                                   "index.json"}) {
+    d = describe(forged);
+    read = ReadSpilledRank(dir.path(), 1, d);
+    EXPECT_TRUE(absl::IsDataLoss(read.status())) << forged << ": " << read.status();
+  }
+  // Rank 1's description is not rank 2's.
+  d = describe("model-r00001.safetensors");
+  std::filesystem::rename(dir / "spilled-r00001.json", dir / "spilled-r00002.json");
+  EXPECT_TRUE(absl::IsDataLoss(ReadSpilledRank(dir.path(), 2, d).status()));
 }
 
 }  // namespace

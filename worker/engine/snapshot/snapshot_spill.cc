@@ -23,6 +23,9 @@ constexpr char kMoeBiasPrefix[] = "moe_bias.";  // training_loop_snapshot.cc's p
 constexpr int64_t kMaxDescriptionBytes = int64_t{256} << 20;
 
 std::string DescriptionName(int rank) { return absl::StrFormat("spilled-r%05d.json", rank); }
+std::string FileName(const std::string& group, int rank) {
+  return absl::StrFormat("%s-r%05d.safetensors", group, rank);
+}
 
 bool IsMoeBias(const SnapshotPiece& p) { return p.name.rfind(kMoeBiasPrefix, 0) == 0; }
 
@@ -70,9 +73,8 @@ absl::StatusOr<FileDigest> WriteSpilledRank(const std::string& dir, const Snapsh
   }
   const SnapshotManifest& m = snapshot.manifest();
   const int rank = m.owner.rank;
-  CheckpointFile model{absl::StrFormat("model-r%05d.safetensors", rank), "model", {}, {}};
-  CheckpointFile optimizer{absl::StrFormat("optimizer-r%05d.safetensors", rank), "optimizer", {},
-                           {}};
+  CheckpointFile model{FileName("model", rank), "model", {}, {}};
+  CheckpointFile optimizer{FileName("optimizer", rank), "optimizer", {}, {}};
   json moe_bias = json::object();
   // The writer only reads the floats; TensorView's pointer is not const.
   float* data = const_cast<float*>(snapshot.data());
@@ -124,6 +126,14 @@ absl::StatusOr<SpilledRank> ReadSpilledRank(const std::string& dir, int rank,
     for (const json& f : j.at("files")) {
       CheckpointFile file{f.at("name").get<std::string>(), f.at("group").get<std::string>(), {},
                           {}};
+      // A rank's description names only that rank's own files.
+      if ((file.group != "model" && file.group != "optimizer") ||
+          file.name != FileName(file.group, rank)) {
+        return absl::DataLossError(absl::StrCat("spill: ", path, " names file '", file.name,
+                                                "' of group '", file.group, "', not ",
+                                                FileName("model", rank), " or ",
+                                                FileName("optimizer", rank)));
+      }
       for (const json& t : f.at("tensors")) {
         file.tensors.push_back({t.at("key").get<std::string>(),
                                 t.at("shape").get<std::vector<int64_t>>(), nullptr});
