@@ -134,6 +134,21 @@ class InPlaceRecoveryTest : public testing::JobManagerHarness {
     }
   }
 
+  // A job that may shrink (min_ranks 2, a checkpoint directory) running on
+  // node-a and node-b, which loses node-b and node-c: no free device is left
+  // for ranks 2 and 3.
+  void LoseTheRoomOfAShrinkingJob() {
+    Running(absl::StrReplaceAll(
+        kSpec, {{"restart_backoff_s: 0", "restart_backoff_s: 0, min_ranks: 2"},
+                {"resources: {", "checkpoint: {dir: ck, interval: 100}\nresources: {"}}));
+    const absl::Time later = absl::Now() + absl::Seconds(10);
+    nodes_.Heartbeat("node-a", channels_["node-a"].get(), {}, later);
+    ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b", "node-c"));
+    jobs_->OnNodeLost("node-c", "no heartbeat for 5s");
+    jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
+    jobs_->WaitIdle();
+  }
+
   // The one message of a kind in `messages`.
   static const CoordinatorMessage* Find(const std::vector<CoordinatorMessage>& messages,
                                         CoordinatorMessage::KindCase kind) {
@@ -450,17 +465,7 @@ TEST_F(InPlaceRecoveryTest, SurvivorsMissingAtTheDeadlineFallBackToTheWholeJob) 
 // killed); once they exited, the whole job is placed again on the devices
 // left. Survivors that do not finish by the deadline are killed.
 TEST_F(InPlaceRecoveryTest, NoRoomForAShrinkingJobSpillsTheSnapshotsThenReplans) {
-  const std::string spec = absl::StrReplaceAll(
-      kSpec, {{"restart_backoff_s: 0", "restart_backoff_s: 0, min_ranks: 2"},
-              {"resources: {", "checkpoint: {dir: ck, interval: 100}\nresources: {"}});
-  Running(spec);
-  // node-b and node-c fall silent: no free device is left for ranks 2 and 3.
-  const absl::Time later = absl::Now() + absl::Seconds(10);
-  nodes_.Heartbeat("node-a", channels_["node-a"].get(), {}, later);
-  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b", "node-c"));
-  jobs_->OnNodeLost("node-c", "no heartbeat for 5s");
-  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
-  jobs_->WaitIdle();
+  LoseTheRoomOfAShrinkingJob();
   EXPECT_EQ(Get().state(), JobState::RECOVERING);
   const std::vector<CoordinatorMessage> aborted = Take("node-a");
   ASSERT_EQ(aborted.size(), 1u);
@@ -514,16 +519,7 @@ TEST_F(InPlaceRecoveryTest, NoRoomForAShrinkingJobSpillsTheSnapshotsThenReplans)
 }
 
 TEST_F(InPlaceRecoveryTest, ASpillPastItsDeadlineKillsTheSurvivors) {
-  const std::string spec = absl::StrReplaceAll(
-      kSpec, {{"restart_backoff_s: 0", "restart_backoff_s: 0, min_ranks: 2"},
-              {"resources: {", "checkpoint: {dir: ck, interval: 100}\nresources: {"}});
-  Running(spec);
-  const absl::Time later = absl::Now() + absl::Seconds(10);
-  nodes_.Heartbeat("node-a", channels_["node-a"].get(), {}, later);
-  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b", "node-c"));
-  jobs_->OnNodeLost("node-c", "no heartbeat for 5s");
-  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
-  jobs_->WaitIdle();
+  LoseTheRoomOfAShrinkingJob();
   SurvivorsAbort({2, 3}, 5);
   jobs_->WaitIdle();
   ASSERT_EQ(Get().state(), JobState::RESTARTING);

@@ -135,6 +135,29 @@ class SnapshotRestoreTest : public ::testing::TestWithParam<Case> {
     return std::make_unique<SnapshotKeeper>(options);
   }
 
+  // Attempt 1: every rank snapshots after every step, each copy sent to its
+  // buddy; it stops at k + 1 (the failure). Returns each rank's keeper.
+  std::vector<std::unique_ptr<SnapshotKeeper>> AttemptOne(const std::string& name) {
+    const Case& c = GetParam();
+    const spec::JobSpec job = Job();
+    const int n = c.layout.world();
+    std::vector<std::unique_ptr<SnapshotKeeper>> keepers(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) keepers[static_cast<size_t>(r)] = NewKeeper(r);
+    MeshAttempt attempt(store_, name, c.layout, [&](int r) { return RingPeers(r); });
+    RunRanks(n, [&](int r) {
+      SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+      const int ward = WardOf(c, r);
+      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
+                        ward);
+      auto loop = TrainingLoop::Create(job, attempt.Context(r));
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      Train(**loop, &keeper, kRestoreStep + 1, nullptr);
+      keeper.WaitForCopies();
+      keeper.DetachRing();
+    });
+    return keepers;
+  }
+
   void ExpectSameAsReference(const std::vector<RankRun>& got, const std::vector<RankRun>& ref) {
     for (size_t r = 0; r < ref.size(); ++r) {
       ASSERT_EQ(got[r].steps.size(), static_cast<size_t>(kSteps - kRestoreStep)) << "rank " << r;
@@ -156,31 +179,18 @@ TEST_P(SnapshotRestoreTest, NewAttemptFromOwnSnapshotsAndABuddysCopyMatchesTheUn
   const spec::JobSpec job = Job();
   const int n = c.layout.world();
   const std::vector<RankRun> ref = Reference();
-  std::vector<std::unique_ptr<SnapshotKeeper>> keepers(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) keepers[static_cast<size_t>(r)] = NewKeeper(r);
-  {
-    // Attempt 1: snapshots after every step, each copied to the buddy; it
-    // stops at k + 1 (the failure).
-    MeshAttempt attempt(store_, "attempt-1", c.layout, [&](int r) { return RingPeers(r); });
-    RunRanks(n, [&](int r) {
-      SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
-      const int ward = WardOf(c, r);
-      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
-                        ward);
-      auto loop = TrainingLoop::Create(job, attempt.Context(r));
-      ASSERT_TRUE(loop.ok()) << loop.status();
-      Train(**loop, &keeper, kRestoreStep + 1, nullptr);
-      keeper.WaitForCopies();
-      keeper.DetachRing();
-      const SnapshotProgress held = keeper.Holdings();
-      EXPECT_EQ(held.own_steps,
-                (std::vector<int64_t>{kRestoreStep - 1, kRestoreStep, kRestoreStep + 1}));
-      if (ward >= 0) {
-        EXPECT_EQ(held.ward_rank, ward);
-        EXPECT_EQ(held.ward_steps, (std::vector<int64_t>{kRestoreStep, kRestoreStep + 1}));
-      }
-      EXPECT_GT(held.snapshot_bytes, 0);
-    });
+  std::vector<std::unique_ptr<SnapshotKeeper>> keepers = AttemptOne("attempt-1");
+  for (int r = 0; r < n; ++r) {
+    const SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
+    const int ward = WardOf(c, r);
+    const SnapshotProgress held = keeper.Holdings();
+    EXPECT_EQ(held.own_steps,
+              (std::vector<int64_t>{kRestoreStep - 1, kRestoreStep, kRestoreStep + 1}));
+    if (ward >= 0) {
+      EXPECT_EQ(held.ward_rank, ward);
+      EXPECT_EQ(held.ward_steps, (std::vector<int64_t>{kRestoreStep, kRestoreStep + 1}));
+    }
+    EXPECT_GT(held.snapshot_bytes, 0);
   }
   // The relaunched rank's process is new: it holds nothing.
   const int lost = c.relaunched;
@@ -276,22 +286,7 @@ TEST_P(SnapshotRestoreTest, SnapshotsWrittenAsACheckpointEqualTheCheckpointOfTha
       ASSERT_TRUE(saved.ok()) << saved.status();
     });
   }
-  std::vector<std::unique_ptr<SnapshotKeeper>> keepers(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) keepers[static_cast<size_t>(r)] = NewKeeper(r);
-  {
-    MeshAttempt attempt(store_, "spill-1", c.layout, [&](int r) { return RingPeers(r); });
-    RunRanks(n, [&](int r) {
-      SnapshotKeeper& keeper = *keepers[static_cast<size_t>(r)];
-      const int ward = WardOf(c, r);
-      keeper.AttachRing(attempt.Pair(r, c.buddy[static_cast<size_t>(r)]), attempt.Pair(r, ward),
-                        ward);
-      auto loop = TrainingLoop::Create(job, attempt.Context(r));
-      ASSERT_TRUE(loop.ok()) << loop.status();
-      Train(**loop, &keeper, kRestoreStep + 1, nullptr);
-      keeper.WaitForCopies();
-      keeper.DetachRing();
-    });
-  }
+  std::vector<std::unique_ptr<SnapshotKeeper>> keepers = AttemptOne("spill-1");
   // The lost rank's memory is gone; its buddy writes its state.
   const int lost = c.relaunched;
   const int helper = c.buddy[static_cast<size_t>(lost)];
