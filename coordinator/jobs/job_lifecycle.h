@@ -175,6 +175,9 @@ class JobLifecycle {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_->mu());
   // Whether the record's in-place recovery waits for that decision.
   static bool AwaitsRelaunch(const JobRecord& record);
+  // Whether the record's survivors are writing their snapshots (a spill,
+  // SpillLocked) and its deadline has not passed.
+  static bool SpillUnderWay(const JobRecord& record);
   // The scheduler decided it in place and built attempt n+1: stored, then
   // EnterEpoch to the survivors' nodes and LaunchRank for the relaunched
   // ranks only.

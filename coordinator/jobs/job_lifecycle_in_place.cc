@@ -375,6 +375,12 @@ void JobLifecycle::SpillLocked(JobRecord& record, const InPlaceDecision& decisio
   table_->RequestScheduleLocked();
 }
 
+bool JobLifecycle::SpillUnderWay(const JobRecord& record) {
+  return record.job.state() == JobState::RESTARTING && record.in_place != nullptr &&
+         record.in_place->phase == Phase::kSpilling &&
+         record.in_place->deadline != absl::InfiniteFuture();
+}
+
 void JobLifecycle::CheckSpillDeadlineLocked(JobRecord& record, absl::Time now) {
   InPlaceRecovery* ip = record.in_place.get();
   if (ip == nullptr || ip->phase != Phase::kSpilling || now < ip->deadline) return;

@@ -116,8 +116,7 @@ void JobLifecycle::ResendInPlaceLocked(
   for (const std::string& id : table_->OrderLocked()) {
     JobRecord& record = table_->AtLocked(id);
     InPlaceRecovery* ip = record.in_place.get();
-    if (ip != nullptr && ip->phase == InPlaceRecovery::Phase::kSpilling &&
-        record.job.state() == JobState::RESTARTING) {
+    if (SpillUnderWay(record)) {
       // Survivors here that have not written their part and exited yet.
       const bool waiting = std::any_of(
           running.begin(), running.end(), [&](const loom::v1::RunningRank& r) {
@@ -201,10 +200,7 @@ void JobLifecycle::OnNodeRegistered(const loom::v1::RegisterNode& registration) 
         MarkExitedLocked(record, p.rank(), false);
       }
     }
-    const bool spilling = record.in_place != nullptr &&
-                          record.in_place->phase == InPlaceRecovery::Phase::kSpilling &&
-                          record.in_place->deadline != absl::InfiniteFuture();
-    if (runs && !spilling) {  // a spill's survivors were told again, above
+    if (runs && !SpillUnderWay(record)) {  // a spill's survivors were told again, above
       table_->SendAfterStoredLocked(record, node_id, KillAllMessage(record));
     } else if (!runs && record.ranks_exited == record.ranks.size()) {
       FinishAttemptLocked(record);
