@@ -33,14 +33,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout, what, interval=0.1):
+def wait_until(predicate, timeout, what, interval=0.1, details=None):
+    """Polls predicate until it is true; a timeout fails naming `what`, with
+    details() appended when given (a job's status, the logs' tails: what a
+    failure seen only in CI needs to say why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    message = f"timed out after {timeout}s waiting for {what}"
+    if details is not None:
+        message += f":\n{details()}"
+    raise AssertionError(message)
 
 
 def pid_alive(pid):
@@ -336,10 +342,8 @@ class Cluster:
         """Waits until the job is in one of states and returns that state; a
         timeout fails the test with the job's status and the logs' tails, so
         that a failure seen only in CI says why."""
-        try:
-            wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}")
-        except AssertionError as timed_out:
-            raise AssertionError(f"{timed_out}:\n{self.status(job_id)}{self.log_tails()}") from None
+        wait_until(lambda: self.state(job_id) in states, timeout, f"{job_id} to reach {states}",
+                   details=lambda: self.status(job_id) + self.log_tails())
         return self.state(job_id)
 
     def expect_end(self, job_id, states, expected, timeout=120):

@@ -148,7 +148,8 @@ class FaultTolerance(unittest.TestCase):
         failed_at = time.time()
         os.kill(pid, signal.SIGSTOP)
         try:
-            wait_until(lambda: "hang 1" in c.status(job), 30, "the hang to be detected")
+            wait_until(lambda: "hang 1" in c.status(job), 60, "the hang to be detected",
+                       details=lambda: c.status(job) + c.log_tails())
             detected = time.time() - failed_at  # reported, not asserted (timing is for benchmarks)
             status = c.status(job)
             self.assertIn("hang: no progress for", status)
