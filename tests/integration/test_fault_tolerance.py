@@ -140,8 +140,12 @@ class FaultTolerance(unittest.TestCase):
         c = self.cluster
         c.start_coordinator(["--hang_floor_s=1"])
         c.start_agent("node-a", "cpu:2")
-        job = c.submit(job_spec("hung", 2, steps=400, ckpt=50).replace("hang_timeout_s: 0",
-                                                                     "hang_timeout_s: 4"), "hung")
+        # No checkpoint before the last step: a rank stopped while the job
+        # checkpoints gets the hang detector's checkpoint allowance (120 s),
+        # and on a loaded machine the watch sees step 6 late enough for the
+        # stop to land in the step-50 checkpoint (CI missed the hang so once).
+        job = c.submit(job_spec("hung", 2, steps=400, ckpt=400).replace("hang_timeout_s: 0",
+                                                                      "hang_timeout_s: 4"), "hung")
         watch = Watch(c, job)
         wait_until(lambda: any(s["step"] >= 6 for s in watch.steps), 120, "step 6")
         pid = self.rank_pid(1)
