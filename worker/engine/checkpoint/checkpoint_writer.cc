@@ -149,6 +149,29 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
   return final_dir.string();
 }
 
+json DescribeCheckpointFile(const CheckpointFile& f) {
+  json tensors = json::array(), slices = json::array();
+  for (const TensorView& t : f.tensors) tensors.push_back({{"key", t.name}, {"shape", t.shape}});
+  for (const CheckpointSlice& s : f.slices) {
+    slices.push_back({{"tensor", s.tensor}, {"global_shape", s.global_shape}, {"offset", s.offset}});
+  }
+  return {{"name", f.name}, {"group", f.group}, {"tensors", tensors}, {"slices", slices}};
+}
+
+CheckpointFile CheckpointFileFromDescription(const json& f) {
+  CheckpointFile file{f.at("name").get<std::string>(), f.at("group").get<std::string>(), {}, {}};
+  for (const json& t : f.at("tensors")) {
+    file.tensors.push_back(
+        {t.at("key").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), nullptr});
+  }
+  for (const json& s : f.at("slices")) {
+    file.slices.push_back({s.at("tensor").get<std::string>(),
+                           s.at("global_shape").get<std::vector<int64_t>>(),
+                           s.at("offset").get<std::vector<int64_t>>()});
+  }
+  return file;
+}
+
 void EncodeFileDigest(const FileDigest& digest, int32_t* slot) {
   const uint64_t bytes = static_cast<uint64_t>(digest.bytes);
   slot[0] = 1;

@@ -66,6 +66,13 @@ absl::StatusOr<std::string> CommitCheckpointStep(const std::string& root,
                                                  const std::vector<FileDigest>& digests,
                                                  int64_t keep);
 
+// One file as its writer describes it to the committing writer (name, group,
+// every tensor's key and shape, every slice; no data), and back. The reading
+// throws nlohmann::json::exception on a malformed description (the caller
+// names the file it came from).
+nlohmann::json DescribeCheckpointFile(const CheckpointFile& file);
+CheckpointFile CheckpointFileFromDescription(const nlohmann::json& description);
+
 // A file's digest as integers, so writers can hand it to the committing rank
 // through an all-gather of integers (AllGatherHostInts, parallel/host_floats.h):
 // slot[0] = 1 marks it present (an unwritten slot stays 0), then the byte

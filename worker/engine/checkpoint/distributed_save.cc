@@ -70,14 +70,7 @@ std::string PiecesFileName(int rank) { return absl::StrFormat("pieces-r%05d.json
 
 json Describe(const std::vector<CheckpointFile>& files) {
   json out = json::array();
-  for (const CheckpointFile& f : files) {
-    json tensors = json::array(), slices = json::array();
-    for (const TensorView& t : f.tensors) tensors.push_back({{"key", t.name}, {"shape", t.shape}});
-    for (const CheckpointSlice& s : f.slices) {
-      slices.push_back({{"tensor", s.tensor}, {"global_shape", s.global_shape}, {"offset", s.offset}});
-    }
-    out.push_back({{"name", f.name}, {"group", f.group}, {"tensors", tensors}, {"slices", slices}});
-  }
+  for (const CheckpointFile& f : files) out.push_back(DescribeCheckpointFile(f));
   return out;
 }
 
@@ -92,19 +85,7 @@ absl::StatusOr<std::vector<CheckpointFile>> ReadDescription(const std::string& p
   }
   std::vector<CheckpointFile> files;
   try {
-    for (const json& f : j) {
-      CheckpointFile file{f.at("name").get<std::string>(), f.at("group").get<std::string>(), {}, {}};
-      for (const json& t : f.at("tensors")) {
-        file.tensors.push_back({t.at("key").get<std::string>(),
-                                t.at("shape").get<std::vector<int64_t>>(), nullptr});
-      }
-      for (const json& s : f.at("slices")) {
-        file.slices.push_back({s.at("tensor").get<std::string>(),
-                               s.at("global_shape").get<std::vector<int64_t>>(),
-                               s.at("offset").get<std::vector<int64_t>>()});
-      }
-      files.push_back(std::move(file));
-    }
+    for (const json& f : j) files.push_back(CheckpointFileFromDescription(f));
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat("checkpoint: ", path, ": ", e.what()));
   }

@@ -29,14 +29,12 @@ std::string FileName(const std::string& group, int rank) {
 
 bool IsMoeBias(const SnapshotPiece& p) { return p.name.rfind(kMoeBiasPrefix, 0) == 0; }
 
+// The checkpoint writers' description of the file, with its digest.
 json DescribeFile(const CheckpointFile& f, const FileDigest& d) {
-  json tensors = json::array(), slices = json::array();
-  for (const TensorView& t : f.tensors) tensors.push_back({{"key", t.name}, {"shape", t.shape}});
-  for (const CheckpointSlice& s : f.slices) {
-    slices.push_back({{"tensor", s.tensor}, {"global_shape", s.global_shape}, {"offset", s.offset}});
-  }
-  return {{"name", f.name}, {"group", f.group},      {"tensors", tensors},
-          {"slices", slices}, {"bytes", d.bytes}, {"crc32", d.crc32}};
+  json out = DescribeCheckpointFile(f);
+  out["bytes"] = d.bytes;
+  out["crc32"] = d.crc32;
+  return out;
 }
 
 }  // namespace
@@ -124,8 +122,7 @@ absl::StatusOr<SpilledRank> ReadSpilledRank(const std::string& dir, int rank,
       return absl::DataLossError(absl::StrCat("spill: ", path, " describes rank ", out.rank));
     }
     for (const json& f : j.at("files")) {
-      CheckpointFile file{f.at("name").get<std::string>(), f.at("group").get<std::string>(), {},
-                          {}};
+      CheckpointFile file = CheckpointFileFromDescription(f);
       // A rank's description names only that rank's own files.
       if ((file.group != "model" && file.group != "optimizer") ||
           file.name != FileName(file.group, rank)) {
@@ -133,15 +130,6 @@ absl::StatusOr<SpilledRank> ReadSpilledRank(const std::string& dir, int rank,
                                                 "' of group '", file.group, "', not ",
                                                 FileName("model", rank), " or ",
                                                 FileName("optimizer", rank)));
-      }
-      for (const json& t : f.at("tensors")) {
-        file.tensors.push_back({t.at("key").get<std::string>(),
-                                t.at("shape").get<std::vector<int64_t>>(), nullptr});
-      }
-      for (const json& s : f.at("slices")) {
-        file.slices.push_back({s.at("tensor").get<std::string>(),
-                               s.at("global_shape").get<std::vector<int64_t>>(),
-                               s.at("offset").get<std::vector<int64_t>>()});
       }
       out.files.push_back(std::move(file));
       out.digests.push_back({f.at("bytes").get<int64_t>(), f.at("crc32").get<uint32_t>()});
