@@ -33,10 +33,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The clusters of the running test, so that any timed-out wait can say what
+# they were doing (most failures seen only in CI are timeouts).
+_RUNNING_CLUSTERS = []
+
+
 def wait_until(predicate, timeout, what, interval=0.1, details=None):
     """Polls predicate until it is true; a timeout fails naming `what`, with
-    details() appended when given (a job's status, the logs' tails: what a
-    failure seen only in CI needs to say why)."""
+    details() appended (a job's status, the logs' tails: what a failure seen
+    only in CI needs to say why). Without details, the running clusters' jobs
+    and logs' tails are appended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -44,8 +50,9 @@ def wait_until(predicate, timeout, what, interval=0.1, details=None):
             return value
         time.sleep(interval)
     message = f"timed out after {timeout}s waiting for {what}"
-    if details is not None:
-        message += f":\n{details()}"
+    if details is None:
+        details = lambda: "".join(c.post_mortem() for c in _RUNNING_CLUSTERS)
+    message += f":\n{details()}"
     raise AssertionError(message)
 
 
@@ -145,6 +152,7 @@ class Cluster:
         self.data_root = os.path.join(self.dir, "inputs")
         self.checkpoint_root = os.path.join(self.dir, "checkpoints")
         write_corpus(os.path.join(self.data_root, "data"))
+        _RUNNING_CLUSTERS.append(self)
 
     # -- identities ------------------------------------------------------------
     def make_certs(self, nodes=()):
@@ -237,6 +245,8 @@ class Cluster:
             proc.wait(timeout=10)
 
     def stop(self):
+        if self in _RUNNING_CLUSTERS:
+            _RUNNING_CLUSTERS.remove(self)
         agents = {proc.pid for proc in self.agents.values()}
         for proc in reversed(self.processes):
             if proc.poll() is None:
@@ -337,6 +347,21 @@ class Cluster:
         return "".join(f"\n--- {name} (last {lines} lines) ---\n" +
                        "\n".join(self.log(name).splitlines()[-lines:])
                        for name in ["coordinator.log"] + [f"{n}.log" for n in self.agents])
+
+    def post_mortem(self):
+        """What a timed-out wait appends: every job's state and history, and
+        the logs' tails. Never raises (the coordinator may be the one gone)."""
+        try:
+            jobs = self.loomctl("list", check=False, timeout=20)
+            text = f"\n--- {self.dir}: loomctl list ---\n{jobs.stdout}{jobs.stderr}"
+            for line in jobs.stdout.splitlines()[1:7]:
+                fields = line.split()
+                if fields and fields[0] not in ("JOB", "ID"):
+                    status = self.loomctl("status", fields[0], check=False, timeout=20)
+                    text += f"\n--- loomctl status {fields[0]} ---\n{status.stdout}{status.stderr}"
+        except Exception as error:  # the post-mortem must not hide the failure
+            text = f"\n--- {self.dir}: loomctl failed: {error!r}"
+        return text + self.log_tails()
 
     def wait_state(self, job_id, states, timeout=120):
         """Waits until the job is in one of states and returns that state; a
