@@ -1,5 +1,7 @@
 #include "coordinator/ha/etcd_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 
@@ -41,19 +43,21 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints,
 }
 
 template <typename Response, typename Call>
-absl::StatusOr<Response> EtcdClient::OnAnyMember(const char* what, Call call) {
-  grpc::Status last;
+absl::StatusOr<Response> EtcdClient::OnAnyMember(const char* what, Call call,
+                                                 absl::Time deadline) {
+  grpc::Status last(grpc::StatusCode::DEADLINE_EXCEEDED, "no time left to ask a member");
   const size_t start = current_.load();
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     const size_t index = (start + i) % endpoints_.size();
+    const absl::Time call_deadline = std::min(absl::Now() + call_timeout_, deadline);
+    if (call_deadline <= absl::Now()) break;
     Member member;
     {
       absl::MutexLock lock(&mu_);
       member = members_[index];
     }
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         absl::ToChronoMilliseconds(call_timeout_));
+    context.set_deadline(absl::ToChronoTime(call_deadline));
     Response response;
     last = call(member, context, response);
     if (last.ok()) {
@@ -112,7 +116,7 @@ absl::Status EtcdClient::LeaseRevoke(int64_t lease) {
       .status();
 }
 
-absl::StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease) {
+absl::StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease, absl::Time deadline) {
   // One short stream per keepalive: simple, and the next one goes to another
   // member if this one is gone.
   absl::StatusOr<etcdserverpb::LeaseKeepAliveResponse> response =
@@ -128,7 +132,8 @@ absl::StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease) {
             if (!status.ok()) return status;
             if (!exchanged) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream closed");
             return status;
-          });
+          },
+          deadline);
   if (!response.ok()) return response.status();
   return response->ttl();
 }

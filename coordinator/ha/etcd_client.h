@@ -31,8 +31,11 @@ class EtcdClient {
   absl::StatusOr<etcdserverpb::LeaseGrantResponse> LeaseGrant(int64_t ttl_seconds);
   absl::Status LeaseRevoke(int64_t lease);
   // One keepalive of lease; returns the TTL etcd now gives it (<= 0: the
-  // lease is gone, it expired or was revoked).
-  absl::StatusOr<int64_t> LeaseKeepAlive(int64_t lease);
+  // lease is gone, it expired or was revoked). No member is asked after
+  // deadline: a leader renewing its lease must know by the time the lease
+  // could have run out, not one call timeout per member later.
+  absl::StatusOr<int64_t> LeaseKeepAlive(int64_t lease,
+                                         absl::Time deadline = absl::InfiniteFuture());
 
   // The value of one key; NOT_FOUND if it does not exist.
   absl::StatusOr<etcdserverpb::KeyValue> Get(const std::string& key);
@@ -58,9 +61,10 @@ class EtcdClient {
   // member is up; a new channel connects at once.
   Member Connect(const std::string& endpoint) const;
   // Runs call(member, context) on the current member, then on the others
-  // while they are unreachable.
+  // while they are unreachable, each with the call timeout, none past deadline.
   template <typename Response, typename Call>
-  absl::StatusOr<Response> OnAnyMember(const char* what, Call call);
+  absl::StatusOr<Response> OnAnyMember(const char* what, Call call,
+                                       absl::Time deadline = absl::InfiniteFuture());
 
   std::vector<std::string> endpoints_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;

@@ -121,7 +121,7 @@ void LeaderElection::Renew() {
   absl::Time confirmed = absl::Now();
   while (!stop_renewing_.WaitForNotificationWithTimeout(interval)) {
     const absl::Time sent = absl::Now();
-    absl::StatusOr<int64_t> ttl = etcd_->LeaseKeepAlive(lease_);
+    absl::StatusOr<int64_t> ttl = etcd_->LeaseKeepAlive(lease_, confirmed + options_.lease_ttl);
     if (ttl.ok() && *ttl > 0) {
       confirmed = sent;
       continue;

@@ -94,7 +94,11 @@ class Failover(unittest.TestCase):
             [os.path.join(BIN, "loom-coordinator"), f"--listen=127.0.0.1:{port}",
              f"--metrics_listen=127.0.0.1:{free_port()}",
              f"--state_dir={os.path.join(c.dir, 'state-' + name)}", f"--state={state}",
-             "--leader_lease_s=3", "--recovery_grace_s=10",
+             # The default lease: an etcd member's death can leave etcd without
+             # a leader for ~2 s on a loaded machine, and a 3 s lease once
+             # ran out in CI while etcd elected one (the leader then rightly
+             # stepped down).
+             "--leader_lease_s=5", "--recovery_grace_s=10",
              "--heartbeat_interval_s=0.5", "--node_timeout_s=3", "--kill_grace_s=2",
              f"--tls_dir={c.tls_dir('coordinator')}", f"--etcd_tls_dir={c.tls_dir('coordinator')}",
              *c.root_flags()],
