@@ -107,14 +107,21 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
   const double trimmed_median = Median(trimmed);
   const double trimmed_scale = RobustScale(trimmed, trimmed_median, policy_.noise_floor);
   const double window_seconds = Median(step_sums);
+  std::vector<double> own_medians;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const RankTrack& t = tracks_[members[i]];
+    const bool has_history = static_cast<int>(t.own_windows.size()) >= policy_.window;
+    own_medians.push_back(
+        has_history ? Median(std::vector<double>(t.own_windows.begin(), t.own_windows.end())) : 0);
+    scores_[members[i]].self_ratio = own_medians[i] > 0 ? sums[i] / own_medians[i] : 1;
+  }
   for (size_t i = 0; i < members.size(); ++i) {
     RankTrack& t = tracks_[members[i]];
     StragglerScore& s = scores_[members[i]];
     const double sum = sums[i];
-    const bool has_history = static_cast<int>(t.own_windows.size()) >= policy_.window;
+    const bool has_history = own_medians[i] > 0;
     const std::vector<double> own(t.own_windows.begin(), t.own_windows.end());
-    const double own_median = has_history ? Median(own) : 0;
-    s.self_ratio = own_median > 0 ? sum / own_median : 1;
+    const double own_median = own_medians[i];
     s.peer_ratio = peer_median > 0 ? sum / peer_median : 1;
     if (by_peers) {
       s.score = (sum - peer_median) / peer_scale;
@@ -129,7 +136,11 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
       s.score = 0;
       s.job_slowdown = 0;
     }
-    const double ratio = by_peers ? s.peer_ratio : s.self_ratio;
+    // Against its own past, a slowdown every other rank of the job shares
+    // (a loaded machine, a slower phase of the data) is not this rank's: its
+    // ratio counts only above the others' median ratio to their own pasts.
+    const double ratio =
+        by_peers ? s.peer_ratio : s.self_ratio / std::max(1.0, OthersSelfRatio(members[i]));
     // Among peers, the excess must also stand without the window's largest
     // step (at half the bars): one hiccup, however long, is never enough.
     // Against its own past, the window without its largest step against
@@ -161,6 +172,14 @@ void StragglerDetector::Evaluate(int cls, int64_t step) {
       while (static_cast<int>(t.own_windows.size()) > policy_.history) t.own_windows.pop_front();
     }
   }
+}
+
+double StragglerDetector::OthersSelfRatio(int32_t rank) const {
+  std::vector<double> others;
+  for (const StragglerScore& other : scores_) {
+    if (other.rank != rank) others.push_back(other.self_ratio);
+  }
+  return others.empty() ? 1 : Median(std::move(others));
 }
 
 const std::vector<int32_t>& StragglerDetector::PeersOf(int32_t rank) const {

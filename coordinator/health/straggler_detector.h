@@ -84,6 +84,8 @@ class StragglerDetector {
   void Evaluate(int cls, int64_t step);
   double WindowSum(const RankTrack& t, int64_t step, double Sample::*field) const;
   double WindowLargest(const RankTrack& t, int64_t step) const;  // of compute
+  // The median of every other rank's newest self_ratio (1 before it has one).
+  double OthersSelfRatio(int32_t rank) const;
 
   StragglerPolicy policy_;
   std::vector<int> peer_class_;

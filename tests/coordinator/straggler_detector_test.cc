@@ -105,6 +105,28 @@ TEST(StragglerDetectorTest, TwoRankStageIsJudgedByEachRanksOwnHistory) {
   EXPECT_EQ(d.Stragglers()[0].rank, 0);
 }
 
+TEST(StragglerDetectorTest, ASlowdownEveryRankSharesIsNoOnesAgainstTheirOwnPasts) {
+  // A loaded machine: both ranks of a two-rank stage, and the ranks of a
+  // pipeline's one-rank stages, slow down together. Each is slower than its
+  // own past, none slower than the others: no one is named. (CI once named
+  // both ranks of a dp2 job "1.00x its peers' median, 1.52x its own earlier".)
+  for (const std::vector<int>& classes : {std::vector<int>{0, 0}, std::vector<int>{0, 1, 2}}) {
+    StragglerDetector d(StragglerPolicy{}, classes);
+    const int ranks = static_cast<int>(classes.size());
+    Feed(d, ranks, 1, 40, [](int, int64_t) { return 0.1; });
+    for (int64_t step = 41; step <= 80; ++step) {
+      for (int r = 0; r < ranks; ++r) d.Observe(r, step, r == 0 ? 0.152 : 0.158, 0.2);
+      ASSERT_TRUE(d.Stragglers().empty()) << ranks << " ranks, step " << step;
+      // Each is slower than its past (until the new pace becomes that past).
+      if (step == 48) EXPECT_GT(d.Scores()[0].self_ratio, 1.4) << ranks << " ranks";
+    }
+    // One of them slowing further, alone, is a straggler again.
+    Feed(d, ranks, 81, 20, [](int r, int64_t) { return r == 1 ? 0.24 : 0.155; });
+    ASSERT_EQ(d.Stragglers().size(), 1u) << ranks << " ranks";
+    EXPECT_EQ(d.Stragglers()[0].rank, 1);
+  }
+}
+
 TEST(StragglerDetectorTest, OneHiccupIsNotAStraggler) {
   // Rank 3 descheduled once, for 300 ms and then for 5 s: each scores high
   // while in the window, but without the window's largest step nothing is
