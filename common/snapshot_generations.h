@@ -15,7 +15,12 @@ namespace loom {
 // hold s-1: it may be at s+1 but never further, since step s+2 cannot end
 // without the dead rank.
 inline constexpr size_t kOwnSnapshotGenerations = 3;
-// Its ward's copies: two, the newest whole one and the one being received.
-inline constexpr size_t kWardSnapshotGenerations = 2;
+// Its ward's copies: three, for the same reason seen from the buddies. When
+// a node with two ranks is lost, one of them may have died with its copy of
+// s in flight (its buddy holds up to s-1) while the other had sent s and
+// s+1 whole: its buddy must still hold s-1, the step both can restore. With
+// two, a loaded machine met exactly this (rank 2's copies up to 51, rank
+// 3's 52 and 53) and fell back to the whole job.
+inline constexpr size_t kWardSnapshotGenerations = 3;
 
 }  // namespace loom

@@ -34,7 +34,7 @@ struct Workload {
   double dp_bucket_bytes = 25.0 * (1 << 20);  // DP gradient bucket (parallelism.bucket_mb)
   // [in-place recovery] Copies of its whole state each rank keeps in host
   // memory (docs/fault_tolerance.md): three generations of its own snapshot
-  // and two of its ward's, 5, when fault_tolerance.snapshot_interval > 0;
+  // and three of its ward's, 6, when fault_tolerance.snapshot_interval > 0;
   // else 0 (common/snapshot_generations.h).
   int64_t snapshot_copies = 0;
   // Whether a rank's host memory is its device memory (CPU ranks): its

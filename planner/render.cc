@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/snapshot_generations.h"
 #include "planner/memory_model.h"
 
 namespace loom::planner {
@@ -31,12 +32,13 @@ std::string Seconds(double s) {
 std::string DescribeHostMemory(const Candidate& c, const ClusterSpec& cluster) {
   if (c.host_bytes_per_node <= 0) return "";
   return absl::StrFormat(
-      "  host memory per node: %.1f GiB%s of in-place recovery snapshots (%.1f GiB per rank: three "
-      "generations of its state, two of its ward's)\n",
+      "  host memory per node: %.1f GiB%s of in-place recovery snapshots (%.1f GiB per rank: %d "
+      "generations of its state, %d of its ward's)\n",
       c.host_bytes_per_node / kGiB,
       cluster.host_memory_bytes > 0 ? absl::StrFormat(" of %.1f", cluster.host_memory_bytes / kGiB)
                                     : "",
-      c.memory.host_bytes() / kGiB);
+      c.memory.host_bytes() / kGiB, static_cast<int>(kOwnSnapshotGenerations),
+      static_cast<int>(kWardSnapshotGenerations));
 }
 
 std::string DescribeCandidate(const Candidate& c, const ClusterSpec& cluster) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/snapshot_generations.h"
 #include "common/spec/job_spec_rules.h"
 
 namespace loom::planner {
@@ -97,9 +98,11 @@ std::string Rejection::Reason() const {
       host_bytes_per_node > host_capacity_bytes) {
     return absl::StrFormat(
         "out of host memory: a node's ranks hold %.1f GiB of in-place recovery snapshots (%.1f "
-        "GiB per rank: three generations of its state and two of its ward's) of the node's %.1f "
+        "GiB per rank: %d generations of its state and %d of its ward's) of the node's %.1f "
         "GiB (resources.host_memory_mb; fault_tolerance.snapshot_interval: 0 keeps none)",
-        host_bytes_per_node / kGiB, m.host_bytes() / kGiB, host_capacity_bytes / kGiB);
+        host_bytes_per_node / kGiB, m.host_bytes() / kGiB,
+        static_cast<int>(kOwnSnapshotGenerations), static_cast<int>(kWardSnapshotGenerations),
+        host_capacity_bytes / kGiB);
   }
   return absl::StrFormat(
       "out of memory: needs %.1f GiB on pipeline stage %d of a %.1f GiB device (weights %.1f, "

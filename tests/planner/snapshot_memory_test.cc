@@ -1,6 +1,6 @@
 // In-place recovery's snapshots in the memory model (docs/planner.md,
-// "Snapshots"): each rank keeps five copies of the state it holds (three
-// generations of its own snapshot, two of its ward's) whenever
+// "Snapshots"): each rank keeps six copies of the state it holds (three
+// generations of its own snapshot, three of its ward's) whenever
 // fault_tolerance.snapshot_interval > 0. On a GPU node they are host memory,
 // a figure of their own checked against the node's host memory when the
 // cluster gives it; on a CPU rank they are in the rank's memory.
@@ -62,11 +62,11 @@ spec::JobSpec CpuJob(int64_t snapshot_interval) {
 
 TEST(SnapshotCopies, FiveWhenSnapshotting) {
   EXPECT_EQ(SnapshotCopies(0), 0);
-  EXPECT_EQ(SnapshotCopies(1), 5);
-  EXPECT_EQ(SnapshotCopies(25), 5);
+  EXPECT_EQ(SnapshotCopies(1), 6);
+  EXPECT_EQ(SnapshotCopies(25), 6);
   absl::StatusOr<PlanRequest> on = PlanRequestFromJob(GpuJob(1));
   ASSERT_TRUE(on.ok()) << on.status();
-  EXPECT_EQ(on->workload.snapshot_copies, 5);
+  EXPECT_EQ(on->workload.snapshot_copies, 6);
   EXPECT_FALSE(on->workload.host_is_device);
   absl::StatusOr<PlanRequest> cpu = PlanRequestFromJob(CpuJob(1));
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -76,7 +76,7 @@ TEST(SnapshotCopies, FiveWhenSnapshotting) {
   EXPECT_EQ(off->workload.snapshot_copies, 0);
 }
 
-// A GPU rank's snapshots are the state it holds, five times, in host memory:
+// A GPU rank's snapshots are the state it holds, six times, in host memory:
 // the device's total does not change, the node's host figure is its ranks'.
 TEST(SnapshotMemory, GpuSnapshotsAreHostMemoryPerNode) {
   absl::StatusOr<PlanRequest> with = PlanRequestFromJob(GpuJob(1));
@@ -93,9 +93,9 @@ TEST(SnapshotMemory, GpuSnapshotsAreHostMemoryPerNode) {
     const Candidate off = EvaluateLayout(without->workload, without->cluster, without->constants, l);
     EXPECT_DOUBLE_EQ(on.memory.total(), off.memory.total()) << "zero " << zero;
     const double state = on.memory.weights + on.memory.optimizer;
-    EXPECT_DOUBLE_EQ(on.memory.snapshots, 5 * state) << "zero " << zero;
-    EXPECT_DOUBLE_EQ(on.memory.host_bytes(), 5 * state);
-    EXPECT_DOUBLE_EQ(on.host_bytes_per_node, 8 * 5 * state);
+    EXPECT_DOUBLE_EQ(on.memory.snapshots, 6 * state) << "zero " << zero;
+    EXPECT_DOUBLE_EQ(on.memory.host_bytes(), 6 * state);
+    EXPECT_DOUBLE_EQ(on.host_bytes_per_node, 8 * 6 * state);
     EXPECT_EQ(off.memory.snapshots, 0);
     EXPECT_EQ(off.host_bytes_per_node, 0);
   }
@@ -138,7 +138,7 @@ TEST(SnapshotMemory, CpuSnapshotsCountInTheRanksMemory) {
   const MemoryBreakdown on = EstimateMemory(with->workload, l, with->constants);
   const MemoryBreakdown off = EstimateMemory(without->workload, l, without->constants);
   EXPECT_TRUE(on.snapshots_on_device);
-  EXPECT_DOUBLE_EQ(on.snapshots, 5 * (on.weights + on.optimizer));
+  EXPECT_DOUBLE_EQ(on.snapshots, 6 * (on.weights + on.optimizer));
   EXPECT_DOUBLE_EQ(on.total(), off.total() + on.snapshots);
   EXPECT_EQ(on.host_bytes(), 0);
   EXPECT_EQ(HostBytesPerNode(with->cluster, on), 0);
