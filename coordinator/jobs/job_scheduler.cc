@@ -395,7 +395,7 @@ JobScheduler::Result JobScheduler::Place(const Snapshot& snapshot) const {
   absl::StatusOr<topology::Placement> placement = topology::PlaceRanks(request);
   if (!placement.ok()) return result;  // waits for devices
   BuildAttempt(snapshot, *placement, nullptr, result);
-  if (result.fits) ReserveSpares(spec, request, *placement, result);
+  if (result.fits) ReserveSpares(spec, request, *placement, snapshot.attempt == 0, result);
   return result;
 }
 

@@ -171,9 +171,12 @@ class JobScheduler {
   std::optional<Result> PlaceElastic(const Snapshot& snapshot,
                                      const topology::PlacementRequest& request) const;
   // The job's own spares (resources.spares) from the devices the placement
-  // left free, nodes without its ranks first; not enough: it does not fit.
+  // left free, nodes without its ranks first. A first placement that finds
+  // too few does not fit (ranks and spares come together); a job placed
+  // again (`first` false) runs with the spares there are rather than idle
+  // its ranks' devices waiting for the ones it lost.
   static void ReserveSpares(const spec::JobSpec& spec, const topology::PlacementRequest& request,
-                            const topology::Placement& placement, Result& result);
+                            const topology::Placement& placement, bool first, Result& result);
   void BuildAttempt(const Snapshot& snapshot, const topology::Placement& placement,
                     const InPlaceDecision* in_place, Result& result) const;
   void Flush();

@@ -44,7 +44,7 @@ std::optional<JobScheduler::Result> JobScheduler::PlaceElastic(
     resized.resolved_spec_yaml = spec::ToYaml(decision.spec);
     Result result;
     BuildAttempt(resized, *placement, nullptr, result);
-    if (result.fits) ReserveSpares(decision.spec, request, *placement, result);
+    if (result.fits) ReserveSpares(decision.spec, request, *placement, snapshot.attempt == 0, result);
     if (result.fits) result.resize = std::move(decision);
     return result;
   };
@@ -74,7 +74,8 @@ std::optional<JobScheduler::Result> JobScheduler::PlaceElastic(
 
 void JobScheduler::ReserveSpares(const spec::JobSpec& spec,
                                  const topology::PlacementRequest& request,
-                                 const topology::Placement& placement, Result& result) {
+                                 const topology::Placement& placement, bool first,
+                                 Result& result) {
   const int64_t wanted = spec.resources.spares;
   if (wanted <= 0) return;
   std::map<std::string, std::set<int64_t>> used;  // by the job's ranks
@@ -115,7 +116,7 @@ void JobScheduler::ReserveSpares(const spec::JobSpec& spec,
       spare.set_place("spare");
     }
   }
-  if (static_cast<int64_t>(result.attempt.spares.size()) < wanted) {
+  if (first && static_cast<int64_t>(result.attempt.spares.size()) < wanted) {
     result = Result();  // ranks and spares are placed together, or the job waits
   }
 }

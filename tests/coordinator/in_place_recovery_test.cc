@@ -459,6 +459,40 @@ TEST_F(InPlaceRecoveryTest, SurvivorsMissingAtTheDeadlineFallBackToTheWholeJob) 
   }
 }
 
+// A job with its own spares whose in-place recovery fell back to the whole
+// job after a node was lost: it is placed again on the devices left (its
+// spares among them) with the spares there is room for, none here, rather
+// than idle until the lost node returns.
+TEST_F(InPlaceRecoveryTest, AWholeRestartAfterALostNodeRunsOnItsSparesWithoutWaitingForMore) {
+  Running(absl::StrReplaceAll(kSpec, {{"abort_timeout_s: 600", "abort_timeout_s: 2"},
+                                      {"ranks: 4}", "ranks: 4, spares: 2}"}}));
+  ASSERT_EQ(Get().spare_devices_size(), 2);
+  EXPECT_EQ(Get().spare_devices(0).node_id(), "node-c");
+  const absl::Time later = absl::Now() + absl::Seconds(10);
+  for (const std::string node : {"node-a", "node-c"}) {
+    nodes_.Heartbeat(node, channels_[node].get(), {}, later);
+  }
+  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b"));
+  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
+  jobs_->WaitIdle();
+  ASSERT_EQ(Get().state(), JobState::RECOVERING);
+  // Rank 1 never reports leaving its collectives: the whole job restarts.
+  Report(0, "aborted", 5);
+  jobs_->CheckHealth(absl::Now() + absl::Seconds(3));
+  jobs_->WaitIdle();
+  ASSERT_EQ(Get().state(), JobState::RESTARTING);
+  Exit(0, 15);
+  Exit(1, 15);
+  jobs_->WaitIdle();
+  const loom::v1::Job job = Get();
+  ASSERT_EQ(job.state(), JobState::STARTING) << job.DebugString();
+  EXPECT_EQ(job.attempt(), 2);
+  std::map<std::string, int> ranks_on;
+  for (const auto& p : job.placement()) ++ranks_on[p.node_id()];
+  EXPECT_EQ(ranks_on, (std::map<std::string, int>{{"node-a", 2}, {"node-c", 2}}));
+  EXPECT_EQ(job.spare_devices_size(), 0);  // no device left to hold one
+}
+
 // No room for a lost node's ranks, and the job may shrink (min_ranks, a
 // checkpoint directory): the survivors abort and report as in place, then are
 // told to write their snapshots of the restore step as a checkpoint (not
