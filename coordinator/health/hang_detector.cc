@@ -75,32 +75,35 @@ std::optional<HangReport> HangDetector::Check(absl::Time now) const {
   return report;
 }
 
+std::string HangDetector::DescribeRank(int32_t rank, absl::Time now) const {
+  if (rank < 0 || rank >= static_cast<int32_t>(ranks_.size())) return "";
+  const RankView& view = ranks_[rank];
+  if (!view.seen) return std::string("never reported");
+  const auto& p = view.last;
+  std::string phase = p.phase().empty() ? "unknown phase" : p.phase();
+  if ((p.phase() == "forward_backward" || p.phase() == "forward" || p.phase() == "backward") &&
+      p.micro_batch() >= 0) {
+    absl::StrAppend(&phase, " of micro-batch ", p.micro_batch());
+    if (p.chunk() > 0) absl::StrAppend(&phase, " (chunk ", p.chunk(), ")");
+  }
+  for (const auto& g : p.groups()) {
+    if (!g.current_op().empty()) {
+      absl::StrAppend(&phase, ", waiting in ", g.current_op(), " on ", g.group(), " #", g.issued());
+    }
+  }
+  const absl::Time since =
+      p.phase_since_unix_ms() > 0 ? absl::FromUnixMillis(p.phase_since_unix_ms()) : view.last_report;
+  absl::StrAppend(&phase, " for ",
+                  absl::FormatDuration(absl::Trunc(now - since, absl::Milliseconds(100))),
+                  "; last report ",
+                  absl::FormatDuration(absl::Trunc(now - view.last_report, absl::Milliseconds(100))),
+                  " ago");
+  return phase;
+}
+
 HangReport HangDetector::Diagnose(absl::Time now) const {
   HangReport report;
-  auto describe_phase = [&](int rank) {
-    const RankView& view = ranks_[rank];
-    if (!view.seen) return std::string("never reported");
-    const auto& p = view.last;
-    std::string phase = p.phase().empty() ? "unknown phase" : p.phase();
-    if ((p.phase() == "forward_backward" || p.phase() == "forward" || p.phase() == "backward") &&
-        p.micro_batch() >= 0) {
-      absl::StrAppend(&phase, " of micro-batch ", p.micro_batch());
-      if (p.chunk() > 0) absl::StrAppend(&phase, " (chunk ", p.chunk(), ")");
-    }
-    for (const auto& g : p.groups()) {
-      if (!g.current_op().empty()) {
-        absl::StrAppend(&phase, ", waiting in ", g.current_op(), " on ", g.group(), " #", g.issued());
-      }
-    }
-    const absl::Time since =
-        p.phase_since_unix_ms() > 0 ? absl::FromUnixMillis(p.phase_since_unix_ms()) : view.last_report;
-    absl::StrAppend(&phase, " for ",
-                    absl::FormatDuration(absl::Trunc(now - since, absl::Milliseconds(100))),
-                    "; last report ",
-                    absl::FormatDuration(absl::Trunc(now - view.last_report, absl::Milliseconds(100))),
-                    " ago");
-    return phase;
-  };
+  auto describe_phase = [&](int rank) { return DescribeRank(rank, now); };
 
   // 1. A rank that never reported, or went silent while its peers still
   //    report (a stopped or wedged process), is the prime suspect.

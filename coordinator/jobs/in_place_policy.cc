@@ -187,10 +187,17 @@ absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
   }
   if (!missing.empty()) {
     const bool one = missing.size() == 1;
-    return WholeJob(absl::StrCat(one ? "rank " : "ranks ", RankList(missing),
-                                 " did not report leaving ", one ? "its" : "their",
-                                 " collectives within fault_tolerance.abort_timeout_s (",
-                                 request.fault_tolerance.abort_timeout_s, " s)"));
+    std::string reason = absl::StrCat(one ? "rank " : "ranks ", RankList(missing),
+                                      " did not report leaving ", one ? "its" : "their",
+                                      " collectives within fault_tolerance.abort_timeout_s (",
+                                      request.fault_tolerance.abort_timeout_s, " s)");
+    for (int64_t rank : missing) {
+      auto seen = request.last_seen.find(rank);
+      if (seen != request.last_seen.end() && !seen->second.empty()) {
+        absl::StrAppend(&reason, "; rank ", rank, " was in phase ", seen->second);
+      }
+    }
+    return WholeJob(std::move(reason));
   }
 
   // A killed rank still running would share its place with its relaunch.

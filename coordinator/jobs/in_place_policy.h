@@ -54,6 +54,10 @@ struct InPlaceRequest {
   // The survivors' "aborted" reports (RankProgress.phase == "aborted"), by
   // rank: their step and SnapshotHoldings. Only DecideInPlace reads them.
   std::map<int64_t, loom::v1::RankProgress> aborted;
+  // Where the survivors that had not reported at the abort deadline were by
+  // their last health report (HangDetector::DescribeRank), by rank: named in
+  // the fallback's reason, so that a rank that never left says where it was.
+  std::map<int64_t, std::string> last_seen;
   // Failed ranks whose processes were killed but not seen to exit (a hung
   // culprit): a rank relaunched in their place must not start beside them.
   // Only DecideInPlace reads them.

@@ -189,6 +189,12 @@ void JobLifecycle::CheckAbortsLocked(JobRecord& record, absl::Time now) {
   // The abort phase ends when every survivor left its collectives; past the
   // deadline the decision falls back, naming who did not.
   if (all_in) IncidentCompletedLocked(record, MarkAborted(record.job, now));
+  for (int32_t r = 0; !all_in && record.hang != nullptr && r < static_cast<int32_t>(record.ranks.size());
+       ++r) {
+    if (ip->failed.count(r) == 0 && ip->request.aborted.count(r) == 0) {
+      ip->request.last_seen[r] = record.hang->DescribeRank(r, now);
+    }
+  }
   ip->phase = Phase::kDeciding;
   table_->RequestScheduleLocked();
 }
