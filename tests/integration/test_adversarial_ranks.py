@@ -58,7 +58,10 @@ class AdversarialRanks(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         c = cls.cluster = Cluster("adversarial-ranks")
-        c.start_coordinator(["--job_metrics_grace_s=1"])
+        # The coordinator's default node timeout (5 s), not the harness's 3 s:
+        # "no node lost" under attack is checked against what a cluster runs,
+        # and CI once lost node-a under the plan flood at 3.5 s of silence.
+        c.start_coordinator(["--job_metrics_grace_s=1", "--node_timeout_s=5"])
         c.start_agent("node-a", "cpu:2")
         wait_until(lambda: "node-a" in c.loomctl("nodes").stdout, 20, "node-a to register")
         cls.channel = c.channel()
