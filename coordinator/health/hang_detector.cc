@@ -103,7 +103,6 @@ std::string HangDetector::DescribeRank(int32_t rank, absl::Time now) const {
 
 HangReport HangDetector::Diagnose(absl::Time now) const {
   HangReport report;
-  auto describe_phase = [&](int rank) { return DescribeRank(rank, now); };
 
   // 1. A rank that never reported, or went silent while its peers still
   //    report (a stopped or wedged process), is the prime suspect.
@@ -160,7 +159,7 @@ HangReport HangDetector::Diagnose(absl::Time now) const {
   report.culprit_rank = culprit;
   if (culprit >= 0) {
     report.diagnosis = absl::StrCat("rank ", culprit, " ", places_[culprit], " holds the job up (",
-                                    why, "); it is in ", describe_phase(culprit));
+                                    why, "); it is in ", DescribeRank(culprit, now));
   } else {
     report.diagnosis = "no rank reported";
   }

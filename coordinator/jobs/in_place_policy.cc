@@ -193,9 +193,9 @@ absl::StatusOr<InPlaceDecision> DecideInPlace(const InPlaceRequest& request) {
                                       request.fault_tolerance.abort_timeout_s, " s)");
     for (int64_t rank : missing) {
       auto seen = request.last_seen.find(rank);
-      if (seen != request.last_seen.end() && !seen->second.empty()) {
-        absl::StrAppend(&reason, "; rank ", rank, " was in phase ", seen->second);
-      }
+      if (seen == request.last_seen.end() || seen->second.empty()) continue;
+      absl::StrAppend(&reason, "; rank ", rank,
+                      seen->second == "never reported" ? " " : " was in phase ", seen->second);
     }
     return WholeJob(std::move(reason));
   }

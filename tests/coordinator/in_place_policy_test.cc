@@ -493,6 +493,14 @@ TEST(InPlacePolicyTest, SurvivorsMissingFromTheReportsFallBackNamingThem) {
   EXPECT_EQ(d.fallback_reason,
             "ranks 3, 7 did not report leaving their collectives within "
             "fault_tolerance.abort_timeout_s (10 s)");
+  // Where each was by its last health report, when the lifecycle knows.
+  request.last_seen[3] = "backward of micro-batch 1 for 12s; last report 0.4s ago";
+  request.last_seen[7] = "never reported";
+  EXPECT_EQ(Decide(request).fallback_reason,
+            "ranks 3, 7 did not report leaving their collectives within "
+            "fault_tolerance.abort_timeout_s (10 s); rank 3 was in phase backward of micro-batch "
+            "1 for 12s; last report 0.4s ago; rank 7 never reported");
+  request.last_seen.clear();
   // PlanRelaunch reads no report: at the declaration it says in place.
   absl::StatusOr<InPlaceDecision> plan = PlanRelaunch(request);
   ASSERT_TRUE(plan.ok()) << plan.status();
