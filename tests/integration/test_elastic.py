@@ -102,7 +102,7 @@ class HotSpare(unittest.TestCase):
         self.assertEqual(c.state(reference), "RUNNING", "the reference ended before the check")
         self.assertEqual(watch.wait(), 0, c.status(reference))
         expected = watch.losses(1)
-        self.assertEqual(sorted(expected), list(range(1, STEPS + 1)))
+        self.assertEqual(sorted(expected), list(range(1, STEPS + 1)), watch.describe())
         self.assertEqual(c.wait_state(other, ("SUCCEEDED", "FAILED")), "SUCCEEDED", c.status(other))
 
         job = c.submit(text.replace("NAME", "spare-moved"), "spare-moved")

@@ -54,6 +54,7 @@ class Watch:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.thread.join(timeout=5)
+        self.stderr = self.proc.stderr.read()
         self.proc.stderr.close()
         if not self.thread.is_alive():
             self.proc.stdout.close()
@@ -61,6 +62,12 @@ class Watch:
 
     def losses(self, attempt):
         return {s["step"]: s["loss"] for s in self.steps if s["attempt"] == attempt}
+
+    def describe(self):
+        """What the watch saw, for a failed assertion: the steps' count, the
+        first and last few, and loomctl's stderr."""
+        return (f"{len(self.steps)} steps; first {self.steps[:3]}; last {self.steps[-3:]}; "
+                f"loomctl stderr: {getattr(self, 'stderr', '')[-2000:]}")
 
 
 def incident_lines(status):
