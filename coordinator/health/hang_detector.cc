@@ -50,10 +50,14 @@ void HangDetector::Observe(const loom::v1::RankProgress& progress, absl::Time no
 
 absl::Duration HangDetector::Timeout() const {
   absl::Duration timeout = policy_.fixed_timeout;
-  if (timeout <= absl::ZeroDuration()) {
-    timeout = any_step_ ? std::max(policy_.floor,
-                                   absl::Seconds(policy_.slowest_step_multiple * slowest_step_s_))
-                        : policy_.first_step_allowance;
+  if (!any_step_) {
+    // Startup (rendezvous, loading, the first step) gets its allowance with a
+    // fixed timeout too: a spec's per-step timeout is no measure of it, and a
+    // loaded machine once restarted a healthy job 4.2 s into its start on
+    // hang_timeout_s: 4.
+    timeout = std::max(timeout, policy_.first_step_allowance);
+  } else if (timeout <= absl::ZeroDuration()) {
+    timeout = std::max(policy_.floor, absl::Seconds(policy_.slowest_step_multiple * slowest_step_s_));
   }
   // A checkpoint save is slow but healthy: give it its own allowance.
   for (const RankView& view : ranks_) {

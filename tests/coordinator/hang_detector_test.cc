@@ -49,6 +49,15 @@ TEST(HangDetector, FirstStepGetsItsAllowance) {
   EXPECT_TRUE(d.Check(kStart + absl::Seconds(61)).has_value());
 }
 
+TEST(HangDetector, AFixedTimeoutStillAllowsTheFirstStep) {
+  HangDetector d = Detector(absl::Seconds(5));
+  EXPECT_EQ(d.Timeout(), absl::Seconds(60));  // startup: the allowance
+  EXPECT_FALSE(d.Check(kStart + absl::Seconds(59)).has_value());
+  d.Observe(Step(0, 1, 0.5), kStart + absl::Seconds(10));
+  EXPECT_EQ(d.Timeout(), absl::Seconds(5));  // after a step: the spec's
+  EXPECT_TRUE(d.Check(kStart + absl::Seconds(16)).has_value());
+}
+
 TEST(HangDetector, CalibratesFromTheSlowestStepWithAFloor) {
   HangDetector d = Detector();
   d.Observe(Step(0, 1, 1.0), kStart + absl::Seconds(1));
@@ -59,6 +68,7 @@ TEST(HangDetector, CalibratesFromTheSlowestStepWithAFloor) {
 
 TEST(HangDetector, ProgressInCollectivesIsNotAHang) {
   HangDetector d = Detector(absl::Seconds(5));
+  d.Observe(Step(0, 1, 0.5), kStart);  // past the start: the fixed timeout holds
   for (int t = 1; t <= 20; ++t) {
     d.Observe(Report(0, 1, t, t), kStart + absl::Seconds(t));
     d.Observe(Report(1, 1, t, t), kStart + absl::Seconds(t));
@@ -69,12 +79,14 @@ TEST(HangDetector, ProgressInCollectivesIsNotAHang) {
 
 TEST(HangDetector, CheckpointPhaseExtendsTheTimeout) {
   HangDetector d = Detector(absl::Seconds(5));
+  d.Observe(Step(0, 1, 0.5), kStart);  // past the start: the fixed timeout holds
   d.Observe(Report(0, 3, 3, 3, "checkpoint"), kStart);
   EXPECT_EQ(d.Timeout(), absl::Seconds(35));
 }
 
 TEST(HangDetector, SilentRankIsTheCulprit) {
   HangDetector d = Detector(absl::Seconds(5));
+  d.Observe(Step(0, 1, 0.5), kStart);  // past the start: the fixed timeout holds
   // Rank 1 stopped at t=2 in the middle of the collective both entered.
   d.Observe(Report(1, 4, 5, 4, "reduce_gradients", "all_reduce"), kStart + absl::Seconds(2));
   for (int t = 2; t <= 9; ++t) {
@@ -90,6 +102,7 @@ TEST(HangDetector, SilentRankIsTheCulprit) {
 
 TEST(HangDetector, LaggingSequenceNumberIsTheCulprit) {
   HangDetector d = Detector(absl::Seconds(5));
+  d.Observe(Step(0, 1, 0.5), kStart);  // past the start: the fixed timeout holds
   // Both still report; rank 0 waits in collective #5, rank 1 never issued it.
   for (int t = 0; t <= 9; ++t) {
     d.Observe(Report(0, 4, 5, 4, "reduce_gradients", "all_reduce"), kStart + absl::Seconds(t));
@@ -103,6 +116,7 @@ TEST(HangDetector, LaggingSequenceNumberIsTheCulprit) {
 
 TEST(HangDetector, RankThatNeverReportedIsTheCulprit) {
   HangDetector d = Detector(absl::Seconds(5));
+  d.Observe(Step(0, 1, 0.5), kStart);  // past the start: the fixed timeout holds
   d.Observe(Report(0, 0, 1, 0, "running", "all_reduce"), kStart);
   auto hang = d.Check(kStart + absl::Seconds(6));
   ASSERT_TRUE(hang.has_value());
