@@ -134,6 +134,18 @@ class InPlaceRecoveryTest : public testing::JobManagerHarness {
     }
   }
 
+  // node-b falls silent while node-a and node-c beat: the liveness tick
+  // finds it lost, then tells the jobs.
+  void LoseNodeB() {
+    const absl::Time later = absl::Now() + absl::Seconds(10);
+    for (const std::string node : {"node-a", "node-c"}) {
+      nodes_.Heartbeat(node, channels_[node].get(), {}, later);
+    }
+    ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b"));
+    jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
+    jobs_->WaitIdle();
+  }
+
   // A job that may shrink (min_ranks 2, a checkpoint directory) running on
   // node-a and node-b, which loses node-b and node-c: no free device is left
   // for ranks 2 and 3.
@@ -372,14 +384,7 @@ TEST_F(InPlaceRecoveryTest, AHungCulpritIsKilledAtOnceAndRelaunchedOnlyOnceItExi
 
 TEST_F(InPlaceRecoveryTest, ALostNodesRanksMoveToASpareNodeBehindAFenceThatOutlivesARestart) {
   const loom::v1::Job first = Running();
-  // node-b falls silent: the liveness tick finds it lost, then tells the jobs.
-  const absl::Time later = absl::Now() + absl::Seconds(10);
-  for (const std::string node : {"node-a", "node-c"}) {
-    nodes_.Heartbeat(node, channels_[node].get(), {}, later);
-  }
-  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b"));
-  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
-  jobs_->WaitIdle();
+  LoseNodeB();
   EXPECT_EQ(Get().state(), JobState::RECOVERING);
   EXPECT_EQ(Get().node_restarts(), 1);
   // Its ranks are fenced by its lease, not killed; node-a's are aborted.
@@ -470,13 +475,7 @@ TEST_F(InPlaceRecoveryTest, AWholeRestartAfterALostNodeRunsOnItsSparesWithoutWai
                                       {"ranks: 4}", "ranks: 4, spares: 2}"}}));
   ASSERT_EQ(Get().spare_devices_size(), 2);
   EXPECT_EQ(Get().spare_devices(0).node_id(), "node-c");
-  const absl::Time later = absl::Now() + absl::Seconds(10);
-  for (const std::string node : {"node-a", "node-c"}) {
-    nodes_.Heartbeat(node, channels_[node].get(), {}, later);
-  }
-  ASSERT_THAT(nodes_.ExpireSilent(later, absl::Seconds(5)), ElementsAre("node-b"));
-  jobs_->OnNodeLost("node-b", "no heartbeat for 5s");
-  jobs_->WaitIdle();
+  LoseNodeB();
   ASSERT_EQ(Get().state(), JobState::RECOVERING);
   // Rank 1 never reports leaving its collectives: the whole job restarts.
   Report(0, "aborted", 5);
